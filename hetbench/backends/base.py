@@ -1,0 +1,192 @@
+"""The backend protocol: what every place that computes (CPU, OpenCL device, CUDA/ROCm GPU, simulated GPU) offers.
+
+A backend allocates, copies, multiplies, synchronises and times; it never prints, checks results or decides what to
+measure. That belongs to the harness (see ../harness). One module per backend implements this protocol.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar, ContextManager, Protocol, runtime_checkable
+
+import numpy as np
+
+from hetbench.dtypes import DType
+
+TIMING_MEASURED = "measured"
+TIMING_MODELLED = "modelled"
+
+
+class BackendUnavailable(RuntimeError):
+    """The backend cannot run here (missing package, no device, index out of range). The message says why."""
+
+
+class DeviceError(RuntimeError):
+    """A device failed while running."""
+
+
+@dataclass
+class DeviceInfo:
+    """What one device is. Plain data: it goes into tables, JSON and CSV as is."""
+
+    backend: str  # host | opencl | cupy | sim
+    index: int  # the device's index within its backend on this node
+    vendor: str  # NVIDIA, AMD, Intel, or the CPU's vendor
+    name: str
+    kind: str  # gpu | cpu | accelerator
+    memory_bytes: int | None
+    dtypes: tuple[str, ...]  # the dtypes this device computes in
+    runtime: str  # driver/runtime/library and its version, e.g. "OpenBLAS 0.3.27, 2 threads"
+    peak_tflops: dict[str, float] = field(default_factory=dict)  # per dtype, where known
+    peak_source: str | None = None  # where the peak figure comes from (datasheet URL, clpeak, ...)
+    memory_bandwidth_gbps: float | None = None  # GB/s, 1e9 bytes; where known
+    modelled: bool = False  # True for simulated devices: every time they report is modelled
+    details: dict[str, Any] = field(default_factory=dict)  # backend-specific (compute capability, gcnArchName, ...)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["dtypes"] = list(self.dtypes)
+        return d
+
+    @property
+    def label(self) -> str:
+        return f"{self.backend}:{self.index} {self.name}"
+
+
+@dataclass
+class Elapsed:
+    """Filled in when a backend timer's block ends."""
+
+    seconds: float = math.nan
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """One device, opened for computing. Arrays it returns are its own (NumPy, CuPy, pyopencl, ...)."""
+
+    name: ClassVar[str]
+    # TIMING_MEASURED when timer() measures real elapsed time, TIMING_MODELLED when it models it (sim)
+    timing: ClassVar[str]
+
+    def info(self) -> DeviceInfo: ...
+
+    def free_memory_bytes(self) -> int | None:
+        """Memory that can still be allocated on the device, or None where the device cannot tell."""
+
+    def max_allocation_bytes(self) -> int | None:
+        """The largest single buffer the device allows (OpenCL's CL_DEVICE_MAX_MEM_ALLOC_SIZE), or None."""
+
+    def upload(self, host: np.ndarray, dtype: DType) -> Any:
+        """A new device array holding `host` (already in dtype.host representation)."""
+
+    def download(self, array: Any, dtype: DType) -> np.ndarray:
+        """A host copy of a device array, in dtype.host representation. Returns after the copy completed."""
+
+    def empty(self, shape: tuple[int, ...], dtype: DType) -> Any:
+        """An uninitialised device array."""
+
+    def matmul(self, a: Any, b: Any, out: Any, dtype: DType) -> None:
+        """out = a @ b for 2-D row-major arrays. May return before the device finished (see synchronize)."""
+
+    def synchronize(self) -> None:
+        """Wait until all work issued to the device has finished."""
+
+    def timer(self) -> ContextManager[Elapsed]:
+        """`with backend.timer() as t: ...` then t.seconds is the device time of the block, synchronised."""
+
+    def mpi_buffer(self, array: Any) -> Any | None:
+        """An object a GPU-aware MPI can take as a buffer for this device array, or None when it cannot.
+
+        The host backend returns the NumPy array itself. Callers synchronize() first."""
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """A backend as named on the command line: `host`, `opencl:1`, `cupy`, `sim:mi300x`, `auto`."""
+
+    name: str
+    index: int | None = None  # device index within the backend; None: chosen by local rank
+    model: str | None = None  # the sim catalog key, for sim
+
+    def __str__(self) -> str:
+        if self.model is not None:
+            return f"{self.name}:{self.model}" + (f":{self.index}" if self.index is not None else "")
+        return self.name if self.index is None else f"{self.name}:{self.index}"
+
+
+# The registry: the only global state. Modules are imported on first use so that a missing optional package
+# (cupy, pyopencl) only affects its own backend.
+_MODULES: dict[str, str] = {
+    "host": "hetbench.backends.host",
+    "opencl": "hetbench.backends.opencl",
+    "cupy": "hetbench.backends.cupy",
+    "sim": "hetbench.backends.sim",
+}
+BACKEND_NAMES: tuple[str, ...] = tuple(_MODULES)
+# `auto` tries these, in order, and takes the first with a device
+AUTO_ORDER: tuple[str, ...] = ("cupy", "opencl", "host")
+
+
+def backend_module(name: str):
+    """The module implementing backend `name`. Each such module defines:
+
+    - `unavailable_reason() -> str | None`: None when the backend can run here, else why not;
+    - `list_devices() -> list[DeviceInfo]`: the devices of this backend on this node (sim: the catalog);
+    - `open_device(spec: BackendSpec, local_rank: int, local_size: int) -> Backend`.
+    """
+    try:
+        return importlib.import_module(_MODULES[name])
+    except KeyError:
+        raise ValueError(f"unknown backend {name!r}; accepted: auto, {', '.join(BACKEND_NAMES)}") from None
+
+
+def devices_on_node(name: str) -> list[DeviceInfo]:
+    """The devices of backend `name` on this node; [] when the backend is unavailable."""
+    module = backend_module(name)
+    if module.unavailable_reason() is not None:
+        return []
+    return module.list_devices()
+
+
+def resolve_auto(spec: BackendSpec, local_rank: int = 0) -> BackendSpec:
+    """`auto`: the best real device on this node: a CuPy GPU, then an OpenCL GPU, then the host CPU."""
+    if spec.name != "auto":
+        return spec
+    for name in AUTO_ORDER:
+        devices = devices_on_node(name)
+        if name == "opencl":
+            # auto takes an OpenCL GPU, never an OpenCL CPU device; ranks on a node spread over the GPUs
+            gpus = [d for d in devices if d.kind == "gpu"]
+            if gpus:
+                return BackendSpec(name, gpus[local_rank % len(gpus)].index)
+        elif devices:
+            return BackendSpec(name, spec.index)
+    return BackendSpec("host", spec.index)
+
+
+def open_backend(spec: BackendSpec, local_rank: int = 0, local_size: int = 1) -> Backend:
+    """Open the device `spec` names. Without an index, ranks on one node take different devices by local rank."""
+    spec = resolve_auto(spec, local_rank)
+    module = backend_module(spec.name)
+    reason = module.unavailable_reason()
+    if reason is not None:
+        raise BackendUnavailable(f"backend {spec} is unavailable: {reason}")
+    return module.open_device(spec, local_rank, local_size)
+
+
+def index_for_rank(spec: BackendSpec, device_count: int, local_rank: int) -> int:
+    """The device index a rank uses: the one named, else its local rank modulo the number of devices."""
+    if device_count <= 0:
+        raise BackendUnavailable(f"backend {spec.name} has no device on this node")
+    if spec.index is None:
+        return local_rank % device_count
+    if not 0 <= spec.index < device_count:
+        raise BackendUnavailable(
+            f"device index {spec.index} is out of range for backend {spec.name}: "
+            f"this node has {device_count} device(s), indices 0..{device_count - 1}"
+        )
+    return spec.index

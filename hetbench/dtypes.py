@@ -1,0 +1,54 @@
+"""The element types hetbench computes in, and how each is held on the host.
+
+bf16 has no NumPy type: it is held in float32 whose values are rounded to bf16, so the data stays exact bf16
+values while the arithmetic a backend does on it is its own business.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class DType:
+    name: str  # the name users type: fp64, fp32, fp16, bf16
+    itemsize: int  # bytes per element on a device
+    host: np.dtype  # how the host holds it
+    unit_roundoff: float  # u = eps / 2 of the format
+
+    @property
+    def mpi_dtype(self) -> np.dtype:
+        """The type that goes over MPI: MPI has no half types, so fp16/bf16 travel as float32."""
+        return np.dtype(np.float32) if self.itemsize < 4 else self.host
+
+
+DTYPES: dict[str, DType] = {
+    "fp64": DType("fp64", 8, np.dtype(np.float64), 2.0**-53),
+    "fp32": DType("fp32", 4, np.dtype(np.float32), 2.0**-24),
+    "fp16": DType("fp16", 2, np.dtype(np.float16), 2.0**-11),
+    "bf16": DType("bf16", 2, np.dtype(np.float32), 2.0**-8),
+}
+
+
+def get_dtype(name: str) -> DType:
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise ValueError(f"unknown dtype {name!r}; accepted: {', '.join(DTYPES)}") from None
+
+
+def round_to_bf16(x: np.ndarray) -> np.ndarray:
+    """Round float32 values to the nearest bf16 value (ties to even), returned as float32."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounding = ((bits >> 16) & 1) + np.uint32(0x7FFF)
+    return ((bits + rounding) & np.uint32(0xFFFF0000)).view(np.float32)
+
+
+def to_host_dtype(x: np.ndarray, dtype: DType) -> np.ndarray:
+    """Cast (and for bf16, round) host data into the dtype's host representation."""
+    out = np.ascontiguousarray(x, dtype=dtype.host)
+    if dtype.name == "bf16":
+        out = round_to_bf16(out)
+    return out
