@@ -1,0 +1,1 @@
+"""Benchmarks: each module says what it computes, its flop and byte counts, and what the right answer is."""

@@ -1,0 +1,77 @@
+"""The `hetbench` command: one module per subcommand, and the one place errors become messages and exit codes.
+
+Exit codes: 0 all checks passed; 1 a check failed or a rank failed while running; 2 bad input (usage).
+Usage errors are decided alike on every rank and printed once, by rank 0. A rank that fails while running prints
+its own message and aborts the whole MPI job, so no rank is left waiting.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from hetbench import __version__
+from hetbench.cli.devices import devices
+from hetbench.cli.matmul import matmul
+
+_RANK_ENV = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK", "SLURM_PROCID")
+
+
+def launcher_rank() -> int:
+    """This process's rank as the MPI launcher set it, readable before MPI is initialised."""
+    for name in _RANK_ENV:
+        value = os.environ.get(name)
+        if value and value.isdigit():
+            return int(value)
+    return 0
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="hetbench")
+def cli() -> None:
+    """Run one computation across GPUs of different vendors, and measure it honestly."""
+
+
+cli.add_command(devices)
+cli.add_command(matmul)
+
+
+def _mpi_world_size() -> int:
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized():
+        return 1
+    return mpi.COMM_WORLD.Get_size()
+
+
+def main(argv: list[str] | None = None) -> None:
+    rank = launcher_rank()
+    try:
+        code = cli.main(args=argv, prog_name="hetbench", standalone_mode=False)
+    except click.exceptions.Exit as e:
+        code = e.exit_code
+    except click.ClickException as e:
+        # Usage errors: every rank reached the same one; rank 0 says it once
+        if rank == 0:
+            from hetbench.report.console import error_line
+
+            error_line(e.format_message())
+        code = e.exit_code
+    except click.Abort:
+        code = 130
+    except KeyboardInterrupt:
+        code = 130
+    except Exception as e:  # a failure while running: this rank's message, then end every rank
+        host = os.uname().nodename
+        print(f"Error: rank {rank} ({host}) failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        if os.environ.get("HETBENCH_DEBUG"):
+            import traceback
+
+            traceback.print_exc()
+        if _mpi_world_size() > 1:
+            from mpi4py import MPI
+
+            MPI.COMM_WORLD.Abort(1)
+        code = 1
+    sys.exit(code if isinstance(code, int) else 0)

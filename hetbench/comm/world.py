@@ -1,0 +1,81 @@
+"""The world of ranks: who we are (rank, host, local rank), and how ranks agree before anything runs.
+
+Every check whose answer can differ between ranks (a file only one rank reads, a device only one rank has) goes
+through `World.agree`, so all ranks see the same errors and stop together: no rank is left waiting in a collective.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+
+@dataclass(frozen=True)
+class RankError:
+    rank: int
+    host: str
+    message: str
+
+
+class World:
+    """COMM_WORLD with the facts hetbench needs about it. Works the same with one process or under mpiexec."""
+
+    def __init__(self, comm: Any = None) -> None:
+        from mpi4py import MPI
+
+        self.MPI = MPI
+        self.comm = comm if comm is not None else MPI.COMM_WORLD
+        self.rank: int = self.comm.Get_rank()
+        self.size: int = self.comm.Get_size()
+        try:
+            self.host: str = MPI.Get_processor_name()
+        except Exception:  # pragma: no cover - some MPI builds cannot tell
+            self.host = socket.gethostname()
+        node = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        self.local_rank: int = node.Get_rank()
+        self.local_size: int = node.Get_size()
+        node.Free()
+        self.hosts: list[str] = self.comm.allgather(self.host)
+
+    @property
+    def is_root(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        self.comm.Barrier()
+
+    def allgather(self, obj: Any) -> list[Any]:
+        return self.comm.allgather(obj)
+
+    def gather(self, obj: Any, root: int = 0) -> list[Any] | None:
+        return self.comm.gather(obj, root=root)
+
+    def bcast(self, obj: Any, root: int = 0) -> Any:
+        return self.comm.bcast(obj, root=root)
+
+    def agree(self, messages: Sequence[str] | str | None) -> list[RankError]:
+        """Every rank's errors, the same list on every rank. Collective: all ranks must call it."""
+        if messages is None:
+            messages = []
+        elif isinstance(messages, str):
+            messages = [messages]
+        gathered = self.comm.allgather([str(m) for m in messages])
+        return [
+            RankError(rank, self.hosts[rank], message) for rank, ms in enumerate(gathered) for message in ms
+        ]
+
+    def allreduce_max(self, value: float) -> float:
+        return self.comm.allreduce(value, op=self.MPI.MAX)
+
+    def abort(self, code: int) -> None:
+        """End every rank of the job now. With one process this is a plain exit."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if self.size > 1:
+            self.comm.Abort(code)
+        sys.exit(code)
+
+    def mpi_library(self) -> str:
+        return self.MPI.Get_library_version().strip().splitlines()[0]

@@ -1,0 +1,1 @@
+"""The harness: warm-up, repeats, device-synchronised timing, statistics, verification and metadata."""

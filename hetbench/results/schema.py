@@ -1,0 +1,33 @@
+"""The results document: one versioned JSON shape shared by every benchmark.
+
+{"schema": "hetbench.<benchmark>", "schema_version": N, "metadata": {...}, "config": {...},
+ "rows": [...one per rank (matmul) or per op and size (collectives)...], "summary": {...}, "verified": bool}
+
+Rows hold scalar figures (the CSV columns), plus "raw" (every repeat's value, per rank) and nested detail that only
+the JSON carries. Every figure's name says what it is and its unit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+SCHEMA_VERSION = 1
+REQUIRED_KEYS = ("schema", "schema_version", "metadata", "config", "rows", "summary", "verified")
+
+
+def make_document(benchmark: str, metadata: dict[str, Any], config: dict[str, Any], rows: list[dict[str, Any]],
+                  summary: dict[str, Any], verified: bool) -> dict[str, Any]:
+    return {
+        "schema": f"hetbench.{benchmark}",
+        "schema_version": SCHEMA_VERSION,
+        "metadata": metadata,
+        "config": config,
+        "rows": rows,
+        "summary": summary,
+        "verified": verified,
+    }
+
+
+def csv_row(row: dict[str, Any]) -> dict[str, Any]:
+    """The scalar part of a row: what goes into one CSV line."""
+    return {k: v for k, v in row.items() if not isinstance(v, (dict, list, tuple))}
