@@ -47,15 +47,17 @@ def parse_backend_spec(text: str) -> BackendSpec:
         return int(value)
 
     if name == "sim":
-        from hetbench.backends.sim_catalog import CATALOG
+        from hetbench.backends.sim import models
+
+        catalog = models()
 
         if len(parts) < 2 or not parts[1]:
-            raise ValueError(f"backend {text!r} names no simulated GPU; write sim:MODEL, MODEL one of: {', '.join(CATALOG)}")
+            raise ValueError(f"backend {text!r} names no simulated GPU; write sim:MODEL, MODEL one of: {', '.join(catalog)}")
         if len(parts) > 3:
             raise ValueError(f"malformed backend {text!r}; accepted: {accepted}")
         model = parts[1].strip().lower()
-        if model not in CATALOG:
-            raise ValueError(f"unknown simulated GPU {parts[1]!r} in {text!r}; accepted: {', '.join(CATALOG)}")
+        if model not in catalog:
+            raise ValueError(f"unknown simulated GPU {parts[1]!r} in {text!r}; accepted: {', '.join(catalog)}")
         return BackendSpec("sim", index_of(parts[2]) if len(parts) == 3 else None, model)
     if len(parts) > 2:
         raise ValueError(f"malformed backend {text!r}; accepted: {accepted}")

@@ -122,9 +122,9 @@ def prepare(cfg: MatmulConfig, world: World) -> tuple[Prepared | None, list[str]
             backend.close()
             return None, [str(e)]
     else:
-        error = _host_memory_error(cfg.m, cfg.n, cfg.k, cfg.dtype, world.local_size)
+        error = next(iter(_memory_errors(backend, info, cfg.m, cfg.n, cfg.k, cfg.dtype)), None)
         if error is None:
-            error = next(iter(_memory_errors(backend, info, cfg.m, cfg.n, cfg.k, cfg.dtype)), None)
+            error = _host_memory_error(cfg.m, cfg.n, cfg.k, cfg.dtype, world.local_size)
         if error is not None:
             backend.close()
             return None, [error]

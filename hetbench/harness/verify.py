@@ -38,7 +38,7 @@ def matvec64(matrix: np.ndarray, x: np.ndarray, absolute: bool = False) -> np.nd
     for start in range(0, matrix.shape[0], _ROW_BLOCK):
         block = np.asarray(matrix[start : start + _ROW_BLOCK], dtype=np.float64)
         if absolute:
-            np.abs(block, out=block)
+            block = np.abs(block)  # a new array: asarray may have returned a view of the caller's data
         out[start : start + _ROW_BLOCK] = block @ x
     return out
 

@@ -1,0 +1,357 @@
+"""The OpenCL backend: any OpenCL device through pyopencl; GEMM through CLBlast when pyclblast imports, else
+through hetbench's own kernel (kernels/gemm.cl)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import weakref
+from typing import Any, Iterator
+
+import numpy as np
+
+from hetbench.backends.base import (
+    TIMING_MEASURED,
+    BackendSpec,
+    BackendUnavailable,
+    DeviceError,
+    DeviceInfo,
+    Elapsed,
+    index_for_rank,
+)
+from hetbench.dtypes import DType
+from hetbench.kernels_path import kernel_source
+
+try:
+    import pyopencl as cl
+    import pyopencl.array as cl_array
+except ImportError:
+    cl = None
+    cl_array = None
+
+try:
+    import pyclblast
+except ImportError:  # also when libclblast itself cannot be loaded
+    pyclblast = None
+
+# which GEMM matmul uses: auto (CLBlast when pyclblast imports, else the kernel), clblast, kernel
+GEMM_ENV = "HETBENCH_OPENCL_GEMM"
+GEMM_CHOICES = ("auto", "clblast", "kernel")
+INSTALL_OPENCL = "pip install 'hetbench[opencl]'"
+INSTALL_CLBLAST = "pip install 'hetbench[clblast]' (it needs the CLBlast library, e.g. apt install libclblast-dev)"
+
+# the kernel's build options per dtype; half data is converted to float for local memory and accumulation
+_BUILD_OPTIONS: dict[str, tuple[str, ...]] = {
+    "fp32": ("-DREAL=float",),
+    "fp64": ("-DREAL=double", "-DREAL_IS_DOUBLE"),
+    "fp16": ("-DREAL=half", "-DREAL_IS_HALF"),
+}
+_ACC_ITEMSIZE = {"fp32": 4, "fp64": 8, "fp16": 4}
+# gemm(M, N, K, A, a_offset, B, b_offset, C, c_offset); None marks a buffer
+_KERNEL_ARG_DTYPES = [np.int32, np.int32, np.int32, None, np.uint64, None, np.uint64, None, np.uint64]
+
+# Kernel tiles (TS_M, TS_N, TS_K, WPT_M, WPT_N), tried in order until one fits the device. On PoCL (2 cores,
+# AVX-512) wide register blocks were fastest: 1024^3 fp32 at 19 GFLOP/s against CLBlast's 18 and 9 for 8x8.
+# GPUs get 16x16 work-items with 4x4 outputs each, a register load every GPU carries without spilling.
+_TILES_CPU = ((64, 128, 16, 8, 16), (64, 64, 16, 8, 8), (16, 16, 16, 1, 1), (4, 4, 4, 1, 1), (1, 1, 1, 1, 1))
+_TILES_GPU = ((64, 64, 16, 4, 4), (32, 32, 16, 2, 2), (16, 16, 16, 1, 1), (4, 4, 4, 1, 1), (1, 1, 1, 1, 1))
+
+
+def gemm_implementation() -> str:
+    """'clblast' or 'kernel': the GEMM that devices opened now will use, as HETBENCH_OPENCL_GEMM asks."""
+    choice = os.environ.get(GEMM_ENV, "auto").strip().lower() or "auto"
+    if choice not in GEMM_CHOICES:
+        raise BackendUnavailable(
+            f"{GEMM_ENV}={os.environ.get(GEMM_ENV)!r} is not one of: {', '.join(GEMM_CHOICES)}"
+        )
+    if choice == "clblast" and pyclblast is None:
+        raise BackendUnavailable(f"{GEMM_ENV}=clblast but pyclblast does not import: {INSTALL_CLBLAST}")
+    if choice == "auto":
+        return "clblast" if pyclblast is not None else "kernel"
+    return choice
+
+
+def _all_devices() -> list[tuple[Any, Any]]:
+    """(platform, device) of every device of every platform: the flat order device indices count in."""
+    try:
+        platforms = cl.get_platforms()
+    except cl.Error:  # no ICD installed: PLATFORM_NOT_FOUND_KHR
+        return []
+    found = []
+    for platform in platforms:
+        try:
+            devices = platform.get_devices()
+        except cl.Error:  # a platform with no device answers DEVICE_NOT_FOUND
+            continue
+        found.extend((platform, device) for device in devices)
+    return found
+
+
+def unavailable_reason() -> str | None:
+    if cl is None:
+        return f"pyopencl is not installed: {INSTALL_OPENCL}"
+    if not _all_devices():
+        return (
+            "no OpenCL device found: install a vendor OpenCL driver, "
+            "or PoCL for the CPU (e.g. apt install pocl-opencl-icd)"
+        )
+    try:
+        gemm_implementation()
+    except BackendUnavailable as e:
+        return str(e)
+    return None
+
+
+def _is_pocl(platform: Any) -> bool:
+    return "pocl" in platform.name.lower() or "pocl" in platform.vendor.lower()
+
+
+def _vendor(platform: Any, device: Any) -> str:
+    text = f"{device.vendor} {platform.vendor}".lower()
+    for key, vendor in (
+        ("nvidia", "NVIDIA"),
+        ("advanced micro devices", "AMD"),
+        ("authenticamd", "AMD"),
+        ("amd", "AMD"),
+        ("intel", "Intel"),
+        ("apple", "Apple"),
+        ("qualcomm", "Qualcomm"),
+        ("arm", "ARM"),
+    ):
+        if key in text:
+            return vendor
+    return "PoCL" if _is_pocl(platform) else device.vendor.strip()
+
+
+def _kind(device: Any) -> str:
+    if device.type & cl.device_type.GPU:
+        return "gpu"
+    if device.type & cl.device_type.CPU:
+        return "cpu"
+    return "accelerator"
+
+
+def _dtypes(device: Any) -> tuple[str, ...]:
+    extensions = device.extensions.split()
+    dtypes = ["fp32"]
+    if "cl_khr_fp64" in extensions:
+        dtypes.insert(0, "fp64")
+    if "cl_khr_fp16" in extensions:
+        dtypes.append("fp16")
+    return tuple(dtypes)
+
+
+def _short_platform_version(version: str) -> str:
+    # PoCL appends its whole build configuration after the first comma
+    return " ".join(version.split(",", 1)[0].split())
+
+
+def _device_info(index: int, platform: Any, device: Any, gemm: str) -> DeviceInfo:
+    return DeviceInfo(
+        backend="opencl",
+        index=index,
+        vendor=_vendor(platform, device),
+        name=device.name.strip(),
+        kind=_kind(device),
+        memory_bytes=int(device.global_mem_size),
+        dtypes=_dtypes(device),
+        runtime=f"{_short_platform_version(platform.version)} (platform), driver {device.driver_version.strip()}",
+        details={
+            "platform": platform.name.strip(),
+            "platform_version": platform.version.strip(),
+            "device_version": device.version.strip(),
+            "driver_version": device.driver_version.strip(),
+            "max_mem_alloc_bytes": int(device.max_mem_alloc_size),
+            "local_mem_bytes": int(device.local_mem_size),
+            "compute_units": int(device.max_compute_units),
+            "max_clock_mhz": int(device.max_clock_frequency),
+            "gemm": gemm,
+        },
+    )
+
+
+def list_devices() -> list[DeviceInfo]:
+    gemm = gemm_implementation()
+    return [_device_info(i, platform, device, gemm) for i, (platform, device) in enumerate(_all_devices())]
+
+
+class _Ledger:
+    """Bytes held in device arrays a backend created; finalizers of those arrays pay them back."""
+
+    def __init__(self) -> None:
+        self.held_bytes = 0
+
+    def release(self, nbytes: int) -> None:
+        self.held_bytes -= nbytes
+
+
+class OpenCLBackend:
+    name = "opencl"
+    timing = TIMING_MEASURED
+
+    def __init__(self, index: int, platform: Any, device: Any, gemm: str) -> None:
+        self._device = device
+        self._info = _device_info(index, platform, device, gemm)
+        self._gemm = gemm
+        try:
+            self._context = cl.Context([device])
+            # in order: a matmul never starts before the uploads issued ahead of it have finished
+            self._queue = cl.CommandQueue(self._context)
+        except cl.Error as e:
+            raise BackendUnavailable(f"cannot open {self._info.label}: {e}") from e
+        self._ledger = _Ledger()
+        self._kernels: dict[str, tuple[Any, tuple[int, int, int, int, int]]] = {}
+
+    def info(self) -> DeviceInfo:
+        return self._info
+
+    def free_memory_bytes(self) -> int | None:
+        # OpenCL has no query for free memory: count what this backend holds, nothing else is known
+        return max(0, int(self._device.global_mem_size) - self._ledger.held_bytes)
+
+    def max_allocation_bytes(self) -> int | None:
+        return int(self._device.max_mem_alloc_size)
+
+    @contextlib.contextmanager
+    def _device_errors(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except (BackendUnavailable, DeviceError):
+            raise
+        except (cl.Error, RuntimeError) as e:  # pyclblast reports CLBlast failures as RuntimeError
+            raise DeviceError(f"OpenCL {what} failed on {self._info.label}: {e}") from e
+
+    def _check_dtype(self, dtype: DType) -> None:
+        if dtype.name not in self._info.dtypes:
+            raise BackendUnavailable(
+                f"{self._info.label} does not compute {dtype.name}; it computes {', '.join(self._info.dtypes)}"
+            )
+
+    def _track(self, array: Any) -> Any:
+        nbytes = int(array.nbytes)
+        self._ledger.held_bytes += nbytes
+        finalizer = weakref.finalize(array, self._ledger.release, nbytes)
+        finalizer.atexit = False
+        return array
+
+    def upload(self, host: np.ndarray, dtype: DType) -> Any:
+        self._check_dtype(dtype)
+        data = np.ascontiguousarray(host, dtype=dtype.host)
+        with self._device_errors("upload"):
+            return self._track(cl_array.to_device(self._queue, data))
+
+    def download(self, array: Any, dtype: DType) -> np.ndarray:
+        with self._device_errors("download"):
+            host = array.get()
+            self._queue.finish()
+        return np.ascontiguousarray(host, dtype=dtype.host)
+
+    def empty(self, shape: tuple[int, ...], dtype: DType) -> Any:
+        self._check_dtype(dtype)
+        with self._device_errors("allocation"):
+            return self._track(cl_array.empty(self._queue, tuple(shape), dtype.host))
+
+    def matmul(self, a: Any, b: Any, out: Any, dtype: DType) -> None:
+        self._check_dtype(dtype)
+        m, k = a.shape
+        k_b, n = b.shape
+        if k_b != k or tuple(out.shape) != (m, n):
+            raise ValueError(f"matmul shapes do not match: {a.shape} @ {b.shape} -> {out.shape}")
+        for label, x in (("a", a), ("b", b), ("out", out)):
+            if x.dtype != dtype.host or not x.flags.c_contiguous:
+                raise ValueError(f"matmul needs C-contiguous {dtype.host} arrays; {label} is {x.dtype}")
+        if m == 0 or n == 0:
+            return
+        with self._device_errors("matmul"):
+            if k == 0:
+                out.fill(0)
+            elif self._gemm == "clblast":
+                itemsize = dtype.host.itemsize
+                pyclblast.gemm(
+                    self._queue, m, n, k, a, b, out, a_ld=k, b_ld=n, c_ld=n,
+                    a_offset=a.offset // itemsize, b_offset=b.offset // itemsize, c_offset=out.offset // itemsize,
+                )  # fmt: skip
+            else:
+                self._kernel_matmul(a, b, out, m, n, k, dtype)
+
+    def _kernel_matmul(self, a: Any, b: Any, out: Any, m: int, n: int, k: int, dtype: DType) -> None:
+        kernel, (ts_m, ts_n, _, wpt_m, wpt_n) = self._gemm_kernel(dtype)
+        local = (ts_n // wpt_n, ts_m // wpt_m)
+        groups = (-(-n // ts_n), -(-m // ts_m))
+        itemsize = dtype.host.itemsize
+        kernel(
+            self._queue, (groups[0] * local[0], groups[1] * local[1]), local,
+            np.int32(m), np.int32(n), np.int32(k),
+            a.base_data, np.uint64(a.offset // itemsize),
+            b.base_data, np.uint64(b.offset // itemsize),
+            out.base_data, np.uint64(out.offset // itemsize),
+        )  # fmt: skip
+
+    def _gemm_kernel(self, dtype: DType) -> tuple[Any, tuple[int, int, int, int, int]]:
+        """The kernel for dtype and its tile, built on first use: the first tile the device can run."""
+        if dtype.name in self._kernels:
+            return self._kernels[dtype.name]
+        device = self._device
+        source = kernel_source("gemm.cl")
+        tiles = _TILES_CPU if self._info.kind == "cpu" else _TILES_GPU
+        max_item_sizes = device.max_work_item_sizes
+        for tile in tiles:
+            ts_m, ts_n, ts_k, wpt_m, wpt_n = tile
+            local = (ts_n // wpt_n, ts_m // wpt_m)
+            local_bytes = (ts_m * ts_k + ts_k * ts_n) * _ACC_ITEMSIZE[dtype.name]
+            if (
+                local[0] * local[1] > device.max_work_group_size
+                or local[0] > max_item_sizes[0]
+                or local[1] > max_item_sizes[1]
+                or local_bytes > device.local_mem_size
+            ):
+                continue
+            options = [*_BUILD_OPTIONS[dtype.name]] + [
+                f"-D{key}={value}" for key, value in zip(("TS_M", "TS_N", "TS_K", "WPT_M", "WPT_N"), tile)
+            ]
+            program = cl.Program(self._context, source).build(options=options)
+            kernel = cl.Kernel(program, "gemm")
+            # registers can cap a kernel's work-group below the device's limit
+            if kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, device) < local[0] * local[1]:
+                continue
+            kernel.set_scalar_arg_dtypes(_KERNEL_ARG_DTYPES)
+            self._kernels[dtype.name] = (kernel, tile)
+            return kernel, tile
+        raise DeviceError(f"no GEMM tile of kernels/gemm.cl fits {self._info.label}")
+
+    def synchronize(self) -> None:
+        with self._device_errors("synchronize"):
+            self._queue.finish()
+
+    @contextlib.contextmanager
+    def timer(self) -> Iterator[Elapsed]:
+        # Wall clock between two full finishes, not a kernel event: CLBlast may run several kernels per GEMM.
+        elapsed = Elapsed()
+        self.synchronize()
+        start = time.perf_counter()
+        yield elapsed
+        self.synchronize()
+        elapsed.seconds = time.perf_counter() - start
+
+    def mpi_buffer(self, array: Any) -> None:
+        # MPI cannot take an OpenCL buffer; the comm layer stages it through the host
+        return None
+
+    def close(self) -> None:
+        if self._queue is not None:
+            with contextlib.suppress(cl.Error):
+                self._queue.finish()
+        self._kernels.clear()
+        self._queue = None
+        self._context = None
+
+
+def open_device(spec: BackendSpec, local_rank: int, local_size: int) -> OpenCLBackend:
+    if cl is None:
+        raise BackendUnavailable(f"pyopencl is not installed: {INSTALL_OPENCL}")
+    gemm = gemm_implementation()
+    devices = _all_devices()
+    index = index_for_rank(spec, len(devices), local_rank)
+    platform, device = devices[index]
+    return OpenCLBackend(index, platform, device, gemm)

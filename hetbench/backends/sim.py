@@ -1,0 +1,401 @@
+"""The sim backend: simulated NVIDIA/AMD/Intel GPUs whose data is real and whose time is modelled.
+
+Arrays are NumPy arrays computed on the host, so results verify like any other backend's; the time a
+backend timer reports is a model (see `gemm_model_seconds`, `transfer_model_seconds`) driven by the datasheet
+figures in sim_catalog.py, never the host's wall time. `SimRuntime` answers CUDA- or HIP-style queries the way
+`cupy.cuda.runtime` would, so code that describes real GPUs can be run against simulated ones.
+
+Test hook: set HETBENCH_SIM_FAULT=matmul or HETBENCH_SIM_FAULT=upload to make that operation raise
+DeviceError, on every rank, or on one rank with `matmul@<rank>` (the rank is read from PMI_RANK,
+OMPI_COMM_WORLD_RANK or PMIX_RANK, whichever is set, else 0). It exists to test failure handling.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import weakref
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from hetbench.backends.base import (
+    TIMING_MODELLED,
+    BackendSpec,
+    BackendUnavailable,
+    DeviceError,
+    DeviceInfo,
+    Elapsed,
+)
+from hetbench.backends.sim_catalog import CATALOG, MODELS, GpuModel
+from hetbench.dtypes import DType, get_dtype, round_to_bf16, to_host_dtype
+
+FAULT_ENV = "HETBENCH_SIM_FAULT"
+_RANK_ENV = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
+
+# Simulated versions: what a CUDA 12.4 / ROCm 6.2 installation reports. CUDA encodes 1000 * major + 10 * minor;
+# HIP encodes 10_000_000 * major + 100_000 * minor + patch.
+SIM_CUDA_RUNTIME_VERSION = 12040
+SIM_CUDA_DRIVER_VERSION = 12040
+SIM_HIP_RUNTIME_VERSION = 60241134
+SIM_HIP_DRIVER_VERSION = 60241134
+
+_RUNTIME_TEXT = {
+    "cuda": "simulated CUDA 12.4 (modelled)",
+    "hip": "simulated HIP 6.2 (modelled)",
+    "opencl": "simulated OpenCL (modelled)",
+}
+
+# cudaErrorInvalidDevice and hipErrorInvalidDevice share the number 101
+_ERROR_INVALID_DEVICE = 101
+
+# gcnArchName carries the target's feature settings on ROCm, as the real runtime reports them on these parts
+_HIP_ARCH_FEATURES = {"gfx942": ":sramecc+:xnack-", "gfx90a": ":sramecc+:xnack-"}
+
+
+def unavailable_reason() -> str | None:
+    return None
+
+
+def models() -> dict[str, GpuModel]:
+    """The catalog, key -> GpuModel."""
+    return dict(MODELS)
+
+
+def get_model(key: str) -> GpuModel:
+    try:
+        return MODELS[key]
+    except KeyError:
+        raise ValueError(f"unknown simulated GPU {key!r}; accepted: {', '.join(MODELS)}") from None
+
+
+def _dtype(dtype: DType | str) -> DType:
+    return get_dtype(dtype) if isinstance(dtype, str) else dtype
+
+
+def gemm_model_seconds(model: GpuModel, m: int, n: int, k: int, dtype: DType | str) -> float:
+    """Modelled time of one m x k by k x n GEMM: the slower of compute at peak and moving A, B and C once
+    through device memory, plus one launch."""
+    dtype = _dtype(dtype)
+    try:
+        peak_tflops = model.peak_tflops[dtype.name]
+    except KeyError:
+        raise ValueError(
+            f"{model.name} has no native {dtype.name} arithmetic; it computes in {', '.join(model.dtypes)}"
+        ) from None
+    compute_s = 2.0 * m * n * k / (peak_tflops * 1e12)
+    memory_s = (m * k + k * n + m * n) * dtype.itemsize / (model.memory_bandwidth_gbps * 1e9)
+    return max(compute_s, memory_s) + model.launch_latency_us * 1e-6
+
+
+def transfer_model_seconds(model: GpuModel, nbytes: int) -> float:
+    """Modelled time of one host<->device copy of nbytes over the host link, plus its start-up latency."""
+    return nbytes / (model.host_link_gbps * 1e9) + model.launch_latency_us * 1e-6
+
+
+def _rank() -> int:
+    for name in _RANK_ENV:
+        value = os.environ.get(name)
+        if value is not None:
+            with contextlib.suppress(ValueError):
+                return int(value)
+    return 0
+
+
+def _check_fault(operation: str, where: str) -> None:
+    setting = os.environ.get(FAULT_ENV, "").strip()
+    if not setting:
+        return
+    target, _, rank = setting.partition("@")
+    if target != operation:
+        return
+    if rank and rank.strip() != str(_rank()):
+        return
+    raise DeviceError(f"simulated device fault injected by {FAULT_ENV}={setting} ({operation} on {where})")
+
+
+def _mem_available_bytes() -> int | None:
+    with contextlib.suppress(OSError, ValueError):
+        with open("/proc/meminfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    return None
+
+
+class _DeviceMemory:
+    """Bytes a simulated device holds, counted at the device's element size, released when arrays die."""
+
+    def __init__(self, total_bytes: int) -> None:
+        self.total_bytes = total_bytes
+        self.allocated_bytes = 0
+
+    @property
+    def free_bytes(self) -> int:
+        return self.total_bytes - self.allocated_bytes
+
+    def reserve(self, nbytes: int, where: str) -> None:
+        if nbytes > self.free_bytes:
+            raise DeviceError(
+                f"out of memory on {where}: {nbytes} bytes requested, {self.free_bytes} of "
+                f"{self.total_bytes} free (simulated)"
+            )
+        self.allocated_bytes += nbytes
+
+    def release(self, nbytes: int) -> None:
+        self.allocated_bytes -= nbytes
+
+
+class SimRuntimeError(RuntimeError):
+    """Raised as cupy.cuda.runtime.CUDARuntimeError is: `status` holds the error number."""
+
+    def __init__(self, status: int, message: str) -> None:
+        self.status = status
+        super().__init__(message)
+
+
+def _warp_size(model: GpuModel) -> int:
+    # CDNA (gfx9) runs 64-wide wavefronts; RDNA (gfx10, gfx11) and NVIDIA run 32-wide
+    if model.gcn_arch_name is not None and model.gcn_arch_name.startswith("gfx9"):
+        return 64
+    return 32
+
+
+def _hip_major_minor(gcn_arch_name: str) -> tuple[int, int]:
+    # gfxMMms: major in decimal, then one hex digit each for minor and stepping (gfx942 -> 9.4, gfx1100 -> 11.0)
+    digits = gcn_arch_name.removeprefix("gfx")
+    return int(digits[:-2]), int(digits[-2], 16)
+
+
+class SimRuntime:
+    """A stand-in for `cupy.cuda.runtime` over simulated devices, answering as CUDA or HIP would."""
+
+    def __init__(self, models: list[GpuModel], api: str, memories: list[_DeviceMemory] | None = None) -> None:
+        if api not in ("cuda", "hip"):
+            raise ValueError(f"unknown runtime api {api!r}; accepted: cuda, hip")
+        for model in models:
+            if model.api != api:
+                raise ValueError(f"{model.name} is driven by {model.api}, not {api}")
+        if memories is not None and len(memories) != len(models):
+            raise ValueError("one memory per model")
+        self._models = list(models)
+        self._memories = memories if memories is not None else [_DeviceMemory(m.memory_bytes) for m in models]
+        self._api = api
+        self.is_hip = api == "hip"
+        self._current = 0
+
+    def _check_device(self, device: int) -> None:
+        if not 0 <= device < len(self._models):
+            prefix = "hip" if self.is_hip else "cuda"
+            raise SimRuntimeError(_ERROR_INVALID_DEVICE, f"{prefix}ErrorInvalidDevice: invalid device ordinal")
+
+    def getDeviceCount(self) -> int:  # noqa: N802 - CuPy's names
+        return len(self._models)
+
+    def getDevice(self) -> int:  # noqa: N802
+        return self._current
+
+    def setDevice(self, device: int) -> None:  # noqa: N802
+        self._check_device(device)
+        self._current = device
+
+    def getDeviceProperties(self, device: int) -> dict[str, Any]:  # noqa: N802
+        self._check_device(device)
+        model = self._models[device]
+        if self.is_hip:
+            assert model.gcn_arch_name is not None
+            major, minor = _hip_major_minor(model.gcn_arch_name)
+        else:
+            assert model.compute_capability is not None
+            major, minor = model.compute_capability
+        props: dict[str, Any] = {
+            "name": model.name.encode(),
+            "totalGlobalMem": model.memory_bytes,
+            "major": major,
+            "minor": minor,
+            "multiProcessorCount": model.multiprocessor_count,
+            "clockRate": model.clock_khz,
+            "memoryClockRate": model.memory_clock_khz,
+            "memoryBusWidth": model.memory_bus_width_bits,
+            "warpSize": _warp_size(model),
+            "maxThreadsPerBlock": 1024,
+            "integrated": 0,
+            # one device per PCI bus, as on a typical multi-GPU server
+            "pciDomainID": 0,
+            "pciBusID": 0x10 + 0x10 * device,
+            "pciDeviceID": 0,
+        }
+        if self.is_hip:
+            assert model.gcn_arch_name is not None
+            arch = model.gcn_arch_name + _HIP_ARCH_FEATURES.get(model.gcn_arch_name, "")
+            props["gcnArchName"] = arch.encode()
+        return props
+
+    def memGetInfo(self) -> tuple[int, int]:  # noqa: N802
+        memory = self._memories[self._current]
+        return memory.free_bytes, memory.total_bytes
+
+    def runtimeGetVersion(self) -> int:  # noqa: N802
+        return SIM_HIP_RUNTIME_VERSION if self.is_hip else SIM_CUDA_RUNTIME_VERSION
+
+    def driverGetVersion(self) -> int:  # noqa: N802
+        return SIM_HIP_DRIVER_VERSION if self.is_hip else SIM_CUDA_DRIVER_VERSION
+
+
+def device_info(model: GpuModel, index: int) -> DeviceInfo:
+    """The DeviceInfo of a simulated `model` at `index`, built from the catalog."""
+    details: dict[str, Any] = {
+        "model": model.key,
+        "host_link": model.host_link,
+        "host_link_gbps": model.host_link_gbps,
+        "launch_latency_us": model.launch_latency_us,
+        "multiprocessor_count": model.multiprocessor_count,
+        "memory_bus_width_bits": model.memory_bus_width_bits,
+    }
+    if model.compute_capability is not None:
+        details["compute_capability"] = "{}.{}".format(*model.compute_capability)
+    if model.gcn_arch_name is not None:
+        details["gcn_arch_name"] = model.gcn_arch_name
+    if model.notes:
+        details["notes"] = model.notes
+    details["sources"] = list(model.source)
+    return DeviceInfo(
+        backend="sim",
+        index=index,
+        vendor=model.vendor,
+        name=f"{model.name} (simulated)",
+        kind="gpu",
+        memory_bytes=model.memory_bytes,
+        dtypes=model.dtypes,
+        runtime=_RUNTIME_TEXT[model.api],
+        peak_tflops=dict(model.peak_tflops),
+        peak_source=model.source[0],
+        memory_bandwidth_gbps=model.memory_bandwidth_gbps,
+        modelled=True,
+        details=details,
+    )
+
+
+def list_devices() -> list[DeviceInfo]:
+    """The whole catalog, index = position in it."""
+    return [device_info(model, i) for i, model in enumerate(CATALOG)]
+
+
+class SimBackend:
+    """One simulated GPU: NumPy data in dtype.host representation, a modelled clock."""
+
+    name = "sim"
+    timing = TIMING_MODELLED
+
+    def __init__(self, model: GpuModel, index: int = 0) -> None:
+        self.model = model
+        self.index = index
+        self._info = device_info(model, index)
+        self._memory = _DeviceMemory(model.memory_bytes)
+        self._clock_s = 0.0
+        self._where = f"sim:{model.key}:{index} ({model.name}, simulated)"
+
+    @property
+    def modelled_seconds(self) -> float:
+        """The modelled device clock: seconds of device time since the device was opened."""
+        return self._clock_s
+
+    @property
+    def runtime(self) -> SimRuntime | None:
+        """A CUDA- or HIP-style runtime whose one device is this one (sharing its memory); None for OpenCL."""
+        if self.model.api not in ("cuda", "hip"):
+            return None
+        return SimRuntime([self.model], self.model.api, memories=[self._memory])
+
+    def info(self) -> DeviceInfo:
+        return self._info
+
+    def free_memory_bytes(self) -> int | None:
+        # the data really lives in host memory, so the host can run out first
+        available = _mem_available_bytes()
+        free = self._memory.free_bytes
+        return free if available is None else min(free, available)
+
+    def max_allocation_bytes(self) -> int | None:
+        return None
+
+    def _allocate(self, nbytes: int, make: Callable[[], np.ndarray]) -> np.ndarray:
+        # reserve first, so an oversized request fails before the host copy is made; the bytes come back
+        # when the array is garbage-collected, as a device buffer's do when its owner frees it
+        self._memory.reserve(nbytes, self._where)
+        try:
+            array = make()
+        except BaseException:
+            self._memory.release(nbytes)
+            raise
+        weakref.finalize(array, self._memory.release, nbytes)
+        return array
+
+    def upload(self, host: np.ndarray, dtype: DType) -> np.ndarray:
+        _check_fault("upload", self._where)
+        nbytes = int(np.size(host)) * dtype.itemsize
+        array = self._allocate(
+            nbytes, lambda: np.array(to_host_dtype(host, dtype), dtype=dtype.host, order="C", copy=True)
+        )
+        self._clock_s += transfer_model_seconds(self.model, nbytes)
+        return array
+
+    def download(self, array: np.ndarray, dtype: DType) -> np.ndarray:
+        self._clock_s += transfer_model_seconds(self.model, array.size * dtype.itemsize)
+        return np.array(array, dtype=dtype.host, order="C", copy=True)
+
+    def empty(self, shape: tuple[int, ...], dtype: DType) -> np.ndarray:
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        return self._allocate(nbytes, lambda: np.empty(shape, dtype=dtype.host))
+
+    def matmul(self, a: np.ndarray, b: np.ndarray, out: np.ndarray, dtype: DType) -> None:
+        _check_fault("matmul", self._where)
+        if dtype.name not in self.model.peak_tflops:
+            raise DeviceError(
+                f"{self._where} has no native {dtype.name} arithmetic; it computes in {', '.join(self.model.dtypes)}"
+            )
+        (m, k), (k2, n) = a.shape, b.shape
+        if k2 != k or out.shape != (m, n):
+            raise ValueError(f"matmul shapes do not fit: {a.shape} @ {b.shape} -> {out.shape}")
+        if dtype.name in ("fp16", "bf16"):
+            # as a GPU GEMM with half inputs does: products accumulated in fp32, the result rounded once to
+            # the output type
+            c = np.matmul(a.astype(np.float32), b.astype(np.float32))
+            out[...] = round_to_bf16(c) if dtype.name == "bf16" else c.astype(np.float16)
+        else:
+            np.matmul(a, b, out=out)
+        self._clock_s += gemm_model_seconds(self.model, m, n, k, dtype)
+
+    def synchronize(self) -> None:
+        pass
+
+    @contextlib.contextmanager
+    def timer(self) -> Iterator[Elapsed]:
+        elapsed = Elapsed()
+        start = self._clock_s
+        yield elapsed
+        elapsed.seconds = self._clock_s - start
+
+    def mpi_buffer(self, array: np.ndarray) -> np.ndarray:
+        # simulated device memory is host memory: MPI can take it directly
+        return array
+
+    def close(self) -> None:
+        pass
+
+
+def open_device(spec: BackendSpec, local_rank: int, local_size: int) -> SimBackend:
+    """spec.model names the catalog entry; spec.index (default: the local rank) tells simulated devices of the
+    same model apart."""
+    if spec.model is None:
+        raise BackendUnavailable(
+            f"the sim backend needs a GPU model: write sim:<model>, e.g. sim:h100; accepted: {', '.join(MODELS)}"
+        )
+    try:
+        model = get_model(spec.model)
+    except ValueError as e:
+        raise BackendUnavailable(str(e)) from None
+    index = local_rank if spec.index is None else spec.index
+    if index < 0:
+        raise BackendUnavailable(f"device index {index} is out of range for backend sim: indices start at 0")
+    return SimBackend(model, index)

@@ -1,0 +1,73 @@
+"""`make bench`: hetbench's figures as ratios to the plain library call, both measured in the same run.
+
+    python -m hetbench.bench gemm        host GEMM through hetbench's harness vs a bare NumPy `a @ b` loop
+
+The two are measured in alternating rounds so that drifts of clock speed or load hit both alike; each round's
+figure is a median, and the ratio is of the medians over the rounds.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+import numpy as np
+
+ROUNDS = 5
+
+
+def _bare_numpy_seconds(a: np.ndarray, b: np.ndarray, repeat: int) -> float:
+    a @ b  # warm-up
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def bench_gemm(sizes: tuple[int, ...] = (1024, 2048), repeat: int = 10) -> list[dict[str, float]]:
+    from hetbench.backends.host import HostBackend
+    from hetbench.benchmarks.gemm import flops, generate_inputs
+    from hetbench.dtypes import DTYPES
+    from hetbench.harness.timing import time_repeats
+
+    dtype = DTYPES["fp32"]
+    backend = HostBackend()
+    results = []
+    for n in sizes:
+        a, b = generate_inputs(0, 0, n, n, n, dtype)
+        a_dev, b_dev, c_dev = backend.upload(a, dtype), backend.upload(b, dtype), backend.empty((n, n), dtype)
+        ours, bare = [], []
+        for _ in range(ROUNDS):
+            seconds = time_repeats(backend, lambda: backend.matmul(a_dev, b_dev, c_dev, dtype), 1, repeat)
+            ours.append(statistics.median(seconds))
+            bare.append(_bare_numpy_seconds(a, b, repeat))
+        flop = flops(n, n, n)
+        ours_gflops = flop / statistics.median(ours) / 1e9
+        bare_gflops = flop / statistics.median(bare) / 1e9
+        results.append({"n": n, "hetbench_gflops": ours_gflops, "numpy_gflops": bare_gflops,
+                        "ratio": ours_gflops / bare_gflops})
+    backend.close()
+    return results
+
+
+def main(argv: list[str]) -> int:
+    what = argv[0] if argv else "gemm"
+    if what == "gemm":
+        from hetbench.backends.host import blas_description
+
+        blas, threads = blas_description()
+        print(f"host GEMM, fp32, {blas}, {threads} threads: hetbench harness vs bare NumPy `a @ b` "
+              f"(medians of {ROUNDS} alternating rounds; goal: ratio >= 0.97)")
+        print(f"{'n':>6} {'hetbench GFLOP/s':>17} {'numpy GFLOP/s':>14} {'ratio':>7}")
+        for r in bench_gemm():
+            print(f"{r['n']:>6} {r['hetbench_gflops']:>17.1f} {r['numpy_gflops']:>14.1f} {r['ratio']:>7.3f}")
+        return 0
+    print(f"unknown benchmark {what!r}; accepted: gemm", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,76 @@
+"""Shared test helpers: run the real CLI as a subprocess, alone or under `mpiexec -n N`, always with a timeout."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def find_mpiexec() -> str | None:
+    beside = Path(sys.executable).parent / "mpiexec"
+    if beside.exists():
+        return str(beside)
+    return shutil.which("mpiexec")
+
+
+MPIEXEC = find_mpiexec()
+
+
+def opencl_devices() -> int:
+    try:
+        import pyopencl as cl
+
+        return sum(len(p.get_devices()) for p in cl.get_platforms())
+    except Exception:
+        return 0
+
+
+HAVE_OPENCL = opencl_devices() > 0
+needs_mpi = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (pip install mpich)")
+needs_opencl = pytest.mark.skipif(not HAVE_OPENCL, reason="no OpenCL device (apt-get install pocl-opencl-icd)")
+
+
+@dataclass
+class Run:
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+    def json(self) -> dict:
+        return json.loads(self.stdout)
+
+    @property
+    def error_lines(self) -> list[str]:
+        return [line for line in self.stderr.splitlines() if line.startswith("Error:")]
+
+
+def run_cli(args: list[str], nprocs: int | None = None, cwd: Path | None = None, timeout: float = 120,
+            env: dict[str, str] | None = None) -> Run:
+    """`hetbench ARGS` (nprocs None), or `mpiexec -n NPROCS hetbench ARGS`."""
+    cmd = [sys.executable, "-m", "hetbench", *args]
+    if nprocs is not None:
+        assert MPIEXEC is not None
+        cmd = [MPIEXEC, "-n", str(nprocs), *cmd]
+    full_env = dict(os.environ)
+    full_env["PYTHONPATH"] = str(REPO) + os.pathsep + full_env.get("PYTHONPATH", "")
+    # a rank's BLAS threads must not oversubscribe the CI machine's cores
+    full_env.setdefault("OMP_NUM_THREADS", "1")
+    full_env.update(env or {})
+    start = time.monotonic()
+    try:
+        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"{' '.join(cmd)} did not finish within {timeout} s (a hang?)\nstdout: {e.stdout}\nstderr: {e.stderr}")
+    return Run(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start)
