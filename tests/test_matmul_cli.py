@@ -165,3 +165,19 @@ def test_rank_failing_mid_run_ends_job_quickly(tmp_path):
     assert run.stderr.count("simulated device fault") == 1
     assert "rank 1" in run.stderr and "Traceback" not in run.stderr
     assert not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.parametrize("nprocs", [None, pytest.param(2, marks=needs_mpi)])
+def test_wrong_product_is_caught_and_exit_code_is_one(tmp_path, nprocs):
+    """One wrong element of C on the last rank: its row and the sum are FAILED, the files say so, exit code 1."""
+    last = 0 if nprocs is None else nprocs - 1
+    out = tmp_path / "r.json"
+    run = run_cli(["matmul", "--size", "64", "--repeat", "1", "--backend", "sim:a100", "--out", str(out)],
+                  nprocs=nprocs, cwd=tmp_path, env={"HETBENCH_SIM_FAULT": f"corrupt@{last}"})
+    assert run.returncode == 1, run.stderr
+    assert "FAILED" in run.stdout
+    doc = load_results(out)
+    assert doc["verified"] is False
+    assert [r["verified"] for r in doc["rows"]] == [r != last for r in range(last + 1)]
+    assert doc["summary"]["reduced_verified"] is False
+    assert doc["rows"][last]["max_residual_over_tolerance"] > 1

@@ -190,3 +190,10 @@ def index_for_rank(spec: BackendSpec, device_count: int, local_rank: int) -> int
             f"this node has {device_count} device(s), indices 0..{device_count - 1}"
         )
     return spec.index
+
+
+def spec_label(spec: BackendSpec, info: DeviceInfo) -> str:
+    """How a rank's backend is shown: as the user named it, or for `auto`, what auto chose."""
+    if spec.name != "auto":
+        return str(spec)
+    return f"{info.backend}:{info.index} (auto)"

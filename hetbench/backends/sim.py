@@ -6,8 +6,10 @@ figures in sim_catalog.py, never the host's wall time. `SimRuntime` answers CUDA
 `cupy.cuda.runtime` would, so code that describes real GPUs can be run against simulated ones.
 
 Test hook: set HETBENCH_SIM_FAULT=matmul or HETBENCH_SIM_FAULT=upload to make that operation raise
-DeviceError, on every rank, or on one rank with `matmul@<rank>` (the rank is read from PMI_RANK,
-OMPI_COMM_WORLD_RANK or PMIX_RANK, whichever is set, else 0). It exists to test failure handling.
+DeviceError, HETBENCH_SIM_FAULT=corrupt to make every matmul get one element wrong, or corrupt-copy to make
+every copy to the host get its first element wrong; on every rank, or on one
+rank with `matmul@<rank>` (the rank is read from PMI_RANK, OMPI_COMM_WORLD_RANK or PMIX_RANK, whichever is set,
+else 0). It exists to test failure handling and verification.
 """
 
 from __future__ import annotations
@@ -102,16 +104,16 @@ def _rank() -> int:
     return 0
 
 
-def _check_fault(operation: str, where: str) -> None:
+def _fault_applies(operation: str) -> bool:
     setting = os.environ.get(FAULT_ENV, "").strip()
-    if not setting:
-        return
     target, _, rank = setting.partition("@")
-    if target != operation:
-        return
-    if rank and rank.strip() != str(_rank()):
-        return
-    raise DeviceError(f"simulated device fault injected by {FAULT_ENV}={setting} ({operation} on {where})")
+    return bool(setting) and target == operation and (not rank or rank.strip() == str(_rank()))
+
+
+def _check_fault(operation: str, where: str) -> None:
+    if _fault_applies(operation):
+        setting = os.environ[FAULT_ENV].strip()
+        raise DeviceError(f"simulated device fault injected by {FAULT_ENV}={setting} ({operation} on {where})")
 
 
 def _mem_available_bytes() -> int | None:
@@ -342,7 +344,10 @@ class SimBackend:
 
     def download(self, array: np.ndarray, dtype: DType) -> np.ndarray:
         self._clock_s += transfer_model_seconds(self.model, array.size * dtype.itemsize)
-        return np.array(array, dtype=dtype.host, order="C", copy=True)
+        host = np.array(array, dtype=dtype.host, order="C", copy=True)
+        if host.size and _fault_applies("corrupt-copy"):
+            host.flat[0] += 1.0  # a copy that arrives wrong: what the collectives' check must catch
+        return host
 
     def empty(self, shape: tuple[int, ...], dtype: DType) -> np.ndarray:
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
@@ -364,6 +369,8 @@ class SimBackend:
             out[...] = round_to_bf16(c) if dtype.name == "bf16" else c.astype(np.float16)
         else:
             np.matmul(a, b, out=out)
+        if _fault_applies("corrupt"):
+            out.flat[out.size // 2] += 1.0  # one wrong element: what the verification must catch
         self._clock_s += gemm_model_seconds(self.model, m, n, k, dtype)
 
     def synchronize(self) -> None:

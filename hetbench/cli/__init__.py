@@ -13,6 +13,7 @@ import sys
 import click
 
 from hetbench import __version__
+from hetbench.cli.collectives import collectives
 from hetbench.cli.devices import devices
 from hetbench.cli.matmul import matmul
 
@@ -36,6 +37,7 @@ def cli() -> None:
 
 cli.add_command(devices)
 cli.add_command(matmul)
+cli.add_command(collectives)
 
 
 def _mpi_world_size() -> int:

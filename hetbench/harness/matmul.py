@@ -14,7 +14,14 @@ from typing import Any
 
 import numpy as np
 
-from hetbench.backends.base import TIMING_MODELLED, Backend, BackendUnavailable, DeviceInfo, open_backend
+from hetbench.backends.base import (
+    TIMING_MODELLED,
+    Backend,
+    BackendUnavailable,
+    DeviceInfo,
+    open_backend,
+    spec_label,
+)
 from hetbench.benchmarks import gemm
 from hetbench.comm.world import World
 from hetbench.config import MatmulConfig, expand_rank_path
@@ -129,7 +136,7 @@ def prepare(cfg: MatmulConfig, world: World) -> tuple[Prepared | None, list[str]
             backend.close()
             return None, [error]
         a, b = gemm.generate_inputs(cfg.seed, world.rank, cfg.m, cfg.n, cfg.k, cfg.dtype)
-    prepared = Prepared(backend, info, str(spec), a, b)
+    prepared = Prepared(backend, info, spec_label(spec, info), a, b)
     m, n, k = prepared.mnk
     errors = _memory_errors(backend, info, m, n, k, cfg.dtype)
     return prepared, errors

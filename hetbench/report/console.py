@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from rich.console import Console
 from rich.table import Table
@@ -100,3 +101,65 @@ def matmul_summary_lines(summary: dict[str, Any]) -> list[str]:
         lines.append(f"sum of products at rank {summary['root']}: {state} (Freivalds)")
     lines.append("result: " + ("[green]all checks passed[/]" if summary["verified"] else "[bold red]a check FAILED[/]"))
     return lines
+
+
+@contextlib.contextmanager
+def sweep_progress(enabled: bool) -> Iterator[Callable[[int, int, str], None] | None]:
+    """A progress bar on stderr while a sweep runs (only on a terminal: logs get no bar)."""
+    err = console(stderr=True)
+    if not enabled or not err.is_terminal:
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err, transient=True) as progress:
+        task = progress.add_task("sweep", total=None)
+
+        def on_step(done: int, total: int, label: str) -> None:
+            progress.update(task, completed=done, total=total, description=label)
+
+        yield on_step
+
+
+def collectives_report(rows: list[dict[str, Any]], summary: dict[str, Any], ranks: list[dict[str, Any]]) -> None:
+    """One table per op and path in the style of nccl-tests, the ranks' devices, and the closing lines."""
+    out = console()
+    devices = ", ".join(f"{r['rank']}:{r['backend']} {r['device_info']['name']}"
+                        + (" [modelled]" if r["device_timing"] == "modelled" else "") for r in ranks)
+    out.print(f"ranks: {devices}", markup=False)
+    for key in dict.fromkeys((r["op"], r["path"]) for r in rows):
+        group = [r for r in rows if (r["op"], r["path"]) == key]
+        host_path = key[1] == "host"
+        modelled = host_path and group[0]["copy_timing"] == "modelled"
+        table = Table(title=f"{key[0]}  (path: {key[1]}, {group[0]['ranks']} ranks, busbw factor "
+                            f"{group[0]['busbw_factor']:.3g})", title_justify="left", caption_justify="left",
+                      caption=f"{MODELLED_MARK} includes modelled copy time (simulated device)" if modelled else None)
+        columns = [("size (B)", "right"), ("count (elements)", "right"), ("type", "left"), ("redop", "left"),
+                   ("root", "right"), ("time (us)", "right"), ("algbw (GB/s)", "right"),
+                   ("busbw (GB/s)", "right"), ("#wrong", "right")]
+        if host_path:
+            columns += [("d2h (us)", "right"), ("h2d (us)", "right"), ("end-to-end (us)", "right"),
+                        ("end-to-end algbw (GB/s)", "right")]
+        columns += [("straggler", "left")]
+        for name, justify in columns:
+            table.add_column(name, justify=justify)  # type: ignore[arg-type]
+        for r in group:
+            wrong = "-" if r["wrong"] is None else (str(r["wrong"]) if r["wrong"] == 0 else f"[bold red]{r['wrong']}[/]")
+            cells = [str(r["size_bytes"]), str(r["count_elements"]), r["dtype"], r["redop"],
+                     "-" if r["root"] is None else str(r["root"]), fmt(r["op_us_median"], 4),
+                     fmt(r["algbw_gbps"]), fmt(r["busbw_gbps"]), wrong]
+            if host_path:
+                cells += [fmt(r["d2h_us_median"], 4, modelled=modelled), fmt(r["h2d_us_median"], 4, modelled=modelled),
+                          fmt(r["end_to_end_us_median"], 4, modelled=modelled),
+                          fmt(r["end_to_end_algbw_gbps"], modelled=modelled)]
+            cells.append(f"rank {r['stragglers']}" if r["stragglers"] else "")
+            table.add_row(*cells)
+        out.print(table)
+    for key, value in summary["avg_busbw_gbps"].items():
+        out.print(f"avg bus bandwidth {key}: {fmt(value)} GB/s")
+    if summary["checked"]:
+        state = "[green]0[/]" if summary["wrong_total"] == 0 else f"[bold red]{summary['wrong_total']}[/]"
+        out.print(f"out of bounds values (#wrong, all ops and sizes): {state}")
+    else:
+        out.print("results not checked (--no-check)")
