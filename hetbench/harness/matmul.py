@@ -167,14 +167,14 @@ def run_rank(cfg: MatmulConfig, world: World, prepared: Prepared) -> RankOutcome
     del a_dev, b_dev, c_dev
 
     x = verify.random_vectors(n, cfg.seed)
-    terms = verify.product_terms(prepared.a, prepared.b, x)
-    verdict = verify.check(c_host, x, terms, dtype, k)
+    terms = verify.product_terms(prepared.a, prepared.b, c_host, x)
+    verdict = verify.check(c_host, x, terms, dtype)
 
     reduce_seconds: list[float] = []
     reduced: np.ndarray | None = None
     reduced_verdict: verify.Verdict | None = None
     if cfg.reduce == "sum":
-        reduce_seconds, reduced, reduced_verdict = _reduce_to_root(cfg, world, c_host, x, terms, k)
+        reduce_seconds, reduced, reduced_verdict = _reduce_to_root(cfg, world, c_host, x, terms)
 
     flop_count = gemm.flops(m, n, k)
     gemm_stats = summarize(gemm_seconds, "gemm_seconds")
@@ -220,8 +220,8 @@ def run_rank(cfg: MatmulConfig, world: World, prepared: Prepared) -> RankOutcome
     return RankOutcome(row, reduced, reduced_verdict)
 
 
-def _reduce_to_root(cfg: MatmulConfig, world: World, c_host: np.ndarray, x: np.ndarray, terms: verify.ProductTerms,
-                    k: int) -> tuple[list[float], np.ndarray | None, verify.Verdict]:
+def _reduce_to_root(cfg: MatmulConfig, world: World, c_host: np.ndarray, x: np.ndarray,
+                    terms: verify.ProductTerms) -> tuple[list[float], np.ndarray | None, verify.Verdict]:
     """Sum every rank's C_r into the root over MPI (host buffers), timed; then check the sum at the root."""
     MPI, comm, root = world.MPI, world.comm, cfg.root
     send = np.ascontiguousarray(c_host, dtype=cfg.dtype.mpi_dtype)
@@ -235,18 +235,19 @@ def _reduce_to_root(cfg: MatmulConfig, world: World, c_host: np.ndarray, x: np.n
         if i >= cfg.warmup:
             seconds.append(elapsed)
 
-    expected = np.empty_like(terms.expected) if world.rank == root else None
-    bound = np.empty_like(terms.bound) if world.rank == root else None
-    comm.Reduce(terms.expected, expected, op=MPI.SUM, root=root)
-    comm.Reduce(terms.bound, bound, op=MPI.SUM, root=root)
-    k_max = comm.allreduce(k, op=MPI.MAX)
+    # the check's terms are summed like the products: vectors of m x TRIALS, cheap next to C
+    summed = []
+    for part in (terms.expected, terms.gemm_scale, terms.out_scale):
+        total = np.empty_like(part) if world.rank == root else None
+        comm.Reduce(np.ascontiguousarray(part), total, op=MPI.SUM, root=root)
+        summed.append(total)
     verdict = None
     if world.rank == root:
         from hetbench.dtypes import DTYPES
 
         sum_dtype = DTYPES["fp64"] if cfg.dtype.mpi_dtype == np.float64 else DTYPES["fp32"]
-        verdict = verify.check(recv, x, verify.ProductTerms(expected, bound), cfg.dtype, k_max,
-                               sum_dtype=sum_dtype, addends=world.size)
+        verdict = verify.check(recv, x, verify.ProductTerms(*summed), cfg.dtype, sum_dtype=sum_dtype,
+                               addends=world.size)
     verdict = comm.bcast(verdict, root=root)
     return seconds, recv, verdict
 
