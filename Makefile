@@ -28,12 +28,14 @@ demo: env
 	$(HETBENCH) devices
 	$(MPIEXEC) -n 2 $(HETBENCH) matmul --size $(DEMO_SIZE)
 	$(MPIEXEC) -n 2 $(HETBENCH) matmul --size $(DEMO_SIZE) --backend 0=sim:h100,1=sim:mi300x
+	$(MPIEXEC) -n 2 $(HETBENCH) collectives --op allreduce,allgather --max-bytes 4M --backend 0=sim:h100,1=sim:mi300x
 
 test: env
 	$(PY) -m pytest -q
 
 bench: env
-	$(PY) -m hetbench.bench
+	$(PY) -m hetbench.bench gemm
+	$(MPIEXEC) -n 2 $(PY) -m hetbench.bench allreduce
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

@@ -1,6 +1,7 @@
 """`make bench`: hetbench's figures as ratios to the plain library call, both measured in the same run.
 
-    python -m hetbench.bench gemm        host GEMM through hetbench's harness vs a bare NumPy `a @ b` loop
+    python -m hetbench.bench gemm                     host GEMM through hetbench's harness vs a bare NumPy `a @ b`
+    mpiexec -n 2 python -m hetbench.bench allreduce   hetbench's allreduce vs a bare mpi4py `Allreduce` loop
 
 The two are measured in alternating rounds so that drifts of clock speed or load hit both alike; each round's
 figure is a median, and the ratio is of the medians over the rounds.
@@ -53,6 +54,54 @@ def bench_gemm(sizes: tuple[int, ...] = (1024, 2048), repeat: int = 10) -> list[
     return results
 
 
+MIB = 1024**2
+
+
+def _bare_allreduce_seconds(comm, MPI, send: np.ndarray, recv: np.ndarray, warmup: int, iters: int) -> float:
+    """A bare loop as a user would write it: back-to-back Allreduce calls, total time / iterations, slowest rank."""
+    for _ in range(warmup):
+        comm.Allreduce(send, recv, op=MPI.SUM)
+    comm.Barrier()
+    start = time.perf_counter()
+    for _ in range(iters):
+        comm.Allreduce(send, recv, op=MPI.SUM)
+    seconds = (time.perf_counter() - start) / iters
+    return comm.allreduce(seconds, op=MPI.MAX)
+
+
+def bench_allreduce(sizes_mib: tuple[int, ...] = (1, 16, 64), warmup: int = 3, iters: int = 20) -> list[dict] | None:
+    from hetbench.backends.base import BackendSpec
+    from hetbench.comm.world import World
+    from hetbench.config import CollectivesConfig
+    from hetbench.dtypes import DTYPES
+    from hetbench.harness import collectives as run
+
+    world = World()
+    results = []
+    for mib in sizes_mib:
+        size = mib * MIB
+        cfg = CollectivesConfig(ops=("allreduce",), min_bytes=size, max_bytes=size, factor=2, dtype=DTYPES["fp32"],
+                                backends=(BackendSpec("host"),) * world.size, warmup=warmup, iters=iters)
+        prepared, errors = run.prepare(cfg, world)
+        assert prepared is not None and not errors, errors
+        send = np.ones(size // 4, dtype=np.float32)
+        recv = np.empty_like(send)
+        ours, bare = [], []
+        for _ in range(ROUNDS):
+            rows = run.run_sweep(cfg, world, prepared)
+            if world.is_root:
+                assert rows is not None and rows[0]["wrong"] == 0
+                ours.append(rows[0]["algbw_gbps"])
+            seconds = _bare_allreduce_seconds(world.comm, world.MPI, send, recv, warmup, iters)
+            bare.append(size / seconds / 1e9)
+        prepared.backend.close()
+        if world.is_root:
+            results.append({"size_mib": mib, "hetbench_algbw_gbps": statistics.median(ours),
+                            "mpi4py_algbw_gbps": statistics.median(bare),
+                            "ratio": statistics.median(ours) / statistics.median(bare)})
+    return results if world.is_root else None
+
+
 def main(argv: list[str]) -> int:
     what = argv[0] if argv else "gemm"
     if what == "gemm":
@@ -65,7 +114,21 @@ def main(argv: list[str]) -> int:
         for r in bench_gemm():
             print(f"{r['n']:>6} {r['hetbench_gflops']:>17.1f} {r['numpy_gflops']:>14.1f} {r['ratio']:>7.3f}")
         return 0
-    print(f"unknown benchmark {what!r}; accepted: gemm", file=sys.stderr)
+    if what == "allreduce":
+        results = bench_allreduce()
+        if results is not None:
+            from mpi4py import MPI
+
+            print(f"allreduce, fp32, host buffers, {MPI.COMM_WORLD.Get_size()} ranks, "
+                  f"{MPI.Get_library_version().splitlines()[0].strip()}: hetbench algbw (median over iterations of "
+                  f"the slowest rank, barrier before each) vs a bare mpi4py Allreduce loop (total time / iterations); "
+                  f"medians of {ROUNDS} alternating rounds; goal: ratio >= 0.95 at 16 MiB")
+            print(f"{'size':>8} {'hetbench algbw GB/s':>20} {'mpi4py algbw GB/s':>18} {'ratio':>7}")
+            for r in results:
+                print(f"{r['size_mib']:>5} MiB {r['hetbench_algbw_gbps']:>20.2f} {r['mpi4py_algbw_gbps']:>18.2f} "
+                      f"{r['ratio']:>7.3f}")
+        return 0
+    print(f"unknown benchmark {what!r}; accepted: gemm, allreduce", file=sys.stderr)
     return 2
 
 
