@@ -79,10 +79,13 @@ def matmul(ctx: click.Context, size: int, m: int | None, n: int | None, k: int |
     errors: list[str] = output_path_errors(cfg.output) if world.is_root else []
     if save is not None and world.rank == root:
         errors += [e for e in [check_writable(save, "--save")] if e]
-    prepared, prepare_errors = run.prepare(cfg, world)
-    agree_or_exit(world, errors + prepare_errors)
-    agree_or_exit(world, run.shape_errors(cfg, world, prepared))
+    opened, open_errors = run.open_device(cfg, world)
+    agree_or_exit(world, errors + open_errors)
+    assert opened is not None
+    prepared, input_errors = run.prepare_inputs(cfg, world, opened)
+    agree_or_exit(world, input_errors)
     assert prepared is not None
+    agree_or_exit(world, run.shape_errors(cfg, world, prepared))
 
     try:
         outcome = run.run_rank(cfg, world, prepared)

@@ -102,10 +102,17 @@ def _host_memory_error(m: int, n: int, k: int, dtype: DType, local_size: int) ->
     return None
 
 
-def prepare(cfg: MatmulConfig, world: World) -> tuple[Prepared | None, list[str]]:
-    """Open this rank's device and make or load its inputs, checking everything that can be checked first.
+@dataclass
+class Opened:
+    """One rank's device, open and able to compute in the run's dtype."""
 
-    Returns (prepared, errors); errors are one-line messages for World.agree."""
+    backend: Backend
+    info: DeviceInfo
+    spec: str
+
+
+def open_device(cfg: MatmulConfig, world: World) -> tuple[Opened | None, list[str]]:
+    """Open this rank's device and check its dtype. Returns (opened, errors) for World.agree."""
     spec = cfg.backends[world.rank]
     try:
         backend = open_backend(spec, world.local_rank, world.local_size)
@@ -118,6 +125,14 @@ def prepare(cfg: MatmulConfig, world: World) -> tuple[Prepared | None, list[str]
             f"dtype {cfg.dtype.name} is not supported by {info.backend}:{info.index} ({info.name}); "
             f"it computes in: {', '.join(info.dtypes)}"
         ]
+    return Opened(backend, info, spec_label(spec, info)), []
+
+
+def prepare_inputs(cfg: MatmulConfig, world: World, opened: Opened) -> tuple[Prepared | None, list[str]]:
+    """Load or make this rank's A_r and B_r, checking first that they fit the device and the host.
+
+    Returns (prepared, errors) for World.agree."""
+    backend, info = opened.backend, opened.info
     if cfg.a_path is not None and cfg.b_path is not None:
         a_path = expand_rank_path(cfg.a_path, world.rank, world.host)
         b_path = expand_rank_path(cfg.b_path, world.rank, world.host)
@@ -126,20 +141,17 @@ def prepare(cfg: MatmulConfig, world: World) -> tuple[Prepared | None, list[str]
             b = gemm.load_matrix(b_path, "b", cfg.dtype)
             gemm.check_shapes(a, b, a_path, b_path)
         except gemm.InputError as e:
-            backend.close()
             return None, [str(e)]
     else:
         error = next(iter(_memory_errors(backend, info, cfg.m, cfg.n, cfg.k, cfg.dtype)), None)
         if error is None:
             error = _host_memory_error(cfg.m, cfg.n, cfg.k, cfg.dtype, world.local_size)
         if error is not None:
-            backend.close()
             return None, [error]
         a, b = gemm.generate_inputs(cfg.seed, world.rank, cfg.m, cfg.n, cfg.k, cfg.dtype)
-    prepared = Prepared(backend, info, spec_label(spec, info), a, b)
+    prepared = Prepared(backend, info, opened.spec, a, b)
     m, n, k = prepared.mnk
-    errors = _memory_errors(backend, info, m, n, k, cfg.dtype)
-    return prepared, errors
+    return prepared, _memory_errors(backend, info, m, n, k, cfg.dtype)
 
 
 def shape_errors(cfg: MatmulConfig, world: World, prepared: Prepared | None) -> list[str]:

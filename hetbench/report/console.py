@@ -8,6 +8,7 @@ import sys
 from typing import Any, Callable, Iterable, Iterator
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 MODELLED_MARK = "~"  # in a table, a value that was modelled, not measured
@@ -39,6 +40,10 @@ def fmt(value: Any, digits: int = 3, scale: float = 1.0, modelled: bool = False)
     return str(value)
 
 
+def _percent(fraction: float | None) -> str:
+    return "-" if fraction is None or math.isnan(fraction) else f"{100 * fraction:.1f}"
+
+
 def _gib(nbytes: int | None) -> str:
     return "-" if nbytes is None else f"{nbytes / 1024**3:.1f}"
 
@@ -52,9 +57,9 @@ def devices_table(rows: Iterable[dict[str, Any]]) -> Table:
     for r in rows:
         peak = r.get("peak_tflops") or {}
         table.add_row(
-            str(r["rank"]), r["host"], f"{r['backend']}:{r['index']}", r["vendor"],
-            r["name"] + (" [modelled]" if r.get("modelled") else ""), r["kind"], _gib(r.get("memory_bytes")),
-            ",".join(r["dtypes"]), fmt(peak.get("fp32")), fmt(peak.get("fp16")), r["runtime"],
+            str(r["rank"]), escape(r["host"]), f"{r['backend']}:{r['index']}", escape(r["vendor"]),
+            escape(r["name"] + (" [modelled]" if r.get("modelled") else "")), r["kind"], _gib(r.get("memory_bytes")),
+            ",".join(r["dtypes"]), fmt(peak.get("fp32")), fmt(peak.get("fp16")), escape(r["runtime"]),
         )
     return table
 
@@ -75,8 +80,9 @@ def matmul_table(rows: list[dict[str, Any]], summary: dict[str, Any]) -> Table:
     for r in rows:
         mod = r["device_timing"] == "modelled"
         cells = [
-            str(r["rank"]), r["host"], r["backend"], r["device"], r["dtype"], f"{r['m']}x{r['n']}x{r['k']}",
-            fmt(r["gemm_seconds_median"], scale=1e3, modelled=mod), fmt(r["gemm_seconds_cv"], 2, scale=100),
+            str(r["rank"]), escape(r["host"]), escape(r["backend"]), escape(r["device"]), r["dtype"],
+            f"{r['m']}x{r['n']}x{r['k']}",
+            fmt(r["gemm_seconds_median"], scale=1e3, modelled=mod), _percent(r["gemm_seconds_cv"]),
             fmt(r["gemm_tflops"], modelled=mod), fmt(r["peak_percent"], 3, modelled=mod),
             fmt(r["h2d_gbps"], modelled=mod), fmt(r["d2h_gbps"], modelled=mod),
         ]
