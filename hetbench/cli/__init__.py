@@ -53,6 +53,11 @@ def main(argv: list[str] | None = None) -> None:
         code = cli.main(args=argv, prog_name="hetbench", standalone_mode=False)
     except click.exceptions.Exit as e:
         code = e.exit_code
+    except click.exceptions.NoArgsIsHelpError as e:
+        # `hetbench` alone: the help, not an error
+        if rank == 0:
+            click.echo(e.format_message())
+        code = 0
     except click.ClickException as e:
         # Usage errors: every rank reached the same one; rank 0 says it once
         if rank == 0:
