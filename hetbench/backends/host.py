@@ -44,7 +44,8 @@ def _cpu_vendor(name: str) -> str:
     return platform.machine()
 
 
-def _mem_available_bytes() -> int | None:
+def host_memory_available_bytes() -> int | None:
+    """MemAvailable of /proc/meminfo: what the host can still allocate without swapping."""
     with contextlib.suppress(OSError, ValueError):
         with open("/proc/meminfo", encoding="utf-8") as f:
             for line in f:
@@ -123,7 +124,7 @@ class HostBackend:
         return self._info
 
     def free_memory_bytes(self) -> int | None:
-        return _mem_available_bytes()
+        return host_memory_available_bytes()
 
     def max_allocation_bytes(self) -> int | None:
         return None

@@ -29,6 +29,7 @@ from hetbench.backends.base import (
     DeviceInfo,
     Elapsed,
 )
+from hetbench.backends.host import host_memory_available_bytes
 from hetbench.backends.sim_catalog import CATALOG, MODELS, GpuModel
 from hetbench.dtypes import DType, get_dtype, round_to_bf16, to_host_dtype
 
@@ -114,15 +115,6 @@ def _check_fault(operation: str, where: str) -> None:
     if _fault_applies(operation):
         setting = os.environ[FAULT_ENV].strip()
         raise DeviceError(f"simulated device fault injected by {FAULT_ENV}={setting} ({operation} on {where})")
-
-
-def _mem_available_bytes() -> int | None:
-    with contextlib.suppress(OSError, ValueError):
-        with open("/proc/meminfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    return None
 
 
 class _DeviceMemory:
@@ -314,7 +306,7 @@ class SimBackend:
 
     def free_memory_bytes(self) -> int | None:
         # the data really lives in host memory, so the host can run out first
-        available = _mem_available_bytes()
+        available = host_memory_available_bytes()
         free = self._memory.free_bytes
         return free if available is None else min(free, available)
 

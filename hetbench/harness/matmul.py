@@ -22,6 +22,7 @@ from hetbench.backends.base import (
     open_backend,
     spec_label,
 )
+from hetbench.backends.host import host_memory_available_bytes
 from hetbench.benchmarks import gemm
 from hetbench.comm.world import World
 from hetbench.config import MatmulConfig, expand_rank_path
@@ -57,12 +58,6 @@ class RankOutcome:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def _host_mem_available() -> int | None:
-    from hetbench.backends.host import _mem_available_bytes
-
-    return _mem_available_bytes()
-
-
 def _fmt_bytes(n: int) -> str:
     return f"{n} bytes ({n / MIB:.1f} MiB)"
 
@@ -90,7 +85,7 @@ def _memory_errors(backend: Backend, info: DeviceInfo, m: int, n: int, k: int, d
 def _host_memory_error(m: int, n: int, k: int, dtype: DType, local_size: int) -> str | None:
     """The host holds A, B and C too (and the reduce buffers): check before generating them."""
     need = (m * k + k * n + 2 * m * n) * max(dtype.host.itemsize, dtype.mpi_dtype.itemsize)
-    available = _host_mem_available()
+    available = host_memory_available_bytes()
     if available is None:
         return None
     share = available // max(local_size, 1)
