@@ -55,10 +55,10 @@ class Run:
         return [line for line in self.stderr.splitlines() if line.startswith("Error:")]
 
 
-def run_cli(args: list[str], nprocs: int | None = None, cwd: Path | None = None, timeout: float = 120,
-            env: dict[str, str] | None = None) -> Run:
-    """`hetbench ARGS` (nprocs None), or `mpiexec -n NPROCS hetbench ARGS`."""
-    cmd = [sys.executable, "-m", "hetbench", *args]
+def run_python(args: list[str], nprocs: int | None = None, cwd: Path | None = None, timeout: float = 120,
+               env: dict[str, str] | None = None) -> Run:
+    """`python ARGS` (nprocs None), or `mpiexec -n NPROCS python ARGS`, with this checkout on the path."""
+    cmd = [sys.executable, *args]
     if nprocs is not None:
         assert MPIEXEC is not None
         cmd = [MPIEXEC, "-n", str(nprocs), *cmd]
@@ -74,3 +74,24 @@ def run_cli(args: list[str], nprocs: int | None = None, cwd: Path | None = None,
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"{' '.join(cmd)} did not finish within {timeout} s (a hang?)\nstdout: {e.stdout}\nstderr: {e.stderr}")
     return Run(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start)
+
+
+def run_cli(args: list[str], nprocs: int | None = None, cwd: Path | None = None, timeout: float = 120,
+            env: dict[str, str] | None = None) -> Run:
+    """`hetbench ARGS` (nprocs None), or `mpiexec -n NPROCS hetbench ARGS`."""
+    return run_python(["-m", "hetbench", *args], nprocs=nprocs, cwd=cwd, timeout=timeout, env=env)
+
+
+def assert_usage_error(run: Run, tmp_path: Path, *needles: str) -> None:
+    """Bad input: exit code 2, one line (said once, by rank 0) holding every needle, no traceback, nothing on
+    stdout, and no results file left behind."""
+    assert run.returncode == 2, f"exit {run.returncode}\nstdout: {run.stdout}\nstderr: {run.stderr}"
+    assert "Traceback" not in run.stderr
+    assert len(run.error_lines) == 1, run.stderr
+    line = run.error_lines[0]
+    for needle in needles:
+        assert needle in line, line
+    assert run.stdout == ""
+    leftovers = [p.name for p in tmp_path.rglob("*") if p.is_file() and p.suffix in (".json", ".csv", ".tmp")]
+    assert leftovers == [], leftovers
+    assert not (tmp_path / "results").exists() or not any((tmp_path / "results").iterdir())

@@ -8,7 +8,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import MPIEXEC, needs_mpi, needs_opencl, run_cli
+from conftest import MPIEXEC, assert_usage_error, needs_mpi, needs_opencl, run_cli
 
 from hetbench.results import load_results
 
@@ -173,19 +173,6 @@ def test_both_paths(tmp_path):
     assert "(path: host" in run.stdout and "(path: device" in run.stdout
 
 
-def _assert_usage_error(run, tmp_path, *needles: str) -> None:
-    assert run.returncode == 2, f"exit {run.returncode}\nstdout: {run.stdout}\nstderr: {run.stderr}"
-    assert "Traceback" not in run.stderr
-    assert len(run.error_lines) == 1, run.stderr  # said once, by rank 0
-    line = run.error_lines[0]
-    for needle in needles:
-        assert needle in line, line
-    assert run.stdout == ""
-    leftovers = [p.name for p in tmp_path.rglob("*") if p.is_file() and p.suffix in (".json", ".csv", ".tmp")]
-    assert leftovers == [], leftovers
-    assert not (tmp_path / "results").exists() or not any((tmp_path / "results").iterdir())
-
-
 RANKS = [None, pytest.param(2, marks=pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec"))]
 
 
@@ -197,7 +184,7 @@ def test_device_path_refused_without_gpu_aware_mpi(tmp_path, nprocs):
         pytest.skip("this MPI reports CUDA support")
     run = run_cli(["collectives", "--backend", "sim:h100", "--path", "device", "--max-bytes", "4K", *FAST],
                   nprocs=nprocs, cwd=tmp_path, timeout=60)
-    _assert_usage_error(run, tmp_path, "--path device", "CUDA", "MPI", "--path host")
+    assert_usage_error(run, tmp_path, "--path device", "CUDA", "MPI", "--path host")
 
 
 @needs_opencl
@@ -205,7 +192,7 @@ def test_device_path_refused_without_gpu_aware_mpi(tmp_path, nprocs):
 def test_device_path_refused_for_opencl(tmp_path, nprocs):
     run = run_cli(["collectives", "--backend", "opencl", "--path", "both", "--max-bytes", "4K", *FAST],
                   nprocs=nprocs, cwd=tmp_path, timeout=60)
-    _assert_usage_error(run, tmp_path, "--path device", "OpenCL", "--path host")
+    assert_usage_error(run, tmp_path, "--path device", "OpenCL", "--path host")
 
 
 @pytest.mark.parametrize("nprocs", [None, pytest.param(2, marks=needs_mpi)])
@@ -260,7 +247,7 @@ def test_corrupted_copies_are_caught(tmp_path, nprocs):
 def test_bad_input(tmp_path, nprocs, args, needles):
     run = run_cli(["collectives", "--backend", "host", "--max-bytes", "4K", "--iters", "1", "--warmup", "0", *args],
                   nprocs=nprocs, cwd=tmp_path, timeout=60)
-    _assert_usage_error(run, tmp_path, *needles)
+    assert_usage_error(run, tmp_path, *needles)
 
 
 @pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec")
@@ -275,4 +262,4 @@ def test_bad_input(tmp_path, nprocs, args, needles):
 def test_bad_input_three_ranks(tmp_path, args, needles):
     run = run_cli(["collectives", "--backend", "host", "--max-bytes", "4K", "--iters", "1", *args], nprocs=3,
                   cwd=tmp_path, timeout=60)
-    _assert_usage_error(run, tmp_path, *needles)
+    assert_usage_error(run, tmp_path, *needles)

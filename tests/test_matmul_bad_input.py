@@ -5,22 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import MPIEXEC, needs_opencl, run_cli
+from conftest import MPIEXEC, assert_usage_error, needs_opencl, run_cli
 
 RANKS = [None, pytest.param(2, marks=pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec"))]
-
-
-def _assert_usage_error(run, tmp_path, *needles: str) -> None:
-    assert run.returncode == 2, f"exit {run.returncode}\nstdout: {run.stdout}\nstderr: {run.stderr}"
-    assert "Traceback" not in run.stderr
-    assert len(run.error_lines) == 1, run.stderr  # said once, by rank 0
-    line = run.error_lines[0]
-    for needle in needles:
-        assert needle in line, line
-    assert run.stdout == ""
-    leftovers = [p.name for p in tmp_path.rglob("*") if p.is_file() and p.suffix in (".json", ".csv", ".tmp")]
-    assert leftovers == [], leftovers
-    assert not (tmp_path / "results").exists() or not any((tmp_path / "results").iterdir())
 
 
 @pytest.mark.parametrize("nprocs", RANKS)
@@ -51,14 +38,14 @@ def _assert_usage_error(run, tmp_path, *needles: str) -> None:
 def test_bad_input(tmp_path, nprocs, args, needles):
     run = run_cli(["matmul", "--size", "16", "--repeat", "1", "--backend", "host", *args], nprocs=nprocs,
                   cwd=tmp_path, timeout=60)
-    _assert_usage_error(run, tmp_path, *needles)
+    assert_usage_error(run, tmp_path, *needles)
 
 
 @pytest.mark.parametrize("nprocs", RANKS)
 def test_output_path_that_is_a_directory(tmp_path, nprocs):
     (tmp_path / "adir").mkdir()
     run = run_cli(["matmul", "--size", "16", "--backend", "host", "--out", "adir"], nprocs=nprocs, cwd=tmp_path)
-    _assert_usage_error(run, tmp_path, "--out", "adir", "directory")
+    assert_usage_error(run, tmp_path, "--out", "adir", "directory")
 
 
 @needs_opencl
@@ -69,7 +56,7 @@ def test_dtype_the_opencl_device_cannot_do(tmp_path, nprocs):
     if "fp16" in list_devices()[0].dtypes:
         pytest.skip("this OpenCL device has cl_khr_fp16")
     run = run_cli(["matmul", "--size", "16", "--dtype", "fp16", "--backend", "opencl:0"], nprocs=nprocs, cwd=tmp_path)
-    _assert_usage_error(run, tmp_path, "fp16", "opencl:0", "fp32")
+    assert_usage_error(run, tmp_path, "fp16", "opencl:0", "fp32")
 
 
 def _npy_cases(tmp_path):
@@ -96,7 +83,7 @@ def _npy_cases(tmp_path):
 def test_bad_npy_inputs(tmp_path, nprocs, case):
     args, needles = _npy_cases(tmp_path)[case]
     run = run_cli(["matmul", "--backend", "host", "--repeat", "1", *args], nprocs=nprocs, cwd=tmp_path)
-    _assert_usage_error(run, tmp_path, *needles)
+    assert_usage_error(run, tmp_path, *needles)
 
 
 @pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec")
@@ -105,7 +92,7 @@ def test_error_only_one_rank_sees_is_named_with_its_rank(tmp_path):
     np.save(tmp_path / "b_0.npy", np.ones((3, 4)))
     run = run_cli(["matmul", "--backend", "host", "--a", "a_{rank}.npy", "--b", "b_{rank}.npy"], nprocs=2,
                   cwd=tmp_path)
-    _assert_usage_error(run, tmp_path, "rank 1", "a_1.npy", "does not exist")
+    assert_usage_error(run, tmp_path, "rank 1", "a_1.npy", "does not exist")
 
 
 @pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec")
@@ -114,4 +101,4 @@ def test_products_of_different_shapes_cannot_be_summed(tmp_path):
     np.save(tmp_path / "a_1.npy", np.ones((5, 3)))
     np.save(tmp_path / "b.npy", np.ones((3, 4)))
     run = run_cli(["matmul", "--backend", "host", "--a", "a_{rank}.npy", "--b", "b.npy"], nprocs=2, cwd=tmp_path)
-    _assert_usage_error(run, tmp_path, "rank 0: 4x4", "rank 1: 5x4", "--reduce none")
+    assert_usage_error(run, tmp_path, "rank 0: 4x4", "rank 1: 5x4", "--reduce none")

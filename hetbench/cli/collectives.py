@@ -116,7 +116,7 @@ def collectives(op_texts: tuple[str, ...], min_bytes: int | None, max_bytes: int
         metadata = {**job_metadata(world), "ranks": ranks}
         summary = run.summarize(rows)
         verified = summary["verified"]
-        document = make_document("collectives", metadata, cfg.to_dict(), rows, summary, verified is not False)
+        document = make_document("collectives", metadata, cfg.to_dict(), rows, summary, verified)
 
         def render() -> None:
             from hetbench.report.console import collectives_report

@@ -38,7 +38,7 @@ def gatherv(comm: Any, send: np.ndarray, counts: Sequence[int], root: int = 0, r
     if comm.Get_rank() == root:
         if recv is None:
             recv = np.empty(sum(counts), dtype=send.dtype)
-        comm.Gatherv(send, [recv, counts, displacements(counts)], root=root)
+        comm.Gatherv(send, [recv, (counts, displacements(counts))], root=root)
         return recv
     comm.Gatherv(send, None, root=root)
     return None
@@ -49,7 +49,7 @@ def allgatherv(comm: Any, send: np.ndarray, counts: Sequence[int], recv: Any = N
     counts = _check_counts(comm, counts, len(send), "allgatherv")
     if recv is None:
         recv = np.empty(sum(counts), dtype=send.dtype)
-    comm.Allgatherv(send, [recv, counts, displacements(counts)])
+    comm.Allgatherv(send, [recv, (counts, displacements(counts))])
     return recv
 
 

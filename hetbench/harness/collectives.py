@@ -40,7 +40,8 @@ class Prepared:
 
 
 def _device_path_error(backend: Backend, info: DeviceInfo, world: World) -> str | None:
-    label = f"{info.backend}:{info.index} ({info.name})"
+    # no device index in the message: ranks with the same kind of device then report one line
+    label = f"{info.backend} device {info.name}"
     if backend.mpi_buffer(backend.upload(np.zeros(1, np.float32), _fp32())) is None:
         return f"--path device: {label} has no buffer MPI can take directly (OpenCL buffers have none); use --path host"
     if info.backend == "host":
