@@ -36,6 +36,7 @@ test: env
 bench: env
 	$(PY) -m hetbench.bench gemm
 	$(MPIEXEC) -n 2 $(PY) -m hetbench.bench allreduce
+	$(PY) -m hetbench.bench opencl
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

@@ -2,6 +2,8 @@
 
     python -m hetbench.bench gemm                     host GEMM through hetbench's harness vs a bare NumPy `a @ b`
     mpiexec -n 2 python -m hetbench.bench allreduce   hetbench's allreduce vs a bare mpi4py `Allreduce` loop
+    python -m hetbench.bench opencl                   OpenCL GEMM (CLBlast path, own kernel) vs a bare
+                                                      pyclblast.gemm loop, and clpeak's fp32 peak as a ceiling
 
 The two are measured in alternating rounds so that drifts of clock speed or load hit both alike; each round's
 figure is a median, and the ratio is of the medians over the rounds.
@@ -102,6 +104,75 @@ def bench_allreduce(sizes_mib: tuple[int, ...] = (1, 16, 64), warmup: int = 3, i
     return results if world.is_root else None
 
 
+def clpeak_fp32_gflops(platform: int = 0, device: int = 0) -> float | None:
+    """The best single-precision figure clpeak measures on the device (its widest vector type), or None."""
+    import re
+    import shutil
+    import subprocess
+
+    if shutil.which("clpeak") is None:
+        return None
+    try:
+        out = subprocess.run(["clpeak", "-p", str(platform), "-d", str(device), "--compute-sp"], capture_output=True,
+                             text=True, timeout=300).stdout
+    except (subprocess.TimeoutExpired, OSError):
+        return None
+    values = [float(v) for v in re.findall(r"^\s*float\d*\s*:\s*([0-9.]+)", out, re.MULTILINE)]
+    return max(values) if values else None
+
+
+def _wall_seconds(op, finish, repeat: int) -> float:
+    op()
+    finish()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        op()
+        finish()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def bench_opencl(n: int = 1024, repeat: int = 5) -> dict[str, float | None] | None:
+    """hetbench's OpenCL GEMM (each path) and a bare pyclblast.gemm loop on device 0, fp32, in the same run."""
+    import os
+
+    from hetbench.backends import opencl
+    from hetbench.backends.base import BackendSpec
+    from hetbench.benchmarks.gemm import flops, generate_inputs
+    from hetbench.dtypes import DTYPES
+    from hetbench.harness.timing import time_repeats
+
+    if opencl.unavailable_reason() is not None:
+        return None
+    dtype = DTYPES["fp32"]
+    a, b = generate_inputs(0, 0, n, n, n, dtype)
+    flop = flops(n, n, n)
+    result: dict[str, float | None] = {"n": n}
+    paths = ["kernel"] + (["clblast"] if opencl.pyclblast is not None else [])
+    for path in paths:
+        os.environ[opencl.GEMM_ENV] = path
+        backend = opencl.open_device(BackendSpec("opencl", 0), 0, 1)
+        a_dev, b_dev, c_dev = backend.upload(a, dtype), backend.upload(b, dtype), backend.empty((n, n), dtype)
+        ours, bare = [], []
+        for _ in range(ROUNDS):
+            seconds = time_repeats(backend, lambda: backend.matmul(a_dev, b_dev, c_dev, dtype), 1, repeat)
+            ours.append(statistics.median(seconds))
+            if path == "clblast":
+                queue = a_dev.queue
+                bare.append(_wall_seconds(lambda: opencl.pyclblast.gemm(queue, n, n, n, a_dev, b_dev, c_dev,
+                                                                        a_ld=n, b_ld=n, c_ld=n),
+                                          queue.finish, repeat))
+        result[f"hetbench_{path}_gflops"] = flop / statistics.median(ours) / 1e9
+        if bare:
+            result["pyclblast_gflops"] = flop / statistics.median(bare) / 1e9
+        backend.close()
+    os.environ.pop(opencl.GEMM_ENV, None)
+    result["device"] = opencl.list_devices()[0].name  # type: ignore[assignment]
+    result["clpeak_fp32_gflops"] = clpeak_fp32_gflops()
+    return result
+
+
 def main(argv: list[str]) -> int:
     what = argv[0] if argv else "gemm"
     if what == "gemm":
@@ -128,7 +199,27 @@ def main(argv: list[str]) -> int:
                 print(f"{r['size_mib']:>5} MiB {r['hetbench_algbw_gbps']:>20.2f} {r['mpi4py_algbw_gbps']:>18.2f} "
                       f"{r['ratio']:>7.3f}")
         return 0
-    print(f"unknown benchmark {what!r}; accepted: gemm, allreduce", file=sys.stderr)
+    if what == "opencl":
+        r = bench_opencl()
+        if r is None:
+            print("opencl: no OpenCL device (apt-get install pocl-opencl-icd for the CPU); nothing measured")
+            return 0
+        print(f"OpenCL GEMM, fp32, n = {r['n']}, device 0 ({r['device']}); wall clock around a full finish, "
+              f"medians of {ROUNDS} alternating rounds")
+        bare = r.get("pyclblast_gflops")
+        peak = r["clpeak_fp32_gflops"]
+        print(f"{'path':<22} {'GFLOP/s':>9} {'vs bare pyclblast':>18} {'vs clpeak fp32 peak':>20}")
+        rows = [("hetbench, CLBlast", r.get("hetbench_clblast_gflops")),
+                ("hetbench, own kernel", r.get("hetbench_kernel_gflops")), ("bare pyclblast.gemm", bare)]
+        for label, value in rows:
+            if value is None:
+                continue
+            ratio = f"{value / bare:.3f}" if bare else "-"
+            ceiling = f"{value / peak:.3f}" if peak else "-"
+            print(f"{label:<22} {value:>9.2f} {ratio:>18} {ceiling:>20}")
+        print(f"clpeak fp32 peak: {peak:.2f} GFLOP/s" if peak else "clpeak not found (apt-get install clpeak): no ceiling")
+        return 0
+    print(f"unknown benchmark {what!r}; accepted: gemm, allreduce, opencl", file=sys.stderr)
     return 2
 
 
