@@ -28,7 +28,7 @@ demo: env
 	$(HETBENCH) devices
 	$(MPIEXEC) -n 2 $(HETBENCH) matmul --size $(DEMO_SIZE)
 	$(MPIEXEC) -n 2 $(HETBENCH) matmul --size $(DEMO_SIZE) --backend 0=sim:h100,1=sim:mi300x
-	$(MPIEXEC) -n 2 $(HETBENCH) collectives --op allreduce,allgather --max-bytes 4M --backend 0=sim:h100,1=sim:mi300x
+	$(MPIEXEC) -n 2 $(HETBENCH) collectives --progress --op allreduce,allgather --max-bytes 4M --backend 0=sim:h100,1=sim:mi300x
 
 test: env
 	$(PY) -m pytest -q

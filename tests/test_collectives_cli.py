@@ -263,3 +263,14 @@ def test_bad_input_three_ranks(tmp_path, args, needles):
     run = run_cli(["collectives", "--backend", "host", "--max-bytes", "4K", "--iters", "1", *args], nprocs=3,
                   cwd=tmp_path, timeout=60)
     assert_usage_error(run, tmp_path, *needles)
+
+
+def test_progress_bar_goes_to_stderr_only_when_asked(tmp_path):
+    args = ["collectives", "--op", "allreduce", "--max-bytes", "64", "--backend", "host", *FAST,
+            "--out", str(tmp_path / "r.json")]
+    quiet = run_cli(args, cwd=tmp_path)
+    shown = run_cli([*args, "--progress"], cwd=tmp_path)
+    assert quiet.returncode == 0 and shown.returncode == 0, shown.stderr
+    assert "allreduce host" not in quiet.stderr  # not a terminal: no bar by default
+    assert "allreduce host" in shown.stderr and "allreduce host" not in shown.stdout
+    assert "avg bus bandwidth" in shown.stdout

@@ -64,11 +64,14 @@ class ByteSize(click.ParamType):
 @click.option("--path", "path", type=click.Choice([*PATHS, "both"]), default="host", show_default=True,
               help="host: copy device -> host, MPI on host buffers, copy back. device: hand device buffers to a "
                    "GPU-aware MPI directly. both: one after the other.")
+@click.option("--progress/--no-progress", default=None,
+              help="A progress bar on stderr during the sweep. Default: when stderr is a terminal; under mpiexec, "
+                   "which hands rank output on through pipes, give --progress to see it.")
 @backend_option
 @output_options
 def collectives(op_texts: tuple[str, ...], min_bytes: int | None, max_bytes: int, factor: int, dtype: str,
-                warmup: int, iters: int, root: int, check: bool, path: str, backend: str, out_json: Path | None,
-                out_csv: Path | None, json_stdout: bool) -> int:
+                warmup: int, iters: int, root: int, check: bool, path: str, progress: bool | None, backend: str,
+                out_json: Path | None, out_csv: Path | None, json_stdout: bool) -> int:
     """Collective benchmarks across the ranks' devices, with nccl-tests' algbw and busbw."""
     from hetbench.benchmarks.collectives import OPS
     from hetbench.comm.world import World
@@ -105,7 +108,7 @@ def collectives(op_texts: tuple[str, ...], min_bytes: int | None, max_bytes: int
     from hetbench.report.console import sweep_progress
 
     try:
-        with sweep_progress(enabled=world.is_root and not json_stdout) as on_step:
+        with sweep_progress(enabled=world.is_root and not json_stdout, force=progress) as on_step:
             rows = run.run_sweep(cfg, world, prepared, on_step)
     finally:
         prepared.backend.close()

@@ -110,10 +110,11 @@ def matmul_summary_lines(summary: dict[str, Any]) -> list[str]:
 
 
 @contextlib.contextmanager
-def sweep_progress(enabled: bool) -> Iterator[Callable[[int, int, str], None] | None]:
-    """A progress bar on stderr while a sweep runs (only on a terminal: logs get no bar)."""
-    err = console(stderr=True)
-    if not enabled or not err.is_terminal:
+def sweep_progress(enabled: bool, force: bool | None = None) -> Iterator[Callable[[int, int, str], None] | None]:
+    """A progress bar on stderr while a sweep runs: on a terminal, or where `force` asks for it (mpiexec passes
+    a rank's output through pipes, so the rank cannot see the terminal at the end of them)."""
+    err = Console(stderr=True, force_terminal=True) if force else console(stderr=True)
+    if not enabled or force is False or not err.is_terminal:
         yield None
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
