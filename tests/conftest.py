@@ -36,6 +36,20 @@ def opencl_devices() -> int:
 
 
 HAVE_OPENCL = opencl_devices() > 0
+
+ALL_OPS = ("allreduce", "reduce_scatter", "allgather", "reduce", "bcast", "gather", "scatter", "alltoall", "sendrecv")
+# nccl-tests' busbw factors (its PERFORMANCE.md), written out here rather than taken from hetbench
+HAND_FACTOR = {
+    "allreduce": lambda n: 2 * (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "allgather": lambda n: (n - 1) / n,
+    "alltoall": lambda n: (n - 1) / n,
+    "gather": lambda n: (n - 1) / n,
+    "scatter": lambda n: (n - 1) / n,
+    "bcast": lambda n: 1.0,
+    "reduce": lambda n: 1.0,
+    "sendrecv": lambda n: 1.0,
+}
 needs_mpi = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (pip install mpich)")
 needs_opencl = pytest.mark.skipif(not HAVE_OPENCL, reason="no OpenCL device (apt-get install pocl-opencl-icd)")
 

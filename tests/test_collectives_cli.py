@@ -8,24 +8,11 @@ import json
 
 import numpy as np
 import pytest
-from conftest import MPIEXEC, assert_usage_error, needs_mpi, needs_opencl, run_cli
+from conftest import ALL_OPS, HAND_FACTOR, MPIEXEC, assert_usage_error, needs_mpi, needs_opencl, run_cli
 
 from hetbench.results import load_results
 
-ALL_OPS = ("allreduce", "reduce_scatter", "allgather", "reduce", "bcast", "gather", "scatter", "alltoall", "sendrecv")
 ROOTED = ("reduce", "bcast", "gather", "scatter")
-# nccl-tests' busbw factors (PERFORMANCE.md), written out rather than taken from hetbench
-HAND_FACTOR = {
-    "allreduce": lambda n: 2 * (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n,
-    "allgather": lambda n: (n - 1) / n,
-    "alltoall": lambda n: (n - 1) / n,
-    "gather": lambda n: (n - 1) / n,
-    "scatter": lambda n: (n - 1) / n,
-    "bcast": lambda n: 1.0,
-    "reduce": lambda n: 1.0,
-    "sendrecv": lambda n: 1.0,
-}
 FAST = ["--iters", "3", "--warmup", "1"]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import ALL_OPS, HAND_FACTOR
 
 from hetbench.benchmarks import collectives as spec
 from hetbench.config import CollectivesConfig, check_collective_sizes, parse_ops
@@ -13,20 +14,6 @@ from hetbench.dtypes import DTYPES
 from hetbench.harness import collectives as harness
 
 FP32, FP64 = DTYPES["fp32"], DTYPES["fp64"]
-ALL_OPS = ("allreduce", "reduce_scatter", "allgather", "reduce", "bcast", "gather", "scatter", "alltoall", "sendrecv")
-
-# nccl-tests' busbw factors (PERFORMANCE.md), spelled out per op rather than taken from the module under test
-HAND_FACTOR = {
-    "allreduce": lambda n: 2 * (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n,
-    "allgather": lambda n: (n - 1) / n,
-    "alltoall": lambda n: (n - 1) / n,
-    "gather": lambda n: (n - 1) / n,
-    "scatter": lambda n: (n - 1) / n,
-    "bcast": lambda n: 1.0,
-    "reduce": lambda n: 1.0,
-    "sendrecv": lambda n: 1.0,
-}
 
 
 def test_op_table_names_every_op_of_the_issue_in_order():
