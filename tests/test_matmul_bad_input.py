@@ -102,3 +102,14 @@ def test_products_of_different_shapes_cannot_be_summed(tmp_path):
     np.save(tmp_path / "b.npy", np.ones((3, 4)))
     run = run_cli(["matmul", "--backend", "host", "--a", "a_{rank}.npy", "--b", "b.npy"], nprocs=2, cwd=tmp_path)
     assert_usage_error(run, tmp_path, "rank 0: 4x4", "rank 1: 5x4", "--reduce none")
+
+
+@pytest.mark.parametrize("nprocs", RANKS)
+def test_backend_that_is_not_installed(tmp_path, nprocs):
+    from hetbench.backends.cupy import unavailable_reason
+
+    reason = unavailable_reason()
+    if reason is None:
+        pytest.skip("CuPy and a GPU are here")
+    run = run_cli(["matmul", "--size", "16", "--backend", "cupy"], nprocs=nprocs, cwd=tmp_path)
+    assert_usage_error(run, tmp_path, "backend cupy is unavailable", reason.split(":")[0])

@@ -66,9 +66,6 @@ class World:
             RankError(rank, self.hosts[rank], message) for rank, ms in enumerate(gathered) for message in ms
         ]
 
-    def allreduce_max(self, value: float) -> float:
-        return self.comm.allreduce(value, op=self.MPI.MAX)
-
     def abort(self, code: int) -> None:
         """End every rank of the job now. With one process this is a plain exit."""
         sys.stdout.flush()

@@ -19,9 +19,3 @@ def time_repeats(backend: Backend, op: Callable[[], None], warmup: int, repeat: 
         seconds.append(elapsed.seconds)
     return seconds
 
-
-def time_once(backend: Backend, op: Callable[[], object]) -> tuple[object, float]:
-    """(op's return value, its device-synchronised seconds)."""
-    with backend.timer() as elapsed:
-        value = op()
-    return value, elapsed.seconds
