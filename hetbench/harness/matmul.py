@@ -9,7 +9,7 @@ barrier, and the check of the sum at the root.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -55,7 +55,6 @@ class RankOutcome:
     row: dict[str, Any]
     reduced: np.ndarray | None = None  # the sum of all products, at the root only
     reduced_verdict: verify.Verdict | None = None  # known on every rank (broadcast from the root)
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _fmt_bytes(n: int) -> str:
