@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import HAVE_OPENCL, needs_mpi, needs_opencl, run_cli
+from conftest import needs_mpi, needs_opencl, run_cli
 
 from hetbench.results import load_results
 

@@ -170,7 +170,7 @@ def run_rank(cfg: MatmulConfig, world: World, prepared: Prepared) -> RankOutcome
     gemm_seconds = time_repeats(backend, lambda: backend.matmul(a_dev, b_dev, c_dev, dtype), cfg.warmup, cfg.repeat)
     with backend.timer() as d2h:
         c_host = backend.download(c_dev, dtype)
-    del a_dev, b_dev, c_dev
+    a_dev = b_dev = c_dev = None  # the device's memory is free again before the reduce
 
     x = verify.random_vectors(n, cfg.seed)
     terms = verify.product_terms(prepared.a, prepared.b, c_host, x)

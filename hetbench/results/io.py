@@ -94,7 +94,7 @@ def write_csv_atomic(path: Path | str, rows: Iterable[dict[str, Any]]) -> None:
 
 
 def write_npy_atomic(path: Path | str, array: np.ndarray) -> None:
-    _write_atomic(path, lambda f: np.save(f, array), binary=True)
+    _write_atomic(path, lambda f: np.save(f, array, allow_pickle=False), binary=True)
 
 
 def load_results(path: Path | str) -> dict[str, Any]:
