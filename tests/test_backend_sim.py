@@ -383,3 +383,21 @@ def test_fault_injection_on_one_rank(monkeypatch, rank_env):
     monkeypatch.setenv(rank_env, "1")
     with pytest.raises(base.DeviceError, match="matmul@1"):
         backend.matmul(a, a, c, dtype)
+
+
+@pytest.mark.parametrize("model", [m for m in CATALOG if m.api in ("cuda", "hip")], ids=lambda m: m.key)
+def test_cupy_backend_describes_simulated_runtime_like_a_real_one(model):
+    """The CuPy backend's device description, fed the simulated runtime, reads what the catalog says."""
+    from hetbench.backends.cupy import describe_device
+
+    runtime = sim.SimRuntime([model], model.api)
+    info = describe_device(runtime, 0, backend="sim")
+    assert info.vendor == ("AMD" if model.api == "hip" else "NVIDIA")
+    assert info.name == model.name and info.memory_bytes == model.memory_bytes
+    assert info.runtime.startswith("HIP runtime 6.2" if model.api == "hip" else "CUDA runtime 12.4")
+    if model.api == "hip":
+        assert info.details["gcn_arch_name"].split(":")[0] == model.gcn_arch_name
+    else:
+        assert info.details["compute_capability"] == "{}.{}".format(*model.compute_capability)
+    # the bandwidth CuPy's backend estimates from clock and bus width is the datasheet's, within 15%
+    assert info.memory_bandwidth_gbps == pytest.approx(model.memory_bandwidth_gbps, rel=0.15)
