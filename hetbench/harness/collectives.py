@@ -10,39 +10,27 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
-from hetbench.backends.base import (
-    TIMING_MODELLED,
-    Backend,
-    BackendUnavailable,
-    DeviceInfo,
-    open_backend,
-    spec_label,
-)
+from hetbench.backends.base import TIMING_MODELLED, Backend, DeviceInfo
 from hetbench.benchmarks import collectives as spec
 from hetbench.comm.gpu import HOW_TO_GET_GPU_AWARE_MPI, gpu_support
 from hetbench.comm.world import World
 from hetbench.config import CollectivesConfig
+from hetbench.dtypes import DType
+from hetbench.harness.devices import OpenDevice, open_rank_device
 from hetbench.harness.metadata import rank_metadata
 
 STRAGGLER_RATIO = 1.2  # a rank whose median time is 20% above the median rank's is flagged
 
 
-@dataclass
-class Prepared:
-    backend: Backend
-    info: DeviceInfo
-    spec: str
-
-
-def _device_path_error(backend: Backend, info: DeviceInfo, world: World) -> str | None:
+def _device_path_error(backend: Backend, info: DeviceInfo, dtype: DType, world: World) -> str | None:
     # no device index in the message: ranks with the same kind of device then report one line
     label = f"{info.backend} device {info.name}"
-    if backend.mpi_buffer(backend.upload(np.zeros(1, np.float32), _fp32())) is None:
+    # mpi_buffer answers for an array: ask it for a one-element one
+    if backend.mpi_buffer(backend.upload(np.zeros(1, dtype.host), dtype)) is None:
         return f"--path device: {label} has no buffer MPI can take directly (OpenCL buffers have none); use --path host"
     if info.backend == "host":
         return None  # host memory is what every MPI takes
@@ -57,41 +45,26 @@ def _device_path_error(backend: Backend, info: DeviceInfo, world: World) -> str 
             f"{said} {api.upper()} support; {HOW_TO_GET_GPU_AWARE_MPI}")
 
 
-def _fp32():
-    from hetbench.dtypes import DTYPES
-
-    return DTYPES["fp32"]
-
-
-def prepare(cfg: CollectivesConfig, world: World) -> tuple[Prepared | None, list[str]]:
+def prepare(cfg: CollectivesConfig, world: World) -> tuple[OpenDevice | None, list[str]]:
     """Open this rank's device and check it can take every buffer and path the sweep needs."""
-    try:
-        backend = open_backend(cfg.backends[world.rank], world.local_rank, world.local_size)
-    except (BackendUnavailable, ValueError) as e:
-        return None, [str(e)]
-    info = backend.info()
-    label = f"{info.backend}:{info.index} ({info.name})"
-    errors = []
-    if cfg.dtype.name not in info.dtypes:
-        errors.append(f"dtype {cfg.dtype.name} is not supported by {label}; it computes in: {', '.join(info.dtypes)}")
+    opened, errors = open_rank_device(cfg.backends[world.rank], cfg.dtype, world)
+    if opened is None:
+        return None, errors
+    backend, info = opened.backend, opened.info
     largest = max(sum(spec.OPS[op].counts(cfg.sizes()[-1], cfg.dtype.itemsize, world.size)) for op in cfg.ops)
     need = largest * cfg.dtype.itemsize
     free = backend.free_memory_bytes()
     if free is not None and need > free:
-        errors.append(f"the largest size needs {need} bytes of buffers on {label}, which has {free} free; "
-                      "lower --max-bytes")
+        errors.append(f"the largest size needs {need} bytes of buffers on {info.backend}:{info.index} "
+                      f"({info.name}), which has {free} free; lower --max-bytes")
     if "device" in cfg.paths and not errors:
-        error = _device_path_error(backend, info, world)
+        error = _device_path_error(backend, info, cfg.dtype, world)
         if error:
             errors.append(error)
-    return Prepared(backend, info, spec_label(cfg.backends[world.rank], info)), errors
+    return opened, errors
 
 
-def _median(values: list[float]) -> float:
-    return statistics.median(values) if values else float("nan")
-
-
-def _run_point(cfg: CollectivesConfig, world: World, prepared: Prepared, op: spec.Collective, size: int,
+def _run_point(cfg: CollectivesConfig, world: World, prepared: OpenDevice, op: spec.Collective, size: int,
                path: str) -> dict[str, Any]:
     """One op, size and path on this rank: per-iteration seconds and the wrong-element count."""
     backend, dtype, root = prepared.backend, cfg.dtype, cfg.root
@@ -193,7 +166,7 @@ def _row(cfg: CollectivesConfig, op: spec.Collective, size: int, path: str, per_
     }
 
 
-def run_sweep(cfg: CollectivesConfig, world: World, prepared: Prepared,
+def run_sweep(cfg: CollectivesConfig, world: World, prepared: OpenDevice,
               on_step: Callable[[int, int, str], None] | None = None) -> list[dict[str, Any]] | None:
     """Every op x path x size. Collective. Returns the rows on rank 0, None elsewhere."""
     modelled = any(world.allgather(prepared.backend.timing == TIMING_MODELLED))
@@ -210,7 +183,7 @@ def run_sweep(cfg: CollectivesConfig, world: World, prepared: Prepared,
     return rows if world.is_root else None
 
 
-def rank_descriptions(world: World, prepared: Prepared) -> list[dict[str, Any]] | None:
+def rank_descriptions(world: World, prepared: OpenDevice) -> list[dict[str, Any]] | None:
     """Every rank's device and process, for the metadata (rank 0 gets the list)."""
     mine = {"rank": world.rank, "host": world.host, "backend": prepared.spec,
             "device_timing": prepared.backend.timing, "device_info": prepared.info.to_dict(),

@@ -14,20 +14,14 @@ from typing import Any
 
 import numpy as np
 
-from hetbench.backends.base import (
-    TIMING_MODELLED,
-    Backend,
-    BackendUnavailable,
-    DeviceInfo,
-    open_backend,
-    spec_label,
-)
+from hetbench.backends.base import TIMING_MODELLED, Backend, DeviceInfo
 from hetbench.backends.host import host_memory_available_bytes
 from hetbench.benchmarks import gemm
 from hetbench.comm.world import World
 from hetbench.config import MatmulConfig, expand_rank_path
 from hetbench.dtypes import DType
 from hetbench.harness import verify
+from hetbench.harness.devices import OpenDevice, open_rank_device
 from hetbench.harness.metadata import rank_metadata
 from hetbench.harness.stats import summarize
 from hetbench.harness.timing import time_repeats
@@ -96,33 +90,12 @@ def _host_memory_error(m: int, n: int, k: int, dtype: DType, local_size: int) ->
     return None
 
 
-@dataclass
-class Opened:
-    """One rank's device, open and able to compute in the run's dtype."""
-
-    backend: Backend
-    info: DeviceInfo
-    spec: str
+def open_device(cfg: MatmulConfig, world: World) -> tuple[OpenDevice | None, list[str]]:
+    """Open this rank's device and check its dtype. Returns (device, errors) for World.agree."""
+    return open_rank_device(cfg.backends[world.rank], cfg.dtype, world)
 
 
-def open_device(cfg: MatmulConfig, world: World) -> tuple[Opened | None, list[str]]:
-    """Open this rank's device and check its dtype. Returns (opened, errors) for World.agree."""
-    spec = cfg.backends[world.rank]
-    try:
-        backend = open_backend(spec, world.local_rank, world.local_size)
-    except (BackendUnavailable, ValueError) as e:
-        return None, [str(e)]
-    info = backend.info()
-    if cfg.dtype.name not in info.dtypes:
-        backend.close()
-        return None, [
-            f"dtype {cfg.dtype.name} is not supported by {info.backend}:{info.index} ({info.name}); "
-            f"it computes in: {', '.join(info.dtypes)}"
-        ]
-    return Opened(backend, info, spec_label(spec, info)), []
-
-
-def prepare_inputs(cfg: MatmulConfig, world: World, opened: Opened) -> tuple[Prepared | None, list[str]]:
+def prepare_inputs(cfg: MatmulConfig, world: World, opened: OpenDevice) -> tuple[Prepared | None, list[str]]:
     """Load or make this rank's A_r and B_r, checking first that they fit the device and the host.
 
     Returns (prepared, errors) for World.agree."""

@@ -1,0 +1,34 @@
+"""Opening each rank's device for a run: the backend its spec names, checked against the run's dtype."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hetbench.backends.base import Backend, BackendSpec, BackendUnavailable, DeviceInfo, open_backend, spec_label
+from hetbench.comm.world import World
+from hetbench.dtypes import DType
+
+
+@dataclass
+class OpenDevice:
+    """One rank's device, open and able to compute in the run's dtype."""
+
+    backend: Backend
+    info: DeviceInfo
+    spec: str  # as the user named it, or what `auto` chose
+
+
+def open_rank_device(spec: BackendSpec, dtype: DType, world: World) -> tuple[OpenDevice | None, list[str]]:
+    """Open this rank's device and check its dtype. Returns (device, errors) for World.agree."""
+    try:
+        backend = open_backend(spec, world.local_rank, world.local_size)
+    except (BackendUnavailable, ValueError) as e:
+        return None, [str(e)]
+    info = backend.info()
+    if dtype.name not in info.dtypes:
+        backend.close()
+        return None, [
+            f"dtype {dtype.name} is not supported by {info.backend}:{info.index} ({info.name}); "
+            f"it computes in: {', '.join(info.dtypes)}"
+        ]
+    return OpenDevice(backend, info, spec_label(spec, info)), []
