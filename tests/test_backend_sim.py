@@ -245,9 +245,13 @@ def test_upload_rounds_bf16_input():
 def test_matmul_in_a_dtype_the_device_lacks_raises():
     dtype = DTYPES["bf16"]
     backend = sim.SimBackend(sim.get_model("v100"))
-    a = backend.upload(np.ones((2, 2), np.float32), dtype)
-    with pytest.raises(base.DeviceError, match="bf16"):
-        backend.matmul(a, a, backend.empty((2, 2), dtype), dtype)
+    a = np.ones((2, 2), np.float32)
+    with pytest.raises(base.UnsupportedDtype, match="bf16"):
+        backend.matmul(a, a, np.empty((2, 2), np.float32), dtype)
+    for refused in (lambda: backend.upload(a, dtype), lambda: backend.empty((2, 2), dtype)):
+        with pytest.raises(base.UnsupportedDtype, match=r"dtype bf16 is not supported by sim:0 .*fp64, fp32, fp16$"):
+            refused()
+    assert backend.runtime.memGetInfo()[0] == 16 * 2**30  # refused before anything was reserved
     with pytest.raises(ValueError, match="bf16"):
         sim.gemm_model_seconds(sim.get_model("v100"), 2, 2, 2, dtype)
 
@@ -339,6 +343,10 @@ def test_open_through_the_registry():
     x = backend.upload(np.ones(4), DTYPES["fp64"])
     assert backend.mpi_buffer(x) is x
     assert sim.SimBackend(sim.get_model("arc-a770")).runtime is None
+    # the Intel model is driven through OpenCL: like a real OpenCL device it hands MPI nothing
+    arc = sim.SimBackend(sim.get_model("arc-a770"))
+    assert arc.mpi_memory_kind() == "none"
+    assert arc.mpi_buffer(arc.upload(np.ones(4, np.float32), DTYPES["fp32"])) is None
 
 
 def test_open_without_or_with_unknown_model_says_how():

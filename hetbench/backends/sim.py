@@ -22,12 +22,14 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from hetbench.backends.base import (
+    MPI_MEMORY_NONE,
     TIMING_MODELLED,
     BackendSpec,
     BackendUnavailable,
     DeviceError,
     DeviceInfo,
     Elapsed,
+    check_dtype,
 )
 from hetbench.backends.host import host_memory_available_bytes
 from hetbench.backends.sim_catalog import CATALOG, MODELS, GpuModel
@@ -48,6 +50,10 @@ _RUNTIME_TEXT = {
     "hip": "simulated HIP 6.2 (modelled)",
     "opencl": "simulated OpenCL (modelled)",
 }
+
+# What the real backend for each api hands MPI: CuPy's CUDA or HIP pointers; OpenCL's cl_mem handles, which no MPI
+# takes (see mpi_memory_kind)
+_MPI_MEMORY_KIND = {"cuda": "cuda", "hip": "hip", "opencl": MPI_MEMORY_NONE}
 
 # cudaErrorInvalidDevice and hipErrorInvalidDevice share the number 101
 _ERROR_INVALID_DEVICE = 101
@@ -326,6 +332,7 @@ class SimBackend:
         return array
 
     def upload(self, host: np.ndarray, dtype: DType) -> np.ndarray:
+        check_dtype(self._info, dtype)
         _check_fault("upload", self._where)
         nbytes = int(np.size(host)) * dtype.itemsize
         array = self._allocate(
@@ -342,15 +349,13 @@ class SimBackend:
         return host
 
     def empty(self, shape: tuple[int, ...], dtype: DType) -> np.ndarray:
+        check_dtype(self._info, dtype)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         return self._allocate(nbytes, lambda: np.empty(shape, dtype=dtype.host))
 
     def matmul(self, a: np.ndarray, b: np.ndarray, out: np.ndarray, dtype: DType) -> None:
+        check_dtype(self._info, dtype)
         _check_fault("matmul", self._where)
-        if dtype.name not in self.model.peak_tflops:
-            raise DeviceError(
-                f"{self._where} has no native {dtype.name} arithmetic; it computes in {', '.join(self.model.dtypes)}"
-            )
         (m, k), (k2, n) = a.shape, b.shape
         if k2 != k or out.shape != (m, n):
             raise ValueError(f"matmul shapes do not fit: {a.shape} @ {b.shape} -> {out.shape}")
@@ -375,9 +380,16 @@ class SimBackend:
         yield elapsed
         elapsed.seconds = self._clock_s - start
 
-    def mpi_buffer(self, array: np.ndarray) -> np.ndarray:
+    def mpi_buffer(self, array: np.ndarray) -> np.ndarray | None:
+        if self.mpi_memory_kind() == MPI_MEMORY_NONE:
+            return None  # a simulated OpenCL device hands MPI nothing, as a real one does
         # simulated device memory is host memory: MPI can take it directly
         return array
+
+    def mpi_memory_kind(self) -> str:
+        """The kind the simulated device's real backend would answer: "cuda" for the NVIDIA models, "hip" for the
+        AMD ones (both driven through CuPy), "none" for the Intel one, whose catalog api is OpenCL."""
+        return _MPI_MEMORY_KIND[self.model.api]
 
     def close(self) -> None:
         pass
