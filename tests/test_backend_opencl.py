@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("pyopencl")
 
 from hetbench.backends import opencl  # noqa: E402
-from hetbench.backends.base import BackendSpec, BackendUnavailable, DeviceError  # noqa: E402
+from hetbench.backends.base import BackendSpec, BackendUnavailable, DeviceError, UnsupportedDtype  # noqa: E402
 from hetbench.dtypes import DTYPES  # noqa: E402
 
 pytestmark = [
@@ -144,7 +144,7 @@ def test_fp16_absent_without_extension(monkeypatch):
     assert ("fp16" in backend.info().dtypes) == has_fp16
     if has_fp16:
         pytest.skip("this device has cl_khr_fp16")
-    with pytest.raises(BackendUnavailable, match="fp16"):
+    with pytest.raises(UnsupportedDtype, match="fp16"):
         backend.upload(np.ones((2, 2), np.float16), FP16)
     backend.close()
 

@@ -1,4 +1,5 @@
-"""The sim backend: catalog figures, the CUDA/HIP-style runtime, real results, modelled time, fault injection."""
+"""The sim backend: catalog figures, the CUDA/HIP-style runtime the test double builds from them, real results,
+modelled time, fault injection."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+from doubles import CUDARuntimeError, FakeRuntime
 
 from hetbench.backends import base, sim
 from hetbench.backends.sim_catalog import CATALOG, GpuModel
@@ -103,11 +105,11 @@ def test_unknown_model_lists_accepted_keys():
     assert "accepted: " + ", ".join(m.key for m in CATALOG) in message
 
 
-# --- the CUDA/HIP-style runtime -----------------------------------------------------------------------------
+# --- the CUDA/HIP-style runtime over catalog models (tests/doubles.py) ----------------------------------------
 
 
 def test_cuda_runtime_answers_like_cupy():
-    rt = sim.SimRuntime([sim.get_model("h100"), sim.get_model("a100")], "cuda")
+    rt = FakeRuntime.from_models([sim.get_model("h100"), sim.get_model("a100")], "cuda")
     assert rt.is_hip is False
     assert rt.getDeviceCount() == 2
     assert rt.getDevice() == 0
@@ -129,7 +131,7 @@ def test_cuda_runtime_answers_like_cupy():
 
 
 def test_hip_runtime_answers_like_cupy_on_rocm():
-    rt = sim.SimRuntime([sim.get_model("mi300x"), sim.get_model("rx7900xtx")], "hip")
+    rt = FakeRuntime.from_models([sim.get_model("mi300x"), sim.get_model("rx7900xtx")], "hip")
     assert rt.is_hip is True
     props = rt.getDeviceProperties(0)
     for key, kind in PROPERTY_TYPES.items():
@@ -148,27 +150,29 @@ def test_hip_runtime_answers_like_cupy_on_rocm():
 
 @pytest.mark.parametrize("api, models, prefix", [("cuda", ["v100"], "cuda"), ("hip", ["mi250x"], "hip")])
 def test_bad_device_index_raises_invalid_device(api, models, prefix):
-    rt = sim.SimRuntime([sim.get_model(k) for k in models], api)
+    rt = FakeRuntime.from_models([sim.get_model(k) for k in models], api)
     for call in (rt.setDevice, rt.getDeviceProperties):
-        with pytest.raises(sim.SimRuntimeError) as err:
+        with pytest.raises(CUDARuntimeError) as err:
             call(1)
         assert err.value.status == 101
         assert str(err.value).startswith(f"{prefix}ErrorInvalidDevice")
-    with pytest.raises(sim.SimRuntimeError):
+    with pytest.raises(CUDARuntimeError):
         rt.setDevice(-1)
     assert rt.getDevice() == 0
 
 
 def test_runtime_refuses_models_of_another_api():
     with pytest.raises(ValueError):
-        sim.SimRuntime([sim.get_model("arc-a770")], "cuda")
+        FakeRuntime.from_models([sim.get_model("arc-a770")], "cuda")
     with pytest.raises(ValueError):
-        sim.SimRuntime([sim.get_model("h100")], "hip")
+        FakeRuntime.from_models([sim.get_model("h100")], "hip")
+    with pytest.raises(ValueError):
+        FakeRuntime.from_models([sim.get_model("arc-a770")])  # an OpenCL model answers no CUDA/HIP runtime
 
 
 def test_mem_get_info_follows_backend_allocations():
     backend = sim.SimBackend(sim.get_model("a100"))
-    rt = backend.runtime
+    rt = FakeRuntime.from_models([backend.model], memories=[backend.memory])
     free0, total = rt.memGetInfo()
     assert free0 == total == 80 * 2**30
     bf16 = DTYPES["bf16"]
@@ -245,9 +249,13 @@ def test_upload_rounds_bf16_input():
 def test_matmul_in_a_dtype_the_device_lacks_raises():
     dtype = DTYPES["bf16"]
     backend = sim.SimBackend(sim.get_model("v100"))
-    a = backend.upload(np.ones((2, 2), np.float32), dtype)
-    with pytest.raises(base.DeviceError, match="bf16"):
-        backend.matmul(a, a, backend.empty((2, 2), dtype), dtype)
+    a = np.ones((2, 2), np.float32)
+    with pytest.raises(base.UnsupportedDtype, match="bf16"):
+        backend.matmul(a, a, np.empty((2, 2), np.float32), dtype)
+    for refused in (lambda: backend.upload(a, dtype), lambda: backend.empty((2, 2), dtype)):
+        with pytest.raises(base.UnsupportedDtype, match=r"dtype bf16 is not supported by sim:0 .*fp64, fp32, fp16$"):
+            refused()
+    assert backend.memory.allocated_bytes == 0  # refused before anything was reserved
     with pytest.raises(ValueError, match="bf16"):
         sim.gemm_model_seconds(sim.get_model("v100"), 2, 2, 2, dtype)
 
@@ -338,7 +346,10 @@ def test_open_through_the_registry():
     assert backend.max_allocation_bytes() is None
     x = backend.upload(np.ones(4), DTYPES["fp64"])
     assert backend.mpi_buffer(x) is x
-    assert sim.SimBackend(sim.get_model("arc-a770")).runtime is None
+    # the Intel model is driven through OpenCL: like a real OpenCL device it hands MPI nothing
+    arc = sim.SimBackend(sim.get_model("arc-a770"))
+    assert arc.mpi_memory_kind() == "none"
+    assert arc.mpi_buffer(arc.upload(np.ones(4, np.float32), DTYPES["fp32"])) is None
 
 
 def test_open_without_or_with_unknown_model_says_how():
@@ -390,11 +401,13 @@ def test_cupy_backend_describes_simulated_runtime_like_a_real_one(model):
     """The CuPy backend's device description, fed the simulated runtime, reads what the catalog says."""
     from hetbench.backends.cupy import describe_device
 
-    runtime = sim.SimRuntime([model], model.api)
+    runtime = FakeRuntime.from_models([model])
     info = describe_device(runtime, 0, backend="sim")
     assert info.vendor == ("AMD" if model.api == "hip" else "NVIDIA")
     assert info.name == model.name and info.memory_bytes == model.memory_bytes
     assert info.runtime.startswith("HIP runtime 6.2" if model.api == "hip" else "CUDA runtime 12.4")
+    # the double reports the versions the sim backend says its devices run under
+    assert ("HIP 6.2" if model.api == "hip" else "CUDA 12.4") in sim.device_info(model, 0).runtime
     if model.api == "hip":
         assert info.details["gcn_arch_name"].split(":")[0] == model.gcn_arch_name
     else:

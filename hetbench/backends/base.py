@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar, ContextManager, Protocol, runtime_checkable
+from typing import Any, ClassVar, ContextManager, Protocol, cast, runtime_checkable
 
 import numpy as np
 
@@ -18,6 +18,13 @@ from hetbench.dtypes import DType
 TIMING_MEASURED = "measured"
 TIMING_MODELLED = "modelled"
 
+# What a backend's buffers are for MPI (Backend.mpi_memory_kind): host memory, which every MPI takes; CUDA, HIP
+# (ROCm) or Level Zero device memory, which only an MPI built for it takes; or "none", buffers no MPI can take
+# (OpenCL's), which go through the host.
+MPI_MEMORY_HOST = "host"
+MPI_MEMORY_NONE = "none"
+MPI_MEMORY_KINDS: tuple[str, ...] = (MPI_MEMORY_HOST, "cuda", "hip", "ze", MPI_MEMORY_NONE)
+
 
 class BackendUnavailable(RuntimeError):
     """The backend cannot run here (missing package, no device, index out of range). The message says why."""
@@ -25,6 +32,10 @@ class BackendUnavailable(RuntimeError):
 
 class DeviceError(RuntimeError):
     """A device failed while running."""
+
+
+class UnsupportedDtype(ValueError):
+    """A device was asked to compute in a dtype it does not offer. The message names the device and its dtypes."""
 
 
 @dataclass
@@ -55,6 +66,17 @@ class DeviceInfo:
         return f"{self.backend}:{self.index} {self.name}"
 
 
+def check_dtype(info: DeviceInfo, dtype: DType | str) -> None:
+    """Raise UnsupportedDtype unless the device `info` describes computes in `dtype`. The one dtype check: the
+    harness calls it before a run, every backend before it allocates or multiplies."""
+    name = dtype if isinstance(dtype, str) else dtype.name
+    if name not in info.dtypes:
+        raise UnsupportedDtype(
+            f"dtype {name} is not supported by {info.backend}:{info.index} ({info.name}); "
+            f"it computes in: {', '.join(info.dtypes)}"
+        )
+
+
 @dataclass
 class Elapsed:
     """Filled in when a backend timer's block ends."""
@@ -71,6 +93,8 @@ class Backend(Protocol):
     timing: ClassVar[str]
 
     def info(self) -> DeviceInfo: ...
+
+    # upload, empty and matmul raise UnsupportedDtype (through check_dtype) for a dtype info().dtypes lacks
 
     def free_memory_bytes(self) -> int | None:
         """Memory that can still be allocated on the device, or None where the device cannot tell."""
@@ -101,7 +125,13 @@ class Backend(Protocol):
 
         The host backend returns the NumPy array itself. Callers synchronize() first."""
 
-    def close(self) -> None: ...
+    def mpi_memory_kind(self) -> str:
+        """What this device's buffers are for MPI, one of MPI_MEMORY_KINDS: "host", "cuda", "hip", "ze", or
+        "none" exactly when mpi_buffer answers None. A GPU kind says which GPU support the MPI library needs
+        (comm.gpu.gpu_support) before mpi_buffer's objects may go to it."""
+
+    def close(self) -> None:
+        """Release the device. Safe to call more than once."""
 
 
 @dataclass(frozen=True)
@@ -131,17 +161,28 @@ BACKEND_NAMES: tuple[str, ...] = tuple(_MODULES)
 AUTO_ORDER: tuple[str, ...] = ("cupy", "opencl", "host")
 
 
-def backend_module(name: str):
-    """The module implementing backend `name`. Each such module defines:
+@runtime_checkable
+class BackendModule(Protocol):
+    """What every backend module (host.py, opencl.py, cupy.py, sim.py) defines at module level."""
 
-    - `unavailable_reason() -> str | None`: None when the backend can run here, else why not;
-    - `list_devices() -> list[DeviceInfo]`: the devices of this backend on this node (sim: the catalog);
-    - `open_device(spec: BackendSpec, local_rank: int, local_size: int) -> Backend`.
-    """
+    def unavailable_reason(self) -> str | None:
+        """None when the backend can run here, else why not (a missing package, no device, a bad setting)."""
+
+    def list_devices(self) -> list[DeviceInfo]:
+        """The devices of this backend on this node (sim: the catalog). Call only when unavailable_reason() is
+        None."""
+
+    def open_device(self, spec: BackendSpec, local_rank: int, local_size: int) -> Backend:
+        """Open the device `spec` names; without an index, the one for `local_rank` of `local_size` ranks."""
+
+
+def backend_module(name: str) -> BackendModule:
+    """The module implementing backend `name` (see BackendModule)."""
     try:
-        return importlib.import_module(_MODULES[name])
+        path = _MODULES[name]
     except KeyError:
         raise ValueError(f"unknown backend {name!r}; accepted: auto, {', '.join(BACKEND_NAMES)}") from None
+    return cast(BackendModule, importlib.import_module(path))
 
 
 def devices_on_node(name: str) -> list[DeviceInfo]:

@@ -17,6 +17,7 @@ from hetbench.backends.base import (
     DeviceError,
     DeviceInfo,
     Elapsed,
+    check_dtype,
     index_for_rank,
 )
 from hetbench.dtypes import DType
@@ -238,12 +239,8 @@ class CupyBackend:
     def max_allocation_bytes(self) -> int | None:
         return None
 
-    def _check_dtype(self, dtype: DType) -> None:
-        if dtype.name not in CUPY_DTYPES:
-            raise ValueError(f"the cupy backend does not compute in {dtype.name}; it offers {', '.join(CUPY_DTYPES)}")
-
     def upload(self, host: np.ndarray, dtype: DType) -> Any:
-        self._check_dtype(dtype)
+        check_dtype(self._info, dtype)
         with self._on_stream("upload"):
             array = self._cupy.asarray(np.ascontiguousarray(host, dtype=dtype.host), dtype=dtype.host)
             # the copy may still read `host` after asarray returns; the caller owns `host` again once we return
@@ -258,11 +255,12 @@ class CupyBackend:
         return np.ascontiguousarray(host, dtype=dtype.host)
 
     def empty(self, shape: tuple[int, ...], dtype: DType) -> Any:
-        self._check_dtype(dtype)
+        check_dtype(self._info, dtype)
         with self._on_stream("allocation"):
             return self._cupy.empty(shape, dtype=dtype.host)
 
     def matmul(self, a: Any, b: Any, out: Any, dtype: DType) -> None:
+        check_dtype(self._info, dtype)
         with self._on_stream("matmul"):
             self._cupy.matmul(a, b, out=out)
 
@@ -288,6 +286,9 @@ class CupyBackend:
         # MPI reads the device memory outside our stream's order: the producing work must be done
         self.synchronize()
         return array
+
+    def mpi_memory_kind(self) -> str:
+        return "hip" if self._runtime.is_hip else "cuda"
 
     def close(self) -> None:
         with self._device_errors("close"), self._device:

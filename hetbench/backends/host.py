@@ -11,11 +11,13 @@ from typing import Any, Iterator
 import numpy as np
 
 from hetbench.backends.base import (
+    MPI_MEMORY_HOST,
     TIMING_MEASURED,
     BackendSpec,
     BackendUnavailable,
     DeviceInfo,
     Elapsed,
+    check_dtype,
 )
 from hetbench.dtypes import DType
 
@@ -130,15 +132,18 @@ class HostBackend:
         return None
 
     def upload(self, host: np.ndarray, dtype: DType) -> np.ndarray:
+        check_dtype(self._info, dtype)
         return np.array(host, dtype=dtype.host, order="C", copy=True)
 
     def download(self, array: np.ndarray, dtype: DType) -> np.ndarray:
         return np.array(array, dtype=dtype.host, order="C", copy=True)
 
     def empty(self, shape: tuple[int, ...], dtype: DType) -> np.ndarray:
+        check_dtype(self._info, dtype)
         return np.empty(shape, dtype=dtype.host)
 
     def matmul(self, a: np.ndarray, b: np.ndarray, out: np.ndarray, dtype: DType) -> None:
+        check_dtype(self._info, dtype)
         np.matmul(a, b, out=out)
 
     def synchronize(self) -> None:
@@ -153,6 +158,9 @@ class HostBackend:
 
     def mpi_buffer(self, array: np.ndarray) -> np.ndarray:
         return array
+
+    def mpi_memory_kind(self) -> str:
+        return MPI_MEMORY_HOST
 
     def close(self) -> None:
         if self._limiter is not None:

@@ -12,12 +12,14 @@ from typing import Any, Iterator
 import numpy as np
 
 from hetbench.backends.base import (
+    MPI_MEMORY_NONE,
     TIMING_MEASURED,
     BackendSpec,
     BackendUnavailable,
     DeviceError,
     DeviceInfo,
     Elapsed,
+    check_dtype,
     index_for_rank,
 )
 from hetbench.dtypes import DType
@@ -222,12 +224,6 @@ class OpenCLBackend:
         except (cl.Error, RuntimeError) as e:  # pyclblast reports CLBlast failures as RuntimeError
             raise DeviceError(f"OpenCL {what} failed on {self._info.label}: {e}") from e
 
-    def _check_dtype(self, dtype: DType) -> None:
-        if dtype.name not in self._info.dtypes:
-            raise BackendUnavailable(
-                f"{self._info.label} does not compute {dtype.name}; it computes {', '.join(self._info.dtypes)}"
-            )
-
     def _track(self, array: Any) -> Any:
         nbytes = int(array.nbytes)
         self._ledger.held_bytes += nbytes
@@ -236,7 +232,7 @@ class OpenCLBackend:
         return array
 
     def upload(self, host: np.ndarray, dtype: DType) -> Any:
-        self._check_dtype(dtype)
+        check_dtype(self._info, dtype)
         data = np.ascontiguousarray(host, dtype=dtype.host)
         with self._device_errors("upload"):
             return self._track(cl_array.to_device(self._queue, data))
@@ -248,12 +244,12 @@ class OpenCLBackend:
         return np.ascontiguousarray(host, dtype=dtype.host)
 
     def empty(self, shape: tuple[int, ...], dtype: DType) -> Any:
-        self._check_dtype(dtype)
+        check_dtype(self._info, dtype)
         with self._device_errors("allocation"):
             return self._track(cl_array.empty(self._queue, tuple(shape), dtype.host))
 
     def matmul(self, a: Any, b: Any, out: Any, dtype: DType) -> None:
-        self._check_dtype(dtype)
+        check_dtype(self._info, dtype)
         m, k = a.shape
         k_b, n = b.shape
         if k_b != k or tuple(out.shape) != (m, n):
@@ -337,6 +333,10 @@ class OpenCLBackend:
     def mpi_buffer(self, array: Any) -> None:
         # MPI cannot take an OpenCL buffer; the comm layer stages it through the host
         return None
+
+    def mpi_memory_kind(self) -> str:
+        # an OpenCL buffer is a cl_mem handle, not a pointer: no MPI (CUDA-, HIP- or ZE-aware) can take it
+        return MPI_MEMORY_NONE
 
     def close(self) -> None:
         if self._queue is not None:

@@ -2,8 +2,7 @@
 
 Arrays are NumPy arrays computed on the host, so results verify like any other backend's; the time a
 backend timer reports is a model (see `gemm_model_seconds`, `transfer_model_seconds`) driven by the datasheet
-figures in sim_catalog.py, never the host's wall time. `SimRuntime` answers CUDA- or HIP-style queries the way
-`cupy.cuda.runtime` would, so code that describes real GPUs can be run against simulated ones.
+figures in sim_catalog.py, never the host's wall time.
 
 Test hook: set HETBENCH_SIM_FAULT=matmul or HETBENCH_SIM_FAULT=upload to make that operation raise
 DeviceError, HETBENCH_SIM_FAULT=corrupt to make every matmul get one element wrong, or corrupt-copy to make
@@ -22,12 +21,14 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from hetbench.backends.base import (
+    MPI_MEMORY_NONE,
     TIMING_MODELLED,
     BackendSpec,
     BackendUnavailable,
     DeviceError,
     DeviceInfo,
     Elapsed,
+    check_dtype,
 )
 from hetbench.backends.host import host_memory_available_bytes
 from hetbench.backends.sim_catalog import CATALOG, MODELS, GpuModel
@@ -36,24 +37,15 @@ from hetbench.dtypes import DType, get_dtype, round_to_bf16, to_host_dtype
 FAULT_ENV = "HETBENCH_SIM_FAULT"
 _RANK_ENV = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 
-# Simulated versions: what a CUDA 12.4 / ROCm 6.2 installation reports. CUDA encodes 1000 * major + 10 * minor;
-# HIP encodes 10_000_000 * major + 100_000 * minor + patch.
-SIM_CUDA_RUNTIME_VERSION = 12040
-SIM_CUDA_DRIVER_VERSION = 12040
-SIM_HIP_RUNTIME_VERSION = 60241134
-SIM_HIP_DRIVER_VERSION = 60241134
-
 _RUNTIME_TEXT = {
     "cuda": "simulated CUDA 12.4 (modelled)",
     "hip": "simulated HIP 6.2 (modelled)",
     "opencl": "simulated OpenCL (modelled)",
 }
 
-# cudaErrorInvalidDevice and hipErrorInvalidDevice share the number 101
-_ERROR_INVALID_DEVICE = 101
-
-# gcnArchName carries the target's feature settings on ROCm, as the real runtime reports them on these parts
-_HIP_ARCH_FEATURES = {"gfx942": ":sramecc+:xnack-", "gfx90a": ":sramecc+:xnack-"}
+# What the real backend for each api hands MPI: CuPy's CUDA or HIP pointers; OpenCL's cl_mem handles, which no MPI
+# takes (see mpi_memory_kind)
+_MPI_MEMORY_KIND = {"cuda": "cuda", "hip": "hip", "opencl": MPI_MEMORY_NONE}
 
 
 def unavailable_reason() -> str | None:
@@ -117,7 +109,7 @@ def _check_fault(operation: str, where: str) -> None:
         raise DeviceError(f"simulated device fault injected by {FAULT_ENV}={setting} ({operation} on {where})")
 
 
-class _DeviceMemory:
+class DeviceMemory:
     """Bytes a simulated device holds, counted at the device's element size, released when arrays die."""
 
     def __init__(self, total_bytes: int) -> None:
@@ -138,102 +130,6 @@ class _DeviceMemory:
 
     def release(self, nbytes: int) -> None:
         self.allocated_bytes -= nbytes
-
-
-class SimRuntimeError(RuntimeError):
-    """Raised as cupy.cuda.runtime.CUDARuntimeError is: `status` holds the error number."""
-
-    def __init__(self, status: int, message: str) -> None:
-        self.status = status
-        super().__init__(message)
-
-
-def _warp_size(model: GpuModel) -> int:
-    # CDNA (gfx9) runs 64-wide wavefronts; RDNA (gfx10, gfx11) and NVIDIA run 32-wide
-    if model.gcn_arch_name is not None and model.gcn_arch_name.startswith("gfx9"):
-        return 64
-    return 32
-
-
-def _hip_major_minor(gcn_arch_name: str) -> tuple[int, int]:
-    # gfxMMms: major in decimal, then one hex digit each for minor and stepping (gfx942 -> 9.4, gfx1100 -> 11.0)
-    digits = gcn_arch_name.removeprefix("gfx")
-    return int(digits[:-2]), int(digits[-2], 16)
-
-
-class SimRuntime:
-    """A stand-in for `cupy.cuda.runtime` over simulated devices, answering as CUDA or HIP would."""
-
-    def __init__(self, models: list[GpuModel], api: str, memories: list[_DeviceMemory] | None = None) -> None:
-        if api not in ("cuda", "hip"):
-            raise ValueError(f"unknown runtime api {api!r}; accepted: cuda, hip")
-        for model in models:
-            if model.api != api:
-                raise ValueError(f"{model.name} is driven by {model.api}, not {api}")
-        if memories is not None and len(memories) != len(models):
-            raise ValueError("one memory per model")
-        self._models = list(models)
-        self._memories = memories if memories is not None else [_DeviceMemory(m.memory_bytes) for m in models]
-        self._api = api
-        self.is_hip = api == "hip"
-        self._current = 0
-
-    def _check_device(self, device: int) -> None:
-        if not 0 <= device < len(self._models):
-            prefix = "hip" if self.is_hip else "cuda"
-            raise SimRuntimeError(_ERROR_INVALID_DEVICE, f"{prefix}ErrorInvalidDevice: invalid device ordinal")
-
-    def getDeviceCount(self) -> int:  # noqa: N802 - CuPy's names
-        return len(self._models)
-
-    def getDevice(self) -> int:  # noqa: N802
-        return self._current
-
-    def setDevice(self, device: int) -> None:  # noqa: N802
-        self._check_device(device)
-        self._current = device
-
-    def getDeviceProperties(self, device: int) -> dict[str, Any]:  # noqa: N802
-        self._check_device(device)
-        model = self._models[device]
-        if self.is_hip:
-            assert model.gcn_arch_name is not None
-            major, minor = _hip_major_minor(model.gcn_arch_name)
-        else:
-            assert model.compute_capability is not None
-            major, minor = model.compute_capability
-        props: dict[str, Any] = {
-            "name": model.name.encode(),
-            "totalGlobalMem": model.memory_bytes,
-            "major": major,
-            "minor": minor,
-            "multiProcessorCount": model.multiprocessor_count,
-            "clockRate": model.clock_khz,
-            "memoryClockRate": model.memory_clock_khz,
-            "memoryBusWidth": model.memory_bus_width_bits,
-            "warpSize": _warp_size(model),
-            "maxThreadsPerBlock": 1024,
-            "integrated": 0,
-            # one device per PCI bus, as on a typical multi-GPU server
-            "pciDomainID": 0,
-            "pciBusID": 0x10 + 0x10 * device,
-            "pciDeviceID": 0,
-        }
-        if self.is_hip:
-            assert model.gcn_arch_name is not None
-            arch = model.gcn_arch_name + _HIP_ARCH_FEATURES.get(model.gcn_arch_name, "")
-            props["gcnArchName"] = arch.encode()
-        return props
-
-    def memGetInfo(self) -> tuple[int, int]:  # noqa: N802
-        memory = self._memories[self._current]
-        return memory.free_bytes, memory.total_bytes
-
-    def runtimeGetVersion(self) -> int:  # noqa: N802
-        return SIM_HIP_RUNTIME_VERSION if self.is_hip else SIM_CUDA_RUNTIME_VERSION
-
-    def driverGetVersion(self) -> int:  # noqa: N802
-        return SIM_HIP_DRIVER_VERSION if self.is_hip else SIM_CUDA_DRIVER_VERSION
 
 
 def device_info(model: GpuModel, index: int) -> DeviceInfo:
@@ -285,7 +181,7 @@ class SimBackend:
         self.model = model
         self.index = index
         self._info = device_info(model, index)
-        self._memory = _DeviceMemory(model.memory_bytes)
+        self._memory = DeviceMemory(model.memory_bytes)
         self._clock_s = 0.0
         self._where = f"sim:{model.key}:{index} ({model.name}, simulated)"
 
@@ -295,11 +191,9 @@ class SimBackend:
         return self._clock_s
 
     @property
-    def runtime(self) -> SimRuntime | None:
-        """A CUDA- or HIP-style runtime whose one device is this one (sharing its memory); None for OpenCL."""
-        if self.model.api not in ("cuda", "hip"):
-            return None
-        return SimRuntime([self.model], self.model.api, memories=[self._memory])
+    def memory(self) -> DeviceMemory:
+        """The device memory ledger: what this device's live arrays hold, at the device's element size."""
+        return self._memory
 
     def info(self) -> DeviceInfo:
         return self._info
@@ -326,6 +220,7 @@ class SimBackend:
         return array
 
     def upload(self, host: np.ndarray, dtype: DType) -> np.ndarray:
+        check_dtype(self._info, dtype)
         _check_fault("upload", self._where)
         nbytes = int(np.size(host)) * dtype.itemsize
         array = self._allocate(
@@ -342,15 +237,13 @@ class SimBackend:
         return host
 
     def empty(self, shape: tuple[int, ...], dtype: DType) -> np.ndarray:
+        check_dtype(self._info, dtype)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         return self._allocate(nbytes, lambda: np.empty(shape, dtype=dtype.host))
 
     def matmul(self, a: np.ndarray, b: np.ndarray, out: np.ndarray, dtype: DType) -> None:
+        check_dtype(self._info, dtype)
         _check_fault("matmul", self._where)
-        if dtype.name not in self.model.peak_tflops:
-            raise DeviceError(
-                f"{self._where} has no native {dtype.name} arithmetic; it computes in {', '.join(self.model.dtypes)}"
-            )
         (m, k), (k2, n) = a.shape, b.shape
         if k2 != k or out.shape != (m, n):
             raise ValueError(f"matmul shapes do not fit: {a.shape} @ {b.shape} -> {out.shape}")
@@ -375,9 +268,16 @@ class SimBackend:
         yield elapsed
         elapsed.seconds = self._clock_s - start
 
-    def mpi_buffer(self, array: np.ndarray) -> np.ndarray:
+    def mpi_buffer(self, array: np.ndarray) -> np.ndarray | None:
+        if self.mpi_memory_kind() == MPI_MEMORY_NONE:
+            return None  # a simulated OpenCL device hands MPI nothing, as a real one does
         # simulated device memory is host memory: MPI can take it directly
         return array
+
+    def mpi_memory_kind(self) -> str:
+        """The kind the simulated device's real backend would answer: "cuda" for the NVIDIA models, "hip" for the
+        AMD ones (both driven through CuPy), "none" for the Intel one, whose catalog api is OpenCL."""
+        return _MPI_MEMORY_KIND[self.model.api]
 
     def close(self) -> None:
         pass

@@ -1,8 +1,9 @@
 """Whether the MPI library can take GPU buffers directly ("GPU-aware" or "device-direct" MPI).
 
 mpi4py passes a device buffer's pointer to MPI as it is; only the MPI library knows whether it can read it.
-MPICH answers through MPIX_GPU_query_support / MPIX_Query_cuda_support / MPIX_Query_hip_support, Open MPI through
-MPIX_Query_cuda_support and (5.x) MPIX_Query_rocm_support. These are extensions outside mpi4py's API, so they are
+MPICH answers through MPIX_GPU_query_support / MPIX_Query_cuda_support / MPIX_Query_hip_support /
+MPIX_Query_ze_support (Level Zero, Intel GPUs), Open MPI through MPIX_Query_cuda_support and (5.x)
+MPIX_Query_rocm_support. These are extensions outside mpi4py's API, so they are
 looked up in the MPI library this process has loaded.
 """
 
@@ -12,12 +13,15 @@ import contextlib
 import ctypes
 from functools import lru_cache
 
+# keyed by Backend.mpi_memory_kind's GPU kinds
 _QUERIES = {
     "cuda": ("MPIX_Query_cuda_support",),
     "hip": ("MPIX_Query_hip_support", "MPIX_Query_rocm_support"),
+    "ze": ("MPIX_Query_ze_support",),
 }
-# MPICH's MPIX_GPU_query_support(type, &flag): MPIX_GPU_SUPPORT_CUDA = 0, MPIX_GPU_SUPPORT_ZE = 1, _HIP = 2
-_MPICH_GPU_TYPES = {"cuda": 0, "hip": 2}
+# MPICH's MPIX_GPU_query_support(type, &flag), mpi.h: MPIX_GPU_SUPPORT_CUDA 0, MPIX_GPU_SUPPORT_ZE 1,
+# MPIX_GPU_SUPPORT_HIP 2
+_MPICH_GPU_TYPES = {"cuda": 0, "ze": 1, "hip": 2}
 
 HOW_TO_GET_GPU_AWARE_MPI = (
     "for a GPU-aware MPI, build MPICH with --with-cuda (or --with-hip) and run with MPIR_CVAR_ENABLE_GPU=1, or "
@@ -40,10 +44,11 @@ def _loaded_mpi_libraries() -> list[str]:
 
 @lru_cache(maxsize=None)
 def gpu_support() -> dict[str, bool | None]:
-    """{"cuda": ..., "hip": ...}: True or False as the MPI library answers, None where it has no such query.
+    """{"cuda": ..., "hip": ..., "ze": ...}: True or False as the MPI library answers, None where it has no such
+    query.
 
     Call after MPI is initialised."""
-    answers: dict[str, bool | None] = {"cuda": None, "hip": None}
+    answers: dict[str, bool | None] = {kind: None for kind in _QUERIES}
     for path in _loaded_mpi_libraries():
         try:
             lib = ctypes.CDLL(path)

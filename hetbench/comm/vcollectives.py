@@ -1,7 +1,8 @@
 """Uneven ("v") collectives: gather, allgather and reduce_scatter where each rank has its own count.
 
-The split GEMM and the training demo hand ranks unequal shares of one computation, in proportion to each device's
-speed; these move those shares. Buffers are 1-D and contiguous: NumPy arrays, or device arrays for a GPU-aware MPI.
+They are for splitting one computation unequally between ranks, in proportion to each device's speed (a planned
+split GEMM); no command calls them yet, only the tests do. Buffers are 1-D and contiguous: NumPy arrays, or device
+arrays for a GPU-aware MPI.
 Every rank passes the same `counts` (elements per rank).
 """
 

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from hetbench.backends.base import TIMING_MODELLED, Backend, DeviceInfo
+from hetbench.backends.base import MPI_MEMORY_HOST, MPI_MEMORY_NONE, TIMING_MODELLED, Backend, DeviceInfo
 from hetbench.benchmarks import collectives as spec
 from hetbench.comm.gpu import HOW_TO_GET_GPU_AWARE_MPI, gpu_support
 from hetbench.comm.world import World
@@ -29,20 +29,20 @@ STRAGGLER_RATIO = 1.2  # a rank whose median time is 20% above the median rank's
 def _device_path_error(backend: Backend, info: DeviceInfo, dtype: DType, world: World) -> str | None:
     # no device index in the message: ranks with the same kind of device then report one line
     label = f"{info.backend} device {info.name}"
-    # mpi_buffer answers for an array: ask it for a one-element one
-    if backend.mpi_buffer(backend.upload(np.zeros(1, dtype.host), dtype)) is None:
+    kind = backend.mpi_memory_kind()
+    if kind == MPI_MEMORY_NONE:
         return f"--path device: {label} has no buffer MPI can take directly (OpenCL buffers have none); use --path host"
-    if info.backend == "host":
+    if kind == MPI_MEMORY_HOST:
         return None  # host memory is what every MPI takes
-    api = {"NVIDIA": "cuda", "AMD": "hip"}.get(info.vendor)
-    if api is None:
+    support = gpu_support()
+    if kind not in support:
         return f"--path device: no GPU-aware MPI path exists for {info.vendor} device {label}; use --path host"
-    answer = gpu_support()[api]
+    answer = support[kind]
     if answer:
         return None
     said = "reports no" if answer is False else "has no query for"
     return (f"--path device hands {label}'s buffers to MPI directly, but this MPI library ({world.mpi_library()}) "
-            f"{said} {api.upper()} support; {HOW_TO_GET_GPU_AWARE_MPI}")
+            f"{said} {kind.upper()} support; {HOW_TO_GET_GPU_AWARE_MPI}")
 
 
 def prepare(cfg: CollectivesConfig, world: World) -> tuple[OpenDevice | None, list[str]]:

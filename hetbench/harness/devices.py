@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hetbench.backends.base import Backend, BackendSpec, BackendUnavailable, DeviceInfo, open_backend, spec_label
+from hetbench.backends.base import (
+    Backend,
+    BackendSpec,
+    BackendUnavailable,
+    DeviceInfo,
+    UnsupportedDtype,
+    check_dtype,
+    open_backend,
+    spec_label,
+)
 from hetbench.comm.world import World
 from hetbench.dtypes import DType
 
@@ -25,10 +34,9 @@ def open_rank_device(spec: BackendSpec, dtype: DType, world: World) -> tuple[Ope
     except (BackendUnavailable, ValueError) as e:
         return None, [str(e)]
     info = backend.info()
-    if dtype.name not in info.dtypes:
+    try:
+        check_dtype(info, dtype)
+    except UnsupportedDtype as e:
         backend.close()
-        return None, [
-            f"dtype {dtype.name} is not supported by {info.backend}:{info.index} ({info.name}); "
-            f"it computes in: {', '.join(info.dtypes)}"
-        ]
+        return None, [str(e)]
     return OpenDevice(backend, info, spec_label(spec, info)), []
