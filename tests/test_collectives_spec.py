@@ -261,7 +261,7 @@ def test_row_takes_slowest_rank_per_iteration():
     assert row["wrong"] == 5
     assert row["raw"]["wrong_per_rank"] == [0, 3, 2]
     assert row["rank_op_us_median"] == pytest.approx([10, 10, 10])
-    assert row["stragglers"] == ""
+    assert row["stragglers"] == []
     # copies: slowest rank per iteration, then the median
     assert row["d2h_us_median"] == pytest.approx(2)
     assert row["h2d_us_median"] == pytest.approx(3)
@@ -286,14 +286,14 @@ def test_row_rooted_op_reports_root_and_its_factor():
 @pytest.mark.parametrize(
     "medians_us, stragglers",
     [
-        ([100, 100, 130], "2"),  # 30% above the median rank: flagged
-        ([100, 100, 110], ""),  # 10% above: not
-        ([130, 100, 100, 100], "0"),
-        ([100, 100, 100, 110], ""),
-        ([100, 130], "1"),
-        ([100, 100, 119], ""),  # just under the 20% line
-        ([100, 140, 150, 100, 100], "1,2"),
-        ([500], ""),  # one rank is never a straggler
+        ([100, 100, 130], [2]),  # 30% above the median rank: flagged
+        ([100, 100, 110], []),  # 10% above: not
+        ([130, 100, 100, 100], [0]),
+        ([100, 100, 100, 110], []),
+        ([100, 130], [1]),
+        ([100, 100, 119], []),  # just under the 20% line
+        ([100, 140, 150, 100, 100], [1, 2]),
+        ([500], []),  # one rank is never a straggler
     ],
 )
 def test_straggler_flag(medians_us, stragglers):
@@ -307,7 +307,7 @@ def test_straggler_flag(medians_us, stragglers):
 def test_one_slow_iteration_does_not_make_a_straggler():
     per_rank = [_rank([10, 10, 10, 10, 10]), _rank([10, 10, 1000, 10, 10]), _rank([10, 10, 10, 10, 10])]
     row = harness._row(_cfg(), spec.OPS["allreduce"], 64, "host", per_rank, False)
-    assert row["stragglers"] == ""
+    assert row["stragglers"] == []
     assert row["op_us_max"] == pytest.approx(1000) and row["op_us_median"] == pytest.approx(10)
 
 

@@ -19,7 +19,6 @@ from hetbench.cli.common import (
 )
 from hetbench.config import (
     COLLECTIVE_DTYPES,
-    DTYPE_NAMES,
     PATHS,
     CollectivesConfig,
     check_collective_sizes,
@@ -53,8 +52,8 @@ class ByteSize(click.ParamType):
                    "(one element, or one per rank for ops whose size is split over the ranks).")
 @click.option("--max-bytes", type=ByteSize(), default=DEFAULT_MAX_BYTES, show_default=True, help="Last size, at most.")
 @click.option("--factor", type=int, default=2, show_default=True, help="Each size is the last one times this.")
-@click.option("--dtype", type=click.Choice(DTYPE_NAMES), default="fp32", show_default=True,
-              help=f"Element type ({', '.join(COLLECTIVE_DTYPES)}: MPI has no half-precision reductions).")
+@click.option("--dtype", type=click.Choice(COLLECTIVE_DTYPES), default="fp32", show_default=True,
+              help="Element type (MPI has no half-precision reductions, so no fp16 or bf16).")
 @click.option("--warmup", type=click.IntRange(min=0), default=5, show_default=True, help="Untimed iterations first.")
 @click.option("--iters", type=click.IntRange(min=1), default=20, show_default=True, help="Timed iterations.")
 @click.option("--root", type=click.IntRange(min=0), default=0, show_default=True,
@@ -67,11 +66,14 @@ class ByteSize(click.ParamType):
 @click.option("--progress/--no-progress", default=None,
               help="A progress bar on stderr during the sweep. Default: when stderr is a terminal; under mpiexec, "
                    "which hands rank output on through pipes, give --progress to see it.")
+@click.option("--wide", is_flag=True,
+              help="Show every column: type, redop and root per row, and the host path's copy times and "
+                   "end-to-end algbw. The default tables fit 100 columns.")
 @backend_option
 @output_options
 def collectives(op_texts: tuple[str, ...], min_bytes: int | None, max_bytes: int, factor: int, dtype: str,
-                warmup: int, iters: int, root: int, check: bool, path: str, progress: bool | None, backend: str,
-                out_json: Path | None, out_csv: Path | None, json_stdout: bool) -> int:
+                warmup: int, iters: int, root: int, check: bool, path: str, progress: bool | None, wide: bool,
+                backend: str, out_json: Path | None, out_csv: Path | None, json_stdout: bool) -> int:
     """Collective benchmarks across the ranks' devices, with nccl-tests' algbw and busbw."""
     from hetbench.benchmarks.collectives import OPS
     from hetbench.comm.world import World
@@ -124,7 +126,7 @@ def collectives(op_texts: tuple[str, ...], min_bytes: int | None, max_bytes: int
         def render() -> None:
             from hetbench.report.console import collectives_report
 
-            collectives_report(rows, summary, ranks)
+            collectives_report(rows, summary, ranks, wide=wide)
 
         emit(world, document, cfg.output, render)
     return 1 if world.bcast(verified) is False else 0

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import click
 
+from hetbench.backends.base import DeviceInfo
 from hetbench.results.io import to_json
+
+
+def backend_spec(info: DeviceInfo) -> str:
+    """What to give --backend for this device: `opencl:0`, `host:0`; a simulated GPU by its catalog key,
+    `sim:h100`, since its place in the catalog is no index `--backend` takes."""
+    if info.backend == "sim":
+        return f"sim:{info.details['model']}"
+    return f"{info.backend}:{info.index}"
 
 
 @click.command()
@@ -26,7 +35,7 @@ def devices(with_sim: bool, json_stdout: bool) -> int:
             unavailable.append({"rank": world.rank, "host": world.host, "backend": name, "reason": reason})
             continue
         for info in module.list_devices():
-            rows.append({"rank": world.rank, "host": world.host, **info.to_dict()})
+            rows.append({"rank": world.rank, "host": world.host, **info.to_dict(), "backend_spec": backend_spec(info)})
     gathered = world.gather((rows, unavailable))
     if not world.is_root:
         return 0

@@ -4,6 +4,7 @@ root over MPI, and every figure goes to a table, JSON and CSV."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from click.core import ParameterSource
@@ -20,6 +21,10 @@ from hetbench.cli.common import (
 )
 from hetbench.config import DTYPE_NAMES, MatmulConfig, parse_dtype
 from hetbench.results import check_writable, make_document, write_npy_atomic
+
+if TYPE_CHECKING:
+    from hetbench.comm.world import World
+    from hetbench.harness.matmul import Prepared
 
 DEFAULT_SIZE = 2048
 _POSITIVE = click.IntRange(min=1)
@@ -47,11 +52,18 @@ _POSITIVE = click.IntRange(min=1)
 @click.option("--b", "b_path", metavar="PATH", default=None, help="Load B_r likewise (needs --a).")
 @click.option("--save", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the summed result to this .npy file at the root.")
+@click.option("--wide", is_flag=True,
+              help="Show every column (host, dtype, shape, CV, copies, reduce bandwidth, timing); the default "
+                   "table keeps the figures to compare and fits 100 columns.")
+@click.option("--progress/--no-progress", default=None,
+              help="A progress bar on stderr through the GEMMs and reduces. Default: when stderr is a terminal; "
+                   "under mpiexec, which hands rank output on through pipes, give --progress to see it.")
 @output_options
 @click.pass_context
 def matmul(ctx: click.Context, size: int, m: int | None, n: int | None, k: int | None, dtype: str, backend: str,
            warmup: int, repeat: int, seed: int, reduce_op: str, root: int, a_path: str | None, b_path: str | None,
-           save: Path | None, out_json: Path | None, out_csv: Path | None, json_stdout: bool) -> int:
+           save: Path | None, wide: bool, progress: bool | None, out_json: Path | None, out_csv: Path | None,
+           json_stdout: bool) -> int:
     """Per-rank GEMM on each rank's device, summed to the root over MPI, verified and timed."""
     from hetbench.comm.world import World
     from hetbench.harness import matmul as run
@@ -86,9 +98,14 @@ def matmul(ctx: click.Context, size: int, m: int | None, n: int | None, k: int |
     agree_or_exit(world, input_errors)
     assert prepared is not None
     agree_or_exit(world, run.shape_errors(cfg, world, prepared))
+    _warn_slow_host_fp16(cfg, world, prepared)
+
+    from hetbench.report.console import sweep_progress
 
     try:
-        outcome = run.run_rank(cfg, world, prepared)
+        with sweep_progress(enabled=world.is_root and not json_stdout, force=progress,
+                            description="matmul") as on_step:
+            outcome = run.run_rank(cfg, world, prepared, on_step)
     finally:
         prepared.backend.close()
     if outcome.reduced is not None and save is not None:
@@ -102,10 +119,10 @@ def matmul(ctx: click.Context, size: int, m: int | None, n: int | None, k: int |
         document = make_document("matmul", metadata, cfg.to_dict(), rows, summary, summary["verified"])
 
         def render() -> None:
-            from hetbench.report.console import console, matmul_summary_lines, matmul_table
+            from hetbench.report.console import console, matmul_summary_lines, matmul_table, print_table
 
             out = console()
-            out.print(matmul_table(rows, summary))
+            print_table(out, matmul_table(rows, summary, wide=wide), wide=wide)
             for line in matmul_summary_lines(summary):
                 out.print(line)
 
@@ -114,3 +131,24 @@ def matmul(ctx: click.Context, size: int, m: int | None, n: int | None, k: int |
     else:
         verified = True
     return 0 if world.bcast(verified) else 1
+
+
+HOST_FP16_FLOPS = 1e9  # about what NumPy's fp16 GEMM (no BLAS) does on one core: 0.7 GFLOP/s measured here
+
+
+def _warn_slow_host_fp16(cfg: MatmulConfig, world: World, prepared: Prepared) -> None:
+    """Collective. Before the run, rank 0 says once (on stderr) when any rank computes fp16 on the host, where
+    NumPy has no BLAS: a few hundred times slower than fp32, so a run that takes seconds in fp32 takes minutes."""
+    m, n, k = prepared.mnk
+    slow = prepared.info.backend == "host" and cfg.dtype.name == "fp16"
+    gathered = world.gather((slow, 2 * m * n * k * (cfg.warmup + cfg.repeat)))
+    if gathered is None or not any(s for s, _ in gathered):
+        return
+    ranks = [r for r, (s, _) in enumerate(gathered) if s]
+    seconds = max(f for s, f in gathered if s) / HOST_FP16_FLOPS
+    estimate = ("under 1 s" if seconds < 1 else f"~{seconds:.0f} s" if seconds < 120 else f"~{seconds / 60:.0f} min")
+    from hetbench.report.console import notice_line
+
+    who = f"rank {ranks[0]} computes" if len(ranks) == 1 else f"ranks {','.join(map(str, ranks))} compute"
+    notice_line(f"{who} fp16 on the host, where NumPy has no BLAS: hundreds of times slower than fp32 (~1 GFLOP/s); "
+                f"{cfg.warmup + cfg.repeat} GEMMs may take {estimate} (fp32 is fast)")

@@ -155,7 +155,7 @@ def _row(cfg: CollectivesConfig, op: spec.Collective, size: int, path: str, per_
         "end_to_end_us_median": e2e_us,
         "end_to_end_algbw_gbps": size / (e2e_us * 1e-6) / 1e9,
         "copy_timing": ("modelled" if modelled_copies else "measured") if path == "host" else "none",
-        "stragglers": ",".join(map(str, stragglers)),
+        "stragglers": stragglers,  # rank numbers; the CSV writes them as text, see results/schema.py
         "rank_op_us_median": rank_medians,
         "raw": {
             "op_us": op_us.tolist(),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -130,17 +130,27 @@ def shape_errors(cfg: MatmulConfig, world: World, prepared: Prepared | None) -> 
     return [f"--reduce sum needs every rank's product to have one shape, got {listing}; or use --reduce none"]
 
 
-def run_rank(cfg: MatmulConfig, world: World, prepared: Prepared) -> RankOutcome:
-    """The timed run on this rank. Collective: every rank calls it."""
+def run_rank(cfg: MatmulConfig, world: World, prepared: Prepared,
+             on_step: Callable[[int, int, str], None] | None = None) -> RankOutcome:
+    """The timed run on this rank. Collective: every rank calls it. `on_step(done, total, label)`, where given
+    (rank 0 shows a progress bar with it), hears of every GEMM and every reduce, warm-up ones included."""
     backend, dtype = prepared.backend, cfg.dtype
     m, n, k = prepared.mnk
+    runs = cfg.warmup + cfg.repeat
+    total_steps = runs * (2 if cfg.reduce == "sum" else 1)
+
+    def gemm_step(done: int) -> None:
+        if on_step is not None:
+            on_step(done, total_steps, f"GEMM {'warm-up' if done <= cfg.warmup else 'timed'} {done}/{runs}")
+
     world.barrier()
 
     with backend.timer() as h2d:
         a_dev = backend.upload(prepared.a, dtype)
         b_dev = backend.upload(prepared.b, dtype)
     c_dev = backend.empty((m, n), dtype)
-    gemm_seconds = time_repeats(backend, lambda: backend.matmul(a_dev, b_dev, c_dev, dtype), cfg.warmup, cfg.repeat)
+    gemm_seconds = time_repeats(backend, lambda: backend.matmul(a_dev, b_dev, c_dev, dtype), cfg.warmup, cfg.repeat,
+                                gemm_step)
     with backend.timer() as d2h:
         c_host = backend.download(c_dev, dtype)
     a_dev = b_dev = c_dev = None  # the device's memory is free again before the reduce
@@ -153,7 +163,11 @@ def run_rank(cfg: MatmulConfig, world: World, prepared: Prepared) -> RankOutcome
     reduced: np.ndarray | None = None
     reduced_verdict: verify.Verdict | None = None
     if cfg.reduce == "sum":
-        reduce_seconds, reduced, reduced_verdict = _reduce_to_root(cfg, world, c_host, x, terms)
+        def reduce_step(done: int) -> None:
+            if on_step is not None:
+                on_step(runs + done, total_steps, f"reduce {done}/{runs}")
+
+        reduce_seconds, reduced, reduced_verdict = _reduce_to_root(cfg, world, c_host, x, terms, reduce_step)
 
     flop_count = gemm.flops(m, n, k)
     gemm_stats = summarize(gemm_seconds, "gemm_seconds")
@@ -199,8 +213,8 @@ def run_rank(cfg: MatmulConfig, world: World, prepared: Prepared) -> RankOutcome
     return RankOutcome(row, reduced, reduced_verdict)
 
 
-def _reduce_to_root(cfg: MatmulConfig, world: World, c_host: np.ndarray, x: np.ndarray,
-                    terms: verify.ProductTerms) -> tuple[list[float], np.ndarray | None, verify.Verdict]:
+def _reduce_to_root(cfg: MatmulConfig, world: World, c_host: np.ndarray, x: np.ndarray, terms: verify.ProductTerms,
+                    on_run: Callable[[int], None]) -> tuple[list[float], np.ndarray | None, verify.Verdict]:
     """Sum every rank's C_r into the root over MPI (host buffers), timed; then check the sum at the root."""
     MPI, comm, root = world.MPI, world.comm, cfg.root
     send = np.ascontiguousarray(c_host, dtype=cfg.dtype.mpi_dtype)
@@ -213,6 +227,7 @@ def _reduce_to_root(cfg: MatmulConfig, world: World, c_host: np.ndarray, x: np.n
         elapsed = time.perf_counter() - start
         if i >= cfg.warmup:
             seconds.append(elapsed)
+        on_run(i + 1)
 
     # the check's terms are summed like the products: vectors of m x TRIALS, cheap next to C
     summed = []

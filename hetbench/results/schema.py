@@ -28,6 +28,21 @@ def make_document(benchmark: str, metadata: dict[str, Any], config: dict[str, An
     }
 
 
+def rank_list_text(ranks: list[int]) -> str:
+    """Ranks as CSV text that no reader takes for a number: "" for none, "rank 0", "rank 0;rank 2"."""
+    return ";".join(f"rank {r}" for r in ranks)
+
+
+# Lists a CSV line carries after all, as text (other lists and nested detail are JSON only)
+CSV_TEXT = {"stragglers": rank_list_text}
+
+
 def csv_row(row: dict[str, Any]) -> dict[str, Any]:
     """The scalar part of a row: what goes into one CSV line."""
-    return {k: v for k, v in row.items() if not isinstance(v, (dict, list, tuple))}
+    scalars: dict[str, Any] = {}
+    for key, value in row.items():
+        if key in CSV_TEXT and isinstance(value, (list, tuple)):
+            scalars[key] = CSV_TEXT[key](value)
+        elif not isinstance(value, (dict, list, tuple)):
+            scalars[key] = value
+    return scalars
