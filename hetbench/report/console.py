@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import sys
 from typing import Any, Callable, Iterable, Iterator
 
@@ -17,8 +18,19 @@ MODELLED_MARK = "~"  # in a table, a value that was modelled, not measured
 LOG_WIDTH = 200  # columns when the output is a file or a pipe: a wide table beats a wrapped one in a log
 
 
+def _launcher_pty(stderr: bool) -> bool:
+    """Open MPI's mpirun hands each rank a pseudo-terminal of 0 columns, whatever its own output goes to (a file,
+    a pipe): no one's terminal, so no colours and no 80-column fallback."""
+    try:
+        return os.get_terminal_size((sys.stderr if stderr else sys.stdout).fileno()).columns == 0
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
 def console(stderr: bool = False) -> Console:
     probe = Console(stderr=stderr)
+    if probe.is_terminal and _launcher_pty(stderr):
+        return Console(stderr=stderr, highlight=False, soft_wrap=False, width=LOG_WIDTH, force_terminal=False)
     width = None if probe.is_terminal else LOG_WIDTH
     return Console(stderr=stderr, highlight=False, soft_wrap=False, width=width)
 
