@@ -2,6 +2,9 @@
 # `make bench` prints hetbench's figures as ratios to the plain library calls measured in the same run.
 # Each builds the virtualenv first if it is missing (.venv, the package with the opencl and mpich extras,
 # plus clblast where Debian's libclblast-dev is installed).
+# `make test-openmpi` runs the same tests under Open MPI's mpirun (Debian's openmpi-bin, /usr/bin/mpirun) from a
+# second virtualenv, .venv-openmpi, that has no mpich extra: with the MPICH wheel installed, mpi4py loads MPICH
+# and start-up under Open MPI's mpirun aborts.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -20,16 +23,29 @@ DEMO_REAL_RUNS ?= --warmup 1 --repeat 3
 DEMO_PROGRESS := $(shell [ -t 2 ] && echo --progress)
 HAVE_OPENCL_DEVICE = $(PY) -c 'import sys; from hetbench.backends import opencl as cl; \
 	sys.exit(cl.unavailable_reason() is not None or not cl.list_devices())' 2>/dev/null
+VENV_OPENMPI ?= .venv-openmpi
+EXTRAS_OPENMPI ?= opencl,dev$(if $(HAVE_CLBLAST),$(comma)clblast)
+OPENMPI_MPIRUN ?= /usr/bin/mpirun
 
-.PHONY: demo test bench env clean
+.PHONY: demo test test-openmpi bench env env-openmpi clean
 
 env: $(VENV)/.installed
 
+env-openmpi: $(VENV_OPENMPI)/.installed
+
+# $(1): the virtualenv, $(2): the extras
+define make_venv
+	$(PYTHON) -m venv $(1)
+	$(1)/bin/python -m pip install --quiet --upgrade pip
+	$(1)/bin/python -m pip install --quiet -e '.[$(2)]'
+	touch $(1)/.installed
+endef
+
 $(VENV)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[$(EXTRAS)]'
-	touch $@
+	$(call make_venv,$(VENV),$(EXTRAS))
+
+$(VENV_OPENMPI)/.installed: pyproject.toml
+	$(call make_venv,$(VENV_OPENMPI),$(EXTRAS_OPENMPI))
 
 # A real heterogeneous pair first (the CPU through NumPy/BLAS beside an OpenCL device; where there is no OpenCL
 # device, the devices `auto` picks), then a simulated H100 + MI300X pair
@@ -49,10 +65,16 @@ demo: env
 test: env
 	$(PY) -m pytest -q
 
+# tests/conftest.py takes the launcher from HETBENCH_TEST_MPIEXEC and, for Open MPI, lets it run as root and put
+# more ranks than cores on this machine
+test-openmpi: env-openmpi
+	@test -x $(OPENMPI_MPIRUN) || { echo "no $(OPENMPI_MPIRUN): apt-get install openmpi-bin" >&2; exit 1; }
+	HETBENCH_TEST_MPIEXEC=$(OPENMPI_MPIRUN) $(VENV_OPENMPI)/bin/python -m pytest -q
+
 bench: env
 	$(PY) -m hetbench.bench gemm
 	$(MPIEXEC) -n 2 $(PY) -m hetbench.bench allreduce
 	$(PY) -m hetbench.bench opencl
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info
+	rm -rf $(VENV) $(VENV_OPENMPI) build dist *.egg-info

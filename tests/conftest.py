@@ -17,13 +17,46 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def find_mpiexec() -> str | None:
+    """The launcher the MPI tests use: $HETBENCH_TEST_MPIEXEC (`make test-openmpi` sets /usr/bin/mpirun), else the
+    `mpiexec` beside this Python (the mpich wheel's), else the first on PATH."""
+    chosen = os.environ.get("HETBENCH_TEST_MPIEXEC")
+    if chosen:
+        found = shutil.which(chosen)
+        if found is None:
+            raise pytest.UsageError(f"HETBENCH_TEST_MPIEXEC={chosen!r} is not an executable")
+        return found
     beside = Path(sys.executable).parent / "mpiexec"
     if beside.exists():
         return str(beside)
     return shutil.which("mpiexec")
 
 
+def launcher_kind(mpiexec: str | None) -> str | None:
+    """'openmpi' or 'mpich' (hydra), from the launcher's --version."""
+    if mpiexec is None:
+        return None
+    try:
+        out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30,
+                             stdin=subprocess.DEVNULL).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if "Open MPI" in out or "OpenRTE" in out:
+        return "openmpi"
+    if "HYDRA" in out or "MPICH" in out:
+        return "mpich"
+    return None
+
+
 MPIEXEC = find_mpiexec()
+MPIEXEC_KIND = launcher_kind(MPIEXEC)
+if MPIEXEC_KIND == "openmpi":
+    # Open MPI's mpirun refuses root (CI and containers run as root) and more ranks than cores (the tests run 3
+    # ranks on 2 cores) unless told; set in the environment, every launch in every test inherits it.
+    # Open MPI 4 reads OMPI_MCA_rmaps_base_oversubscribe, Open MPI 5 (PRRTE) the PRTE_ one.
+    os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    os.environ.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
+    os.environ.setdefault("PRTE_MCA_rmaps_default_mapping_policy", ":oversubscribe")
 
 
 def opencl_devices() -> int:
@@ -70,12 +103,13 @@ class Run:
 
 
 def run_python(args: list[str], nprocs: int | None = None, cwd: Path | None = None, timeout: float = 120,
-               env: dict[str, str] | None = None) -> Run:
-    """`python ARGS` (nprocs None), or `mpiexec -n NPROCS python ARGS`, with this checkout on the path."""
+               env: dict[str, str] | None = None, launcher_args: list[str] | None = None) -> Run:
+    """`python ARGS` (nprocs None), or `mpiexec [LAUNCHER_ARGS] -n NPROCS python ARGS`, with this checkout on the
+    path."""
     cmd = [sys.executable, *args]
     if nprocs is not None:
         assert MPIEXEC is not None
-        cmd = [MPIEXEC, "-n", str(nprocs), *cmd]
+        cmd = [MPIEXEC, *(launcher_args or []), "-n", str(nprocs), *cmd]
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = str(REPO) + os.pathsep + full_env.get("PYTHONPATH", "")
     # a rank's BLAS threads must not oversubscribe the CI machine's cores
@@ -91,9 +125,10 @@ def run_python(args: list[str], nprocs: int | None = None, cwd: Path | None = No
 
 
 def run_cli(args: list[str], nprocs: int | None = None, cwd: Path | None = None, timeout: float = 120,
-            env: dict[str, str] | None = None) -> Run:
-    """`hetbench ARGS` (nprocs None), or `mpiexec -n NPROCS hetbench ARGS`."""
-    return run_python(["-m", "hetbench", *args], nprocs=nprocs, cwd=cwd, timeout=timeout, env=env)
+            env: dict[str, str] | None = None, launcher_args: list[str] | None = None) -> Run:
+    """`hetbench ARGS` (nprocs None), or `mpiexec [LAUNCHER_ARGS] -n NPROCS hetbench ARGS`."""
+    return run_python(["-m", "hetbench", *args], nprocs=nprocs, cwd=cwd, timeout=timeout, env=env,
+                      launcher_args=launcher_args)
 
 
 def assert_usage_error(run: Run, tmp_path: Path, *needles: str) -> None:
