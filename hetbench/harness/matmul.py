@@ -69,7 +69,8 @@ def _fmt_bytes(n: int) -> str:
 def _memory_errors(backend: Backend, info: DeviceInfo, m: int, n: int, k: int, dtype: DType) -> list[str]:
     errors = []
     need = gemm.device_bytes(m, n, k, dtype)
-    free = backend.free_memory_bytes()
+    # the host backend's free memory is the host's, which the host check counts with every other buffer
+    free = backend.free_memory_bytes() if info.backend != "host" else None
     label = f"{info.backend}:{info.index} ({info.name})"
     if free is not None and need > free:
         errors.append(
@@ -151,6 +152,15 @@ def _sim_scratch_bytes(m: int, n: int, k: int, dtype: DType) -> int:
     return 0
 
 
+def approx_bytes(n: int) -> str:
+    """A byte count to two significant digits (about 810 MiB): what ranks report alike though their own figures
+    differ a little, so the job prints one line for them."""
+    for unit, size in (("GiB", 1024**3), ("MiB", MIB), ("KiB", 1024)):
+        if n >= size:
+            return f"about {float(f'{n / size:.2g}'):g} {unit}"
+    return f"{n} bytes"
+
+
 def _host_memory_error(planned: int, m: int, n: int, k: int, dtype: DType, local_size: int) -> str | None:
     """The host holds A, B, C, the device's copies where its memory is the host's, the check's and the reduce's
     buffers: check their peak before making or loading any of them."""
@@ -158,10 +168,10 @@ def _host_memory_error(planned: int, m: int, n: int, k: int, dtype: DType, local
     if share is None or planned <= share:
         return None
     return (
-        f"{m}x{k} @ {k}x{n} in {dtype.name} holds up to {_fmt_bytes(planned)} of host memory per rank at its peak "
-        f"(A, B, C, their copies and the checks' buffers), more than this rank's share of what the host allows "
-        f"({_fmt_bytes(share)}: MemAvailable and the memory cgroup over {local_size} rank(s) on the node, and the "
-        "process's RLIMIT_AS/RLIMIT_DATA); use a smaller size"
+        f"{m}x{k} @ {k}x{n} in {dtype.name} needs up to {_fmt_bytes(planned)} of host memory per rank at its peak "
+        f"(A, B, C, their device copies and the checks' buffers); this rank may take {approx_bytes(share)} "
+        f"(MemAvailable and the memory cgroup shared by {local_size} rank(s) on the node, and the process's "
+        "RLIMIT_AS/RLIMIT_DATA); use a smaller size"
     )
 
 
