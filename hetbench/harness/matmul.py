@@ -16,6 +16,7 @@ import numpy as np
 
 from hetbench.backends.base import TIMING_MODELLED, Backend, DeviceInfo
 from hetbench.backends.host import (
+    RUNTIME_SCRATCH_BYTES,
     host_memory_share_bytes,
     peak_rss_bytes,
     release_free_memory,
@@ -33,9 +34,6 @@ from hetbench.harness.stats import summarize
 from hetbench.harness.timing import time_repeats
 
 MIB = 1024**2
-# The BLAS's and MPI's own working memory, touched by the first GEMM and the first collective: measured at
-# 8-10 MiB above the start with one or two BLAS threads (a 16x16 run); counted so small runs are not undercounted
-RUNTIME_SCRATCH_BYTES = 16 * MIB
 
 
 @dataclass
