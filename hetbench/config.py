@@ -105,7 +105,6 @@ class OutputConfig:
     out_json: Path | None = None
     out_csv: Path | None = None
     json_stdout: bool = False
-    default_names: bool = False  # names hetbench chose: never replace a file, take the next free name instead
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -38,6 +39,12 @@ def output_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return f
 
 
+@dataclass(frozen=True)
+class DefaultOutputConfig(OutputConfig):
+    """Output names hetbench chose (results/<command>-<UTC time>): created new, never replacing a file; a name
+    taken meanwhile gives way to the next free one (see `emit`). Recorded like any OutputConfig."""
+
+
 def check_distinct_outputs(paths: dict[str, Path | None]) -> None:
     """Two outputs named the same file (however spelled: ./r.json, a linked folder, a hard link) would keep only
     one of them: a usage error naming both options."""
@@ -66,8 +73,8 @@ def resolve_outputs(command: str, out_json: Path | None, out_csv: Path | None, j
     check_distinct_outputs({"--out": out_json, "--csv": out_csv})
     if out_json is None and out_csv is None:
         stem = f"{command}-{stamp}"
-        return OutputConfig(DEFAULT_RESULTS_DIR / f"{stem}.json", DEFAULT_RESULTS_DIR / f"{stem}.csv", json_stdout,
-                            default_names=True)
+        return DefaultOutputConfig(DEFAULT_RESULTS_DIR / f"{stem}.json", DEFAULT_RESULTS_DIR / f"{stem}.csv",
+                                   json_stdout)
     return OutputConfig(out_json, out_csv, json_stdout)
 
 
@@ -128,14 +135,16 @@ def _numbered(path: Path, number: int) -> Path:
     """results/matmul-STAMP.json, then results/matmul-STAMP-2.json, -3, ...: the names to try in turn."""
     if number <= 1:
         return path
-    return path.with_name(f"{path.name[: -len(path.suffix)]}-{number}{path.suffix}")
+    stem = path.name[: len(path.name) - len(path.suffix)]
+    return path.with_name(f"{stem}-{number}{path.suffix}")
 
 
 def _stage_results(document: dict[str, Any], output: OutputConfig, first: int) -> tuple[list[StagedFile], int]:
     """Stage the JSON and CSV. Default names take the first number >= `first` whose files do not exist yet (the
     document records the names it gets). Raises _WriteError naming the file that could not be written."""
     number = first
-    if output.default_names:
+    new_only = isinstance(output, DefaultOutputConfig)
+    if new_only:
         while any(p is not None and os.path.lexists(_numbered(p, number)) for p in (output.out_json, output.out_csv)):
             number += 1
     out_json = _numbered(output.out_json, number) if output.out_json is not None else None
@@ -146,11 +155,9 @@ def _stage_results(document: dict[str, Any], output: OutputConfig, first: int) -
     staged: list[StagedFile] = []
     try:
         if out_json is not None:
-            staged.append(_staged("results file", out_json, lambda: stage_json(out_json, document,
-                                                                               output.default_names)))
+            staged.append(_staged("results file", out_json, lambda: stage_json(out_json, document, new_only)))
         if out_csv is not None:
-            staged.append(_staged("results file", out_csv, lambda: stage_csv(out_csv, document["rows"],
-                                                                             output.default_names)))
+            staged.append(_staged("results file", out_csv, lambda: stage_csv(out_csv, document["rows"], new_only)))
     except BaseException:
         discard(staged)
         raise
