@@ -221,11 +221,14 @@ def emit(world: World, document: dict[str, Any] | None, output: OutputConfig, re
         error = None
         if world.is_root:
             try:
-                while True:
+                for attempt in range(100):
                     try:
                         _commit(staged, save_path)
                         break
                     except FileExistsError:
+                        if attempt == 99:
+                            raise _WriteError(f"cannot write results file {str(output.out_json)!r}: every free "
+                                              "name was taken meanwhile; no output was written") from None
                         staged = stage_save()
                         results, number = _stage_results(document, output, number + 1)  # type: ignore[arg-type]
                         staged += results
