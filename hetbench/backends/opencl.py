@@ -241,6 +241,9 @@ class OpenCLBackend:
         with self._device_errors("download"):
             host = array.get()
             self._queue.finish()
+            # the copy's event, kept in the array's event list, holds the host copy alive: up to twelve of them
+            # would pile up while the device array lives
+            array.finish()
         return np.ascontiguousarray(host, dtype=dtype.host)
 
     def empty(self, shape: tuple[int, ...], dtype: DType) -> Any:

@@ -115,7 +115,7 @@ def collectives(op_texts: tuple[str, ...], min_bytes: int | None, max_bytes: int
     finally:
         prepared.backend.close()
     ranks = run.rank_descriptions(world, prepared)
-    verified = None
+    verified = document = render = None
     if world.is_root:
         assert rows is not None and ranks is not None
         metadata = {**job_metadata(world), "ranks": ranks}
@@ -128,5 +128,5 @@ def collectives(op_texts: tuple[str, ...], min_bytes: int | None, max_bytes: int
 
             collectives_report(rows, summary, ranks, wide=wide)
 
-        emit(world, document, cfg.output, render)
+    emit(world, document, cfg.output, render)
     return 1 if world.bcast(verified) is False else 0

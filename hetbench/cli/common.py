@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as _dt
+import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -10,8 +12,8 @@ import click
 
 from hetbench.comm.world import RankError, World
 from hetbench.config import OutputConfig, parse_backend_map
-from hetbench.results import check_writable, write_csv_atomic, write_json_atomic
-from hetbench.results.io import to_json
+from hetbench.results import check_writable
+from hetbench.results.io import StagedFile, commit, discard, stage_csv, stage_json, stage_npy, to_json
 
 DEFAULT_RESULTS_DIR = Path("results")
 
@@ -37,17 +39,48 @@ def output_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return f
 
 
+@dataclass(frozen=True)
+class DefaultOutputConfig(OutputConfig):
+    """Output names hetbench chose (results/<command>-<UTC time>): created new, never replacing a file; a name
+    taken meanwhile gives way to the next free one (see `emit`). Recorded like any OutputConfig."""
+
+
+def check_distinct_outputs(paths: dict[str, Path | None]) -> None:
+    """Two outputs named the same file (however spelled: ./r.json, a linked folder, a hard link) would keep only
+    one of them: a usage error naming both options."""
+    seen: list[tuple[str, Path, str]] = []
+    for option, path in paths.items():
+        if path is None:
+            continue
+        resolved = os.path.realpath(path)
+        for other, other_path, other_resolved in seen:
+            same = resolved == other_resolved
+            if not same:
+                try:
+                    same = os.path.samefile(path, other_path)
+                except OSError:
+                    pass
+            if same:
+                raise click.UsageError(f"{other} {str(other_path)!r} and {option} {str(path)!r} name the same file; "
+                                       "give each output its own path")
+        seen.append((option, path, resolved))
+
+
 def resolve_outputs(command: str, out_json: Path | None, out_csv: Path | None, json_stdout: bool,
                     stamp: str) -> OutputConfig:
-    """Explicit paths win; with none, both files go to results/ under one name stamped with the UTC time."""
+    """Explicit paths win; with none, both files go to results/ under one name stamped with the UTC time (to the
+    microsecond), and are created new: a run never replaces another's files (see `emit`)."""
+    check_distinct_outputs({"--out": out_json, "--csv": out_csv})
     if out_json is None and out_csv is None:
-        stem = DEFAULT_RESULTS_DIR / f"{command}-{stamp}"
-        return OutputConfig(stem.with_suffix(".json"), stem.with_suffix(".csv"), json_stdout)
+        stem = f"{command}-{stamp}"
+        return DefaultOutputConfig(DEFAULT_RESULTS_DIR / f"{stem}.json", DEFAULT_RESULTS_DIR / f"{stem}.csv",
+                                   json_stdout)
     return OutputConfig(out_json, out_csv, json_stdout)
 
 
 def utc_stamp() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    """The UTC time to the microsecond, e.g. 20261122T014415.123456Z: runs started in one second differ."""
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
 
 
 def parse_backends(world: World, text: str) -> tuple:
@@ -98,20 +131,138 @@ def agree_or_exit(world: World, local_errors: list[str]) -> None:
         raise click.UsageError(format_rank_errors(world, errors))
 
 
-def emit(world: World, document: dict[str, Any], output: OutputConfig, render: Callable[[], None]) -> None:
-    """Rank 0 writes the files (atomically) and shows the result: the table, or the JSON alone with --json."""
+def _numbered(path: Path, number: int) -> Path:
+    """results/matmul-STAMP.json, then results/matmul-STAMP-2.json, -3, ...: the names to try in turn."""
+    if number <= 1:
+        return path
+    stem = path.name[: len(path.name) - len(path.suffix)]
+    return path.with_name(f"{stem}-{number}{path.suffix}")
+
+
+def _stage_results(document: dict[str, Any], output: OutputConfig, first: int) -> tuple[list[StagedFile], int]:
+    """Stage the JSON and CSV. Default names take the first number >= `first` whose files do not exist yet (the
+    document records the names it gets). Raises _WriteError naming the file that could not be written."""
+    number = first
+    new_only = isinstance(output, DefaultOutputConfig)
+    if new_only:
+        while any(p is not None and os.path.lexists(_numbered(p, number)) for p in (output.out_json, output.out_csv)):
+            number += 1
+    out_json = _numbered(output.out_json, number) if output.out_json is not None else None
+    out_csv = _numbered(output.out_csv, number) if output.out_csv is not None else None
+    recorded = document.get("config", {}).get("output")
+    if isinstance(recorded, dict) and number > 1:
+        recorded.update(out_json=str(out_json) if out_json else None, out_csv=str(out_csv) if out_csv else None)
+    staged: list[StagedFile] = []
+    try:
+        if out_json is not None:
+            staged.append(_staged("results file", out_json, lambda: stage_json(out_json, document, new_only)))
+        if out_csv is not None:
+            staged.append(_staged("results file", out_csv, lambda: stage_csv(out_csv, document["rows"], new_only)))
+    except BaseException:
+        discard(staged)
+        raise
+    return staged, number
+
+
+class _WriteError(Exception):
+    """An output that could not be written; the message names it (exit code 1: the run was fine, the disk not)."""
+
+
+def _staged(what: str, path: Path, make: Callable[[], StagedFile]) -> StagedFile:
+    try:
+        return make()
+    except OSError as e:
+        raise _WriteError(f"cannot write {what} {str(path)!r}: {e.strerror or e}; no output was written") from None
+
+
+def _commit(staged: list[StagedFile], save_path: Path | None, outcome: str = "no output was written") -> None:
+    try:
+        commit(staged)
+    except FileExistsError:
+        raise
+    except OSError as e:
+        what = "--save file" if save_path is not None and e.filename == str(save_path) else "results file"
+        raise _WriteError(f"cannot write {what} {e.filename!r}: {e.strerror or e}; {outcome}") from None
+
+
+def emit(world: World, document: dict[str, Any] | None, output: OutputConfig, render: Callable[[], None] | None,
+         save: tuple[Path, Any] | None = None) -> None:
+    """Collective. Write the run's outputs, all or none: rank 0's JSON and CSV, and `save` (path, array: the
+    --save file) on the rank that holds it, are each staged beside their targets; only when every rank staged its
+    own do they go in place, rank 0's first. If any cannot be written, no target is touched, every rank raises the
+    same error (exit 1: the run was right, the disk was not) and nothing is shown. Then rank 0 shows the result:
+    the table, or the JSON alone with --json."""
+    save_path = save[0] if save is not None else None
+
+    def stage_save() -> list[StagedFile]:
+        if save is None:
+            return []
+        return [_staged("--save file", save[0], lambda: stage_npy(save[0], save[1]))]
+
+    staged: list[StagedFile] = []  # this rank's, not yet in place
+    written: list[Path] = []
+    try:
+        errors = []
+        number = 1
+        try:
+            staged = stage_save()
+            if world.is_root and document is not None:
+                results, number = _stage_results(document, output, number)
+                staged += results
+                written = [f.target for f in results]
+        except _WriteError as e:
+            errors.append(str(e))
+        agreed = world.agree(errors)
+        if agreed:
+            raise click.ClickException(format_rank_errors(world, agreed))
+
+        # Rank 0 first. A default name can have been taken by another run since it was staged: then everything is
+        # staged again under the next free name (a failed commit leaves nothing behind).
+        error = None
+        if world.is_root:
+            try:
+                for attempt in range(100):
+                    try:
+                        _commit(staged, save_path)
+                        break
+                    except FileExistsError:
+                        if attempt == 99:
+                            raise _WriteError(f"cannot write results file {str(output.out_json)!r}: every free "
+                                              "name was taken meanwhile; no output was written") from None
+                        staged = stage_save()
+                        results, number = _stage_results(document, output, number + 1)  # type: ignore[arg-type]
+                        staged += results
+                        written = [f.target for f in results]
+            except _WriteError as e:
+                error = str(e)
+                discard(staged)
+            staged = []
+        error = world.bcast(error) if world.size > 1 else error
+        if error:
+            raise click.ClickException(error)
+        errors = []
+        if staged:  # the --save file of a root other than rank 0
+            try:
+                _commit(staged, save_path, "the results files were written")
+            except _WriteError as e:
+                errors.append(str(e))
+            staged = []
+        if world.size > 1:
+            agreed = world.agree(errors)
+            if agreed:
+                raise click.ClickException(format_rank_errors(world, agreed))
+    except BaseException:
+        discard(staged)
+        raise
+
     if not world.is_root:
         return
-    if output.out_json is not None:
-        write_json_atomic(output.out_json, document)
-    if output.out_csv is not None:
-        write_csv_atomic(output.out_csv, document["rows"])
     if output.json_stdout:
-        click.echo(to_json(document), nl=False)
+        click.echo(to_json(document), nl=False)  # type: ignore[arg-type]
         return
+    assert render is not None
     render()
     from hetbench.report.console import console
 
-    written = [str(p) for p in (output.out_json, output.out_csv) if p is not None]
     if written:
-        console().print("results written to: " + ", ".join(written))
+        console().print("results written to: " + ", ".join(map(str, written)))

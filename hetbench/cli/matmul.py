@@ -12,6 +12,7 @@ from click.core import ParameterSource
 from hetbench.cli.common import (
     agree_or_exit,
     backend_option,
+    check_distinct_outputs,
     emit,
     output_options,
     output_path_errors,
@@ -20,7 +21,7 @@ from hetbench.cli.common import (
     utc_stamp,
 )
 from hetbench.config import DTYPE_NAMES, MatmulConfig, parse_dtype
-from hetbench.results import check_writable, make_document, write_npy_atomic
+from hetbench.results import check_writable, make_document
 
 if TYPE_CHECKING:
     from hetbench.comm.world import World
@@ -76,6 +77,7 @@ def matmul(ctx: click.Context, size: int, m: int | None, n: int | None, k: int |
         raise click.UsageError(f"{', '.join(sized)} cannot be combined with --a/--b: the shapes come from the files")
     if save is not None and reduce_op != "sum":
         raise click.UsageError("--save stores the summed result, so it needs --reduce sum")
+    check_distinct_outputs({"--out": out_json, "--csv": out_csv, "--save": save})
 
     world = World()
     if root >= world.size:
@@ -108,11 +110,11 @@ def matmul(ctx: click.Context, size: int, m: int | None, n: int | None, k: int |
             outcome = run.run_rank(cfg, world, prepared, on_step)
     finally:
         prepared.backend.close()
-    if outcome.reduced is not None and save is not None:
-        write_npy_atomic(save, outcome.reduced)
 
     rows = world.gather(outcome.row)
     metadata = job_metadata(world) if world.is_root else None
+    document = render = None
+    verified = True
     if world.is_root:
         assert rows is not None
         summary = run.summarize_job(cfg, rows, outcome.reduced_verdict)
@@ -126,10 +128,10 @@ def matmul(ctx: click.Context, size: int, m: int | None, n: int | None, k: int |
             for line in matmul_summary_lines(summary):
                 out.print(line)
 
-        emit(world, document, cfg.output, render)
         verified = summary["verified"]
-    else:
-        verified = True
+    # the files are written even when a check failed: they record the failure
+    emit(world, document, cfg.output, render,
+         save=(save, outcome.reduced) if outcome.reduced is not None and save is not None else None)
     return 0 if world.bcast(verified) else 1
 
 

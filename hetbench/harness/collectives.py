@@ -10,20 +10,44 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
 from hetbench.backends.base import MPI_MEMORY_HOST, MPI_MEMORY_NONE, TIMING_MODELLED, Backend, DeviceInfo
+from hetbench.backends.host import (
+    RUNTIME_SCRATCH_BYTES,
+    host_memory_share_bytes,
+    peak_rss_bytes,
+    release_free_memory,
+    reset_peak_rss,
+    rss_bytes,
+)
 from hetbench.benchmarks import collectives as spec
 from hetbench.comm.gpu import HOW_TO_GET_GPU_AWARE_MPI, gpu_support
 from hetbench.comm.world import World
 from hetbench.config import CollectivesConfig
 from hetbench.dtypes import DType
 from hetbench.harness.devices import OpenDevice, open_rank_device
+from hetbench.harness.matmul import approx_bytes, device_in_host_memory
 from hetbench.harness.metadata import rank_metadata
 
 STRAGGLER_RATIO = 1.2  # a rank whose median time is 20% above the median rank's is flagged
+_COMPARE_CHUNK = 1 << 20  # elements compared at a time in the check (a bool per element)
+# glibc serves buffers of up to 32 MiB (its largest mmap threshold) from its heap once a freed one raised the
+# threshold, and keeps freed ones there: with a new device buffer and a new host copy every iteration, up to three
+# more buffers stay resident (measured with PoCL, 8-32 MiB); above that size every buffer goes back when freed
+_HEAP_KEPT_BUFFERS = 3
+_HEAP_KEPT_MAX_BYTES = 32 * 1024**2
+
+
+@dataclass
+class PreparedDevice(OpenDevice):
+    """A rank's open device, with what the memory check counted for the sweep's largest point."""
+
+    host_memory_planned_bytes: int = 0
+    rss_at_start_bytes: int | None = None
 
 
 def _device_path_error(backend: Backend, info: DeviceInfo, dtype: DType, world: World) -> str | None:
@@ -45,41 +69,102 @@ def _device_path_error(backend: Backend, info: DeviceInfo, dtype: DType, world: 
             f"{said} {kind.upper()} support; {HOW_TO_GET_GPU_AWARE_MPI}")
 
 
-def prepare(cfg: CollectivesConfig, world: World) -> tuple[OpenDevice | None, list[str]]:
-    """Open this rank's device and check it can take every buffer and path the sweep needs."""
+def point_host_bytes(op: spec.Collective, size: int, itemsize: int, rank: int, nranks: int, root: int, path: str,
+                     device_in_host: bool) -> int:
+    """The most host memory one point (op, size, path) holds on this rank at once, as _run_point runs it: the send
+    and receive buffers on the host, the device's copies where its memory is the host's, the copy of the send
+    buffer the host path stages, MPI's own temporaries, and in the check the expected result (built in the
+    receive buffer), the result copied back and the comparison's chunk; and below 32 MiB, the freed buffers the C
+    heap keeps."""
+    send_count, recv_count = op.counts(size, itemsize, nranks)
+    s_b, r_b = send_count * itemsize, recv_count * itemsize
+    mpi = int(spec.MPI_SCRATCH_FRACTION.get(op.name, (0.0, 0.0))[rank != root] * size) if nranks > 1 else 0
+    if path == "host":
+        staged = s_b if op.sends(rank, root) else 0
+        device = s_b + r_b if device_in_host else 0
+        # after the op the receive buffer is uploaded to the device again before the old copy there is freed
+        again = r_b if device_in_host and op.receives(rank, root) else 0
+        running = s_b + r_b + device + staged + max(mpi, again)
+    else:
+        running = s_b + r_b + (s_b + r_b if device_in_host else 0) + mpi
+    check = 2 * r_b + (r_b if device_in_host else 0) + min(recv_count, _COMPARE_CHUNK)
+    largest = max(s_b, r_b)
+    kept = _HEAP_KEPT_BUFFERS * largest if largest <= _HEAP_KEPT_MAX_BYTES else 0
+    return max(running, check) + kept
+
+
+def sweep_host_bytes(cfg: CollectivesConfig, rank: int, nranks: int, device_in_host: bool) -> tuple[int, str]:
+    """What this rank's host memory holds at the sweep's peak (its largest size: every point's buffers are freed
+    before the next), and the op and path that reach it."""
+    size = cfg.sizes()[-1]
+    best, where = 0, ""
+    for op in cfg.ops:
+        for path in cfg.paths:
+            need = point_host_bytes(spec.OPS[op], size, cfg.dtype.itemsize, rank, nranks, cfg.root, path,
+                                    device_in_host)
+            if need > best:
+                best, where = need, f"{op} on the {path} path"
+    return RUNTIME_SCRATCH_BYTES + best, where
+
+
+def prepare(cfg: CollectivesConfig, world: World) -> tuple[PreparedDevice | None, list[str]]:
+    """Open this rank's device and check it can take every buffer and path the sweep needs: its device memory, and
+    this rank's share of the host's memory for every buffer the largest point holds at once."""
     opened, errors = open_rank_device(cfg.backends[world.rank], cfg.dtype, world)
     if opened is None:
         return None, errors
+    reset_peak_rss()
     backend, info = opened.backend, opened.info
+    in_host = device_in_host_memory(info)
+    planned, where = sweep_host_bytes(cfg, world.rank, world.size, in_host)
+    prepared = PreparedDevice(opened.backend, opened.info, opened.spec, planned, rss_bytes())
     largest = max(sum(spec.OPS[op].counts(cfg.sizes()[-1], cfg.dtype.itemsize, world.size)) for op in cfg.ops)
     need = largest * cfg.dtype.itemsize
-    free = backend.free_memory_bytes()
+    # the host backend's free memory is the host's: the host check below counts it with everything else
+    free = backend.free_memory_bytes() if info.backend != "host" else None
     if free is not None and need > free:
         errors.append(f"the largest size needs {need} bytes of buffers on {info.backend}:{info.index} "
                       f"({info.name}), which has {free} free; lower --max-bytes")
+    share = host_memory_share_bytes(world.local_size)
+    if share is not None and planned > share:
+        errors.append(
+            f"the largest size, {cfg.sizes()[-1]} bytes, needs up to {planned} bytes ({planned / 1024**2:.1f} MiB) "
+            f"of host memory per rank at its peak ({where}: send and receive buffers, their device copies, the "
+            f"staged copy, MPI's temporaries and the check's); this rank may take {approx_bytes(share)} "
+            f"(MemAvailable and the memory cgroup shared by {world.local_size} rank(s) on the node, and the "
+            "process's RLIMIT_AS/RLIMIT_DATA); lower --max-bytes"
+        )
     if "device" in cfg.paths and not errors:
         error = _device_path_error(backend, info, cfg.dtype, world)
         if error:
             errors.append(error)
-    return opened, errors
+    return prepared, errors
+
+
+def _count_wrong(got: np.ndarray, want: np.ndarray) -> int:
+    """Elements that differ (NaN left from the poison counts as wrong), a chunk at a time: no full-size mask."""
+    return sum(int(np.count_nonzero(got[i : i + _COMPARE_CHUNK] != want[i : i + _COMPARE_CHUNK]))
+               for i in range(0, len(want), _COMPARE_CHUNK))
 
 
 def _run_point(cfg: CollectivesConfig, world: World, prepared: OpenDevice, op: spec.Collective, size: int,
                path: str) -> dict[str, Any]:
-    """One op, size and path on this rank: per-iteration seconds and the wrong-element count."""
+    """One op, size and path on this rank: per-iteration seconds and the wrong-element count. Holds no more than
+    point_host_bytes counts."""
     backend, dtype, root = prepared.backend, cfg.dtype, cfg.root
     MPI, comm, rank, n = world.MPI, world.comm, world.rank, world.size
     send_host = spec.send_data(op, rank, n, root, size, dtype.host)
     _, recv_count = op.counts(size, dtype.itemsize, n)
-    poison = np.full(recv_count, np.nan, dtype=dtype.host)
+    recv_host = np.full(recv_count, np.nan, dtype=dtype.host)  # poisoned, on the device too (in the check)
     send_dev = backend.upload(send_host, dtype)
-    recv_dev = backend.upload(poison, dtype)
-    recv_host = poison.copy()
+    recv_dev = backend.upload(recv_host, dtype)
     sends, receives = op.sends(rank, root), op.receives(rank, root)
 
     def iteration() -> tuple[float, float, float]:
         nonlocal recv_dev
         if path == "host":
+            # the device's receive buffer is replaced after the op, the old one freed only then: freeing it
+            # first changes how the C heap reuses memory, and with it the copies' and the op's times
             world.barrier()
             with backend.timer() as d2h:
                 staged = backend.download(send_dev, dtype) if sends else send_host
@@ -104,11 +189,14 @@ def _run_point(cfg: CollectivesConfig, world: World, prepared: OpenDevice, op: s
     wrong = None
     if cfg.check:
         # poison the result first, so a result left over from an earlier iteration cannot pass
-        recv_dev = backend.upload(poison, dtype)
         recv_host[...] = np.nan
+        recv_dev = None  # freed first: outside the timed iterations
+        recv_dev = backend.upload(recv_host, dtype)
         iteration()
-        want = spec.expected(op, rank, n, root, size, dtype.host)
-        wrong = 0 if want is None else int(np.count_nonzero(backend.download(recv_dev, dtype) != want))
+        send_host = send_dev = None  # not needed again: freed before the expected result is built
+        release_free_memory()
+        want = spec.expected(op, rank, n, root, size, dtype.host, out=recv_host)
+        wrong = 0 if want is None else _count_wrong(backend.download(recv_dev, dtype), want)
     return {
         "d2h_seconds": [t[0] for t in times],
         "op_seconds": [t[1] for t in times],
@@ -175,6 +263,7 @@ def run_sweep(cfg: CollectivesConfig, world: World, prepared: OpenDevice,
     for step, (name, path, size) in enumerate(points):
         op = spec.OPS[name]
         mine = _run_point(cfg, world, prepared, op, size, path)
+        release_free_memory()  # the point's buffers go back before the next, larger one
         gathered = world.gather(mine)
         if world.is_root:
             rows.append(_row(cfg, op, size, path, gathered, modelled))
@@ -188,6 +277,10 @@ def rank_descriptions(world: World, prepared: OpenDevice) -> list[dict[str, Any]
     mine = {"rank": world.rank, "host": world.host, "backend": prepared.spec,
             "device_timing": prepared.backend.timing, "device_info": prepared.info.to_dict(),
             "process": rank_metadata()}
+    if isinstance(prepared, PreparedDevice):
+        # what the pre-check counted beside what the rank really held (VmHWM, reset when the device was open)
+        mine["memory"] = {"host_memory_planned_bytes": prepared.host_memory_planned_bytes,
+                          "rss_at_start_bytes": prepared.rss_at_start_bytes, "peak_rss_bytes": peak_rss_bytes()}
     return world.gather(mine)
 
 

@@ -15,7 +15,14 @@ from typing import Any, Callable
 import numpy as np
 
 from hetbench.backends.base import TIMING_MODELLED, Backend, DeviceInfo
-from hetbench.backends.host import host_memory_available_bytes
+from hetbench.backends.host import (
+    RUNTIME_SCRATCH_BYTES,
+    host_memory_share_bytes,
+    peak_rss_bytes,
+    release_free_memory,
+    reset_peak_rss,
+    rss_bytes,
+)
 from hetbench.benchmarks import gemm
 from hetbench.comm.world import World
 from hetbench.config import MatmulConfig, expand_rank_path
@@ -36,12 +43,14 @@ class Prepared:
     backend: Backend
     info: DeviceInfo
     spec: str
-    a: np.ndarray
-    b: np.ndarray
+    a: np.ndarray | None  # None once the products are checked: the run no longer needs them
+    b: np.ndarray | None
+    mnk: tuple[int, int, int]
+    host_memory_planned_bytes: int  # what the pre-check counted: this rank's peak host memory above its start
+    rss_at_start_bytes: int | None  # the RSS before the inputs were made or loaded
 
-    @property
-    def mnk(self) -> tuple[int, int, int]:
-        return self.a.shape[0], self.b.shape[1], self.a.shape[1]
+    def release_inputs(self) -> None:
+        self.a = self.b = None
 
 
 @dataclass
@@ -58,7 +67,8 @@ def _fmt_bytes(n: int) -> str:
 def _memory_errors(backend: Backend, info: DeviceInfo, m: int, n: int, k: int, dtype: DType) -> list[str]:
     errors = []
     need = gemm.device_bytes(m, n, k, dtype)
-    free = backend.free_memory_bytes()
+    # the host backend's free memory is the host's, which the host check counts with every other buffer
+    free = backend.free_memory_bytes() if info.backend != "host" else None
     label = f"{info.backend}:{info.index} ({info.name})"
     if free is not None and need > free:
         errors.append(
@@ -75,19 +85,92 @@ def _memory_errors(backend: Backend, info: DeviceInfo, m: int, n: int, k: int, d
     return errors
 
 
-def _host_memory_error(m: int, n: int, k: int, dtype: DType, local_size: int) -> str | None:
-    """The host holds A, B and C too (and the reduce buffers): check before generating them."""
-    need = (m * k + k * n + 2 * m * n) * max(dtype.host.itemsize, dtype.mpi_dtype.itemsize)
-    available = host_memory_available_bytes()
-    if available is None:
+def device_in_host_memory(info: DeviceInfo) -> bool:
+    """Whether a device's buffers are host memory: the host itself, simulated GPUs (NumPy arrays underneath) and
+    CPU OpenCL devices. Their buffers then count against the host's memory too."""
+    return info.backend in ("host", "sim") or info.kind == "cpu"
+
+
+def _rows_block_bytes(rows: int, cols: int) -> int:
+    """What verify converts to float64 at a time: a block of rows."""
+    return min(verify._ROW_BLOCK, rows) * cols * 8
+
+
+def _two_blocks_bytes(rows: int, cols: int) -> int:
+    """verify's loops make the next float64 block while the loop still holds the last one: two blocks at once."""
+    return (min(verify._ROW_BLOCK, rows) + min(verify._ROW_BLOCK, max(rows - verify._ROW_BLOCK, 0))) * cols * 8
+
+
+def host_memory_plan_bytes(m: int, n: int, k: int, dtype: DType, *, device_in_host: bool, sim_device: bool = False,
+                           inputs: tuple[gemm.MatrixFile, gemm.MatrixFile] | None = None, is_root: bool = True,
+                           world_size: int = 1, reduce: bool = True) -> int:
+    """The most host memory one rank holds at once during the run, above what it held before: the largest of its
+    phases, counting every buffer each phase has alive (run_rank frees what a phase no longer needs).
+
+    inputs: A_r, B_r (host) and the scratch of making or loading them; GEMM: A_r, B_r and, on a device whose memory
+    is host memory, its copies of A, B and C; the copy back: A_r, B_r, C on the device and C_r; the check: A_r,
+    B_r, C_r and verify's float64 blocks; the reduce (A_r and B_r freed): C_r, its copy in the MPI type where that
+    differs, the sum at the root, MPI's own temporary of the message when there are several ranks, and the check
+    of the sum."""
+    hs = dtype.host.itemsize
+    a, b, c = m * k * hs, k * n * hs, m * n * hs
+    if inputs is not None:
+        make = max(a + gemm.load_scratch_bytes(inputs[0], dtype), a + b + gemm.load_scratch_bytes(inputs[1], dtype))
+    else:
+        make = max(a + gemm.generate_scratch_bytes(m, k, dtype), a + b + gemm.generate_scratch_bytes(k, n, dtype))
+    on_device = a + b + c if device_in_host else 0
+    gemm_phase = a + b + on_device + (_sim_scratch_bytes(m, n, k, dtype) if sim_device else 0)
+    copy_back = a + b + (c if device_in_host else 0) + c
+    # A (B x) and the row norms of A and B^T go through blocks of A, B and B^T; the weighted norms of C square
+    # each block of C
+    check = a + b + c + max(_two_blocks_bytes(k, n), _two_blocks_bytes(m, k), _two_blocks_bytes(n, k),
+                            2 * _rows_block_bytes(m, n), _two_blocks_bytes(m, n))
+    phases = [make, gemm_phase, copy_back, check]
+    if reduce:
+        message = m * n * dtype.mpi_dtype.itemsize
+        send_copy = message if dtype.mpi_dtype != dtype.host else 0
+        received = message if is_root else 0
+        # MPICH's Reduce keeps a temporary of the message (half of it written at the root with two ranks, 1.5 of
+        # it at the others, which get no receive buffer: measured); counted whole, and twice off the root
+        mpi_temporary = (message if is_root else 2 * message) if world_size > 1 else 0
+        phases.append(c + send_copy + received + mpi_temporary)
+        if is_root:
+            phases.append(c + send_copy + received + _two_blocks_bytes(m, n))  # the check of the sum
+    return RUNTIME_SCRATCH_BYTES + max(phases)
+
+
+def _sim_scratch_bytes(m: int, n: int, k: int, dtype: DType) -> int:
+    """Host bytes a simulated GPU's half-precision GEMM takes besides its buffers: A, B and C in float32 (as a GPU
+    accumulates), then C rounded to bf16 through two float32 temporaries or cast to fp16; and a bf16 upload's
+    rounded copy. Measured at 3.2 (bf16) and 6.4 (fp16) matrices of the type for a square GEMM."""
+    if dtype.name == "bf16":
+        return max((m * k + k * n + m * n) * 4, 3 * m * n * 4)
+    if dtype.name == "fp16":
+        return (m * k + k * n + m * n) * 4 + m * n * 2
+    return 0
+
+
+def approx_bytes(n: int) -> str:
+    """A byte count to two significant digits (about 810 MiB): what ranks report alike though their own figures
+    differ a little, so the job prints one line for them."""
+    for unit, size in (("GiB", 1024**3), ("MiB", MIB), ("KiB", 1024)):
+        if n >= size:
+            return f"about {float(f'{n / size:.2g}'):g} {unit}"
+    return f"{n} bytes"
+
+
+def _host_memory_error(planned: int, m: int, n: int, k: int, dtype: DType, local_size: int) -> str | None:
+    """The host holds A, B, C, the device's copies where its memory is the host's, the check's and the reduce's
+    buffers: check their peak before making or loading any of them."""
+    share = host_memory_share_bytes(local_size)
+    if share is None or planned <= share:
         return None
-    share = available // max(local_size, 1)
-    if need > share:
-        return (
-            f"matrices of {m}x{k} @ {k}x{n} in {dtype.name} need {_fmt_bytes(need)} of host memory per rank, "
-            f"more than this rank's share of the {_fmt_bytes(available)} available; use a smaller size"
-        )
-    return None
+    return (
+        f"{m}x{k} @ {k}x{n} in {dtype.name} needs up to {_fmt_bytes(planned)} of host memory per rank at its peak "
+        f"(A, B, C, their device copies and the checks' buffers); this rank may take {approx_bytes(share)} "
+        f"(MemAvailable and the memory cgroup shared by {local_size} rank(s) on the node, and the process's "
+        "RLIMIT_AS/RLIMIT_DATA); use a smaller size"
+    )
 
 
 def open_device(cfg: MatmulConfig, world: World) -> tuple[OpenDevice | None, list[str]]:
@@ -96,29 +179,42 @@ def open_device(cfg: MatmulConfig, world: World) -> tuple[OpenDevice | None, lis
 
 
 def prepare_inputs(cfg: MatmulConfig, world: World, opened: OpenDevice) -> tuple[Prepared | None, list[str]]:
-    """Load or make this rank's A_r and B_r, checking first that they fit the device and the host.
+    """Load or make this rank's A_r and B_r, checking first that they fit the device and the host: for files, from
+    their headers, before any data is read.
 
     Returns (prepared, errors) for World.agree."""
     backend, info = opened.backend, opened.info
+    reset_peak_rss()
+    rss_at_start = rss_bytes()
+    headers = None
     if cfg.a_path is not None and cfg.b_path is not None:
         a_path = expand_rank_path(cfg.a_path, world.rank, world.host)
         b_path = expand_rank_path(cfg.b_path, world.rank, world.host)
         try:
-            a = gemm.load_matrix(a_path, "a", cfg.dtype)
-            b = gemm.load_matrix(b_path, "b", cfg.dtype)
-            gemm.check_shapes(a, b, a_path, b_path)
+            headers = (gemm.read_matrix_header(a_path, "a"), gemm.read_matrix_header(b_path, "b"))
+            gemm.check_shapes(headers[0], headers[1], a_path, b_path)
+        except gemm.InputError as e:
+            return None, [str(e)]
+        (m, k), (_, n) = headers[0].shape, headers[1].shape
+    else:
+        m, n, k = cfg.m, cfg.n, cfg.k
+    planned = host_memory_plan_bytes(
+        m, n, k, cfg.dtype, device_in_host=device_in_host_memory(info), sim_device=info.backend == "sim",
+        inputs=headers, is_root=world.rank == cfg.root, world_size=world.size, reduce=cfg.reduce == "sum")
+    error = next(iter(_memory_errors(backend, info, m, n, k, cfg.dtype)), None)
+    if error is None:
+        error = _host_memory_error(planned, m, n, k, cfg.dtype, world.local_size)
+    if error is not None:
+        return None, [error]
+    if headers is not None:
+        try:
+            a = gemm.read_matrix(headers[0], cfg.dtype)
+            b = gemm.read_matrix(headers[1], cfg.dtype)
         except gemm.InputError as e:
             return None, [str(e)]
     else:
-        error = next(iter(_memory_errors(backend, info, cfg.m, cfg.n, cfg.k, cfg.dtype)), None)
-        if error is None:
-            error = _host_memory_error(cfg.m, cfg.n, cfg.k, cfg.dtype, world.local_size)
-        if error is not None:
-            return None, [error]
-        a, b = gemm.generate_inputs(cfg.seed, world.rank, cfg.m, cfg.n, cfg.k, cfg.dtype)
-    prepared = Prepared(backend, info, opened.spec, a, b)
-    m, n, k = prepared.mnk
-    return prepared, _memory_errors(backend, info, m, n, k, cfg.dtype)
+        a, b = gemm.generate_inputs(cfg.seed, world.rank, m, n, k, cfg.dtype)
+    return Prepared(backend, info, opened.spec, a, b, (m, n, k), planned, rss_at_start), []
 
 
 def shape_errors(cfg: MatmulConfig, world: World, prepared: Prepared | None) -> list[str]:
@@ -145,19 +241,25 @@ def run_rank(cfg: MatmulConfig, world: World, prepared: Prepared,
 
     world.barrier()
 
+    assert prepared.a is not None and prepared.b is not None
     with backend.timer() as h2d:
         a_dev = backend.upload(prepared.a, dtype)
         b_dev = backend.upload(prepared.b, dtype)
     c_dev = backend.empty((m, n), dtype)
     gemm_seconds = time_repeats(backend, lambda: backend.matmul(a_dev, b_dev, c_dev, dtype), cfg.warmup, cfg.repeat,
                                 gemm_step)
+    a_dev = b_dev = None  # freed before C comes back: host-memory devices would otherwise hold six matrices
     with backend.timer() as d2h:
         c_host = backend.download(c_dev, dtype)
-    a_dev = b_dev = c_dev = None  # the device's memory is free again before the reduce
+    c_dev = None  # the device's memory is free again before the reduce
+    release_free_memory()
 
     x = verify.random_vectors(n, cfg.seed)
     terms = verify.product_terms(prepared.a, prepared.b, c_host, x)
+    prepared.release_inputs()  # A_r and B_r are not needed again: the reduce runs without them
+    release_free_memory()
     verdict = verify.check(c_host, x, terms, dtype)
+    release_free_memory()
 
     reduce_seconds: list[float] = []
     reduced: np.ndarray | None = None
@@ -210,6 +312,12 @@ def run_rank(cfg: MatmulConfig, world: World, prepared: Prepared,
     row["raw"] = {"gemm_seconds": gemm_seconds, "reduce_seconds": reduce_seconds}
     row["device_info"] = prepared.info.to_dict()
     row["process"] = rank_metadata()
+    # what the pre-check counted beside what the rank really held (VmHWM, reset when the inputs were made)
+    row["memory"] = {
+        "host_memory_planned_bytes": prepared.host_memory_planned_bytes,
+        "rss_at_start_bytes": prepared.rss_at_start_bytes,
+        "peak_rss_bytes": peak_rss_bytes(),
+    }
     return RankOutcome(row, reduced, reduced_verdict)
 
 

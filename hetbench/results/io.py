@@ -1,16 +1,23 @@
-"""Writing results atomically (a temporary file in the same folder, then a rename) and reading them back."""
+"""Writing results atomically and reading them back.
+
+Each output is staged (written in full to a temporary file in its folder and fsynced), then all of a run's outputs
+are committed together (renamed into place) once every one of them was staged; a file that must be new is linked
+in, so it can never take the place of another run's file."""
 
 from __future__ import annotations
 
 import contextlib
 import csv
+import errno
 import io
 import json
 import math
 import os
+import stat
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -21,11 +28,40 @@ class ResultsFileError(ValueError):
     """A results file that is missing, unreadable or not of hetbench's schema."""
 
 
+def _kind_of(mode: int) -> str | None:
+    """What a path that is not a regular file is, in words; None for a regular file."""
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    return "not a regular file"
+
+
 def check_writable(path: Path | str, what: str) -> str | None:
-    """Why `path` cannot be written, or None. Checked before any computing so no work is lost to a bad path."""
+    """Why `path` cannot be written, or None. Checked before any computing so no work is lost to a bad path.
+
+    A result replaces its target by a rename, so the target must be a regular file or not exist yet: a symbolic
+    link, a device (/dev/null), a FIFO or a socket would be replaced by a regular file, and is refused."""
     path = Path(path)
-    if path.exists() and path.is_dir():
+    try:
+        mode: int | None = os.lstat(path).st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError:
+        mode = None  # e.g. a parent that is a file: said below
+    if mode is not None and stat.S_ISDIR(mode):
         return f"{what} {str(path)!r} is a directory; give a file path"
+    if mode is not None and not stat.S_ISREG(mode):
+        return (f"{what} {str(path)!r} is {_kind_of(mode)}, not a regular file; results are written to a new or "
+                "regular file only (a rename would replace it)")
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.exists():
         return f"{what} {str(path)!r} cannot be written: folder {str(parent)!r} does not exist"
@@ -33,24 +69,161 @@ def check_writable(path: Path | str, what: str) -> str | None:
         return f"{what} {str(path)!r} cannot be written: {str(parent)!r} is not a folder"
     if not os.access(parent, os.W_OK | os.X_OK):
         return f"{what} {str(path)!r} cannot be written: no write permission in folder {str(parent)!r}"
-    if path.exists() and not os.access(path, os.W_OK):
+    if mode is not None and not os.access(path, os.W_OK):
         return f"{what} {str(path)!r} cannot be written: the file is read-only"
     return None
 
 
-def _write_atomic(path: Path | str, write: Any, binary: bool = False) -> None:
+def _umask() -> int:
+    """The process's umask, read without changing it where /proc tells it."""
+    with contextlib.suppress(OSError, ValueError):
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+@dataclass
+class StagedFile:
+    """A file written in full (and fsynced) beside its target, not yet in place: commit() or discard() it."""
+
+    target: Path
+    temp: Path
+    exclusive: bool  # never replace an existing file: the target must not exist when committed
+
+
+def stage(path: Path | str, write: Callable[[Any], None], binary: bool = False,
+          exclusive: bool = False) -> StagedFile:
+    """Write a temporary file in `path`'s folder with `write(f)`, flushed and fsynced, with the mode the target
+    will have: an existing target's own mode, or 0666 less the umask for a new one (mkstemp alone makes 0600).
+
+    Raises OSError (and leaves no temporary file) if anything fails, or if `path` is not a regular file."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent if str(path.parent) else ".")
+    folder = path.parent if str(path.parent) else Path(".")
+    existing = None
+    with contextlib.suppress(FileNotFoundError):
+        existing = os.lstat(path)
+    if existing is not None and not stat.S_ISREG(existing.st_mode):
+        raise OSError(errno.EINVAL, f"it is {_kind_of(existing.st_mode)}, not a regular file", str(path))
+    if existing is not None and not exclusive:
+        mode = stat.S_IMODE(existing.st_mode)
+    else:
+        mode = 0o666 & ~_umask()
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
     try:
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8", "newline": ""})) as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    return StagedFile(path, Path(tmp), exclusive)
+
+
+def discard(staged: Iterable[StagedFile]) -> None:
+    """Remove staged files that will not be committed; their targets are untouched."""
+    for s in staged:
+        with contextlib.suppress(OSError):
+            os.unlink(s.temp)
+
+
+def _fsync_folder(folder: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _link_new(s: StagedFile) -> None:
+    """Put a staged file in place only if its target does not exist (FileExistsError if it does)."""
+    try:
+        os.link(s.temp, s.target)
+    except FileExistsError:
+        raise
+    except OSError:
+        # a file system without hard links: reserve the name exclusively, then rename over our own empty file
+        fd = os.open(s.target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.close(fd)
+        os.replace(s.temp, s.target)
+        return
+    os.unlink(s.temp)
+
+
+def _replace(s: StagedFile) -> Path | None:
+    """Rename a staged file over its target; returns a hard link to the target's old content (to restore it if a
+    later output fails), or None where there was none (or the file system has no hard links)."""
+    backup = None
+    try:
+        mode = os.lstat(s.target).st_mode
+    except FileNotFoundError:
+        mode = None
+    if mode is not None:
+        # checked again at the last moment: a rename must never replace a link or a device
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, f"it is {_kind_of(mode)}, not a regular file", str(s.target))
+        backup = s.temp.with_name(s.temp.name[: -len(".tmp")] + ".old.tmp")
+        try:
+            os.link(s.target, backup)
+        except OSError:
+            backup = None
+    try:
+        os.replace(s.temp, s.target)
+    except BaseException:
+        if backup is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(backup)
+        raise
+    return backup
+
+
+def commit(staged: list[StagedFile]) -> None:
+    """Put every staged file in place, all or none. The files that must be new are linked in first (the step that
+    fails when another run took the name meanwhile), then the others are renamed over their targets (each rename
+    atomic). If one fails, those already in place are taken back out (new ones removed, replaced ones restored
+    from a hard link to their old content), no temporary file is left, and the OSError is raised with the failing
+    target in `filename`."""
+    done: list[tuple[StagedFile, Path | None, bool]] = []  # (file, backup of the old target, target was new)
+    try:
+        for s in sorted(staged, key=lambda s: not s.exclusive):
+            try:
+                if s.exclusive:
+                    _link_new(s)
+                    done.append((s, None, True))
+                else:
+                    existed = os.path.lexists(s.target)
+                    done.append((s, _replace(s), not existed))
+            except OSError as e:
+                if e.filename is None:
+                    e.filename = str(s.target)
+                raise
+    except BaseException:
+        for s, backup, was_new in reversed(done):
+            with contextlib.suppress(OSError):
+                if backup is not None:
+                    os.replace(backup, s.target)
+                elif was_new:
+                    os.unlink(s.target)
+        placed = {id(s) for s, _, _ in done}
+        discard(s for s in staged if id(s) not in placed)
+        raise
+    for _, backup, _ in done:
+        if backup is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(backup)
+    for folder in {s.target.parent for s in staged}:
+        _fsync_folder(folder if str(folder) else Path("."))
+
+
+def _write_atomic(path: Path | str, write: Any, binary: bool = False) -> None:
+    commit([stage(path, write, binary)])
 
 
 def _json_safe(value: Any) -> Any:
@@ -93,8 +266,34 @@ def write_csv_atomic(path: Path | str, rows: Iterable[dict[str, Any]]) -> None:
     _write_atomic(path, lambda f: f.write(text))
 
 
+class _Writer:
+    """Only a write method: NumPy then writes through it chunk by chunk, so a failing write raises the OSError
+    (ENOSPC, EFBIG, ...) with its errno, where ndarray.tofile says only "N requested and M written"."""
+
+    def __init__(self, f: Any) -> None:
+        self.write = f.write
+
+
+def _save_npy(f: Any, array: np.ndarray) -> None:
+    np.lib.format.write_array(_Writer(f), np.asanyarray(array), allow_pickle=False)
+
+
 def write_npy_atomic(path: Path | str, array: np.ndarray) -> None:
-    _write_atomic(path, lambda f: np.save(f, array, allow_pickle=False), binary=True)
+    _write_atomic(path, lambda f: _save_npy(f, array), binary=True)
+
+
+def stage_json(path: Path | str, document: dict[str, Any], exclusive: bool = False) -> StagedFile:
+    text = to_json(document)
+    return stage(path, lambda f: f.write(text), exclusive=exclusive)
+
+
+def stage_csv(path: Path | str, rows: Iterable[dict[str, Any]], exclusive: bool = False) -> StagedFile:
+    text = csv_text(rows)
+    return stage(path, lambda f: f.write(text), exclusive=exclusive)
+
+
+def stage_npy(path: Path | str, array: np.ndarray, exclusive: bool = False) -> StagedFile:
+    return stage(path, lambda f: _save_npy(f, array), binary=True, exclusive=exclusive)
 
 
 def load_results(path: Path | str) -> dict[str, Any]:
