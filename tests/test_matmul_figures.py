@@ -143,7 +143,8 @@ def test_rank_row_figures(world: World) -> None:
     rng = np.random.default_rng(1)
     a = rng.random((m, k), dtype=np.float32)
     b = rng.random((k, n), dtype=np.float32)
-    prepared = run.Prepared(backend, backend.info(), "host", a, b)
+    prepared = run.Prepared(backend, backend.info(), "host", a, b, (m, n, k), 0, None)
+    a, b = a.copy(), b.copy()  # the run releases its inputs once they are checked
     outcome = run.run_rank(cfg, world, prepared)
     row = outcome.row
 
