@@ -54,7 +54,9 @@ import json, os
 from hetbench.comm.world import World
 w = World()
 env = {k: os.environ[k] for k in ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK") if k in os.environ}
-print(json.dumps({"rank": w.rank, "local_rank": w.local_rank, "local_size": w.local_size, "env": env}), flush=True)
+record = {"rank": w.rank, "local_rank": w.local_rank, "local_size": w.local_size, "env": env}
+with open(f"rank{w.rank}.json", "w") as f:  # one file per rank: ranks' stdout lines can interleave in the pipe
+    json.dump(record, f)
 """
 
 
@@ -64,7 +66,7 @@ def test_local_rank_matches_the_launchers_own(tmp_path):
     (hydra's MPI_LOCALRANKID, Open MPI's OMPI_COMM_WORLD_LOCAL_RANK), for three ranks on one node."""
     run = run_python(["-c", LOCAL_RANKS], nprocs=3, cwd=tmp_path)
     assert run.returncode == 0, run.stderr
-    seen = sorted((json.loads(line) for line in run.stdout.splitlines()), key=lambda r: r["rank"])
+    seen = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(3)]
     name = {"openmpi": "OMPI_COMM_WORLD_LOCAL_RANK", "mpich": "MPI_LOCALRANKID"}[MPIEXEC_KIND]
     assert [r["local_rank"] for r in seen] == [0, 1, 2]
     assert [r["local_size"] for r in seen] == [3, 3, 3]
