@@ -10,7 +10,7 @@ MPIEXEC := $(VENV)/bin/mpiexec
 HETBENCH := $(VENV)/bin/hetbench
 # pyclblast has no wheel: it builds from source against libclblast (apt-get install libclblast-dev)
 HAVE_CLBLAST := $(shell (ldconfig -p 2>/dev/null | grep -q libclblast) && echo 1)
-EXTRAS ?= opencl,mpich,dev$(if $(HAVE_CLBLAST),$(comma)clblast)
+EXTRAS ?= opencl,mpich,report,dev$(if $(HAVE_CLBLAST),$(comma)clblast)
 comma := ,
 DEMO_SIZE ?= 2048
 

@@ -81,7 +81,7 @@ def compare_documents(figures: BenchmarkFigures, base: dict[str, Any], new: dict
             bv, nv = fig.value(b), fig.value(n)
             change = None if bv is None or nv is None or bv == 0 else (nv - bv) / bv * 100.0
             slowdown = None if bv is None or nv is None or bv <= 0 or nv <= 0 else _slowdown(bv, nv, fig.better)
-            bs, ns = compared.samples(b), compared.samples(n)
+            bs, ns = compared.times(b), compared.times(n)
             test = welch_t_test(bs, ns) if bs is not None and ns is not None else None
             if bv is None or nv is None:
                 verdict = NO_RAW if bv is None and nv is None else NOT_SIGNIFICANT
@@ -90,7 +90,7 @@ def compare_documents(figures: BenchmarkFigures, base: dict[str, Any], new: dict
             elif not test.significant:
                 verdict = NOT_SIGNIFICANT
             else:
-                mean_worse = (test.mean_new > test.mean_base) == (fig.better == "lower")
+                mean_worse = test.mean_new > test.mean_base  # the tested values are times
                 median_worse = slowdown is not None and slowdown > 0
                 # the test judges the means, the table shows the medians: where they point different ways,
                 # the difference is not one to act on

@@ -37,10 +37,12 @@ class Figure:
 
 @dataclass(frozen=True)
 class Compared:
-    """A figure compare tests, and how to get its per-repeat values from a row (None where the row has none)."""
+    """A figure compare tests, and the per-repeat times it is computed from (None where the row has none). A rate
+    (TFLOP/s, GB/s) is work over one of these times, so it is tested on the times, as pyperf tests timings: the
+    time and the rate of a row then always get the same verdict."""
 
     figure: Figure
-    samples: Callable[[dict[str, Any]], list[float] | None]
+    times: Callable[[dict[str, Any]], list[float] | None]
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,7 @@ class BenchmarkFigures:
     compared: tuple[Compared, ...]
     row_modelled: Callable[[dict[str, Any]], bool]  # whether this row's modelled figures are modelled
     run_figures: Callable[[dict[str, Any]], list[tuple[str, str]]]  # (title, text) for the runs table
+    describe: Callable[[dict[str, Any]], str]  # a row in a few words: which rank, op, size
 
     def figure(self, key: str) -> Figure:
         return next(f for f in self.rows if f.key == key)
@@ -59,7 +62,7 @@ class BenchmarkFigures:
         return figure.modelled and self.row_modelled(row)
 
     def row_label(self, row: dict[str, Any]) -> str:
-        return " ".join(str(row.get(k, "")) for k in self.match)
+        return self.describe(row)
 
 
 def _numbers(values: Any) -> list[float] | None:
@@ -95,14 +98,6 @@ D2H_GBPS = Figure("d2h_gbps", "D2H", "GB/s", modelled=True, better="higher")
 MATMUL_TIME_PARTS = (H2D_SECONDS, GEMM_SECONDS, D2H_SECONDS, REDUCE_SECONDS)
 
 
-def _gemm_tflops_samples(row: dict[str, Any]) -> list[float] | None:
-    seconds = _raw(row, "gemm_seconds")
-    flops = row.get("gemm_flops")
-    if seconds is None or not isinstance(flops, (int, float)) or any(s <= 0 for s in seconds):
-        return None
-    return [flops / s / 1e12 for s in seconds]
-
-
 def _matmul_run_figures(document: dict[str, Any]) -> list[tuple[str, str]]:
     rows, summary = document["rows"], document.get("summary") or {}
     sizes = list(dict.fromkeys(f"{r.get('m')}x{r.get('n')}x{r.get('k')}" for r in rows))
@@ -123,12 +118,14 @@ MATMUL = BenchmarkFigures(
     rows=(GEMM_SECONDS, GEMM_TFLOPS, PEAK_PERCENT, H2D_SECONDS, D2H_SECONDS, REDUCE_SECONDS, H2D_GBPS, D2H_GBPS),
     match=("rank", "backend", "device", "dtype", "m", "n", "k"),
     compared=(
-        Compared(GEMM_SECONDS, lambda r: [s * 1e3 for s in _raw(r, "gemm_seconds") or []] or None),
-        Compared(GEMM_TFLOPS, _gemm_tflops_samples),
-        Compared(REDUCE_SECONDS, lambda r: [s * 1e3 for s in _raw(r, "reduce_seconds") or []] or None),
+        Compared(GEMM_SECONDS, lambda r: _raw(r, "gemm_seconds")),
+        Compared(GEMM_TFLOPS, lambda r: _raw(r, "gemm_seconds")),
+        Compared(REDUCE_SECONDS, lambda r: _raw(r, "reduce_seconds")),
     ),
     row_modelled=lambda r: r.get("device_timing") == "modelled",
     run_figures=_matmul_run_figures,
+    describe=lambda r: f"rank {r.get('rank')} {r.get('backend')} {r.get('device')} {r.get('dtype')} "
+                       f"{r.get('m')}x{r.get('n')}x{r.get('k')}",
 )
 
 # --- collectives --------------------------------------------------------------------------------------------------
@@ -149,15 +146,6 @@ def slowest_rank_op_us(row: dict[str, Any]) -> list[float] | None:
     if any(r is None for r in per_rank) or len({len(r) for r in per_rank if r is not None}) != 1:
         return None
     return [max(values) for values in zip(*[r for r in per_rank if r is not None])]
-
-
-def _busbw_samples(row: dict[str, Any]) -> list[float] | None:
-    times = slowest_rank_op_us(row)
-    size, factor = row.get("size_bytes"), row.get("busbw_factor")
-    if times is None or not isinstance(size, (int, float)) or not isinstance(factor, (int, float)) \
-            or any(t <= 0 for t in times):
-        return None
-    return [size / (t * 1e-6) / 1e9 * factor for t in times]
 
 
 def _size_text(nbytes: Any) -> str:
@@ -190,10 +178,11 @@ COLLECTIVES = BenchmarkFigures(
     match=("op", "path", "size_bytes", "dtype"),
     compared=(
         Compared(OP_US, slowest_rank_op_us),
-        Compared(BUSBW, _busbw_samples),
+        Compared(BUSBW, slowest_rank_op_us),
     ),
     row_modelled=lambda r: r.get("copy_timing") == "modelled",
     run_figures=_collectives_run_figures,
+    describe=lambda r: f"{r.get('op')} {r.get('path')} {_size_text(r.get('size_bytes'))} {r.get('dtype')}",
 )
 
 BENCHMARKS: dict[str, BenchmarkFigures] = {b.name: b for b in (MATMUL, COLLECTIVES)}

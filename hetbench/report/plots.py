@@ -185,7 +185,8 @@ def matmul_throughput(rows: list[dict[str, Any]], run_id: str, plot_id: str | No
         values = [fig_def.value(r) for r in rows]
         _bars(ax, labels, values, modelled, color)
         ax.set_ylabel(fig_def.title)
-        ax.set_title(f"GEMM {fig_def.title}" if fig_def is PEAK_PERCENT else fig_def.title, fontsize="medium")
+        ax.set_title("GEMM throughput as % of the device's peak" if fig_def is PEAK_PERCENT else
+                     f"GEMM throughput ({fig_def.unit})", fontsize="medium")
         ax.grid(True, axis="y", alpha=0.3)
         for i, v in enumerate(values):
             ax.annotate("no peak known" if v is None else f"{v:.3g}", (i, v or 0), ha="center", va="bottom",
@@ -269,6 +270,9 @@ def matmul_vs_size(rows: list[dict[str, Any]], plot_id: str = "matmul-size") -> 
             {"x": x, "y": y, "modelled": modelled, "run_id": r.get("run_id"), "rank": r.get("rank"),
              "m": r.get("m"), "n": r.get("n"), "k": r.get("k")} for x, y, r in zip(xs, ys, group)]))
     _log2_size_axis(ax, "size: (m·n·k)^(1/3), n for square products", as_bytes=False)
+    ticks = sorted({p["x"] for s in series for p in s.points})
+    if len(ticks) <= 12:  # the sizes run, whether powers of two or not
+        ax.set_xticks(ticks, [f"{t:.4g}" for t in ticks])
     ax.set_yscale("log")
     ax.set_ylabel(GEMM_TFLOPS.title)
     _style_legend(ax, _timing_handles(any_measured, any_modelled, "line"))

@@ -43,12 +43,12 @@ def runs_table(benchmark: str, runs: list[Run]) -> Table:
     table = Table(title=f"hetbench {benchmark}: {len(runs)} run(s)", title_justify="left", caption_justify="left",
                   caption="~ modelled (simulated device), not measured", show_lines=True)
     for name in ("Run", "Date (UTC)", "Host(s)", "Command", "Rank map", "Devices"):
-        table.add_column(name, overflow="fold")
+        table.add_column(name, overflow="fold", no_wrap=name in ("Run", "Rank map"))
     key_titles = [title for title, _ in figures.run_figures(runs[0].document)] if figures else []
     for title in key_titles:
         table.add_column(title, justify="right", overflow="fold")
     for run in runs:
-        cells = [run.run_id, run.date_utc, ",".join(run.hosts), run.command, run.rank_map.replace(",", ", "),
+        cells = [run.run_id, run.date_utc, ",".join(run.hosts), run.command, run.rank_map.replace(",", "\n"),
                  _devices_text(run)]
         key = dict(figures.run_figures(run.document)) if figures else {}
         cells += [key.get(title, "-") for title in key_titles]
