@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import csv
+import importlib.util
 import json
 import os
 import shutil
@@ -23,6 +24,8 @@ from hetbench.results.runs import RUN_COLUMNS, find_results, run_id
 DATA = REPO / "tests" / "data"
 pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (pip install mpich)")
 SECOND = "opencl" if HAVE_OPENCL else "sim:h100"  # a real second device kind where OpenCL is there
+needs_matplotlib = pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None,
+                                      reason="no matplotlib (pip install 'hetbench[report]')")
 
 
 @pytest.fixture(scope="module")
@@ -153,6 +156,7 @@ def points(figure: dict, label_part: str, panel: str | None = None) -> list[dict
     return found
 
 
+@needs_matplotlib
 def test_html_page(runs: dict[str, Path], tmp_path: Path) -> None:
     run = run_cli(["report", "--brief", *map(str, runs.values()), "--html", "report.html"], cwd=tmp_path)
     assert run.returncode == 0, run.stderr
@@ -213,6 +217,7 @@ def test_html_page(runs: dict[str, Path], tmp_path: Path) -> None:
     assert [p["y"] for p in points(figures["collectives-allgather"], "algbw")] == [r["algbw_gbps"] for r in gather_rows]
 
 
+@needs_matplotlib
 def test_steps_are_plotted(tmp_path: Path) -> None:
     doc = load_results(DATA / "matmul-v1.json")
     doc["steps"] = [{"step": i, "loss": 2.0 / (i + 1), "tokens_per_second": 1000.0 + 10 * i} for i in range(5)]
@@ -225,6 +230,7 @@ def test_steps_are_plotted(tmp_path: Path) -> None:
     assert [p["y"] for p in points(steps, "tokens_per_second")] == [s["tokens_per_second"] for s in doc["steps"]]
 
 
+@needs_matplotlib
 def test_plot_files(runs: dict[str, Path], tmp_path: Path) -> None:
     run = run_cli(["report", "--brief", str(runs["mm3.json"]), str(runs["c2.json"]), "--plots", "plots/new"],
                   cwd=tmp_path)

@@ -48,7 +48,7 @@ def runs_table(benchmark: str, runs: list[Run]) -> Table:
     for title in key_titles:
         table.add_column(title, justify="right", overflow="fold")
     for run in runs:
-        cells = [run.run_id, run.date_utc, ",".join(run.hosts), run.command, run.rank_map.replace(",", "\n"),
+        cells = [run.run_id, run.date_utc.replace("T", " ").removesuffix("+00:00"), ",".join(run.hosts), run.command, run.rank_map.replace(",", "\n"),
                  _devices_text(run)]
         key = dict(figures.run_figures(run.document)) if figures else {}
         cells += [key.get(title, "-") for title in key_titles]
