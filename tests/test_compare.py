@@ -162,7 +162,7 @@ def test_compare_file_with_itself_is_not_significant(name: str, tmp_path: Path) 
     path = str(DATA / name)
     table = run_cli(["compare", path, path, "--fail-on-slowdown", "0"], cwd=tmp_path)
     assert table.returncode == 0, table.stderr
-    assert "0 significant slowdown(s), 0 significant speed-up(s)" in table.stdout
+    assert "0 significant slowdown(s), 0 significant speed-up(s), " in table.stdout
     assert "ok: no significant slowdown over 0 %" in table.stdout
     assert "slower" not in table.stdout.replace("slowdown", "")
     doc = compare_json(run_cli(["compare", path, path, "--json"], cwd=tmp_path))
@@ -197,7 +197,27 @@ def host_matmul(tmp_path: Path, name: str, env: dict[str, str]) -> dict:
     return load_results(tmp_path / name)
 
 
-def assert_flagged_slowdown(tmp_path: Path, base: str, new: str) -> None:
+def measured_pair(tmp_path: Path, base_env: dict[str, str], new_env: dict[str, str], tries: int = 3) -> None:
+    """base.json and new.json: the same host GEMM under two settings, where the new one is the slower.
+
+    The two runs are separate processes, so other work on the machine can slow one and not the other, or blur both;
+    then the data does not hold the effect, and no test can ask compare to see it. So the premise is checked on the
+    raw values first (the new median at least 1.4x the base's, each run's CV under 0.25), the pair is measured again
+    (up to `tries` times) while it does not hold, and the test skips, saying so, if it never does."""
+    seen = []
+    for _ in range(tries):
+        b = host_matmul(tmp_path, "base.json", base_env)["rows"][0]
+        n = host_matmul(tmp_path, "new.json", new_env)["rows"][0]
+        if n["gemm_seconds_median"] >= 1.4 * b["gemm_seconds_median"] and max(
+                b["gemm_seconds_cv"], n["gemm_seconds_cv"]) < 0.25:
+            return
+        seen.append(f"medians {b['gemm_seconds_median']:.2e} s -> {n['gemm_seconds_median']:.2e} s, "
+                    f"CV {b['gemm_seconds_cv']:.2f}, {n['gemm_seconds_cv']:.2f}")
+    pytest.skip("the machine is too busy to show the slowdown now (another process holds the cores): "
+                + "; ".join(seen))
+
+
+def assert_flagged_slowdown(tmp_path: Path, base: str = "base.json", new: str = "new.json") -> None:
     slow = run_cli(["compare", base, new, "--fail-on-slowdown", "10"], cwd=tmp_path)
     assert slow.returncode == 1, slow.stdout + slow.stderr
     assert "FAIL: 2 significant slowdown(s) over 10 %" in slow.stdout
@@ -214,20 +234,13 @@ def assert_flagged_slowdown(tmp_path: Path, base: str, new: str) -> None:
 
 
 def test_compare_flags_fewer_blas_threads(tmp_path: Path) -> None:
-    """The issue's case: the same host GEMM with 2 BLAS threads, then with 1. On a 2-core machine this is a
-    real ~1.9x slowdown when the second core is free; when other work holds it, 2 threads run no faster (or
-    slower, with outliers), so the test checks that premise on the raw values first and skips without it."""
-    base = host_matmul(tmp_path, "two.json", {"OMP_NUM_THREADS": "2"})
-    new = host_matmul(tmp_path, "one.json", {"OMP_NUM_THREADS": "1"})
-    assert base["rows"][0]["device_info"]["details"]["blas_threads"] == 2
-    assert new["rows"][0]["device_info"]["details"]["blas_threads"] == 1
-    b, n = base["rows"][0], new["rows"][0]
-    if not (b["gemm_seconds_median"] * 1.4 < n["gemm_seconds_median"] and b["gemm_seconds_cv"] < 0.2
-            and n["gemm_seconds_cv"] < 0.2):
-        pytest.skip(f"no clean 2-thread speed-up on this machine now (medians {b['gemm_seconds_median']:.2e} s vs "
-                    f"{n['gemm_seconds_median']:.2e} s, CV {b['gemm_seconds_cv']:.2f}, {n['gemm_seconds_cv']:.2f}): "
-                    "another process holds a core")
-    assert_flagged_slowdown(tmp_path, "two.json", "one.json")
+    """The issue's case: the same host GEMM with 2 BLAS threads, then with 1: on this 2-core machine 1.6 to 2x
+    slower when the second core is free. When other work holds it, 2 threads run no faster, or much slower with
+    outliers: measured_pair then measures again, or skips."""
+    measured_pair(tmp_path, {"OMP_NUM_THREADS": "2"}, {"OMP_NUM_THREADS": "1"})
+    assert load_results(tmp_path / "base.json")["rows"][0]["device_info"]["details"]["blas_threads"] == 2
+    assert load_results(tmp_path / "new.json")["rows"][0]["device_info"]["details"]["blas_threads"] == 1
+    assert_flagged_slowdown(tmp_path)
 
 
 def openblas_x86() -> bool:
@@ -239,13 +252,13 @@ def openblas_x86() -> bool:
 
 @pytest.mark.skipif(not openblas_x86(), reason="needs NumPy's OpenBLAS on x86-64 (OPENBLAS_CORETYPE)")
 def test_compare_flags_a_slower_blas_kernel(tmp_path: Path) -> None:
-    """A slowdown that holds on a busy machine too: one BLAS thread each, the second run forced onto OpenBLAS's
-    Core2 GEMM kernel (SSE only, no AVX; about 2.8x slower here) as a BLAS build without AVX would be. Both runs
-    record the setting in their metadata."""
-    host_matmul(tmp_path, "fast.json", {"OMP_NUM_THREADS": "1", "OPENBLAS_CORETYPE": "Haswell"})
-    slow = host_matmul(tmp_path, "slow.json", {"OMP_NUM_THREADS": "1", "OPENBLAS_CORETYPE": "Core2"})
-    assert slow["rows"][0]["process"]["env"]["OPENBLAS_CORETYPE"] == "Core2"
-    assert_flagged_slowdown(tmp_path, "fast.json", "slow.json")
+    """A slowdown that a busy machine blurs less: one BLAS thread each, the second run on OpenBLAS's Core2 GEMM
+    kernel (SSE only, no AVX; about 2.8x slower here), as a BLAS build without AVX would be. Both runs record the
+    setting in their metadata."""
+    measured_pair(tmp_path, {"OMP_NUM_THREADS": "1", "OPENBLAS_CORETYPE": "Haswell"},
+                  {"OMP_NUM_THREADS": "1", "OPENBLAS_CORETYPE": "Core2"})
+    assert load_results(tmp_path / "new.json")["rows"][0]["process"]["env"]["OPENBLAS_CORETYPE"] == "Core2"
+    assert_flagged_slowdown(tmp_path)
 
 
 def assert_error(run: Run, *needles: str) -> None:

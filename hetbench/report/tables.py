@@ -87,7 +87,7 @@ def compare_lines(comparison: Comparison, fail_on_slowdown: float | None) -> lis
     slower = [c for c in comparison.changes if c.verdict == SLOWER]
     faster = [c for c in comparison.changes if c.verdict == FASTER]
     lines.append(f"{len(slower)} significant slowdown(s), {len(faster)} significant speed-up(s), "
-                 f"{len(comparison.changes) - len(slower) - len(faster)} figure(s) without a significant change")
+                 f"{len(comparison.changes) - len(slower) - len(faster)} figure(s) not significant or without repeats to test")
     if fail_on_slowdown is not None:
         over = comparison.slowdowns_over(fail_on_slowdown)
         if over:
