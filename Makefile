@@ -13,7 +13,7 @@ MPIEXEC := $(VENV)/bin/mpiexec
 HETBENCH := $(VENV)/bin/hetbench
 # pyclblast has no wheel: it builds from source against libclblast (apt-get install libclblast-dev)
 HAVE_CLBLAST := $(shell (ldconfig -p 2>/dev/null | grep -q libclblast) && echo 1)
-EXTRAS ?= opencl,mpich,dev$(if $(HAVE_CLBLAST),$(comma)clblast)
+EXTRAS ?= opencl,mpich,report,dev$(if $(HAVE_CLBLAST),$(comma)clblast)
 comma := ,
 DEMO_SIZE ?= 2048
 # the real pair's OpenCL rank is PoCL on 2 CPU cores here (1.3 s per 2048^3 GEMM, 4 s while the host rank computes

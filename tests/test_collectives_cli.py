@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conftest import ALL_OPS, HAND_FACTOR, MPIEXEC, assert_usage_error, needs_mpi, needs_opencl, run_cli
 
-from hetbench.results import load_results
+from hetbench.results import SCHEMA_VERSION, load_results
 
 ROOTED = ("reduce", "bcast", "gather", "scatter")
 FAST = ["--iters", "3", "--warmup", "1"]
@@ -18,7 +18,7 @@ FAST = ["--iters", "3", "--warmup", "1"]
 
 def _check_document(doc: dict, ranks: int, ops: tuple[str, ...], sizes: list[int], paths: tuple[str, ...] = ("host",),
                     iters: int = 3, root: int = 0, itemsize: int = 4) -> None:
-    assert doc["schema"] == "hetbench.collectives" and doc["schema_version"] == 1
+    assert doc["schema"] == "hetbench.collectives" and doc["schema_version"] == SCHEMA_VERSION
     rows = doc["rows"]
     assert [(r["op"], r["path"], r["size_bytes"]) for r in rows] == [
         (op, path, size) for op in ops for path in paths for size in sizes]

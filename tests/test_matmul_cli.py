@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import needs_mpi, needs_opencl, run_cli
 
-from hetbench.results import load_results
+from hetbench.results import SCHEMA_VERSION, load_results
 
 
 def _files(tmp_path):
@@ -17,7 +17,7 @@ def _files(tmp_path):
 
 
 def _check_document(doc: dict, ranks: int) -> None:
-    assert doc["schema"] == "hetbench.matmul" and doc["schema_version"] == 1
+    assert doc["schema"] == "hetbench.matmul" and doc["schema_version"] == SCHEMA_VERSION
     assert doc["verified"] is True
     assert len(doc["rows"]) == ranks
     assert [r["rank"] for r in doc["rows"]] == list(range(ranks))

@@ -14,8 +14,10 @@ import click
 
 from hetbench import __version__
 from hetbench.cli.collectives import collectives
+from hetbench.cli.compare import compare
 from hetbench.cli.devices import devices
 from hetbench.cli.matmul import matmul
+from hetbench.cli.report import report
 
 _RANK_ENV = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK", "SLURM_PROCID")
 
@@ -38,6 +40,8 @@ def cli() -> None:
 cli.add_command(devices)
 cli.add_command(matmul)
 cli.add_command(collectives)
+cli.add_command(report)
+cli.add_command(compare)
 
 
 def _mpi_world_size() -> int:

@@ -21,11 +21,15 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from hetbench.results.schema import REQUIRED_KEYS, SCHEMA_VERSION, csv_row
+from hetbench.results.schema import REQUIRED_KEYS, SCHEMA_VERSION, csv_row, upgrade
 
 
 class ResultsFileError(ValueError):
     """A results file that is missing, unreadable or not of hetbench's schema."""
+
+    def __init__(self, message: str, not_hetbench: bool = False) -> None:
+        super().__init__(message)
+        self.not_hetbench = not_hetbench  # well-formed JSON that is simply not a hetbench results document
 
 
 def _kind_of(mode: int) -> str | None:
@@ -278,6 +282,15 @@ def _save_npy(f: Any, array: np.ndarray) -> None:
     np.lib.format.write_array(_Writer(f), np.asanyarray(array), allow_pickle=False)
 
 
+def write_text_atomic(path: Path | str, text: str) -> None:
+    """Any text file (a report page, a merged CSV), written like the results files."""
+    _write_atomic(path, lambda f: f.write(text))
+
+
+def write_bytes_atomic(path: Path | str, data: bytes) -> None:
+    _write_atomic(path, lambda f: f.write(data), binary=True)
+
+
 def write_npy_atomic(path: Path | str, array: np.ndarray) -> None:
     _write_atomic(path, lambda f: _save_npy(f, array), binary=True)
 
@@ -297,28 +310,49 @@ def stage_npy(path: Path | str, array: np.ndarray, exclusive: bool = False) -> S
 
 
 def load_results(path: Path | str) -> dict[str, Any]:
-    """A results document, checked against the schema; ResultsFileError says what is wrong."""
+    """A results document, checked against the schema and brought up to this hetbench's version;
+    ResultsFileError says what is wrong (its `not_hetbench` is set when the file is JSON but not hetbench's)."""
     path = Path(path)
+    name = repr(str(path))
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
-        raise ResultsFileError(f"cannot read results file {str(path)!r}: {e.strerror or e}") from None
+        raise ResultsFileError(f"cannot read results file {name}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise ResultsFileError(f"results file {name} is not JSON: it is not UTF-8 text") from None
+    if not text.strip():
+        raise ResultsFileError(f"results file {name} is empty")
     try:
         document = json.loads(text)
     except json.JSONDecodeError as e:
-        raise ResultsFileError(f"results file {str(path)!r} is not JSON: {e.msg} at line {e.lineno}") from None
+        ending = " (the file ends early: truncated?)" if e.pos >= len(text.rstrip()) else ""
+        raise ResultsFileError(f"results file {name} is not JSON: {e.msg} at line {e.lineno}{ending}") from None
     if not isinstance(document, dict):
-        raise ResultsFileError(f"results file {str(path)!r} holds a {type(document).__name__}, not a results object")
+        raise ResultsFileError(f"results file {name} holds a {type(document).__name__}, not a results object",
+                               not_hetbench=True)
+    if not str(document.get("schema", "")).startswith("hetbench."):
+        missing = [k for k in REQUIRED_KEYS if k not in document]
+        if "schema" in document:
+            message = f"results file {name} has schema {document['schema']!r}, not hetbench.*"
+        else:
+            message = f"results file {name} lacks {', '.join(missing)}: not a hetbench results file"
+        raise ResultsFileError(message, not_hetbench=True)
+    version = document.get("schema_version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise ResultsFileError(f"results file {name} has schema_version {version!r}; "
+                               f"this hetbench reads versions 1 to {SCHEMA_VERSION}")
+    if version > SCHEMA_VERSION:
+        raise ResultsFileError(f"results file {name} has schema_version {version}, newer than this hetbench "
+                               f"reads (version {SCHEMA_VERSION}): upgrade hetbench to read it")
     missing = [k for k in REQUIRED_KEYS if k not in document]
     if missing:
-        raise ResultsFileError(f"results file {str(path)!r} lacks {', '.join(missing)}: not a hetbench results file")
-    if not str(document["schema"]).startswith("hetbench."):
-        raise ResultsFileError(f"results file {str(path)!r} has schema {document['schema']!r}, not hetbench.*")
-    if document["schema_version"] != SCHEMA_VERSION:
-        raise ResultsFileError(
-            f"results file {str(path)!r} has schema_version {document['schema_version']!r}; "
-            f"this hetbench reads version {SCHEMA_VERSION}"
-        )
+        raise ResultsFileError(f"results file {name} lacks {', '.join(missing)}: not a hetbench results file")
+    try:
+        document = upgrade(document)
+    except ValueError as e:
+        raise ResultsFileError(f"results file {name}: {e}") from None
     if not isinstance(document["rows"], list) or not all(isinstance(r, dict) for r in document["rows"]):
-        raise ResultsFileError(f"results file {str(path)!r}: 'rows' must be a list of objects")
+        raise ResultsFileError(f"results file {name}: 'rows' must be a list of objects")
+    if not isinstance(document["metadata"], dict):
+        raise ResultsFileError(f"results file {name}: 'metadata' must be an object")
     return document

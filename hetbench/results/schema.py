@@ -9,10 +9,24 @@ the JSON carries. Every figure's name says what it is and its unit.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
-SCHEMA_VERSION = 1
+# Version 2: a collectives row's `stragglers` is a list of ranks (version 1 wrote them as text, "0,2", which a CSV
+# reader took for a number when rank 0 alone was flagged).
+SCHEMA_VERSION = 2
 REQUIRED_KEYS = ("schema", "schema_version", "metadata", "config", "rows", "summary", "verified")
+
+
+def _v1_to_v2(document: dict[str, Any]) -> dict[str, Any]:
+    for row in document.get("rows", []):
+        text = row.get("stragglers")
+        if isinstance(text, str):
+            row["stragglers"] = [int(r) for r in text.split(",") if r.strip()]
+    return document
+
+
+# How a document of version v becomes one of version v + 1: the one place older files are brought up to date.
+UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2}
 
 
 def make_document(benchmark: str, metadata: dict[str, Any], config: dict[str, Any], rows: list[dict[str, Any]],
@@ -46,3 +60,18 @@ def csv_row(row: dict[str, Any]) -> dict[str, Any]:
         elif not isinstance(value, (dict, list, tuple)):
             scalars[key] = value
     return scalars
+
+
+def upgrade(document: dict[str, Any]) -> dict[str, Any]:
+    """A document of an older version brought to SCHEMA_VERSION, one step at a time. The caller has checked
+    that its version is an integer no newer than SCHEMA_VERSION."""
+    version = document["schema_version"]
+    while version < SCHEMA_VERSION:
+        step = UPGRADES.get(version)
+        if step is None:
+            raise ValueError(f"schema_version {version} is older than any this hetbench can read "
+                             f"(it reads {min([SCHEMA_VERSION, *UPGRADES])} to {SCHEMA_VERSION})")
+        document = step(document)
+        version += 1
+        document["schema_version"] = version
+    return document

@@ -1,0 +1,123 @@
+"""`hetbench report`: saved runs shown again, one table of all runs per benchmark, and on request a merged CSV,
+the plots (PNG and SVG) and one self-contained HTML page."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from hetbench.results import ResultsFileError, check_writable
+
+
+def plots_dir_error(path: Path) -> str | None:
+    """Why the plots folder cannot be used, or None. A missing folder is made (with its parents)."""
+    if path.exists():
+        if not path.is_dir():
+            return f"--plots {str(path)!r} is not a folder"
+        if not os.access(path, os.W_OK | os.X_OK):
+            return f"--plots {str(path)!r} cannot be written: no write permission in the folder"
+        return None
+    ancestor = path.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        return f"--plots {str(path)!r} cannot be made: {str(ancestor)!r} is not a folder"
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        return f"--plots {str(path)!r} cannot be made: no write permission in folder {str(ancestor)!r}"
+    return None
+
+
+@click.command()
+@click.argument("results", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--html", "html_path", type=click.Path(path_type=Path), default=None,
+              help="Write one self-contained HTML page (tables and plots, no network needed) here.")
+@click.option("--plots", "plots_dir", type=click.Path(path_type=Path), default=None,
+              help="Write every plot here as PNG and SVG (the folder is made if missing).")
+@click.option("--csv", "csv_path", type=click.Path(path_type=Path), default=None,
+              help="Write every run's rows here as one CSV, each row with its run's columns "
+                   "(run_id, benchmark, date_utc, command, ranks, hosts, rank_map, source_file).")
+@click.option("--brief", is_flag=True, help="Show only the table of all runs per benchmark, not each run's tables.")
+def report(results: tuple[Path, ...], html_path: Path | None, plots_dir: Path | None, csv_path: Path | None,
+           brief: bool) -> int:
+    """Show saved runs (RESULTS: hetbench JSON files, or folders of them) again, side by side; write plots, an
+    HTML page and a merged CSV. Plots and the page need matplotlib: pip install 'hetbench[report]'."""
+    from hetbench.results.runs import NoResultsError, find_results
+
+    try:
+        runs, skipped = find_results(results)
+    except (ResultsFileError, NoResultsError) as e:
+        raise click.UsageError(str(e)) from None
+
+    inputs = {run.path.resolve() for run in runs}
+    errors = []
+    for path, what in ((html_path, "--html"), (csv_path, "--csv")):
+        if path is None:
+            continue
+        if path.resolve() in inputs:
+            errors.append(f"{what} {str(path)!r} is one of the results files read; give another path")
+        else:
+            errors += [e for e in [check_writable(path, what)] if e]
+    if plots_dir is not None:
+        errors += [e for e in [plots_dir_error(plots_dir)] if e]
+    if errors:
+        raise click.UsageError("; ".join(errors))
+
+    plots = []
+    if html_path is not None or plots_dir is not None:
+        from hetbench.report.plots import PlottingUnavailable, plots_for_runs
+
+        try:
+            plots = plots_for_runs(runs)
+        except PlottingUnavailable as e:
+            raise click.UsageError(str(e)) from None
+
+    # everything is made in memory first; files are written only once all of it exists
+    files: list[tuple[Path, str | bytes]] = []
+    if csv_path is not None:
+        from hetbench.results.io import csv_text
+        from hetbench.results.runs import merged_rows
+
+        files.append((csv_path, csv_text(merged_rows(runs))))
+    if plots_dir is not None:
+        for plot in plots:
+            files.append((plots_dir / f"{plot.id}.png", plot.render("png", dpi=150)))
+            files.append((plots_dir / f"{plot.id}.svg", plot.render("svg")))
+    if html_path is not None:
+        from hetbench.report.html import page
+
+        files.append((html_path, page(runs, plots)))
+
+    from hetbench.report.console import console
+    from hetbench.report.tables import describe_skipped, runs_table, show_run
+
+    out = console()
+    if skipped:
+        click.echo("note: " + describe_skipped(skipped), err=True)
+    if not brief:
+        for run in runs:
+            show_run(out, run)
+    by_benchmark: dict[str, list] = {}
+    for run in runs:
+        by_benchmark.setdefault(run.benchmark, []).append(run)
+    for benchmark, group in by_benchmark.items():
+        out.print(runs_table(benchmark, group))
+
+    from hetbench.results import write_bytes_atomic, write_text_atomic
+
+    if plots_dir is not None:
+        plots_dir.mkdir(parents=True, exist_ok=True)
+    for path, content in files:
+        if isinstance(content, bytes):
+            write_bytes_atomic(path, content)
+        else:
+            write_text_atomic(path, content)
+    if plots_dir is not None:
+        out.print(f"plots written to: {plots_dir}/ ({len(plots)} plot(s), PNG and SVG)", markup=False)
+    for path, what in ((csv_path, "merged CSV"), (html_path, "report page")):
+        if path is not None:
+            out.print(f"{what} written to: {path}", markup=False)
+    sys.stdout.flush()
+    return 0
