@@ -57,7 +57,7 @@ def test_report_shows_each_run_and_one_table_per_benchmark(runs: dict[str, Path]
     out = run.stdout
     loaded = docs(runs)
     # each run's tables as its command printed them
-    assert out.count("hetbench matmul ") >= 2 and "aggregate GEMM:" in out and "result: all checks passed" in out
+    assert out.count("hetbench matmul: ") >= 2 and "aggregate GEMM:" in out and "result: all checks passed" in out
     assert "allreduce  (path: host, 3 ranks" in out and "allgather  (path: host, 3 ranks" in out
     assert "allreduce  (path: device, 2 ranks" in out
     assert "AMD Instinct MI300X" in out and "~" in out

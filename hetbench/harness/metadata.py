@@ -34,7 +34,10 @@ def package_versions() -> dict[str, str | None]:
 
 
 def command_line() -> str:
-    argv = [os.path.basename(sys.argv[0]) if sys.argv else "hetbench", *sys.argv[1:]]
+    program = os.path.basename(sys.argv[0]) if sys.argv else "hetbench"
+    if program == "__main__.py":  # python -m hetbench: the command a user would type
+        program = "hetbench"
+    argv = [program, *sys.argv[1:]]
     return shlex.join(argv)
 
 
