@@ -175,19 +175,21 @@ class CollectivesConfig:
 
 
 def parse_ops(texts: tuple[str, ...] | list[str]) -> tuple[str, ...]:
-    """`--op allreduce --op bcast`, `--op allreduce,bcast` or `--op all`, in the order given, without repeats."""
-    from hetbench.benchmarks.collectives import OP_NAMES
+    """`--op allreduce --op bcast`, `--op allreduce,bcast` or `--op all`, in the order given, without repeats.
+    Accepts every registered op (benchmarks.collectives.OPS)."""
+    from hetbench.benchmarks.collectives import OPS
 
+    known = tuple(OPS)
     names: list[str] = []
     for text in texts:
         for name in (t.strip().lower() for t in text.split(",")):
             if name == "all":
-                names.extend(OP_NAMES)
-            elif name in OP_NAMES:
+                names.extend(known)
+            elif name in OPS:
                 names.append(name)
             else:
-                raise ValueError(f"unknown op {name!r}; accepted: {', '.join(OP_NAMES)} or all")
-    return tuple(dict.fromkeys(names)) or OP_NAMES
+                raise ValueError(f"unknown op {name!r}; accepted: {', '.join(known)} or all")
+    return tuple(dict.fromkeys(names)) or known
 
 
 def check_collective_sizes(ops: tuple[str, ...], min_bytes: int, max_bytes: int, factor: int, dtype: DType,

@@ -1,5 +1,7 @@
-"""The collectives, after nccl-tests' table (src/*.cu): per op, how a size in bytes becomes element counts, the
-bus-bandwidth factor, data whose exact result is known, and the MPI call itself.
+"""The collectives, after nccl-tests' table (src/*.cu): one record per op, `Op`, that says how a size in bytes
+becomes element counts, which ranks send and receive, the data whose exact result is known, the bus-bandwidth
+factor, MPI's own temporaries and the MPI call itself. `OPS` holds the records; adding an op is writing one record
+and passing it to `register` (the harness, the CLI's --op and the memory check read everything from the record).
 
 S is the size nccl-tests reports for each op: the per-rank buffer for allreduce, reduce, bcast and sendrecv; the
 total (all ranks' parts together) for reduce_scatter, allgather, gather, scatter and alltoall. algbw = S / t and
@@ -13,71 +15,6 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
-
-
-def _ring(n: int) -> float:
-    return 2.0 * (n - 1) / n
-
-
-def _share(n: int) -> float:
-    return (n - 1) / n
-
-
-def _one(n: int) -> float:
-    return 1.0
-
-
-@dataclass(frozen=True)
-class Collective:
-    name: str
-    busbw_factor: Callable[[int], float]
-    size_is_total: bool  # S counts all ranks' parts, so S must split evenly over the ranks
-    rooted: bool
-    redop: str  # "sum" or "none"
-
-    def counts(self, size_bytes: int, itemsize: int, nranks: int) -> tuple[int, int]:
-        """(send elements, receive elements) on a rank, for the root's view where it differs."""
-        elements = size_bytes // itemsize
-        part = elements // nranks if self.size_is_total else elements
-        return {
-            "allreduce": (part, part),
-            "reduce": (part, part),
-            "bcast": (part, part),
-            "sendrecv": (part, part),
-            "reduce_scatter": (part * nranks, part),
-            "allgather": (part, part * nranks),
-            "gather": (part, part * nranks),
-            "scatter": (part * nranks, part),
-            "alltoall": (part * nranks, part * nranks),
-        }[self.name]
-
-    def sends(self, rank: int, root: int) -> bool:
-        """Whether this rank's send buffer carries data into the op (what a host-staged run copies to the host)."""
-        return not (self.name in ("bcast", "scatter") and rank != root)
-
-    def receives(self, rank: int, root: int) -> bool:
-        """Whether this rank gets a result (what a host-staged run copies back to the device)."""
-        if self.name == "bcast":
-            return rank != root  # the root's buffer is the source
-        return not (self.name in ("reduce", "gather") and rank != root)
-
-
-OPS: dict[str, Collective] = {
-    c.name: c
-    for c in (
-        Collective("allreduce", _ring, False, False, "sum"),
-        Collective("reduce_scatter", _share, True, False, "sum"),
-        Collective("allgather", _share, True, False, "none"),
-        Collective("reduce", _one, False, True, "sum"),
-        Collective("bcast", _one, False, True, "none"),
-        Collective("gather", _share, True, True, "none"),
-        Collective("scatter", _share, True, True, "none"),
-        Collective("alltoall", _share, True, False, "none"),
-        Collective("sendrecv", _one, False, False, "none"),
-    )
-}
-OP_NAMES = tuple(OPS)
-
 
 _PERIOD = 509  # values repeat with this period in the position, which lets them be built without temporaries
 
@@ -115,76 +52,190 @@ def _summed_values(nranks: int, count: int, dtype: np.dtype, offset: int = 0,
     return _repeat(out, head)
 
 
-def send_data(op: Collective, rank: int, nranks: int, root: int, size_bytes: int, dtype: np.dtype) -> np.ndarray:
+@dataclass(frozen=True, kw_only=True)
+class Op:
+    """One collective, all of it (nccl-tests' `struct testColl`): the harness runs any op from its record alone."""
+
+    name: str  # what --op takes, and the results' "op"
+    busbw_factor: Callable[[int], float]  # busbw = algbw * busbw_factor(ranks)
+    size_is_total: bool  # S counts all ranks' parts, so S must split evenly over the ranks
+    rooted: bool  # the results name the root
+    redop: str  # "sum" or "none", as the results show it
+    part_counts: Callable[[int, int], tuple[int, int]]  # (part, ranks) -> (send, receive) elements on a rank
+    sends: Callable[[int, int], bool]  # (rank, root): its send buffer carries data into the op (a host-staged
+    #                                     run copies it to the host)
+    receives: Callable[[int, int], bool]  # (rank, root): it gets a result (a host-staged run copies it back)
+    fill_expected: Callable[[np.ndarray, int, int, int], None]  # (receive buffer, rank, ranks, root): writes
+    #                                     what the buffer must hold after the op, in place, when `receives`
+    call: Callable[[Any, Any, Any, Any, int], None]  # (comm, MPI, send, recv, root): the MPI call itself, on
+    #                                     buffers MPI can take (NumPy arrays, or device arrays for a GPU-aware MPI)
+    # MPI's own temporaries during one call, as a fraction of S on the root and on the other ranks, with more than
+    # one rank: the most measured with MPICH 4 at 2 and 3 ranks (VmHWM around the call), rounded up
+    mpi_scratch_fraction: tuple[float, float] = (0.0, 0.0)
+
+    def counts(self, size_bytes: int, itemsize: int, nranks: int) -> tuple[int, int]:
+        """(send elements, receive elements) on a rank, for the root's view where it differs."""
+        elements = size_bytes // itemsize
+        part = elements // nranks if self.size_is_total else elements
+        return self.part_counts(part, nranks)
+
+    def mpi_scratch_bytes(self, size_bytes: int, rank: int, nranks: int, root: int) -> int:
+        """MPI's own temporaries on this rank during one call of size S (none with one rank)."""
+        if nranks == 1:
+            return 0
+        return int(self.mpi_scratch_fraction[rank != root] * size_bytes)
+
+
+OPS: dict[str, Op] = {}
+
+
+def register(op: Op) -> Op:
+    """Make `op` known to --op, the harness and the memory check, after those registered before it (the order of
+    `--op all`). Tests that register one put a copy of OPS in its place first (monkeypatch.setattr)."""
+    name = op.name
+    if not name or name != name.strip().lower() or "," in name or name == "all":
+        raise ValueError(f"op name {name!r} must be lower case, without commas or spaces, and not 'all'")
+    if name in OPS:
+        raise ValueError(f"op {name!r} is registered already")
+    OPS[name] = op
+    return op
+
+
+# --- the pieces the records share ---------------------------------------------------------------------------------
+
+
+def _ring(n: int) -> float:
+    return 2.0 * (n - 1) / n
+
+
+def _share(n: int) -> float:
+    return (n - 1) / n
+
+
+def _one(n: int) -> float:
+    return 1.0
+
+
+def _part_each(part: int, n: int) -> tuple[int, int]:
+    return part, part
+
+
+def _part_for_every_rank_in(part: int, n: int) -> tuple[int, int]:
+    return part * n, part
+
+
+def _part_from_every_rank_out(part: int, n: int) -> tuple[int, int]:
+    return part, part * n
+
+
+def _parts_both_ways(part: int, n: int) -> tuple[int, int]:
+    return part * n, part * n
+
+
+def _every_rank(rank: int, root: int) -> bool:
+    return True
+
+
+def _root_only(rank: int, root: int) -> bool:
+    return rank == root
+
+
+def _all_but_root(rank: int, root: int) -> bool:
+    return rank != root
+
+
+def _sum_of_every_rank(out: np.ndarray, rank: int, nranks: int, root: int) -> None:
+    _summed_values(nranks, len(out), out.dtype, out=out)
+
+
+def _sum_of_own_part(out: np.ndarray, rank: int, nranks: int, root: int) -> None:
+    _summed_values(nranks, len(out), out.dtype, rank * len(out), out=out)
+
+
+def _every_ranks_data(out: np.ndarray, rank: int, nranks: int, root: int) -> None:
+    part = len(out) // nranks
+    for q in range(nranks):
+        values(q, part, out.dtype, out=out[q * part : (q + 1) * part])
+
+
+def _own_part_of_every_rank(out: np.ndarray, rank: int, nranks: int, root: int) -> None:
+    part = len(out) // nranks
+    for q in range(nranks):
+        values(q, part, out.dtype, rank * part, out=out[q * part : (q + 1) * part])
+
+
+def _sendrecv_to_the_right(comm: Any, MPI: Any, send: Any, recv: Any, root: int) -> None:
+    rank, nranks = comm.Get_rank(), comm.Get_size()
+    comm.Sendrecv(send, dest=(rank + 1) % nranks, recvbuf=recv, source=(rank - 1) % nranks)
+
+
+# --- the records, in the order `--op all` runs them ---------------------------------------------------------------
+
+for _op in (
+    Op(name="allreduce", busbw_factor=_ring, size_is_total=False, rooted=False, redop="sum",
+       part_counts=_part_each, sends=_every_rank, receives=_every_rank, fill_expected=_sum_of_every_rank,
+       call=lambda comm, MPI, send, recv, root: comm.Allreduce(send, recv, op=MPI.SUM),
+       mpi_scratch_fraction=(1.0, 1.0)),
+    Op(name="reduce_scatter", busbw_factor=_share, size_is_total=True, rooted=False, redop="sum",
+       part_counts=_part_for_every_rank_in, sends=_every_rank, receives=_every_rank, fill_expected=_sum_of_own_part,
+       call=lambda comm, MPI, send, recv, root: comm.Reduce_scatter_block(send, recv, op=MPI.SUM),
+       mpi_scratch_fraction=(0.5, 0.5)),
+    Op(name="allgather", busbw_factor=_share, size_is_total=True, rooted=False, redop="none",
+       part_counts=_part_from_every_rank_out, sends=_every_rank, receives=_every_rank,
+       fill_expected=_every_ranks_data,
+       call=lambda comm, MPI, send, recv, root: comm.Allgather(send, recv)),
+    Op(name="reduce", busbw_factor=_one, size_is_total=False, rooted=True, redop="sum",
+       part_counts=_part_each, sends=_every_rank, receives=_root_only, fill_expected=_sum_of_every_rank,
+       call=lambda comm, MPI, send, recv, root: comm.Reduce(send, recv if comm.Get_rank() == root else None,
+                                                            op=MPI.SUM, root=root),
+       mpi_scratch_fraction=(1.0, 1.5)),
+    Op(name="bcast", busbw_factor=_one, size_is_total=False, rooted=True, redop="none",
+       part_counts=_part_each, sends=_root_only,
+       receives=_all_but_root,  # the root's buffer is the source
+       fill_expected=lambda out, rank, nranks, root: values(root, len(out), out.dtype, out=out),
+       call=lambda comm, MPI, send, recv, root: comm.Bcast(send if comm.Get_rank() == root else recv, root=root)),
+    Op(name="gather", busbw_factor=_share, size_is_total=True, rooted=True, redop="none",
+       part_counts=_part_from_every_rank_out, sends=_every_rank, receives=_root_only,
+       fill_expected=_every_ranks_data,
+       call=lambda comm, MPI, send, recv, root: comm.Gather(send, recv if comm.Get_rank() == root else None,
+                                                            root=root),
+       mpi_scratch_fraction=(0.0, 0.5)),
+    Op(name="scatter", busbw_factor=_share, size_is_total=True, rooted=True, redop="none",
+       part_counts=_part_for_every_rank_in, sends=_root_only, receives=_every_rank,
+       fill_expected=lambda out, rank, nranks, root: values(root, len(out), out.dtype, rank * len(out), out=out),
+       call=lambda comm, MPI, send, recv, root: comm.Scatter(send if comm.Get_rank() == root else None, recv,
+                                                             root=root),
+       mpi_scratch_fraction=(0.0, 0.5)),
+    Op(name="alltoall", busbw_factor=_share, size_is_total=True, rooted=False, redop="none",
+       part_counts=_parts_both_ways, sends=_every_rank, receives=_every_rank, fill_expected=_own_part_of_every_rank,
+       call=lambda comm, MPI, send, recv, root: comm.Alltoall(send, recv)),
+    Op(name="sendrecv", busbw_factor=_one, size_is_total=False, rooted=False, redop="none",
+       part_counts=_part_each, sends=_every_rank, receives=_every_rank,
+       fill_expected=lambda out, rank, nranks, root: values((rank - 1) % nranks, len(out), out.dtype, out=out),
+       call=_sendrecv_to_the_right),
+):
+    register(_op)
+del _op
+
+OP_NAMES = tuple(OPS)  # the ops hetbench ships; `--op` takes these and any registered later (see OPS)
+
+
+def send_data(op: Op, rank: int, nranks: int, root: int, size_bytes: int, dtype: np.dtype) -> np.ndarray:
+    """This rank's send buffer: its values where it sends, zeros where the op reads nothing from it."""
     send_count, _ = op.counts(size_bytes, dtype.itemsize, nranks)
     if not op.sends(rank, root):
         return np.zeros(send_count, dtype=dtype)
     return values(rank, send_count, dtype)
 
 
-def expected(op: Collective, rank: int, nranks: int, root: int, size_bytes: int, dtype: np.dtype,
+def expected(op: Op, rank: int, nranks: int, root: int, size_bytes: int, dtype: np.dtype,
              out: np.ndarray | None = None) -> np.ndarray | None:
     """What this rank's receive buffer must hold after the op, or None where it receives nothing. Built in
     `dtype` in place (into `out`, if given: a receive-sized buffer), with no temporaries of its size."""
-    send_count, recv_count = op.counts(size_bytes, dtype.itemsize, nranks)
+    _, recv_count = op.counts(size_bytes, dtype.itemsize, nranks)
     if not op.receives(rank, root):
         return None
     out = np.empty(recv_count, dtype=dtype) if out is None else out
-    name = op.name
-    if name in ("allreduce", "reduce"):
-        return _summed_values(nranks, recv_count, dtype, out=out)
-    if name == "reduce_scatter":
-        return _summed_values(nranks, recv_count, dtype, rank * recv_count, out=out)
-    if name in ("allgather", "gather"):
-        for q in range(nranks):
-            values(q, send_count, dtype, out=out[q * send_count : (q + 1) * send_count])
-        return out
-    if name == "bcast":
-        return values(root, recv_count, dtype, out=out)
-    if name == "scatter":
-        return values(root, recv_count, dtype, rank * recv_count, out=out)
-    if name == "alltoall":
-        part = recv_count // nranks
-        for q in range(nranks):
-            values(q, part, dtype, rank * part, out=out[q * part : (q + 1) * part])
-        return out
-    if name == "sendrecv":
-        return values((rank - 1) % nranks, recv_count, dtype, out=out)
-    raise AssertionError(name)
+    op.fill_expected(out, rank, nranks, root)
+    return out
 
-
-# MPI's own temporaries during one call, as a fraction of the op's size S on a rank that is (or is not) the root,
-# with more than one rank: the most measured with MPICH 4 at 2 and 3 ranks (VmHWM around the call), rounded up
-MPI_SCRATCH_FRACTION: dict[str, tuple[float, float]] = {
-    "allreduce": (1.0, 1.0),
-    "reduce_scatter": (0.5, 0.5),
-    "reduce": (1.0, 1.5),
-    "gather": (0.0, 0.5),
-    "scatter": (0.0, 0.5),
-}
-
-
-def call(op: Collective, comm: Any, MPI: Any, send: Any, recv: Any, root: int) -> None:
-    """The MPI call itself, on buffers MPI can take (NumPy arrays, or device arrays for a GPU-aware MPI)."""
-    rank, nranks = comm.Get_rank(), comm.Get_size()
-    name = op.name
-    if name == "allreduce":
-        comm.Allreduce(send, recv, op=MPI.SUM)
-    elif name == "reduce":
-        comm.Reduce(send, recv if rank == root else None, op=MPI.SUM, root=root)
-    elif name == "reduce_scatter":
-        comm.Reduce_scatter_block(send, recv, op=MPI.SUM)
-    elif name == "allgather":
-        comm.Allgather(send, recv)
-    elif name == "gather":
-        comm.Gather(send, recv if rank == root else None, root=root)
-    elif name == "scatter":
-        comm.Scatter(send if rank == root else None, recv, root=root)
-    elif name == "bcast":
-        comm.Bcast(send if rank == root else recv, root=root)
-    elif name == "alltoall":
-        comm.Alltoall(send, recv)
-    elif name == "sendrecv":
-        comm.Sendrecv(send, dest=(rank + 1) % nranks, recvbuf=recv, source=(rank - 1) % nranks)
-    else:
-        raise AssertionError(name)

@@ -24,7 +24,7 @@ from hetbench.backends.host import (
     reset_peak_rss,
     rss_bytes,
 )
-from hetbench.benchmarks import collectives as spec
+from hetbench.benchmarks import collectives as ops
 from hetbench.comm.gpu import HOW_TO_GET_GPU_AWARE_MPI, gpu_support
 from hetbench.comm.world import World
 from hetbench.config import CollectivesConfig
@@ -69,7 +69,7 @@ def _device_path_error(backend: Backend, info: DeviceInfo, dtype: DType, world: 
             f"{said} {kind.upper()} support; {HOW_TO_GET_GPU_AWARE_MPI}")
 
 
-def point_host_bytes(op: spec.Collective, size: int, itemsize: int, rank: int, nranks: int, root: int, path: str,
+def point_host_bytes(op: ops.Op, size: int, itemsize: int, rank: int, nranks: int, root: int, path: str,
                      device_in_host: bool) -> int:
     """The most host memory one point (op, size, path) holds on this rank at once, as _run_point runs it: the send
     and receive buffers on the host, the device's copies where its memory is the host's, the copy of the send
@@ -78,7 +78,7 @@ def point_host_bytes(op: spec.Collective, size: int, itemsize: int, rank: int, n
     heap keeps."""
     send_count, recv_count = op.counts(size, itemsize, nranks)
     s_b, r_b = send_count * itemsize, recv_count * itemsize
-    mpi = int(spec.MPI_SCRATCH_FRACTION.get(op.name, (0.0, 0.0))[rank != root] * size) if nranks > 1 else 0
+    mpi = op.mpi_scratch_bytes(size, rank, nranks, root)
     if path == "host":
         staged = s_b if op.sends(rank, root) else 0
         device = s_b + r_b if device_in_host else 0
@@ -100,7 +100,7 @@ def sweep_host_bytes(cfg: CollectivesConfig, rank: int, nranks: int, device_in_h
     best, where = 0, ""
     for op in cfg.ops:
         for path in cfg.paths:
-            need = point_host_bytes(spec.OPS[op], size, cfg.dtype.itemsize, rank, nranks, cfg.root, path,
+            need = point_host_bytes(ops.OPS[op], size, cfg.dtype.itemsize, rank, nranks, cfg.root, path,
                                     device_in_host)
             if need > best:
                 best, where = need, f"{op} on the {path} path"
@@ -118,7 +118,7 @@ def prepare(cfg: CollectivesConfig, world: World) -> tuple[PreparedDevice | None
     in_host = device_in_host_memory(info)
     planned, where = sweep_host_bytes(cfg, world.rank, world.size, in_host)
     prepared = PreparedDevice(opened.backend, opened.info, opened.spec, planned, rss_bytes())
-    largest = max(sum(spec.OPS[op].counts(cfg.sizes()[-1], cfg.dtype.itemsize, world.size)) for op in cfg.ops)
+    largest = max(sum(ops.OPS[op].counts(cfg.sizes()[-1], cfg.dtype.itemsize, world.size)) for op in cfg.ops)
     need = largest * cfg.dtype.itemsize
     # the host backend's free memory is the host's: the host check below counts it with everything else
     free = backend.free_memory_bytes() if info.backend != "host" else None
@@ -147,13 +147,13 @@ def _count_wrong(got: np.ndarray, want: np.ndarray) -> int:
                for i in range(0, len(want), _COMPARE_CHUNK))
 
 
-def _run_point(cfg: CollectivesConfig, world: World, prepared: OpenDevice, op: spec.Collective, size: int,
+def _run_point(cfg: CollectivesConfig, world: World, prepared: OpenDevice, op: ops.Op, size: int,
                path: str) -> dict[str, Any]:
     """One op, size and path on this rank: per-iteration seconds and the wrong-element count. Holds no more than
     point_host_bytes counts."""
     backend, dtype, root = prepared.backend, cfg.dtype, cfg.root
     MPI, comm, rank, n = world.MPI, world.comm, world.rank, world.size
-    send_host = spec.send_data(op, rank, n, root, size, dtype.host)
+    send_host = ops.send_data(op, rank, n, root, size, dtype.host)
     _, recv_count = op.counts(size, dtype.itemsize, n)
     recv_host = np.full(recv_count, np.nan, dtype=dtype.host)  # poisoned, on the device too (in the check)
     send_dev = backend.upload(send_host, dtype)
@@ -169,7 +169,7 @@ def _run_point(cfg: CollectivesConfig, world: World, prepared: OpenDevice, op: s
             with backend.timer() as d2h:
                 staged = backend.download(send_dev, dtype) if sends else send_host
             start = time.perf_counter()
-            spec.call(op, comm, MPI, staged, recv_host, root)
+            op.call(comm, MPI, staged, recv_host, root)
             op_seconds = time.perf_counter() - start
             with backend.timer() as h2d:
                 if receives:
@@ -179,7 +179,7 @@ def _run_point(cfg: CollectivesConfig, world: World, prepared: OpenDevice, op: s
         send_buf, recv_buf = backend.mpi_buffer(send_dev), backend.mpi_buffer(recv_dev)
         world.barrier()
         start = time.perf_counter()
-        spec.call(op, comm, MPI, send_buf, recv_buf, root)
+        op.call(comm, MPI, send_buf, recv_buf, root)
         return 0.0, time.perf_counter() - start, 0.0
 
     for _ in range(cfg.warmup):
@@ -195,7 +195,7 @@ def _run_point(cfg: CollectivesConfig, world: World, prepared: OpenDevice, op: s
         iteration()
         send_host = send_dev = None  # not needed again: freed before the expected result is built
         release_free_memory()
-        want = spec.expected(op, rank, n, root, size, dtype.host, out=recv_host)
+        want = ops.expected(op, rank, n, root, size, dtype.host, out=recv_host)
         wrong = 0 if want is None else _count_wrong(backend.download(recv_dev, dtype), want)
     return {
         "d2h_seconds": [t[0] for t in times],
@@ -205,7 +205,7 @@ def _run_point(cfg: CollectivesConfig, world: World, prepared: OpenDevice, op: s
     }
 
 
-def _row(cfg: CollectivesConfig, op: spec.Collective, size: int, path: str, per_rank: list[dict[str, Any]],
+def _row(cfg: CollectivesConfig, op: ops.Op, size: int, path: str, per_rank: list[dict[str, Any]],
          modelled_copies: bool) -> dict[str, Any]:
     """The figures of one op, size and path from every rank's iterations (on rank 0)."""
     n = len(per_rank)
@@ -261,7 +261,7 @@ def run_sweep(cfg: CollectivesConfig, world: World, prepared: OpenDevice,
     points = [(op, path, size) for op in cfg.ops for path in cfg.paths for size in cfg.sizes()]
     rows = []
     for step, (name, path, size) in enumerate(points):
-        op = spec.OPS[name]
+        op = ops.OPS[name]
         mine = _run_point(cfg, world, prepared, op, size, path)
         release_free_memory()  # the point's buffers go back before the next, larger one
         gathered = world.gather(mine)
