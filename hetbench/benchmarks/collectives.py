@@ -11,6 +11,7 @@ gather and scatter, and 1 for bcast, reduce and sendrecv.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -60,17 +61,20 @@ class Op:
     busbw_factor: Callable[[int], float]  # busbw = algbw * busbw_factor(ranks)
     size_is_total: bool  # S counts all ranks' parts, so S must split evenly over the ranks
     rooted: bool  # the results name the root
-    redop: str  # "sum" or "none", as the results show it
-    part_counts: Callable[[int, int], tuple[int, int]]  # (part, ranks) -> (send, receive) elements on a rank
-    sends: Callable[[int, int], bool]  # (rank, root): its send buffer carries data into the op (a host-staged
-    #                                     run copies it to the host)
-    receives: Callable[[int, int], bool]  # (rank, root): it gets a result (a host-staged run copies it back)
-    fill_expected: Callable[[np.ndarray, int, int, int], None]  # (receive buffer, rank, ranks, root): writes
-    #                                     what the buffer must hold after the op, in place, when `receives`
-    call: Callable[[Any, Any, Any, Any, int], None]  # (comm, MPI, send, recv, root): the MPI call itself, on
-    #                                     buffers MPI can take (NumPy arrays, or device arrays for a GPU-aware MPI)
-    # MPI's own temporaries during one call, as a fraction of S on the root and on the other ranks, with more than
-    # one rank: the most measured with MPICH 4 at 2 and 3 ranks (VmHWM around the call), rounded up
+    redop: str  # the reduction as the results show it: "sum", or "none" for ops that reduce nothing
+    # (elements in one part, ranks) -> (send, receive) elements on a rank; a part is S, or S / ranks where
+    # size_is_total
+    part_counts: Callable[[int, int], tuple[int, int]]
+    # (rank, root) -> whether its send buffer carries data into the op (what a host-staged run copies to the host)
+    sends: Callable[[int, int], bool]
+    # (rank, root) -> whether it gets a result (what a host-staged run copies back to the device)
+    receives: Callable[[int, int], bool]
+    # (receive buffer, rank, ranks, root): writes what the buffer must hold after the op, in place, with no
+    # temporaries of its size; called only where `receives`
+    fill_expected: Callable[[np.ndarray, int, int, int], None]
+    # (comm, MPI, send, recv, root): the MPI call itself, on buffers MPI can take (NumPy arrays, or device arrays
+    # for a GPU-aware MPI)
+    call: Callable[[Any, Any, Any, Any, int], None]
     mpi_scratch_fraction: tuple[float, float] = (0.0, 0.0)
 
     def counts(self, size_bytes: int, itemsize: int, nranks: int) -> tuple[int, int]:
@@ -81,7 +85,7 @@ class Op:
 
     def mpi_scratch_bytes(self, size_bytes: int, rank: int, nranks: int, root: int) -> int:
         """MPI's own temporaries on this rank during one call of size S (none with one rank)."""
-        if nranks == 1:
+        if nranks <= 1:
             return 0
         return int(self.mpi_scratch_fraction[rank != root] * size_bytes)
 
@@ -93,8 +97,8 @@ def register(op: Op) -> Op:
     """Make `op` known to --op, the harness and the memory check, after those registered before it (the order of
     `--op all`). Tests that register one put a copy of OPS in its place first (monkeypatch.setattr)."""
     name = op.name
-    if not name or name != name.strip().lower() or "," in name or name == "all":
-        raise ValueError(f"op name {name!r} must be lower case, without commas or spaces, and not 'all'")
+    if not re.fullmatch(r"[a-z0-9_\-]+", name) or name == "all":
+        raise ValueError(f"op name {name!r} must be lower-case letters, digits, '_' or '-', and not 'all'")
     if name in OPS:
         raise ValueError(f"op {name!r} is registered already")
     OPS[name] = op
