@@ -89,7 +89,11 @@ def _sweep(ops_names: tuple[str, ...]) -> list[dict]:
     cfg = CollectivesConfig(ops=ops_names, min_bytes=4096, max_bytes=8192, factor=2, dtype=DTYPES["fp32"],
                             backends=(BackendSpec("host"),), warmup=1, iters=2)
     world = World()
-    prepared, errors = harness.prepare(cfg, world)
+    from hetbench.harness.devices import open_rank_device
+
+    opened, errors = open_rank_device(cfg.backends[world.rank], cfg.dtype, world)
+    assert errors == []
+    prepared, errors = harness.prepare(cfg, world, opened)
     assert errors == [] and prepared is not None
     try:
         rows = harness.run_sweep(cfg, world, prepared)

@@ -88,7 +88,7 @@ def _document(stem: str) -> dict:
 
 def test_default_name_taken_meanwhile_gets_the_next_name(tmp_path, monkeypatch):
     """Two runs with one stamp (to the microsecond): the second never replaces the first, it takes -2."""
-    from hetbench.cli.common import emit, resolve_outputs
+    from hetbench.outputs import emit, resolve_outputs
     from hetbench.comm.world import World
 
     monkeypatch.chdir(tmp_path)
@@ -360,7 +360,7 @@ def test_stage_failure_leaves_no_temporary_file(tmp_path, monkeypatch):
 
 
 def test_emit_turns_a_write_failure_into_one_named_error(tmp_path, monkeypatch):
-    from hetbench.cli.common import emit
+    from hetbench.outputs import emit
     from hetbench.comm.world import World
     from hetbench.config import OutputConfig
 
@@ -376,7 +376,7 @@ def test_emit_turns_a_write_failure_into_one_named_error(tmp_path, monkeypatch):
     shown = []
     with pytest.raises(click.ClickException) as excinfo:
         emit(World(), _document("r"), OutputConfig(tmp_path / "r.json", tmp_path / "r.csv"), lambda: shown.append(1),
-             save=(tmp_path / "s.npy", np.zeros(3)))
+             files=[("--save", tmp_path / "s.npy", np.zeros(3))])
     assert excinfo.value.exit_code == 1
     assert excinfo.value.format_message() == (
         f"cannot write results file '{tmp_path}/r.csv': No space left on device; no output was written")

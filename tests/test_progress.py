@@ -149,16 +149,14 @@ class _Prepared:
 
 @pytest.mark.parametrize("size, estimate", [(2048, "~3 min"), (1024, "~26 s"), (48, "under 1 s")])
 def test_host_fp16_notice_estimates_the_time_before_spending_it(capsys, size, estimate):
-    from hetbench.cli.matmul import _warn_slow_host_fp16
     from hetbench.config import MatmulConfig, parse_dtype
+    from hetbench.harness.matmul import slow_host_fp16_notices
 
     cfg = MatmulConfig(m=size, n=size, k=size, dtype=parse_dtype("fp16"), backends=(), warmup=2, repeat=10)
-    _warn_slow_host_fp16(cfg, _World(1), _Prepared("host", size))
-    err = capsys.readouterr().err
+    notices = slow_host_fp16_notices(cfg, _World(1), _Prepared("host", size))
     # 2 * 2048^3 flop x 12 runs at about 1 GFLOP/s (NumPy's fp16 on one core: 0.7 GFLOP/s measured here)
-    assert f"12 GEMMs may take {estimate}" in err and err.count("\n") == 1
-    _warn_slow_host_fp16(cfg, _World(2), _Prepared("sim", size))
-    assert capsys.readouterr().err == ""
+    assert len(notices) == 1 and f"12 GEMMs may take {estimate}" in notices[0]
+    assert slow_host_fp16_notices(cfg, _World(2), _Prepared("sim", size)) == []
 
 
 @needs_mpi

@@ -1,4 +1,4 @@
-"""The world of ranks with one process (hetbench/comm/world.py), and how rank errors are shown (cli/common.py)."""
+"""The world of ranks with one process (hetbench/comm/world.py), and how rank errors are shown (outputs.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from hetbench.cli.common import format_rank_errors
+from hetbench.outputs import format_rank_errors
 from hetbench.comm.world import RankError, World
 
 SEPARATOR = "\n       "  # how format_rank_errors joins lines, aligned under "Error: "

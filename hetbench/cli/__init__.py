@@ -1,4 +1,5 @@
-"""The `hetbench` command: one module per subcommand, and the one place errors become messages and exit codes.
+"""The `hetbench` command: a command per registered benchmark (built by hetbench/driver.py), plus `devices`,
+`report` and `compare`; and the one place errors become messages and exit codes.
 
 Exit codes: 0 all checks passed; 1 a check failed or a rank failed while running; 2 bad input (usage).
 Usage errors are decided alike on every rank and printed once, by rank 0. A rank that fails while running prints
@@ -13,10 +14,10 @@ import sys
 import click
 
 from hetbench import __version__
-from hetbench.cli.collectives import collectives
+from hetbench import benchmarks, driver
+from hetbench.benchmarks.base import REGISTRY
 from hetbench.cli.compare import compare
 from hetbench.cli.devices import devices
-from hetbench.cli.matmul import matmul
 from hetbench.cli.report import report
 
 _RANK_ENV = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK", "SLURM_PROCID")
@@ -38,8 +39,9 @@ def cli() -> None:
 
 
 cli.add_command(devices)
-cli.add_command(matmul)
-cli.add_command(collectives)
+benchmarks.load()
+for _benchmark in REGISTRY.values():
+    cli.add_command(driver.command_for(_benchmark))
 cli.add_command(report)
 cli.add_command(compare)
 

@@ -29,9 +29,8 @@ from hetbench.comm.gpu import HOW_TO_GET_GPU_AWARE_MPI, gpu_support
 from hetbench.comm.world import World
 from hetbench.config import CollectivesConfig
 from hetbench.dtypes import DType
-from hetbench.harness.devices import OpenDevice, open_rank_device
+from hetbench.harness.devices import OpenDevice
 from hetbench.harness.matmul import approx_bytes, device_in_host_memory
-from hetbench.harness.metadata import rank_metadata
 
 STRAGGLER_RATIO = 1.2  # a rank whose median time is 20% above the median rank's is flagged
 _COMPARE_CHUNK = 1 << 20  # elements compared at a time in the check (a bool per element)
@@ -107,12 +106,10 @@ def sweep_host_bytes(cfg: CollectivesConfig, rank: int, nranks: int, device_in_h
     return RUNTIME_SCRATCH_BYTES + best, where
 
 
-def prepare(cfg: CollectivesConfig, world: World) -> tuple[PreparedDevice | None, list[str]]:
-    """Open this rank's device and check it can take every buffer and path the sweep needs: its device memory, and
+def prepare(cfg: CollectivesConfig, world: World, opened: OpenDevice) -> tuple[PreparedDevice | None, list[str]]:
+    """Check that this rank's open device can take every buffer and path the sweep needs: its device memory, and
     this rank's share of the host's memory for every buffer the largest point holds at once."""
-    opened, errors = open_rank_device(cfg.backends[world.rank], cfg.dtype, world)
-    if opened is None:
-        return None, errors
+    errors: list[str] = []
     reset_peak_rss()
     backend, info = opened.backend, opened.info
     in_host = device_in_host_memory(info)
@@ -272,16 +269,11 @@ def run_sweep(cfg: CollectivesConfig, world: World, prepared: OpenDevice,
     return rows if world.is_root else None
 
 
-def rank_descriptions(world: World, prepared: OpenDevice) -> list[dict[str, Any]] | None:
-    """Every rank's device and process, for the metadata (rank 0 gets the list)."""
-    mine = {"rank": world.rank, "host": world.host, "backend": prepared.spec,
-            "device_timing": prepared.backend.timing, "device_info": prepared.info.to_dict(),
-            "process": rank_metadata()}
-    if isinstance(prepared, PreparedDevice):
-        # what the pre-check counted beside what the rank really held (VmHWM, reset when the device was open)
-        mine["memory"] = {"host_memory_planned_bytes": prepared.host_memory_planned_bytes,
-                          "rss_at_start_bytes": prepared.rss_at_start_bytes, "peak_rss_bytes": peak_rss_bytes()}
-    return world.gather(mine)
+def memory_description(prepared: PreparedDevice) -> dict[str, Any]:
+    """What the pre-check counted beside what the rank really held (VmHWM, reset when the device was open): this
+    rank's "memory" entry in the metadata."""
+    return {"memory": {"host_memory_planned_bytes": prepared.host_memory_planned_bytes,
+                       "rss_at_start_bytes": prepared.rss_at_start_bytes, "peak_rss_bytes": peak_rss_bytes()}}
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from hetbench.comm.world import World
 from hetbench.config import MatmulConfig, expand_rank_path
 from hetbench.dtypes import DType
 from hetbench.harness import verify
-from hetbench.harness.devices import OpenDevice, open_rank_device
+from hetbench.harness.devices import OpenDevice
 from hetbench.harness.metadata import rank_metadata
 from hetbench.harness.stats import summarize
 from hetbench.harness.timing import time_repeats
@@ -171,11 +171,6 @@ def _host_memory_error(planned: int, m: int, n: int, k: int, dtype: DType, local
         f"(MemAvailable and the memory cgroup shared by {local_size} rank(s) on the node, and the process's "
         "RLIMIT_AS/RLIMIT_DATA); use a smaller size"
     )
-
-
-def open_device(cfg: MatmulConfig, world: World) -> tuple[OpenDevice | None, list[str]]:
-    """Open this rank's device and check its dtype. Returns (device, errors) for World.agree."""
-    return open_rank_device(cfg.backends[world.rank], cfg.dtype, world)
 
 
 def prepare_inputs(cfg: MatmulConfig, world: World, opened: OpenDevice) -> tuple[Prepared | None, list[str]]:
@@ -377,3 +372,23 @@ def summarize_job(cfg: MatmulConfig, rows: list[dict[str, Any]], reduced_verdict
         summary["reduced_max_residual_over_tolerance"] = reduced_verdict.max_residual_over_tolerance
     summary["verified"] = summary["products_verified"] and summary.get("reduced_verified", True)
     return summary
+
+
+HOST_FP16_FLOPS = 1e9  # about what NumPy's fp16 GEMM (no BLAS) does on one core: 0.7 GFLOP/s measured here
+
+
+def slow_host_fp16_notices(cfg: MatmulConfig, world: World, prepared: Prepared) -> list[str]:
+    """Collective. Before the run, the notice rank 0 shows (once, on stderr) when any rank computes fp16 on the
+    host, where NumPy has no BLAS: a few hundred times slower than fp32, so a run that takes seconds in fp32 takes
+    minutes. [] where there is none, and on every other rank."""
+    m, n, k = prepared.mnk
+    slow = prepared.info.backend == "host" and cfg.dtype.name == "fp16"
+    gathered = world.gather((slow, 2 * m * n * k * (cfg.warmup + cfg.repeat)))
+    if gathered is None or not any(s for s, _ in gathered):
+        return []
+    ranks = [r for r, (s, _) in enumerate(gathered) if s]
+    seconds = max(f for s, f in gathered if s) / HOST_FP16_FLOPS
+    estimate = ("under 1 s" if seconds < 1 else f"~{seconds:.0f} s" if seconds < 120 else f"~{seconds / 60:.0f} min")
+    who = f"rank {ranks[0]} computes" if len(ranks) == 1 else f"ranks {','.join(map(str, ranks))} compute"
+    return [f"{who} fp16 on the host, where NumPy has no BLAS: hundreds of times slower than fp32 (~1 GFLOP/s); "
+            f"{cfg.warmup + cfg.repeat} GEMMs may take {estimate} (fp32 is fast)"]

@@ -80,3 +80,9 @@ _ENV_KEYS = (
     "MPICH_GPU_SUPPORT_ENABLED",
     "UCX_TLS",
 )
+
+
+def rank_description(world: Any, device: Any) -> dict[str, Any]:
+    """One rank's device and process, for the metadata's "ranks" list (gathered from every rank)."""
+    return {"rank": world.rank, "host": world.host, "backend": device.spec, "device_timing": device.backend.timing,
+            "device_info": device.info.to_dict(), "process": rank_metadata()}

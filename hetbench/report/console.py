@@ -13,6 +13,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from hetbench.benchmarks.base import MODELLED_WITH_COPIES
+
 MODELLED_MARK = "~"  # in a table, a value that was modelled, not measured
 
 
@@ -125,76 +127,85 @@ def _check_cell(ok: bool) -> str:
     return "[green]ok[/]" if ok else "[bold red]FAILED[/]"
 
 
+def _columns(benchmark: str) -> tuple[Any, ...]:
+    from hetbench.benchmarks.base import columns_of
+
+    return columns_of(benchmark)
+
+
+def _text_cell(column: Any, row: dict[str, Any], wide: bool) -> str:
+    """A column shown as it is, with the few that read better in their own form."""
+    key = column.key
+    if key == "verified":
+        return _check_cell(row[key])
+    if key == "shape":
+        return f"{row['m']}x{row['n']}x{row['k']}"
+    if key == "stragglers":
+        return _straggler_cell(row[key])
+    if key == "wrong":
+        return "-" if row[key] is None else (str(row[key]) if row[key] == 0 else f"[bold red]{row[key]}[/]")
+    value = row.get(key)
+    if value is None:
+        return "-"
+    if not wide and key == "device":
+        return escape(short_device_name(str(value)))
+    if not wide and key == "backend":
+        return escape(str(value).removesuffix(" (auto)"))
+    if not wide and key == "host":
+        return escape(_short_host(str(value)))
+    return escape(str(value))
+
+
+def cell(column: Any, row: dict[str, Any], wide: bool = True) -> str:
+    """One table cell of a declared column: a figure scaled to its unit, `~` before a modelled one."""
+    if column.text:
+        return _text_cell(column, row, wide)
+    return fmt(row.get(column.key), column.digits, column.scale, column.is_modelled(row))
+
+
+def columns_table(title: str, columns: Iterable[Any], rows: list[dict[str, Any]], wide: bool,
+                  caption: str | None = None) -> Table:
+    """A table of `rows` with the declared `columns` (those shown at this width), in their declared order.
+    Numbers never wrap (a cut number is worse than none); names wrap between words where the width runs short."""
+    table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
+    shown = list(columns)
+    for column in shown:
+        names = column.key in ("device", "host", "backend_spec")
+        table.add_column(column.header(wide), justify="left" if column.text and not column.key.endswith(
+            ("rank", "bytes", "elements", "wrong", "root", "ranks")) and column.key != "rank" else "right",
+            no_wrap=not names, overflow="fold" if names else "ellipsis")
+    for r in rows:
+        table.add_row(*[cell(c, r, wide) for c in shown])
+    return table
+
+
+def _modelled_caption(rows: list[dict[str, Any]]) -> str | None:
+    if any(r.get("device_timing") == "modelled" for r in rows):
+        return f"{MODELLED_MARK} modelled (simulated device), not measured"
+    return None
+
+
 def matmul_table(rows: list[dict[str, Any]], summary: dict[str, Any], wide: bool = False) -> Table:
-    """The compact table (the figures a reader compares; fits 100 columns), or with `wide` every column.
-    The compact one names a rank's backend without " (auto)" and its device by a short name; the JSON has both."""
+    """The compact table (the figures a reader compares; fits 100 columns), or with `wide` every column, both
+    from matmul's declared columns. The compact one names a rank's backend without " (auto)" and its device by a
+    short name, and moves what every rank shares (shape, dtype) to the title; the JSON has everything."""
     reduce = summary.get("reduce") == "sum"
-    any_modelled = any(r["device_timing"] == "modelled" for r in rows)
-    caption = f"{MODELLED_MARK} modelled (simulated device), not measured" if any_modelled else None
+    columns = [c for c in _columns("matmul") if c.shown(wide) and (reduce or not c.key.startswith("reduce"))]
     if wide:
-        return _matmul_table_wide(rows, reduce, caption)
-    # what every rank shares goes to the title: the dtype always (one per run), the shape where all agree
+        return columns_table("hetbench matmul", columns, rows, True, _modelled_caption(rows))
     shapes = {(r["m"], r["n"], r["k"]) for r in rows}
-    shape_column = None if len(shapes) == 1 else ("k" if len({(m, n) for m, n, _ in shapes}) == 1 else "m x n x k")
+    shape_column = None if len(shapes) == 1 else ("k" if len({(m, n) for m, n, _ in shapes}) == 1 else "shape")
     hosts = len({r["host"] for r in rows}) > 1
     title = "hetbench matmul: " + ("{}x{}x{} ".format(*next(iter(shapes))) if shape_column is None else "")
     title += f"{'/'.join(dict.fromkeys(r['dtype'] for r in rows))}, {len(rows)} rank{'s' if len(rows) != 1 else ''}"
-    table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
-    # Numbers never wrap (a cut number is worse than none); where the width runs short, device names wrap
-    # between words, and host names (rarely) fold
-    table.add_column("Rank", justify="right", no_wrap=True)
+    extra = {c.key: c for c in _columns("matmul") if c.key in ("host", "k", "shape")}
+    before_figures = [c for c in columns if c.text and c.key != "verified"]
     if hosts:
-        table.add_column("Host", overflow="fold")
-    table.add_column("Backend", no_wrap=True)
-    table.add_column("Device", overflow="fold")
+        before_figures.insert(1, extra["host"])
     if shape_column:
-        table.add_column(shape_column, justify="right", no_wrap=True)
-    for header in ("GEMM\n(ms)", "TFLOP/s", "% of\npeak", *(["Reduce\n(ms)"] if reduce else [])):
-        table.add_column(header, justify="right", no_wrap=True)
-    table.add_column("Check", no_wrap=True)
-    for r in rows:
-        mod = r["device_timing"] == "modelled"
-        cells = [str(r["rank"])]
-        if hosts:
-            cells.append(escape(_short_host(r["host"])))
-        cells += [escape(r["backend"].removesuffix(" (auto)")), escape(short_device_name(r["device"]))]
-        if shape_column == "k":
-            cells.append(str(r["k"]))
-        elif shape_column:
-            cells.append(f"{r['m']}x{r['n']}x{r['k']}")
-        cells += [fmt(r["gemm_seconds_median"], scale=1e3, modelled=mod), fmt(r["gemm_tflops"], modelled=mod),
-                  fmt(r["peak_percent"], 3, modelled=mod)]
-        if reduce:
-            cells.append(fmt(r["reduce_seconds_median"], scale=1e3))
-        cells.append(_check_cell(r["verified"]))
-        table.add_row(*cells)
-    return table
-
-
-def _matmul_table_wide(rows: list[dict[str, Any]], reduce: bool, caption: str | None) -> Table:
-    table = Table(title="hetbench matmul", title_justify="left", caption_justify="left", caption=caption)
-    columns = [("Rank", "right"), ("Host", "left"), ("Backend", "left"), ("Device", "left"), ("Dtype", "left"),
-               ("m x n x k", "left"), ("GEMM median (ms)", "right"), ("GEMM CV (%)", "right"),
-               ("TFLOP/s", "right"), ("% of peak", "right"), ("H2D (GB/s)", "right"), ("D2H (GB/s)", "right")]
-    if reduce:
-        columns += [("Reduce median (ms)", "right"), ("Reduce (GB/s)", "right")]
-    columns += [("Timing", "left"), ("Check", "left")]
-    for name, justify in columns:
-        table.add_column(name, justify=justify, no_wrap=name not in ("Host", "Device"))  # type: ignore[arg-type]
-    for r in rows:
-        mod = r["device_timing"] == "modelled"
-        cells = [
-            str(r["rank"]), escape(r["host"]), escape(r["backend"]), escape(r["device"]), r["dtype"],
-            f"{r['m']}x{r['n']}x{r['k']}",
-            fmt(r["gemm_seconds_median"], scale=1e3, modelled=mod), _percent(r["gemm_seconds_cv"]),
-            fmt(r["gemm_tflops"], modelled=mod), fmt(r["peak_percent"], 3, modelled=mod),
-            fmt(r["h2d_gbps"], modelled=mod), fmt(r["d2h_gbps"], modelled=mod),
-        ]
-        if reduce:
-            cells += [fmt(r["reduce_seconds_median"], scale=1e3), fmt(r["reduce_algbw_gbps"])]
-        cells += [r["device_timing"], _check_cell(r["verified"])]
-        table.add_row(*cells)
-    return table
+        before_figures.append(extra[shape_column])
+    columns = before_figures + [c for c in columns if c not in before_figures]
+    return columns_table(title, columns, rows, False, _modelled_caption(rows))
 
 
 def print_table(out: Console, table: Table, wide: bool = False) -> None:
@@ -288,41 +299,9 @@ def collectives_report(rows: list[dict[str, Any]], summary: dict[str, Any], rank
             title += f", {first['dtype']}" + ("" if first["redop"] == "none" else f", redop {first['redop']}")
             title += "" if first["root"] is None else f", root {first['root']}"
         title += f", busbw factor {first['busbw_factor']:.3g})"
-        table = Table(title=title, title_justify="left", caption_justify="left",
-                      caption="\n".join(captions) or None)
-        if wide:
-            columns = [("size (B)", "right"), ("count (elements)", "right"), ("type", "left"), ("redop", "left"),
-                       ("root", "right"), ("time (us)", "right"), ("algbw (GB/s)", "right"),
-                       ("busbw (GB/s)", "right"), ("#wrong", "right")]
-            if host_path:
-                columns += [("d2h (us)", "right"), ("h2d (us)", "right"), ("end-to-end (us)", "right"),
-                            ("end-to-end algbw (GB/s)", "right")]
-        else:
-            columns = [("size (B)", "right"), ("count\n(elements)", "right"), ("time (us)", "right"),
-                       ("algbw\n(GB/s)", "right"), ("busbw\n(GB/s)", "right"), ("#wrong", "right")]
-            if host_path:
-                columns += [("end-to-end\n(us)", "right")]
-        columns += [("straggler", "left")]
-        for name, justify in columns:
-            table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
-        for r in group:
-            wrong = "-" if r["wrong"] is None else (str(r["wrong"]) if r["wrong"] == 0 else f"[bold red]{r['wrong']}[/]")
-            e2e = fmt(r["end_to_end_us_median"], 4, modelled=modelled)
-            if wide:
-                cells = [str(r["size_bytes"]), str(r["count_elements"]), r["dtype"], r["redop"],
-                         "-" if r["root"] is None else str(r["root"]), fmt(r["op_us_median"], 4),
-                         fmt(r["algbw_gbps"]), fmt(r["busbw_gbps"]), wrong]
-                if host_path:
-                    cells += [fmt(r["d2h_us_median"], 4, modelled=modelled),
-                              fmt(r["h2d_us_median"], 4, modelled=modelled), e2e,
-                              fmt(r["end_to_end_algbw_gbps"], modelled=modelled)]
-            else:
-                cells = [str(r["size_bytes"]), str(r["count_elements"]), fmt(r["op_us_median"], 4),
-                         fmt(r["algbw_gbps"]), fmt(r["busbw_gbps"]), wrong]
-                if host_path:
-                    cells.append(e2e)
-            cells.append(_straggler_cell(r["stragglers"]))
-            table.add_row(*cells)
+        columns = [c for c in _columns("collectives") if c.shown(wide)
+                   and (host_path or c.modelled != MODELLED_WITH_COPIES)]  # the host path's copies
+        table = columns_table(title, columns, group, wide, "\n".join(captions) or None)
         print_table(out, table, wide)
     for key, value in summary["avg_busbw_gbps"].items():
         out.print(f"avg bus bandwidth {key}: {fmt(value)} GB/s")
@@ -331,3 +310,24 @@ def collectives_report(rows: list[dict[str, Any]], summary: dict[str, Any], rank
         out.print(f"out of bounds values (#wrong, all ops and sizes): {state}")
     else:
         out.print("results not checked (--no-check)")
+
+
+def render_document(document: dict[str, Any], wide: bool = False) -> None:
+    """A results document's tables and closing lines, as its command prints them: matmul's and collectives' own
+    layouts, and for any other benchmark one table of its declared columns and its summary's figures."""
+    benchmark = document["schema"].removeprefix("hetbench.")
+    rows, summary = document["rows"], document["summary"]
+    out = console()
+    if benchmark == "matmul":
+        print_table(out, matmul_table(rows, summary, wide=wide), wide=wide)
+        for line in matmul_summary_lines(summary):
+            out.print(line)
+    elif benchmark == "collectives":
+        out.file.flush()
+        collectives_report(rows, summary, document["metadata"].get("ranks") or [], wide=wide)
+    else:
+        columns = [c for c in _columns(benchmark) if c.shown(wide)]
+        print_table(out, columns_table(f"hetbench {benchmark}", columns, rows, wide, _modelled_caption(rows)), wide)
+        for key, value in summary.items():
+            if not isinstance(value, (dict, list)):
+                out.print(f"{key}: {fmt(value, 4)}", markup=False)

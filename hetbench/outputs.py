@@ -1,4 +1,5 @@
-"""What every command shares: the backend and output options, agreement on errors, and handing results on."""
+"""Where a run's results go: output paths chosen and checked before any computing, errors agreed over every rank,
+and every output of a run staged and committed together (or none)."""
 
 from __future__ import annotations
 
@@ -11,33 +12,11 @@ from typing import Any, Callable
 import click
 
 from hetbench.comm.world import RankError, World
-from hetbench.config import OutputConfig, parse_backend_map
+from hetbench.config import OutputConfig
 from hetbench.results import check_writable
 from hetbench.results.io import StagedFile, commit, discard, stage_csv, stage_json, stage_npy, to_json
 
 DEFAULT_RESULTS_DIR = Path("results")
-
-BACKEND_HELP = (
-    "Where each rank computes: auto, host, opencl[:INDEX], cupy[:INDEX], sim:MODEL[:INDEX], or a rank map such as "
-    "0=cupy,1=opencl,2=sim:mi300x (ranks it leaves out use auto). auto takes a CuPy GPU, then an OpenCL GPU, then "
-    "the host CPU. Without an index, ranks on one node take different devices by local rank."
-)
-
-
-def backend_option(f: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option("--backend", "backend", default="auto", show_default=True, metavar="SPEC", help=BACKEND_HELP)(f)
-
-
-def output_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    f = click.option("--json", "json_stdout", is_flag=True,
-                     help="Print the results document as JSON on stdout and nothing else.")(f)
-    f = click.option("--csv", "out_csv", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                     help="Write one CSV row per rank (or per op and size) here. Default: next to --out.")(f)
-    f = click.option("--out", "out_json", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                     help="Write the JSON results document here. Default: results/<command>-<UTC time>.json "
-                          "(and a .csv beside it) unless --csv alone is given.")(f)
-    return f
-
 
 @dataclass(frozen=True)
 class DefaultOutputConfig(OutputConfig):
@@ -81,13 +60,6 @@ def resolve_outputs(command: str, out_json: Path | None, out_csv: Path | None, j
 def utc_stamp() -> str:
     """The UTC time to the microsecond, e.g. 20261122T014415.123456Z: runs started in one second differ."""
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
-
-
-def parse_backends(world: World, text: str) -> tuple:
-    try:
-        return tuple(parse_backend_map(text, world.size))
-    except ValueError as e:
-        raise click.BadParameter(str(e), param_hint="'--backend'") from None
 
 
 def output_path_errors(output: OutputConfig) -> list[str]:
@@ -175,29 +147,36 @@ def _staged(what: str, path: Path, make: Callable[[], StagedFile]) -> StagedFile
         raise _WriteError(f"cannot write {what} {str(path)!r}: {e.strerror or e}; no output was written") from None
 
 
-def _commit(staged: list[StagedFile], save_path: Path | None, outcome: str = "no output was written") -> None:
+def _commit(staged: list[StagedFile], files: list[tuple[str, Path, Any]],
+            outcome: str = "no output was written") -> None:
     try:
         commit(staged)
     except FileExistsError:
         raise
     except OSError as e:
-        what = "--save file" if save_path is not None and e.filename == str(save_path) else "results file"
+        what = next((f"{option} file" for option, path, _ in files if e.filename == str(path)), "results file")
         raise _WriteError(f"cannot write {what} {e.filename!r}: {e.strerror or e}; {outcome}") from None
 
 
 def emit(world: World, document: dict[str, Any] | None, output: OutputConfig, render: Callable[[], None] | None,
-         save: tuple[Path, Any] | None = None) -> None:
-    """Collective. Write the run's outputs, all or none: rank 0's JSON and CSV, and `save` (path, array: the
-    --save file) on the rank that holds it, are each staged beside their targets; only when every rank staged its
+         files: list[tuple[str, Path, Any]] | None = None) -> None:
+    """Collective. Write the run's outputs, all or none: rank 0's JSON and CSV, and this rank's `files` (option,
+    path, array: e.g. matmul's --save file at the root) as .npy, are each staged beside their targets; only when
+    every rank staged its
     own do they go in place, rank 0's first. If any cannot be written, no target is touched, every rank raises the
     same error (exit 1: the run was right, the disk was not) and nothing is shown. Then rank 0 shows the result:
     the table, or the JSON alone with --json."""
-    save_path = save[0] if save is not None else None
+    files = files or []
 
     def stage_save() -> list[StagedFile]:
-        if save is None:
-            return []
-        return [_staged("--save file", save[0], lambda: stage_npy(save[0], save[1]))]
+        staged_files: list[StagedFile] = []
+        try:
+            for option, path, array in files:
+                staged_files.append(_staged(f"{option} file", path, lambda: stage_npy(path, array)))  # noqa: B023
+        except BaseException:
+            discard(staged_files)
+            raise
+        return staged_files
 
     staged: list[StagedFile] = []  # this rank's, not yet in place
     written: list[Path] = []
@@ -223,7 +202,7 @@ def emit(world: World, document: dict[str, Any] | None, output: OutputConfig, re
             try:
                 for attempt in range(100):
                     try:
-                        _commit(staged, save_path)
+                        _commit(staged, files)
                         break
                     except FileExistsError:
                         if attempt == 99:
@@ -241,9 +220,9 @@ def emit(world: World, document: dict[str, Any] | None, output: OutputConfig, re
         if error:
             raise click.ClickException(error)
         errors = []
-        if staged:  # the --save file of a root other than rank 0
+        if staged:  # the files of a rank other than rank 0 (matmul's --save at another root)
             try:
-                _commit(staged, save_path, "the results files were written")
+                _commit(staged, files, "the results files were written")
             except _WriteError as e:
                 errors.append(str(e))
             staged = []

@@ -1,0 +1,163 @@
+"""`hetbench matmul`: every rank multiplies its own A_r @ B_r on its own device, the products are summed to the
+root over MPI, and every figure goes to a table, JSON and CSV.
+
+This module declares the benchmark (its options, config, columns, rows and summary); the timed run on each rank is
+hetbench/harness/matmul.py, the inputs hetbench/benchmarks/matrices.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import click
+from click.core import ParameterSource
+
+from hetbench.benchmarks.base import (
+    MODELLED_WITH_DEVICE,
+    SHOW_FILES,
+    SHOW_WIDE,
+    Column,
+    RankResult,
+    register,
+)
+from hetbench.config import DTYPE_NAMES, MatmulConfig, OutputConfig, parse_dtype
+from hetbench.options import parse_backends
+
+DEFAULT_SIZE = 2048
+_POSITIVE = click.IntRange(min=1)
+
+_M = MODELLED_WITH_DEVICE
+COLUMNS: tuple[Column, ...] = (
+    Column("rank", "Rank", text=True),
+    Column("host", "Host", text=True, show=SHOW_WIDE),
+    Column("backend", "Backend", text=True),
+    Column("vendor", "Vendor", text=True, show=SHOW_FILES),
+    Column("device", "Device", text=True),
+    Column("device_timing", "Timing", text=True, show=SHOW_WIDE),
+    Column("dtype", "Dtype", text=True, show=SHOW_WIDE),
+    Column("shape", "m x n x k", text=True, show=SHOW_WIDE, derived=True),
+    Column("m", "m", text=True, show=SHOW_FILES),
+    Column("n", "n", text=True, show=SHOW_FILES),
+    Column("k", "k", text=True, show=SHOW_FILES),
+    Column("gemm_flops", "GEMM flops", show=SHOW_FILES),
+    Column("gemm_seconds_median", "GEMM median", "ms", 1e3, modelled=_M, better="lower", short_label="GEMM"),
+    Column("gemm_seconds_min", "GEMM min", "ms", 1e3, modelled=_M, show=SHOW_FILES, better="lower"),
+    Column("gemm_seconds_max", "GEMM max", "ms", 1e3, modelled=_M, show=SHOW_FILES, better="lower"),
+    Column("gemm_seconds_mean", "GEMM mean", "ms", 1e3, modelled=_M, show=SHOW_FILES, better="lower"),
+    Column("gemm_seconds_cv", "GEMM CV", "%", 100.0, digits=2, show=SHOW_WIDE),
+    Column("gemm_tflops", "TFLOP/s", modelled=_M, better="higher"),
+    Column("peak_tflops", "Peak", "TFLOP/s", show=SHOW_FILES),
+    Column("peak_percent", "% of peak", modelled=_M, better="higher", short_label="% of\npeak"),
+    Column("h2d_bytes", "H2D bytes", "B", show=SHOW_FILES),
+    Column("h2d_seconds", "H2D", "ms", 1e3, modelled=_M, show=SHOW_FILES, better="lower"),
+    Column("h2d_gbps", "H2D", "GB/s", modelled=_M, show=SHOW_WIDE, better="higher"),
+    Column("d2h_bytes", "D2H bytes", "B", show=SHOW_FILES),
+    Column("d2h_seconds", "D2H", "ms", 1e3, modelled=_M, show=SHOW_FILES, better="lower"),
+    Column("d2h_gbps", "D2H", "GB/s", modelled=_M, show=SHOW_WIDE, better="higher"),
+    Column("reduce_bytes", "Reduce bytes", "B", show=SHOW_FILES),
+    Column("reduce_seconds_median", "Reduce median", "ms", 1e3, better="lower", short_label="Reduce"),
+    Column("reduce_seconds_min", "Reduce min", "ms", 1e3, show=SHOW_FILES, better="lower"),
+    Column("reduce_seconds_max", "Reduce max", "ms", 1e3, show=SHOW_FILES, better="lower"),
+    Column("reduce_seconds_mean", "Reduce mean", "ms", 1e3, show=SHOW_FILES, better="lower"),
+    Column("reduce_seconds_cv", "Reduce CV", "%", 100.0, digits=2, show=SHOW_FILES),
+    Column("reduce_algbw_gbps", "Reduce", "GB/s", show=SHOW_WIDE, better="higher"),
+    Column("verified", "Check", text=True),
+    Column("max_residual_over_tolerance", "Residual / tolerance", show=SHOW_FILES, better="lower"),
+)
+
+
+class Matmul:
+    name = "matmul"
+    summary = "Per-rank GEMM on each rank's device, summed to the root over MPI, verified and timed."
+    columns = COLUMNS
+
+    def options(self) -> list[click.Parameter]:
+        return [
+            click.Option(["--size"], type=_POSITIVE, default=DEFAULT_SIZE, show_default=True,
+                         help="m = n = k of each rank's product (each of --m/--n/--k overrides its own)."),
+            click.Option(["--m", "m"], type=_POSITIVE, default=None, help="Rows of A_r and C_r."),
+            click.Option(["--n", "n"], type=_POSITIVE, default=None, help="Columns of B_r and C_r."),
+            click.Option(["--k", "k"], type=_POSITIVE, default=None, help="Columns of A_r, rows of B_r."),
+            click.Option(["--dtype"], type=click.Choice(DTYPE_NAMES), default="fp32", show_default=True,
+                         help="Element type; checked against every rank's device."),
+            click.Option(["--warmup"], type=click.IntRange(min=0), default=2, show_default=True,
+                         help="Untimed runs first."),
+            click.Option(["--repeat"], type=_POSITIVE, default=10, show_default=True,
+                         help="Timed runs; every one is kept."),
+            click.Option(["--seed"], type=click.IntRange(min=0), default=0, show_default=True,
+                         help="Seeds the generated A_r, B_r (with the rank) and the verification vectors."),
+            click.Option(["--reduce", "reduce_op"], type=click.Choice(["sum", "none"]), default="sum",
+                         show_default=True, help="Sum the products to the root over MPI, or not."),
+            click.Option(["--root"], type=click.IntRange(min=0), default=0, show_default=True,
+                         help="The rank that receives (and with --save stores) the sum."),
+            click.Option(["--a", "a_path"], metavar="PATH", default=None,
+                         help="Load A_r from this .npy file; {rank} and {host} in the path are replaced per rank."),
+            click.Option(["--b", "b_path"], metavar="PATH", default=None, help="Load B_r likewise (needs --a)."),
+            click.Option(["--save"], type=click.Path(dir_okay=False, path_type=Path), default=None,
+                         help="Write the summed result to this .npy file at the root."),
+        ]
+
+    def configure(self, params: dict[str, Any], world: Any, output: OutputConfig) -> MatmulConfig:
+        ctx = click.get_current_context()
+        a_path, b_path = params["a_path"], params["b_path"]
+        if (a_path is None) != (b_path is None):
+            raise click.UsageError("--a and --b go together: give both .npy paths, or neither")
+        sized = [f"--{p}" for p in ("size", "m", "n", "k") if ctx.get_parameter_source(p) != ParameterSource.DEFAULT]
+        if a_path is not None and sized:
+            raise click.UsageError(f"{', '.join(sized)} cannot be combined with --a/--b: the shapes come from the "
+                                   "files")
+        if params["save"] is not None and params["reduce_op"] != "sum":
+            raise click.UsageError("--save stores the summed result, so it needs --reduce sum")
+        root = params["root"]
+        if root >= world.size:
+            raise click.BadParameter(f"{root} is not a rank of this job; ranks are 0..{world.size - 1}",
+                                     param_hint="'--root'")
+        size = params["size"]
+        return MatmulConfig(
+            m=params["m"] or size, n=params["n"] or size, k=params["k"] or size, dtype=parse_dtype(params["dtype"]),
+            backends=parse_backends(world, ctx.params["backend"]), warmup=params["warmup"], repeat=params["repeat"],
+            seed=params["seed"], reduce=params["reduce_op"], root=root, a_path=a_path, b_path=b_path,
+            save=params["save"], output=output,
+        )
+
+    def output_paths(self, cfg: MatmulConfig) -> dict[str, tuple[Any, int]]:
+        return {"--save": (cfg.save, cfg.root)}
+
+    def dtype(self, cfg: MatmulConfig) -> Any:
+        return cfg.dtype
+
+    def prepare(self, cfg: MatmulConfig, world: Any, device: Any) -> tuple[Any, list[str]]:
+        from hetbench.harness import matmul as run
+
+        return run.prepare_inputs(cfg, world, device)
+
+    def check(self, cfg: MatmulConfig, world: Any, state: Any) -> list[str]:
+        from hetbench.harness import matmul as run
+
+        return run.shape_errors(cfg, world, state)
+
+    def notices(self, cfg: MatmulConfig, world: Any, state: Any) -> list[str]:
+        from hetbench.harness import matmul as run
+
+        return run.slow_host_fp16_notices(cfg, world, state)
+
+    def run(self, cfg: MatmulConfig, world: Any, state: Any, on_step: Any) -> RankResult:
+        from hetbench.harness import matmul as run
+
+        outcome = run.run_rank(cfg, world, state, on_step)
+        files = []
+        if outcome.reduced is not None and cfg.save is not None:
+            files.append(("--save", cfg.save, outcome.reduced))
+        return RankResult((outcome.row, outcome.reduced_verdict), files)
+
+    def rows(self, cfg: MatmulConfig, gathered: Sequence[Any]) -> list[dict[str, Any]]:
+        return [row for row, _ in gathered]
+
+    def summarize(self, cfg: MatmulConfig, rows: list[dict[str, Any]], gathered: Sequence[Any]) -> dict[str, Any]:
+        from hetbench.harness import matmul as run
+
+        return run.summarize_job(cfg, rows, gathered[cfg.root][1])
+
+
+register(Matmul())
