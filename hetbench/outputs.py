@@ -129,7 +129,8 @@ def _stage_results(document: dict[str, Any], output: OutputConfig, first: int) -
         if out_json is not None:
             staged.append(_staged("results file", out_json, lambda: stage_json(out_json, document, new_only)))
         if out_csv is not None:
-            staged.append(_staged("results file", out_csv, lambda: stage_csv(out_csv, document["rows"], new_only)))
+            staged.append(_staged("results file", out_csv, lambda: stage_csv(out_csv, document["rows"], new_only,
+                                                                               csv_order(document))))
     except BaseException:
         discard(staged)
         raise
@@ -245,3 +246,10 @@ def emit(world: World, document: dict[str, Any] | None, output: OutputConfig, re
 
     if written:
         console().print("results written to: " + ", ".join(map(str, written)))
+
+
+def csv_order(document: dict[str, Any]) -> list[str]:
+    """The CSV's leading columns: the benchmark's declared columns, in their order."""
+    from hetbench.benchmarks.base import columns_of
+
+    return [c.key for c in columns_of(document["schema"].removeprefix("hetbench.")) if not c.derived]

@@ -168,3 +168,25 @@ def test_rank_row_figures(world: World) -> None:
     assert row["reduce_algbw_gbps"] == pytest.approx(m * n * 4 / row["reduce_seconds_median"] / 1e9)
     assert row["verified"] is True
     np.testing.assert_allclose(outcome.reduced, a.astype(np.float64) @ b, rtol=1e-5)
+
+
+@pytest.mark.parametrize("wide", [False, True])
+def test_table_shows_each_figure_under_its_own_header(wide: bool) -> None:
+    """Every figure cell of the matmul table holds the row's own figure in the header's unit: % of peak is the
+    percent, TFLOP/s the rate, GEMM the milliseconds (a table that put the rate under "% of peak" fails)."""
+    from hetbench.report.console import matmul_table
+
+    row = {"rank": 0, "host": "h", "backend": "sim:h100", "vendor": "NVIDIA", "device": "H100", "device_timing":
+           "measured", "dtype": "fp32", "m": 8, "n": 8, "k": 8, "gemm_flops": 1024, "gemm_seconds_median": 0.0125,
+           "gemm_seconds_cv": 0.5, "gemm_tflops": 7.25, "peak_tflops": 50.0, "peak_percent": 14.5,
+           "h2d_gbps": 3.5, "d2h_gbps": 4.5, "reduce_seconds_median": 0.0625, "reduce_algbw_gbps": 9.5,
+           "verified": True}
+    table = matmul_table([row], {"reduce": "sum"}, wide=wide)
+    cells = {str(c.header).replace("\n", " "): list(c.cells)[0] for c in table.columns}
+    percent = next(v for h, v in cells.items() if h.startswith("% of"))
+    assert percent == "14.5"
+    assert cells["TFLOP/s"] == "7.25"
+    assert next(v for h, v in cells.items() if h.startswith("GEMM") and "CV" not in h) == "12.5"
+    assert next(v for h, v in cells.items() if h.startswith("Reduce") and "ms" in h) == "62.5"
+    if wide:
+        assert cells["GEMM CV (%)"] == "50" and cells["H2D (GB/s)"] == "3.5" and cells["D2H (GB/s)"] == "4.5"

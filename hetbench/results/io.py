@@ -17,7 +17,7 @@ import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -252,9 +252,12 @@ def write_json_atomic(path: Path | str, document: dict[str, Any]) -> None:
     _write_atomic(path, lambda f: f.write(text))
 
 
-def csv_text(rows: Iterable[dict[str, Any]]) -> str:
+def csv_text(rows: Iterable[dict[str, Any]], order: Sequence[str] = ()) -> str:
+    """The rows' scalar fields as CSV: the fields named in `order` first (a benchmark's declared columns, those its
+    rows have), then any others in the rows' own order."""
     scalar_rows = [csv_row(r) for r in rows]
-    columns: list[str] = []
+    present = {k for r in scalar_rows for k in r}
+    columns: list[str] = [k for k in order if k in present]
     for r in scalar_rows:
         columns.extend(k for k in r if k not in columns)
     buf = io.StringIO()
@@ -265,8 +268,8 @@ def csv_text(rows: Iterable[dict[str, Any]]) -> str:
     return buf.getvalue()
 
 
-def write_csv_atomic(path: Path | str, rows: Iterable[dict[str, Any]]) -> None:
-    text = csv_text(rows)
+def write_csv_atomic(path: Path | str, rows: Iterable[dict[str, Any]], order: Sequence[str] = ()) -> None:
+    text = csv_text(rows, order)
     _write_atomic(path, lambda f: f.write(text))
 
 
@@ -300,8 +303,9 @@ def stage_json(path: Path | str, document: dict[str, Any], exclusive: bool = Fal
     return stage(path, lambda f: f.write(text), exclusive=exclusive)
 
 
-def stage_csv(path: Path | str, rows: Iterable[dict[str, Any]], exclusive: bool = False) -> StagedFile:
-    text = csv_text(rows)
+def stage_csv(path: Path | str, rows: Iterable[dict[str, Any]], exclusive: bool = False,
+              order: Sequence[str] = ()) -> StagedFile:
+    text = csv_text(rows, order)
     return stage(path, lambda f: f.write(text), exclusive=exclusive)
 
 
