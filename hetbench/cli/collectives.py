@@ -17,6 +17,7 @@ from hetbench.cli.common import (
     resolve_outputs,
     utc_stamp,
 )
+from hetbench.cli.types import MAX_RANK, MAX_REPEAT, MAX_WARMUP, int_range
 from hetbench.config import (
     COLLECTIVE_DTYPES,
     DTYPE_NAMES,
@@ -52,12 +53,12 @@ class ByteSize(click.ParamType):
               help="First size (8, 1K, 16M, 1G; powers of 1024). Default: the smallest size every op can take "
                    "(one element, or one per rank for ops whose size is split over the ranks).")
 @click.option("--max-bytes", type=ByteSize(), default=DEFAULT_MAX_BYTES, show_default=True, help="Last size, at most.")
-@click.option("--factor", type=int, default=2, show_default=True, help="Each size is the last one times this.")
+@click.option("--factor", type=int_range(), default=2, show_default=True, help="Each size is the last one times this.")
 @click.option("--dtype", type=click.Choice(DTYPE_NAMES), default="fp32", show_default=True,
               help=f"Element type ({', '.join(COLLECTIVE_DTYPES)}: MPI has no half-precision reductions).")
-@click.option("--warmup", type=click.IntRange(min=0), default=5, show_default=True, help="Untimed iterations first.")
-@click.option("--iters", type=click.IntRange(min=1), default=20, show_default=True, help="Timed iterations.")
-@click.option("--root", type=click.IntRange(min=0), default=0, show_default=True,
+@click.option("--warmup", type=int_range(0, MAX_WARMUP), default=5, show_default=True, help="Untimed iterations first.")
+@click.option("--iters", type=int_range(1, MAX_REPEAT), default=20, show_default=True, help="Timed iterations.")
+@click.option("--root", type=int_range(0, MAX_RANK), default=0, show_default=True,
               help="Root of reduce, bcast, gather and scatter.")
 @click.option("--check/--no-check", default=True, show_default=True,
               help="Count wrong elements against the exactly known result.")

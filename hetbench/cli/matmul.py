@@ -18,29 +18,30 @@ from hetbench.cli.common import (
     resolve_outputs,
     utc_stamp,
 )
+from hetbench.cli.types import MAX_DIMENSION, MAX_RANK, MAX_REPEAT, MAX_SEED, MAX_WARMUP, int_range
 from hetbench.config import DTYPE_NAMES, MatmulConfig, parse_dtype
 from hetbench.results import check_writable, make_document, write_npy_atomic
 
 DEFAULT_SIZE = 2048
-_POSITIVE = click.IntRange(min=1)
+_DIMENSION = int_range(1, MAX_DIMENSION)
 
 
 @click.command()
-@click.option("--size", type=_POSITIVE, default=DEFAULT_SIZE, show_default=True,
+@click.option("--size", type=_DIMENSION, default=DEFAULT_SIZE, show_default=True,
               help="m = n = k of each rank's product (each of --m/--n/--k overrides its own).")
-@click.option("--m", "m", type=_POSITIVE, default=None, help="Rows of A_r and C_r.")
-@click.option("--n", "n", type=_POSITIVE, default=None, help="Columns of B_r and C_r.")
-@click.option("--k", "k", type=_POSITIVE, default=None, help="Columns of A_r, rows of B_r.")
+@click.option("--m", "m", type=_DIMENSION, default=None, help="Rows of A_r and C_r.")
+@click.option("--n", "n", type=_DIMENSION, default=None, help="Columns of B_r and C_r.")
+@click.option("--k", "k", type=_DIMENSION, default=None, help="Columns of A_r, rows of B_r.")
 @click.option("--dtype", type=click.Choice(DTYPE_NAMES), default="fp32", show_default=True,
               help="Element type; checked against every rank's device.")
 @backend_option
-@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True, help="Untimed runs first.")
-@click.option("--repeat", type=_POSITIVE, default=10, show_default=True, help="Timed runs; every one is kept.")
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+@click.option("--warmup", type=int_range(0, MAX_WARMUP), default=2, show_default=True, help="Untimed runs first.")
+@click.option("--repeat", type=int_range(1, MAX_REPEAT), default=10, show_default=True, help="Timed runs; every one is kept.")
+@click.option("--seed", type=int_range(0, MAX_SEED), default=0, show_default=True,
               help="Seeds the generated A_r, B_r (with the rank) and the verification vectors.")
 @click.option("--reduce", "reduce_op", type=click.Choice(["sum", "none"]), default="sum", show_default=True,
               help="Sum the products to the root over MPI, or not.")
-@click.option("--root", type=click.IntRange(min=0), default=0, show_default=True,
+@click.option("--root", type=int_range(0, MAX_RANK), default=0, show_default=True,
               help="The rank that receives (and with --save stores) the sum.")
 @click.option("--a", "a_path", metavar="PATH", default=None,
               help="Load A_r from this .npy file; {rank} and {host} in the path are replaced per rank.")
