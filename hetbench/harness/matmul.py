@@ -104,9 +104,13 @@ def prepare_inputs(cfg: MatmulConfig, world: World, opened: OpenDevice) -> tuple
         a_path = expand_rank_path(cfg.a_path, world.rank, world.host)
         b_path = expand_rank_path(cfg.b_path, world.rank, world.host)
         try:
-            a = gemm.load_matrix(a_path, "a", cfg.dtype)
-            b = gemm.load_matrix(b_path, "b", cfg.dtype)
+            # a value the dtype cannot hold becomes inf, which load_matrix reports: not NumPy's warning too
+            with np.errstate(over="ignore", invalid="ignore"):
+                a = gemm.load_matrix(a_path, "a", cfg.dtype)
+                b = gemm.load_matrix(b_path, "b", cfg.dtype)
             gemm.check_shapes(a, b, a_path, b_path)
+            gemm.check_finite_products(a, b, cfg.dtype, a_path, b_path,
+                                       addends=world.size if cfg.reduce == "sum" else 1)
         except gemm.InputError as e:
             return None, [str(e)]
     else:
