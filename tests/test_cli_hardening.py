@@ -191,7 +191,9 @@ def test_a_dtype_no_rank_can_do_is_one_error_line(tmp_path, nprocs, command):
     args += ["--size", "16"] if command == "matmul" else ["--op", "allreduce"]
     run = run_cli([command, *args], nprocs=nprocs, cwd=tmp_path, timeout=60)
     assert_usage_error(run, tmp_path, "fp64", "sim:" + ",".join(map(str, range(nprocs))), "Intel Arc A770")
-    assert len(run.stderr.strip().splitlines()) == 1, run.stderr
+    # no second line of the message (they are indented under "Error: "), and no rank prefix: every rank had it
+    assert not [line for line in run.stderr.splitlines() if line.startswith("       ")], run.stderr
+    assert "rank" not in run.error_lines[0]
 
 
 # --- HETBENCH_SIM_FAULT -------------------------------------------------------------------------------------
