@@ -1,3 +1,20 @@
-from hetbench.cli import main
+"""`python -m hetbench` and the `hetbench` command."""
 
-main()
+import signal
+import sys
+
+
+def run() -> None:
+    from hetbench import signals
+
+    try:
+        # first: importing the commands (NumPy, MPI) takes a moment, and Ctrl-C then must not print a traceback
+        signals.install()
+        from hetbench.cli import main
+    except KeyboardInterrupt as e:
+        sys.exit(signals.interrupted(e.signum if isinstance(e, signals.Interrupted) else signal.SIGINT))
+    main()
+
+
+if __name__ == "__main__":
+    run()

@@ -16,7 +16,7 @@ from hetbench.backends.base import BACKEND_NAMES, BackendSpec
 from hetbench.dtypes import DTYPES, DType, get_dtype
 
 _BYTE_SUFFIXES = {"": 1, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
-_BYTES_RE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(I?B)?\s*$", re.IGNORECASE)
+_BYTES_RE = re.compile(r"^\s*([0-9]+)\s*([KMGT]?)(I?B)?\s*$", re.IGNORECASE)  # ASCII digits only
 
 
 def parse_bytes(text: str | int) -> int:

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import click
 
+from hetbench.backends.base import BACKEND_NAMES
 from hetbench.comm.world import RankError, World
 from hetbench.config import OutputConfig
 from hetbench.results import check_writable
@@ -80,13 +82,34 @@ def output_path_errors(output: OutputConfig) -> list[str]:
     return errors
 
 
+# a device as messages name it, e.g. sim:1 or opencl:0: ranks on one node name different ones in the same words
+_DEVICE_LABEL = re.compile(rf"\b({'|'.join(BACKEND_NAMES)}):([0-9]+)\b")
+
+
+def _merge_device_indices(messages: list[str]) -> str:
+    """Messages alike but for their devices' indices, as one: `sim:0`, `sim:1` -> `sim:0,1`."""
+    if len(set(messages)) == 1:
+        return messages[0]
+    found = [_DEVICE_LABEL.findall(m) for m in messages]
+    position = iter(range(len(found[0])))
+
+    def merged(match: re.Match[str]) -> str:
+        i = next(position)
+        indices = sorted({int(labels[i][1]) for labels in found})
+        return f"{match.group(1)}:{','.join(map(str, indices))}"
+
+    return _DEVICE_LABEL.sub(merged, messages[0])
+
+
 def format_rank_errors(world: World, errors: list[RankError]) -> str:
-    """One line per distinct message; a message every rank had is not repeated per rank."""
+    """One line per distinct message; a message every rank had is not repeated per rank, and messages that differ
+    only in the index of the device they name are one line naming every index."""
     by_message: dict[str, list[RankError]] = {}
     for e in errors:
-        by_message.setdefault(e.message, []).append(e)
+        by_message.setdefault(_DEVICE_LABEL.sub(r"\1:#", e.message), []).append(e)
     lines = []
-    for message, where in by_message.items():
+    for where in by_message.values():
+        message = _merge_device_indices([e.message for e in where])
         ranks = sorted({e.rank for e in where})
         if world.size == 1 or len(ranks) == world.size:
             lines.append(message)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import weakref
 from typing import Any, Callable, Iterator
 
@@ -35,6 +36,7 @@ from hetbench.backends.sim_catalog import CATALOG, MODELS, GpuModel
 from hetbench.dtypes import DType, get_dtype, round_to_bf16, to_host_dtype
 
 FAULT_ENV = "HETBENCH_SIM_FAULT"
+FAULT_OPERATIONS = ("matmul", "upload", "corrupt", "corrupt-copy")
 _RANK_ENV = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 
 _RUNTIME_TEXT = {
@@ -101,6 +103,17 @@ def _fault_applies(operation: str) -> bool:
     setting = os.environ.get(FAULT_ENV, "").strip()
     target, _, rank = setting.partition("@")
     return bool(setting) and target == operation and (not rank or rank.strip() == str(_rank()))
+
+
+def fault_setting_error() -> str | None:
+    """A HETBENCH_SIM_FAULT value the hook does not know: a message naming it and the accepted ones, else None.
+    (A misspelt fault would otherwise inject nothing, and a test of failure handling would pass for nothing.)"""
+    setting = os.environ.get(FAULT_ENV, "").strip()
+    target, at, rank = setting.partition("@")
+    if not setting or (target in FAULT_OPERATIONS and (not at or re.fullmatch(r"[0-9]+", rank.strip()))):
+        return None
+    return (f"{FAULT_ENV}={setting!r} is not a fault the sim backend knows; accepted: "
+            f"{', '.join(FAULT_OPERATIONS)}, each optionally followed by @RANK (e.g. matmul@1)")
 
 
 def _check_fault(operation: str, where: str) -> None:
@@ -294,6 +307,9 @@ def open_device(spec: BackendSpec, local_rank: int, local_size: int) -> SimBacke
         model = get_model(spec.model)
     except ValueError as e:
         raise BackendUnavailable(str(e)) from None
+    fault_error = fault_setting_error()
+    if fault_error is not None:
+        raise BackendUnavailable(fault_error)
     index = local_rank if spec.index is None else spec.index
     if index < 0:
         raise BackendUnavailable(f"device index {index} is out of range for backend sim: indices start at 0")

@@ -30,7 +30,7 @@ from hetbench.config import (
     parse_dtype,
     parse_ops,
 )
-from hetbench.options import parse_backends
+from hetbench.options import MAX_RANK, MAX_REPEAT, MAX_WARMUP, int_range, parse_backends
 
 _PERIOD = 509  # values repeat with this period in the position, which lets them be built without temporaries
 
@@ -318,15 +318,15 @@ class Collectives:
                               "can take (one element, or one per rank for ops whose size is split over the ranks)."),
             click.Option(["--max-bytes"], type=ByteSize(), default=DEFAULT_MAX_BYTES, show_default=True,
                          help="Last size, at most."),
-            click.Option(["--factor"], type=int, default=2, show_default=True,
+            click.Option(["--factor"], type=int_range(), default=2, show_default=True,
                          help="Each size is the last one times this."),
             click.Option(["--dtype"], type=click.Choice(COLLECTIVE_DTYPES), default="fp32", show_default=True,
                          help="Element type (MPI has no half-precision reductions, so no fp16 or bf16)."),
-            click.Option(["--warmup"], type=click.IntRange(min=0), default=5, show_default=True,
+            click.Option(["--warmup"], type=int_range(0, MAX_WARMUP), default=5, show_default=True,
                          help="Untimed iterations first."),
-            click.Option(["--iters"], type=click.IntRange(min=1), default=20, show_default=True,
+            click.Option(["--iters"], type=int_range(1, MAX_REPEAT), default=20, show_default=True,
                          help="Timed iterations."),
-            click.Option(["--root"], type=click.IntRange(min=0), default=0, show_default=True,
+            click.Option(["--root"], type=int_range(0, MAX_RANK), default=0, show_default=True,
                          help="Root of reduce, bcast, gather and scatter."),
             click.Option(["--check/--no-check"], default=True, show_default=True,
                          help="Count wrong elements against the exactly known result."),

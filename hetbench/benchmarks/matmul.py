@@ -22,10 +22,10 @@ from hetbench.benchmarks.base import (
     register,
 )
 from hetbench.config import DTYPE_NAMES, MatmulConfig, OutputConfig, parse_dtype
-from hetbench.options import parse_backends
+from hetbench.options import MAX_DIMENSION, MAX_RANK, MAX_REPEAT, MAX_SEED, MAX_WARMUP, int_range, parse_backends
 
 DEFAULT_SIZE = 2048
-_POSITIVE = click.IntRange(min=1)
+_DIMENSION = int_range(1, MAX_DIMENSION)
 
 _M = MODELLED_WITH_DEVICE
 COLUMNS: tuple[Column, ...] = (
@@ -74,22 +74,22 @@ class Matmul:
 
     def options(self) -> list[click.Parameter]:
         return [
-            click.Option(["--size"], type=_POSITIVE, default=DEFAULT_SIZE, show_default=True,
+            click.Option(["--size"], type=_DIMENSION, default=DEFAULT_SIZE, show_default=True,
                          help="m = n = k of each rank's product (each of --m/--n/--k overrides its own)."),
-            click.Option(["--m", "m"], type=_POSITIVE, default=None, help="Rows of A_r and C_r."),
-            click.Option(["--n", "n"], type=_POSITIVE, default=None, help="Columns of B_r and C_r."),
-            click.Option(["--k", "k"], type=_POSITIVE, default=None, help="Columns of A_r, rows of B_r."),
+            click.Option(["--m", "m"], type=_DIMENSION, default=None, help="Rows of A_r and C_r."),
+            click.Option(["--n", "n"], type=_DIMENSION, default=None, help="Columns of B_r and C_r."),
+            click.Option(["--k", "k"], type=_DIMENSION, default=None, help="Columns of A_r, rows of B_r."),
             click.Option(["--dtype"], type=click.Choice(DTYPE_NAMES), default="fp32", show_default=True,
                          help="Element type; checked against every rank's device."),
-            click.Option(["--warmup"], type=click.IntRange(min=0), default=2, show_default=True,
+            click.Option(["--warmup"], type=int_range(0, MAX_WARMUP), default=2, show_default=True,
                          help="Untimed runs first."),
-            click.Option(["--repeat"], type=_POSITIVE, default=10, show_default=True,
+            click.Option(["--repeat"], type=int_range(1, MAX_REPEAT), default=10, show_default=True,
                          help="Timed runs; every one is kept."),
-            click.Option(["--seed"], type=click.IntRange(min=0), default=0, show_default=True,
+            click.Option(["--seed"], type=int_range(0, MAX_SEED), default=0, show_default=True,
                          help="Seeds the generated A_r, B_r (with the rank) and the verification vectors."),
             click.Option(["--reduce", "reduce_op"], type=click.Choice(["sum", "none"]), default="sum",
                          show_default=True, help="Sum the products to the root over MPI, or not."),
-            click.Option(["--root"], type=click.IntRange(min=0), default=0, show_default=True,
+            click.Option(["--root"], type=int_range(0, MAX_RANK), default=0, show_default=True,
                          help="The rank that receives (and with --save stores) the sum."),
             click.Option(["--a", "a_path"], metavar="PATH", default=None,
                          help="Load A_r from this .npy file; {rank} and {host} in the path are replaced per rank."),

@@ -1,20 +1,22 @@
 """The `hetbench` command: a command per registered benchmark (built by hetbench/driver.py), plus `devices`,
 `report` and `compare`; and the one place errors become messages and exit codes.
 
-Exit codes: 0 all checks passed; 1 a check failed or a rank failed while running; 2 bad input (usage).
-Usage errors are decided alike on every rank and printed once, by rank 0. A rank that fails while running prints
-its own message and aborts the whole MPI job, so no rank is left waiting.
+Exit codes: 0 all checks passed; 1 a check failed or a rank failed while running; 2 bad input (usage); 130 and
+143 interrupted by SIGINT (Ctrl-C) and SIGTERM. Usage errors are decided alike on every rank and printed once, by
+rank 0. A rank that fails while running, or is interrupted, prints its own message and aborts the whole MPI job, so
+no rank is left waiting.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
 
 import click
 
-from hetbench import __version__
-from hetbench import benchmarks, driver
+from hetbench import __version__, benchmarks, driver, signals
 from hetbench.benchmarks.base import REGISTRY
 from hetbench.cli.compare import compare
 from hetbench.cli.devices import devices
@@ -23,13 +25,19 @@ from hetbench.cli.report import report
 _RANK_ENV = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK", "SLURM_PROCID")
 
 
-def launcher_rank() -> int:
-    """This process's rank as the MPI launcher set it, readable before MPI is initialised."""
-    for name in _RANK_ENV:
-        value = os.environ.get(name)
-        if value and value.isdigit():
-            return int(value)
-    return 0
+def world_rank() -> int:
+    """This process's rank in COMM_WORLD, which decides who prints (rank 0 only).
+
+    A process no launcher started is rank 0, and MPI is not started to learn it. Where a launcher's variables are
+    set, MPI is asked: they may be left over in a shell without a launcher (a leftover PMI_RANK=1 starts a
+    singleton of rank 0), and trusting them would leave nobody to print."""
+    if "mpi4py.MPI" not in sys.modules and not any(os.environ.get(name) for name in _RANK_ENV):
+        return 0
+    from mpi4py import MPI
+
+    if not MPI.Is_initialized() or MPI.Is_finalized():
+        return 0
+    return MPI.COMM_WORLD.Get_rank()
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -54,9 +62,16 @@ def _mpi_world_size() -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    rank = launcher_rank()
+    rank = 0
     try:
-        code = cli.main(args=argv, prog_name="hetbench", standalone_mode=False)
+        signals.install()  # before MPI starts (done already when run as the `hetbench` command)
+        rank = world_rank()
+        with contextlib.ExitStack() as stack:
+            if rank != 0:
+                # only rank 0 writes to stdout: this also keeps --help and --version, which click prints while
+                # parsing, to one copy under mpiexec
+                stack.enter_context(contextlib.redirect_stdout(stack.enter_context(open(os.devnull, "w"))))
+            code = cli.main(args=argv, prog_name="hetbench", standalone_mode=False)
     except click.exceptions.Exit as e:
         code = e.exit_code
     except click.exceptions.NoArgsIsHelpError as e:
@@ -71,10 +86,13 @@ def main(argv: list[str] | None = None) -> None:
 
             error_line(e.format_message())
         code = e.exit_code
-    except click.Abort:
-        code = 130
-    except KeyboardInterrupt:
-        code = 130
+    except (click.Abort, KeyboardInterrupt) as e:
+        # Ctrl-C or SIGTERM (click turns them into Abort): with several ranks this ends them all, not returning
+        cause = e.__cause__ if isinstance(e, click.Abort) else e
+        if isinstance(cause, KeyboardInterrupt):
+            code = signals.interrupted(cause.signum if isinstance(cause, signals.Interrupted) else signal.SIGINT)
+        else:
+            code = 130
     except Exception as e:  # a failure while running: this rank's message, then end every rank
         host = os.uname().nodename
         print(f"Error: rank {rank} ({host}) failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)

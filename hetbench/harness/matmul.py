@@ -203,8 +203,12 @@ def prepare_inputs(cfg: MatmulConfig, world: World, opened: OpenDevice) -> tuple
         return None, [error]
     if headers is not None:
         try:
-            a = gemm.read_matrix(headers[0], cfg.dtype)
-            b = gemm.read_matrix(headers[1], cfg.dtype)
+            # a value the dtype cannot hold becomes inf, which read_matrix reports: not NumPy's warning too
+            with np.errstate(over="ignore", invalid="ignore"):
+                a = gemm.read_matrix(headers[0], cfg.dtype)
+                b = gemm.read_matrix(headers[1], cfg.dtype)
+            gemm.check_finite_products(a, b, cfg.dtype, headers[0].path, headers[1].path,
+                                       addends=world.size if cfg.reduce == "sum" else 1)
         except gemm.InputError as e:
             return None, [str(e)]
     else:

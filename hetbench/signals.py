@@ -1,0 +1,146 @@
+"""Ctrl-C (SIGINT) and SIGTERM end the whole job within seconds, however far apart its ranks are.
+
+A Python signal handler runs in the main thread between bytecodes only: a rank blocked in an MPI call (a barrier,
+a reduce) or in one long BLAS call never gets there, and a rank that leaves through MPI_Finalize alone leaves the
+others waiting for ever. So CPython's C-level handler also writes the signal's number to a pipe
+(`signal.set_wakeup_fd`), and a watchdog thread blocked on that pipe wakes at once: in a job of several ranks it
+prints one line and calls MPI_Abort, which makes the launcher end every rank; alone, it lets the main thread unwind
+(the handler raises `Interrupted`) and ends the process itself if that takes more than a moment.
+
+SIGHUP is left alone: UCX, under MPICH, takes it at MPI initialisation as its debugging signal.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+
+HANDLED = (signal.SIGINT, signal.SIGTERM)
+# a single process gets this long to unwind through its own `finally` blocks before the watchdog ends it
+SINGLE_GRACE_SECONDS = 2.0
+# ranks other than 0 wait this long before aborting: when the launcher forwards a signal to every rank, rank 0's
+# abort ends the others first and the job prints one line, not one per rank
+NONROOT_DELAY_SECONDS = 0.5
+
+_ending = threading.Lock()  # taken by whoever announces the end; never released (the process is ending)
+_first_signal: int | None = None
+_installed = False
+
+
+class Interrupted(KeyboardInterrupt):
+    """Raised in the main thread by SIGINT or SIGTERM; a KeyboardInterrupt so that code catching that sees it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return exit_code(self.signum)
+
+
+def exit_code(signum: int) -> int:
+    """The shell's convention: 128 + the signal's number (130 for SIGINT, 143 for SIGTERM)."""
+    return 128 + signum
+
+
+def _world() -> tuple[int, int]:
+    """(rank, size) of COMM_WORLD once MPI is initialised (and not finalised); (0, 1) before."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    try:
+        if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized():
+            return 0, 1
+        return mpi.COMM_WORLD.Get_rank(), mpi.COMM_WORLD.Get_size()
+    except Exception:  # an MPI that cannot answer from this thread: treat the process as alone
+        return 0, 1
+
+
+def _say(line: str) -> None:
+    # os.write, not print: no Python-level lock on sys.stderr that the interrupted main thread might hold
+    try:
+        os.write(2, (line + "\n").encode(errors="replace"))
+    except OSError:
+        pass
+
+
+def _abort_job(signum: int, rank: int) -> None:
+    """Say which rank was stopped by what, then end every rank of the job. Does not return."""
+    if rank != 0:
+        time.sleep(NONROOT_DELAY_SECONDS)
+    _ending.acquire()  # a second caller (the main thread, or the watchdog) waits here until the process ends
+    _say(f"Error: rank {rank} ({socket.gethostname()}) interrupted by {signal.Signals(signum).name}")
+    code = exit_code(signum)
+    try:
+        sys.modules["mpi4py.MPI"].COMM_WORLD.Abort(code)
+    finally:  # MPI_Abort does not return; should it fail, the launcher still sees this rank die
+        os._exit(code)
+
+
+def interrupted(signum: int) -> int:
+    """The main thread's answer to `Interrupted`: in a job of several ranks, abort them all; alone, say so once and
+    return the exit code."""
+    rank, size = _world()
+    if size > 1:
+        _abort_job(signum, rank)
+    if _ending.acquire(blocking=False):
+        _say(f"Error: interrupted by {signal.Signals(signum).name}")
+    return exit_code(signum)
+
+
+def _handler(signum: int, frame: object) -> None:
+    global _first_signal
+    if _first_signal is None:  # a second Ctrl-C while unwinding must not raise inside the clean-up
+        _first_signal = signum
+        raise Interrupted(signum)
+
+
+def _watch(read_fd: int) -> None:
+    while True:
+        try:
+            data = os.read(read_fd, 1)
+        except InterruptedError:
+            continue
+        except OSError:
+            return
+        if not data:
+            return
+        signum = data[0]
+        if signum not in HANDLED:
+            continue
+        rank, size = _world()
+        if size > 1:
+            _abort_job(signum, rank)
+        # alone: the main thread unwinds through `Interrupted`; end the process if it is stuck in a long C call
+        time.sleep(SINGLE_GRACE_SECONDS)
+        if _ending.acquire(blocking=False):
+            _say(f"Error: interrupted by {signal.Signals(signum).name}")
+        os._exit(exit_code(signum))
+
+
+def install() -> bool:
+    """Handle SIGINT and SIGTERM as described above, once per process. Call from the main thread, first thing:
+    before MPI starts and before the slow imports. A signal that is ignored (a job started in the background of a
+    script) stays ignored. Returns whether the watchdog runs."""
+    global _installed
+    if _installed or threading.current_thread() is not threading.main_thread():
+        return _installed
+    wanted = [s for s in HANDLED if signal.getsignal(s) is not signal.SIG_IGN]
+    if not wanted:
+        return False
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    try:
+        signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    except (ValueError, OSError):
+        os.close(read_fd)
+        os.close(write_fd)
+        return False
+    threading.Thread(target=_watch, args=(read_fd,), name="hetbench-signals", daemon=True).start()
+    _installed = True
+    for s in wanted:  # last: from here on a signal raises Interrupted, which the caller must be ready for
+        signal.signal(s, _handler)
+    return True
