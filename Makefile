@@ -1,5 +1,6 @@
 # hetbench: `make demo` runs the main job on this machine's devices, `make test` runs the tests,
-# `make bench` prints hetbench's figures as ratios to the plain library calls measured in the same run.
+# `make bench` prints hetbench's overhead over the bare library calls (hetbench/overhead.py): its figures as ratios
+# to the plain library calls measured in the same run.
 # Each builds the virtualenv first if it is missing (.venv, the package with the opencl and mpich extras,
 # plus clblast where Debian's libclblast-dev is installed).
 # `make test-openmpi` runs the same tests under Open MPI's mpirun (Debian's openmpi-bin, /usr/bin/mpirun) from a
@@ -72,9 +73,9 @@ test-openmpi: env-openmpi
 	HETBENCH_TEST_MPIEXEC=$(OPENMPI_MPIRUN) $(VENV_OPENMPI)/bin/python -m pytest -q
 
 bench: env
-	$(PY) -m hetbench.bench gemm
-	$(MPIEXEC) -n 2 $(PY) -m hetbench.bench allreduce
-	$(PY) -m hetbench.bench opencl
+	$(PY) -m hetbench.overhead gemm
+	$(MPIEXEC) -n 2 $(PY) -m hetbench.overhead allreduce
+	$(PY) -m hetbench.overhead opencl
 
 clean:
 	rm -rf $(VENV) $(VENV_OPENMPI) build dist *.egg-info

@@ -1,4 +1,10 @@
-"""Rich tables for hetbench's commands, printed on rank 0 only (after hatch's one-console design)."""
+"""Rich output for hetbench's commands: the results tables (from each benchmark's declared columns), the devices
+table, the progress bar, and the plain `Error:`/`Note:` lines. Only rank 0 prints through it; the driver and the
+commands see to that.
+
+Not hatch's single console: `console()` makes a new Console at every call, sized and coloured for its stream as it
+is at that moment (a terminal, a file or pipe, a launcher's size-less pseudo-terminal), and `print_table` widens the
+one it is given for a --wide table, which must not carry over to the next print."""
 
 from __future__ import annotations
 
@@ -46,7 +52,7 @@ def _terminal_columns(stream: Any) -> int | None:
 
 
 def console(stderr: bool = False, force_terminal: bool | None = None, fallback_width: int = LOG_WIDTH) -> Console:
-    """A Console for stdout (or stderr) that writes escape codes only to a real terminal.
+    """A new Console for stdout (or stderr) that writes escape codes only to a real terminal.
 
     A file, a pipe (a rank's output under mpiexec) or a terminal of width 0 (a rank's under Open MPI, even when
     mpirun writes to a file) gets plain text at $COLUMNS or `fallback_width` columns; a terminal gets its own width

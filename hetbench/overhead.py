@@ -1,9 +1,10 @@
-"""`make bench`: hetbench's figures as ratios to the plain library call, both measured in the same run.
+"""hetbench's overhead over the bare library call (`make bench`): each hetbench figure as a ratio to the plain
+library call it wraps, both measured in the same run.
 
-    python -m hetbench.bench gemm                     host GEMM through hetbench's harness vs a bare NumPy `a @ b`
-    mpiexec -n 2 python -m hetbench.bench allreduce   hetbench's allreduce vs a bare mpi4py `Allreduce` loop
-    python -m hetbench.bench opencl                   OpenCL GEMM (CLBlast path, own kernel) vs a bare
-                                                      pyclblast.gemm loop, and clpeak's fp32 peak as a ceiling
+    python -m hetbench.overhead gemm                    host GEMM through hetbench's harness vs a bare NumPy `a @ b`
+    mpiexec -n 2 python -m hetbench.overhead allreduce  hetbench's allreduce vs a bare mpi4py `Allreduce` loop
+    python -m hetbench.overhead opencl                  OpenCL GEMM (CLBlast path, own kernel) vs a bare
+                                                        pyclblast.gemm loop, and clpeak's fp32 peak as a ceiling
 
 The two are measured in alternating rounds so that drifts of clock speed or load hit both alike; each round's
 figure is a median, and the ratio is of the medians over the rounds.
