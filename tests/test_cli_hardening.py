@@ -11,7 +11,7 @@ from conftest import MPIEXEC, assert_usage_error, needs_mpi, run_cli
 from hetbench.backends import sim
 from hetbench.benchmarks import gemm
 from hetbench.cli import cli
-from hetbench.cli.common import format_rank_errors
+from hetbench.outputs import format_rank_errors
 from hetbench.comm.world import RankError
 from hetbench.config import parse_bytes
 from hetbench.dtypes import DTYPES
