@@ -7,8 +7,7 @@ figures in sim_catalog.py, never the host's wall time.
 Test hook: set HETBENCH_SIM_FAULT=matmul or HETBENCH_SIM_FAULT=upload to make that operation raise
 DeviceError, HETBENCH_SIM_FAULT=corrupt to make every matmul get one element wrong, or corrupt-copy to make
 every copy to the host get its first element wrong; on every rank, or on one
-rank with `matmul@<rank>` (the rank is read from PMI_RANK, OMPI_COMM_WORLD_RANK or PMIX_RANK, whichever is set,
-else 0). It exists to test failure handling and verification.
+rank with `matmul@<rank>` (the rank in COMM_WORLD, hetbench.comm.launcher.world_rank). It exists to test failure handling and verification.
 """
 
 from __future__ import annotations
@@ -33,11 +32,11 @@ from hetbench.backends.base import (
 )
 from hetbench.backends.host import host_memory_available_bytes
 from hetbench.backends.sim_catalog import CATALOG, MODELS, GpuModel
+from hetbench.comm.launcher import world_rank
 from hetbench.dtypes import DType, get_dtype, round_to_bf16, to_host_dtype
 
 FAULT_ENV = "HETBENCH_SIM_FAULT"
 FAULT_OPERATIONS = ("matmul", "upload", "corrupt", "corrupt-copy")
-_RANK_ENV = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 
 _RUNTIME_TEXT = {
     "cuda": "simulated CUDA 12.4 (modelled)",
@@ -90,19 +89,10 @@ def transfer_model_seconds(model: GpuModel, nbytes: int) -> float:
     return nbytes / (model.host_link_gbps * 1e9) + model.launch_latency_us * 1e-6
 
 
-def _rank() -> int:
-    for name in _RANK_ENV:
-        value = os.environ.get(name)
-        if value is not None:
-            with contextlib.suppress(ValueError):
-                return int(value)
-    return 0
-
-
 def _fault_applies(operation: str) -> bool:
     setting = os.environ.get(FAULT_ENV, "").strip()
     target, _, rank = setting.partition("@")
-    return bool(setting) and target == operation and (not rank or rank.strip() == str(_rank()))
+    return bool(setting) and target == operation and (not rank or rank.strip() == str(world_rank()))
 
 
 def fault_setting_error() -> str | None:

@@ -21,24 +21,7 @@ from hetbench.benchmarks.base import REGISTRY
 from hetbench.cli.compare import compare
 from hetbench.cli.devices import devices
 from hetbench.cli.report import report
-
-_RANK_ENV = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK", "SLURM_PROCID")
-
-
-def world_rank() -> int:
-    """This process's rank in COMM_WORLD, which decides who prints (rank 0 only).
-
-    A process no launcher started is rank 0, and MPI is not started to learn it. Where a launcher's variables are
-    set, MPI is asked: they may be left over in a shell without a launcher (a leftover PMI_RANK=1 starts a
-    singleton of rank 0), and trusting them would leave nobody to print."""
-    if "mpi4py.MPI" not in sys.modules and not any(os.environ.get(name) for name in _RANK_ENV):
-        return 0
-    from mpi4py import MPI
-
-    if not MPI.Is_initialized() or MPI.Is_finalized():
-        return 0
-    return MPI.COMM_WORLD.Get_rank()
-
+from hetbench.comm.launcher import world_rank
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="hetbench")

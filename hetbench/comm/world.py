@@ -7,7 +7,6 @@ through `World.agree`, so all ranks see the same errors and stop together: no ra
 from __future__ import annotations
 
 import socket
-import sys
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -65,14 +64,6 @@ class World:
         return [
             RankError(rank, self.hosts[rank], message) for rank, ms in enumerate(gathered) for message in ms
         ]
-
-    def abort(self, code: int) -> None:
-        """End every rank of the job now. With one process this is a plain exit."""
-        sys.stdout.flush()
-        sys.stderr.flush()
-        if self.size > 1:
-            self.comm.Abort(code)
-        sys.exit(code)
 
     def mpi_library(self) -> str:
         return self.MPI.Get_library_version().strip().splitlines()[0]
