@@ -227,6 +227,27 @@ def test_open_device_shares_threads(monkeypatch: pytest.MonkeyPatch) -> None:
     assert blas_threads() == before
 
 
+def test_a_rank_on_another_device_shares_the_cores_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A simulated (or OpenCL, CuPy) rank still multiplies on the host when it checks its products: its BLAS gets
+    its share of the cores as a host rank's does, so that it does not spin on the other ranks' cores."""
+    _clear_thread_env(monkeypatch)
+    if not blas_threads():
+        pytest.skip("threadpoolctl sees no BLAS")
+    from hetbench.comm.world import World
+    from hetbench.harness.devices import open_rank_device
+
+    world = World()
+    world.local_size = 10**6
+    with threadpool_limits(limits=2, user_api="blas"):
+        opened, errors = open_rank_device(BackendSpec("sim", model="h100"), DTYPES["fp32"], world)
+        assert errors == [] and opened is not None and opened.backend.name == "sim"
+        assert set(blas_threads()) == {1}
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user's own count is left alone
+    with threadpool_limits(limits=2, user_api="blas"):
+        open_rank_device(BackendSpec("sim", model="h100"), DTYPES["fp32"], world)
+        assert set(blas_threads()) == {2}
+
+
 def test_index_for_rank() -> None:
     assert index_for_rank(BackendSpec("opencl", 2), 3, 0) == 2
     assert index_for_rank(BackendSpec("opencl", 0), 3, 2) == 0

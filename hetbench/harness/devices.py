@@ -33,6 +33,10 @@ def open_rank_device(spec: BackendSpec, dtype: DType, world: World) -> tuple[Ope
         backend = open_backend(spec, world.local_rank, world.local_size)
     except (BackendUnavailable, ValueError) as e:
         return None, [str(e)]
+    if backend.name != "host":  # the host backend limits its BLAS itself, and records it
+        from hetbench.backends.host import share_blas_threads
+
+        share_blas_threads(world.local_size)
     info = backend.info()
     try:
         check_dtype(info, dtype)
