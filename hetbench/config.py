@@ -123,9 +123,12 @@ class MatmulConfig:
     b_path: str | None = None
     save: Path | None = None  # the reduced result, .npy, written at the root
     output: OutputConfig = field(default_factory=OutputConfig)
+    # a size sweep (--sizes): square products of each size in turn, smallest first; m, n, k are then the largest
+    sizes: tuple[int, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        d["sizes"] = list(self.sizes)
         d["dtype"] = self.dtype.name
         d["backends"] = [str(s) for s in self.backends]
         d["save"] = str(self.save) if self.save else None

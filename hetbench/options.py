@@ -22,6 +22,7 @@ MAX_WARMUP = 100_000
 MAX_DIMENSION = 2**31 - 1
 MAX_RANK = 2**31 - 1
 MAX_SEED = 2**63 - 1
+MAX_SWEEP_SIZES = 64
 
 
 class AsciiIntRange(click.IntRange):
@@ -41,6 +42,49 @@ class AsciiIntRange(click.IntRange):
 
 def int_range(min: int | None = None, max: int | None = None) -> AsciiIntRange:
     return AsciiIntRange(min=min, max=max)
+
+
+class SizeList(click.ParamType):
+    """A sweep of sizes: a comma-separated list (256,512,1024) or MIN:MAX[:FACTOR], every size from MIN multiplied
+    by FACTOR (default 2) up to MAX, as nccl-tests' -b/-e/-f. Gives the sizes in increasing order."""
+
+    name = "sizes"
+    ACCEPTED = ("a comma-separated list of sizes such as 256,512,1024, or MIN:MAX[:FACTOR] such as 256:4096 "
+                f"(FACTOR >= 2, default 2); each size 1..{MAX_DIMENSION}, at most {MAX_SWEEP_SIZES} sizes")
+
+    def __init__(self, max_size: int = MAX_DIMENSION) -> None:
+        self.max_size = max_size
+
+    def _int(self, text: str, value: str, param: Any, ctx: Any, lo: int = 1, what: str = "a size") -> int:
+        text = text.strip()
+        if not _ASCII_INT.fullmatch(text) or not lo <= int(text) <= self.max_size:
+            self.fail(f"{text!r} in {value!r} is not {what}; accepted: {self.ACCEPTED}", param, ctx)
+        return int(text)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, tuple):
+            return value
+        value = str(value)
+        if ":" in value:
+            parts = value.split(":")
+            if len(parts) not in (2, 3):
+                self.fail(f"{value!r} is not MIN:MAX[:FACTOR]; accepted: {self.ACCEPTED}", param, ctx)
+            lo, hi = self._int(parts[0], value, param, ctx), self._int(parts[1], value, param, ctx)
+            factor = self._int(parts[2], value, param, ctx, lo=2, what="a FACTOR") if len(parts) == 3 else 2
+            if lo > hi:
+                self.fail(f"MIN {lo} is larger than MAX {hi} in {value!r}; accepted: {self.ACCEPTED}", param, ctx)
+            sizes = [lo]
+            while sizes[-1] * factor <= hi and len(sizes) <= MAX_SWEEP_SIZES:
+                sizes.append(sizes[-1] * factor)
+        else:
+            sizes = [self._int(part, value, param, ctx) for part in value.split(",")]
+            repeated = sorted({s for s in sizes if sizes.count(s) > 1})
+            if repeated:
+                self.fail(f"{', '.join(map(str, repeated))} is given twice in {value!r}; accepted: {self.ACCEPTED}",
+                          param, ctx)
+        if len(sizes) > MAX_SWEEP_SIZES:
+            self.fail(f"{value!r} gives more than {MAX_SWEEP_SIZES} sizes; accepted: {self.ACCEPTED}", param, ctx)
+        return tuple(sorted(sizes))
 
 
 BACKEND_HELP = (

@@ -141,10 +141,8 @@ class _World:
         return [obj] * self.size
 
 
-class _Prepared:
-    def __init__(self, backend: str, size: int) -> None:
-        self.mnk = (size, size, size)
-        self.info = type("Info", (), {"backend": backend})()
+def _info(backend: str):
+    return type("Info", (), {"backend": backend})()
 
 
 @pytest.mark.parametrize("size, estimate", [(2048, "~3 min"), (1024, "~26 s"), (48, "under 1 s")])
@@ -153,10 +151,21 @@ def test_host_fp16_notice_estimates_the_time_before_spending_it(capsys, size, es
     from hetbench.harness.matmul import slow_host_fp16_notices
 
     cfg = MatmulConfig(m=size, n=size, k=size, dtype=parse_dtype("fp16"), backends=(), warmup=2, repeat=10)
-    notices = slow_host_fp16_notices(cfg, _World(1), _Prepared("host", size))
+    notices = slow_host_fp16_notices(cfg, _World(1), _info("host"), [(size, size, size)])
     # 2 * 2048^3 flop x 12 runs at about 1 GFLOP/s (NumPy's fp16 on one core: 0.7 GFLOP/s measured here)
     assert len(notices) == 1 and f"12 GEMMs may take {estimate}" in notices[0]
-    assert slow_host_fp16_notices(cfg, _World(2), _Prepared("sim", size)) == []
+    assert slow_host_fp16_notices(cfg, _World(2), _info("sim"), [(size, size, size)]) == []
+
+
+def test_host_fp16_notice_counts_every_size_of_a_sweep():
+    from hetbench.config import MatmulConfig, parse_dtype
+    from hetbench.harness.matmul import slow_host_fp16_notices
+
+    cfg = MatmulConfig(m=1024, n=1024, k=1024, dtype=parse_dtype("fp16"), backends=(), warmup=2, repeat=10,
+                       sizes=(512, 1024))
+    notices = slow_host_fp16_notices(cfg, _World(1), _info("host"), [(512,) * 3, (1024,) * 3])
+    # (2 * 512^3 + 2 * 1024^3) flop x 12 runs at 1 GFLOP/s: 29 s
+    assert len(notices) == 1 and "24 GEMMs may take ~29 s" in notices[0], notices
 
 
 @needs_mpi

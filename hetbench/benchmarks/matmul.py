@@ -2,7 +2,7 @@
 root over MPI, and every figure goes to a table, JSON and CSV.
 
 This module declares the benchmark (its options, config, columns, rows and summary); the timed run on each rank is
-hetbench/harness/matmul.py, the inputs hetbench/benchmarks/matrices.py.
+hetbench/harness/matmul.py, the inputs hetbench/benchmarks/gemm.py.
 """
 
 from __future__ import annotations
@@ -22,7 +22,16 @@ from hetbench.benchmarks.base import (
     register,
 )
 from hetbench.config import DTYPE_NAMES, MatmulConfig, OutputConfig, parse_dtype
-from hetbench.options import MAX_DIMENSION, MAX_RANK, MAX_REPEAT, MAX_SEED, MAX_WARMUP, int_range, parse_backends
+from hetbench.options import (
+    MAX_DIMENSION,
+    MAX_RANK,
+    MAX_REPEAT,
+    MAX_SEED,
+    MAX_WARMUP,
+    SizeList,
+    int_range,
+    parse_backends,
+)
 
 DEFAULT_SIZE = 2048
 _DIMENSION = int_range(1, MAX_DIMENSION)
@@ -79,6 +88,10 @@ class Matmul:
             click.Option(["--m", "m"], type=_DIMENSION, default=None, help="Rows of A_r and C_r."),
             click.Option(["--n", "n"], type=_DIMENSION, default=None, help="Columns of B_r and C_r."),
             click.Option(["--k", "k"], type=_DIMENSION, default=None, help="Columns of A_r, rows of B_r."),
+            click.Option(["--sizes"], type=SizeList(), default=None, metavar="LIST|MIN:MAX[:FACTOR]",
+                         help="A size sweep: square products of each size in turn, e.g. 256,512,1024 or 256:4096 "
+                              "(doubling; 256:4096:4 multiplies by 4). Every size is a whole run: its own inputs, "
+                              "warm-up, repeats, checks and reduce; its rows in the same table and files."),
             click.Option(["--dtype"], type=click.Choice(DTYPE_NAMES), default="fp32", show_default=True,
                          help="Element type; checked against every rank's device."),
             click.Option(["--warmup"], type=int_range(0, MAX_WARMUP), default=2, show_default=True,
@@ -107,18 +120,25 @@ class Matmul:
         if a_path is not None and sized:
             raise click.UsageError(f"{', '.join(sized)} cannot be combined with --a/--b: the shapes come from the "
                                    "files")
+        sizes = params["sizes"] or ()
+        if sizes:
+            given = sized + (["--a/--b"] if a_path is not None else []) + \
+                (["--save"] if params["save"] is not None else [])
+            if given:
+                raise click.UsageError(f"--sizes cannot be combined with {', '.join(given)}: a sweep multiplies "
+                                       "square inputs it makes for each size, and keeps no single sum to --save")
         if params["save"] is not None and params["reduce_op"] != "sum":
             raise click.UsageError("--save stores the summed result, so it needs --reduce sum")
         root = params["root"]
         if root >= world.size:
             raise click.BadParameter(f"{root} is not a rank of this job; ranks are 0..{world.size - 1}",
                                      param_hint="'--root'")
-        size = params["size"]
+        size = max(sizes) if sizes else params["size"]
         return MatmulConfig(
             m=params["m"] or size, n=params["n"] or size, k=params["k"] or size, dtype=parse_dtype(params["dtype"]),
             backends=parse_backends(world, ctx.params["backend"]), warmup=params["warmup"], repeat=params["repeat"],
             seed=params["seed"], reduce=params["reduce_op"], root=root, a_path=a_path, b_path=b_path,
-            save=params["save"], output=output,
+            save=params["save"], output=output, sizes=sizes,
         )
 
     def output_paths(self, cfg: MatmulConfig) -> dict[str, tuple[Any, int]]:
@@ -130,34 +150,55 @@ class Matmul:
     def prepare(self, cfg: MatmulConfig, world: Any, device: Any) -> tuple[Any, list[str]]:
         from hetbench.harness import matmul as run
 
+        if cfg.sizes:
+            return run.prepare_sweep(cfg, world, device)
         return run.prepare_inputs(cfg, world, device)
 
     def check(self, cfg: MatmulConfig, world: Any, state: Any) -> list[str]:
         from hetbench.harness import matmul as run
 
-        return run.shape_errors(cfg, world, state)
+        # a sweep's sizes are the same on every rank
+        return [] if cfg.sizes else run.shape_errors(cfg, world, state)
 
     def notices(self, cfg: MatmulConfig, world: Any, state: Any) -> list[str]:
         from hetbench.harness import matmul as run
 
-        return run.slow_host_fp16_notices(cfg, world, state)
+        if cfg.sizes:
+            return run.slow_host_fp16_notices(cfg, world, state.opened.info, state.mnks)
+        return run.slow_host_fp16_notices(cfg, world, state.info, [state.mnk])
 
     def run(self, cfg: MatmulConfig, world: Any, state: Any, on_step: Any) -> RankResult:
+        """data: (row, verdict of the sum) per size, smallest first; one pair without a sweep."""
         from hetbench.harness import matmul as run
 
-        outcome = run.run_rank(cfg, world, state, on_step)
+        outcomes = run.run_sweep(cfg, world, state, on_step) if cfg.sizes else [run.run_rank(cfg, world, state,
+                                                                                             on_step)]
         files = []
-        if outcome.reduced is not None and cfg.save is not None:
-            files.append(("--save", cfg.save, outcome.reduced))
-        return RankResult((outcome.row, outcome.reduced_verdict), files)
+        if outcomes[0].reduced is not None and cfg.save is not None:
+            files.append(("--save", cfg.save, outcomes[0].reduced))
+        return RankResult([(o.row, o.reduced_verdict) for o in outcomes], files)
 
     def rows(self, cfg: MatmulConfig, gathered: Sequence[Any]) -> list[dict[str, Any]]:
-        return [row for row, _ in gathered]
+        """Every rank's row of the first size, then of the next: one row per rank and size."""
+        return [ranks[i][0] for i in range(len(gathered[0])) for ranks in gathered]
 
     def summarize(self, cfg: MatmulConfig, rows: list[dict[str, Any]], gathered: Sequence[Any]) -> dict[str, Any]:
+        """The job's figures; for a sweep, those of its largest size, with every size's under "sizes" and the
+        checks of them all."""
         from hetbench.harness import matmul as run
 
-        return run.summarize_job(cfg, rows, gathered[cfg.root][1])
+        per_size = [run.summarize_job(cfg, [ranks[i][0] for ranks in gathered], gathered[cfg.root][i][1])
+                    for i in range(len(gathered[0]))]
+        if not cfg.sizes:
+            return per_size[0]
+        summary = dict(per_size[-1])
+        summary["sizes"] = [{"m": r["m"], "n": r["n"], "k": r["k"], **s}
+                            for s, r in zip(per_size, rows[::len(gathered)])]
+        summary["products_verified"] = all(s["products_verified"] for s in per_size)
+        if "reduced_verified" in summary:
+            summary["reduced_verified"] = all(s["reduced_verified"] for s in per_size)
+        summary["verified"] = all(s["verified"] for s in per_size)
+        return summary
 
 
 register(Matmul())

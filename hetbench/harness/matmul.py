@@ -173,12 +173,25 @@ def _host_memory_error(planned: int, m: int, n: int, k: int, dtype: DType, local
     )
 
 
+def _plan(cfg: MatmulConfig, world: World, opened: OpenDevice, m: int, n: int, k: int,
+          headers: tuple[gemm.MatrixFile, gemm.MatrixFile] | None = None) -> tuple[int, str | None]:
+    """What a run of m x n x k holds in host memory at its peak, and the error where it does not fit the device or
+    this rank's share of the host."""
+    backend, info = opened.backend, opened.info
+    planned = host_memory_plan_bytes(
+        m, n, k, cfg.dtype, device_in_host=device_in_host_memory(info), sim_device=info.backend == "sim",
+        inputs=headers, is_root=world.rank == cfg.root, world_size=world.size, reduce=cfg.reduce == "sum")
+    error = next(iter(_memory_errors(backend, info, m, n, k, cfg.dtype)), None)
+    if error is None:
+        error = _host_memory_error(planned, m, n, k, cfg.dtype, world.local_size)
+    return planned, error
+
+
 def prepare_inputs(cfg: MatmulConfig, world: World, opened: OpenDevice) -> tuple[Prepared | None, list[str]]:
     """Load or make this rank's A_r and B_r, checking first that they fit the device and the host: for files, from
     their headers, before any data is read.
 
     Returns (prepared, errors) for World.agree."""
-    backend, info = opened.backend, opened.info
     reset_peak_rss()
     rss_at_start = rss_bytes()
     headers = None
@@ -193,12 +206,7 @@ def prepare_inputs(cfg: MatmulConfig, world: World, opened: OpenDevice) -> tuple
         (m, k), (_, n) = headers[0].shape, headers[1].shape
     else:
         m, n, k = cfg.m, cfg.n, cfg.k
-    planned = host_memory_plan_bytes(
-        m, n, k, cfg.dtype, device_in_host=device_in_host_memory(info), sim_device=info.backend == "sim",
-        inputs=headers, is_root=world.rank == cfg.root, world_size=world.size, reduce=cfg.reduce == "sum")
-    error = next(iter(_memory_errors(backend, info, m, n, k, cfg.dtype)), None)
-    if error is None:
-        error = _host_memory_error(planned, m, n, k, cfg.dtype, world.local_size)
+    planned, error = _plan(cfg, world, opened, m, n, k, headers)
     if error is not None:
         return None, [error]
     if headers is not None:
@@ -213,7 +221,56 @@ def prepare_inputs(cfg: MatmulConfig, world: World, opened: OpenDevice) -> tuple
             return None, [str(e)]
     else:
         a, b = gemm.generate_inputs(cfg.seed, world.rank, m, n, k, cfg.dtype)
-    return Prepared(backend, info, opened.spec, a, b, (m, n, k), planned, rss_at_start), []
+    return Prepared(opened.backend, opened.info, opened.spec, a, b, (m, n, k), planned, rss_at_start), []
+
+
+@dataclass
+class Sweep:
+    """One rank, ready to run a size sweep (--sizes): its device is open and every size is known to fit; each
+    size's inputs are made when its turn comes, after the last size's are freed."""
+
+    opened: OpenDevice
+    plans: list[tuple[tuple[int, int, int], int]]  # ((m, n, k), host memory planned), smallest size first
+
+    @property
+    def mnks(self) -> list[tuple[int, int, int]]:
+        return [mnk for mnk, _ in self.plans]
+
+
+def prepare_sweep(cfg: MatmulConfig, world: World, opened: OpenDevice) -> tuple[Sweep | None, list[str]]:
+    """Check that every size of the sweep fits the device and the host before any input is made (the sizes run one
+    at a time, so the largest decides). Returns (sweep, errors) for World.agree."""
+    plans = []
+    for size in cfg.sizes:
+        planned, error = _plan(cfg, world, opened, size, size, size)
+        if error is not None:
+            return None, [error]
+        plans.append(((size, size, size), planned))
+    return Sweep(opened, plans), []
+
+
+def run_sweep(cfg: MatmulConfig, world: World, sweep: Sweep,
+              on_step: Callable[[int, int, str], None] | None = None) -> list[RankOutcome]:
+    """Every size of the sweep in turn, each a whole matmul run (inputs made, uploaded, GEMMs, copy back, checks,
+    reduce). Collective. `on_step` hears of every GEMM and reduce of every size, counted across the sweep."""
+    per_size = (cfg.warmup + cfg.repeat) * (2 if cfg.reduce == "sum" else 1)
+    total = per_size * len(sweep.plans)
+    outcomes = []
+    for i, ((m, n, k), planned) in enumerate(sweep.plans):
+        step = None
+        if on_step is not None:
+            def step(done: int, _total: int, label: str, offset: int = i * per_size, size: str = f"{m}") -> None:
+                on_step(offset + done, total, f"size {size}: {label}")
+        reset_peak_rss()
+        rss_at_start = rss_bytes()
+        a, b = gemm.generate_inputs(cfg.seed, world.rank, m, n, k, cfg.dtype)
+        prepared = Prepared(sweep.opened.backend, sweep.opened.info, sweep.opened.spec, a, b, (m, n, k), planned,
+                            rss_at_start)
+        a = b = None
+        outcomes.append(run_rank(cfg, world, prepared, step))
+        prepared = None
+        release_free_memory()
+    return outcomes
 
 
 def shape_errors(cfg: MatmulConfig, world: World, prepared: Prepared | None) -> list[str]:
@@ -381,18 +438,20 @@ def summarize_job(cfg: MatmulConfig, rows: list[dict[str, Any]], reduced_verdict
 HOST_FP16_FLOPS = 1e9  # about what NumPy's fp16 GEMM (no BLAS) does on one core: 0.7 GFLOP/s measured here
 
 
-def slow_host_fp16_notices(cfg: MatmulConfig, world: World, prepared: Prepared) -> list[str]:
+def slow_host_fp16_notices(cfg: MatmulConfig, world: World, info: DeviceInfo,
+                           mnks: list[tuple[int, int, int]]) -> list[str]:
     """Collective. Before the run, the notice rank 0 shows (once, on stderr) when any rank computes fp16 on the
     host, where NumPy has no BLAS: a few hundred times slower than fp32, so a run that takes seconds in fp32 takes
-    minutes. [] where there is none, and on every other rank."""
-    m, n, k = prepared.mnk
-    slow = prepared.info.backend == "host" and cfg.dtype.name == "fp16"
-    gathered = world.gather((slow, 2 * m * n * k * (cfg.warmup + cfg.repeat)))
+    minutes. `mnks`: the sizes this rank multiplies. [] where there is none, and on every other rank."""
+    slow = info.backend == "host" and cfg.dtype.name == "fp16"
+    flop_count = sum(2 * m * n * k for m, n, k in mnks) * (cfg.warmup + cfg.repeat)
+    gathered = world.gather((slow, flop_count))
     if gathered is None or not any(s for s, _ in gathered):
         return []
     ranks = [r for r, (s, _) in enumerate(gathered) if s]
     seconds = max(f for s, f in gathered if s) / HOST_FP16_FLOPS
     estimate = ("under 1 s" if seconds < 1 else f"~{seconds:.0f} s" if seconds < 120 else f"~{seconds / 60:.0f} min")
     who = f"rank {ranks[0]} computes" if len(ranks) == 1 else f"ranks {','.join(map(str, ranks))} compute"
+    runs = (cfg.warmup + cfg.repeat) * len(mnks)
     return [f"{who} fp16 on the host, where NumPy has no BLAS: hundreds of times slower than fp32 (~1 GFLOP/s); "
-            f"{cfg.warmup + cfg.repeat} GEMMs may take {estimate} (fp32 is fast)"]
+            f"{runs} GEMMs may take {estimate} (fp32 is fast)"]

@@ -203,7 +203,10 @@ def matmul_table(rows: list[dict[str, Any]], summary: dict[str, Any], wide: bool
     shape_column = None if len(shapes) == 1 else ("k" if len({(m, n) for m, n, _ in shapes}) == 1 else "shape")
     hosts = len({r["host"] for r in rows}) > 1
     title = "hetbench matmul: " + ("{}x{}x{} ".format(*next(iter(shapes))) if shape_column is None else "")
-    title += f"{'/'.join(dict.fromkeys(r['dtype'] for r in rows))}, {len(rows)} rank{'s' if len(rows) != 1 else ''}"
+    ranks = len({r["rank"] for r in rows})
+    title += f"{'/'.join(dict.fromkeys(r['dtype'] for r in rows))}, {ranks} rank{'s' if ranks != 1 else ''}"
+    if summary.get("sizes"):
+        title += f", {len(summary['sizes'])} sizes"
     extra = {c.key: c for c in _columns("matmul") if c.key in ("host", "k", "shape")}
     before_figures = [c for c in columns if c.text and c.key != "verified"]
     if hosts:
@@ -225,7 +228,21 @@ def print_table(out: Console, table: Table, wide: bool = False) -> None:
 
 
 def matmul_summary_lines(summary: dict[str, Any]) -> list[str]:
+    """The closing lines; for a size sweep, one line per size and then the checks of them all."""
     mod = summary["end_to_end_timing"] == "modelled"
+    if summary.get("sizes"):
+        lines = []
+        for s in summary["sizes"]:
+            smod = s["end_to_end_timing"] == "modelled"
+            lines.append(f"{s['m']}x{s['n']}x{s['k']}: end-to-end {fmt(s['end_to_end_seconds'], scale=1e3, modelled=smod)}"
+                         f" ms, aggregate GEMM {fmt(s['aggregate_gemm_tflops'], modelled=smod)} TFLOP/s over "
+                         f"{s['ranks']} rank(s)" + ("" if s["verified"] else " [bold red]FAILED[/]"))
+        if "reduced_verified" in summary:
+            state = "[green]verified[/]" if summary["reduced_verified"] else "[bold red]FAILED[/]"
+            lines.append(f"sums of products at rank {summary['root']}, every size: {state} (Freivalds)")
+        lines.append("result: " + ("[green]all checks passed[/]" if summary["verified"] else
+                                   "[bold red]a check FAILED[/]"))
+        return lines
     lines = [
         f"end-to-end: {fmt(summary['end_to_end_seconds'], scale=1e3, modelled=mod)} ms "
         f"(slowest GEMM + copy to host{', then reduce' if summary['reduce'] == 'sum' else ''}; "
