@@ -17,6 +17,7 @@ from hetbench.comm.world import RankError, World
 from hetbench.config import OutputConfig
 from hetbench.results import check_writable
 from hetbench.results.io import StagedFile, commit, discard, stage_csv, stage_json, stage_npy, to_json
+from hetbench.results.runs import csv_rows
 
 DEFAULT_RESULTS_DIR = Path("results")
 
@@ -152,8 +153,8 @@ def _stage_results(document: dict[str, Any], output: OutputConfig, first: int) -
         if out_json is not None:
             staged.append(_staged("results file", out_json, lambda: stage_json(out_json, document, new_only)))
         if out_csv is not None:
-            staged.append(_staged("results file", out_csv, lambda: stage_csv(out_csv, document["rows"], new_only,
-                                                                               csv_order(document))))
+            rows, order = csv_rows(document, csv_order(document))
+            staged.append(_staged("results file", out_csv, lambda: stage_csv(out_csv, rows, new_only, order)))
     except BaseException:
         discard(staged)
         raise
@@ -272,7 +273,8 @@ def emit(world: World, document: dict[str, Any] | None, output: OutputConfig, re
 
 
 def csv_order(document: dict[str, Any]) -> list[str]:
-    """The CSV's leading columns: the benchmark's declared columns, in their order."""
+    """The CSV's leading columns: the benchmark's declared columns, in their order (the run columns come last, see
+    `results.runs.csv_rows`)."""
     from hetbench.benchmarks.base import columns_of
 
     return [c.key for c in columns_of(document["schema"].removeprefix("hetbench.")) if not c.derived]

@@ -6,6 +6,7 @@ import datetime as _dt
 import importlib.metadata
 import os
 import platform
+import secrets
 import shlex
 import sys
 from typing import Any
@@ -41,14 +42,18 @@ def command_line() -> str:
     return shlex.join(argv)
 
 
-def now_utc() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+def new_run_id(when: _dt.datetime) -> str:
+    """A short id for one run: the UTC time, compact, and 8 random hex digits (20261123T111500Z-3f9a2c1b), so runs
+    started in the same second still differ."""
+    return f"{when.astimezone(_dt.timezone.utc).strftime('%Y%m%dT%H%M%SZ')}-{secrets.token_hex(4)}"
 
 
 def job_metadata(world: Any) -> dict[str, Any]:
     """Facts of the whole job, taken on the calling rank (call on rank 0)."""
+    now = _dt.datetime.now(_dt.timezone.utc)
     return {
-        "date_utc": now_utc(),
+        "run_id": new_run_id(now),
+        "date_utc": now.isoformat(timespec="seconds"),
         "command_line": command_line(),
         "world_size": world.size,
         "hosts": list(world.hosts),

@@ -6,12 +6,16 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from hetbench.results.io import ResultsFileError, load_results
 
 # The columns put before every row's own in a merged table, in this order
 RUN_COLUMNS = ("run_id", "benchmark", "date_utc", "command", "ranks", "hosts", "rank_map", "source_file")
+# The columns a run's own CSV adds after every row's own fields, in this order...
+CSV_RUN_COLUMNS = ("run_id", "date_utc", "command", "ranks")
+# ...and after those, to a row that names no one rank's backend and device (a collectives row covers every rank)
+CSV_ALL_RANKS_COLUMNS = ("rank_map", "devices")
 
 
 @dataclass
@@ -76,6 +80,11 @@ class Run:
                                    r.get("device_timing") == "modelled")
         return [seen[k] for k in sorted(seen)]
 
+    @property
+    def devices_text(self) -> str:
+        """Every rank's backend and device as one CSV cell: 0:host:Intel Xeon ...;1:sim:h100:NVIDIA H100 SXM5 80GB."""
+        return ";".join(f"{rank}:{backend}:{name}" for rank, backend, name, _ in self.devices())
+
     def columns(self) -> dict[str, Any]:
         """The run columns of every row of this run in a merged table."""
         return {
@@ -100,6 +109,31 @@ def run_id(document: dict[str, Any]) -> str:
     basis = "\n".join([str(document.get("schema", "")), str(metadata.get("date_utc", "")),
                        str(metadata.get("command_line", "")), ",".join(map(str, metadata.get("hosts") or []))])
     return hashlib.sha256(basis.encode("utf-8")).hexdigest()[:10]
+
+
+def csv_run_columns(document: dict[str, Any]) -> dict[str, Any]:
+    """Every run column a run's own CSV can carry (CSV_RUN_COLUMNS and CSV_ALL_RANKS_COLUMNS), by name: the same
+    values as a merged table's run columns (`Run.columns`), plus every rank's device."""
+    run = Run(Path(), document)  # no file yet: source_file is not among these columns
+    columns = {**run.columns(), "devices": run.devices_text}
+    return {key: columns[key] for key in CSV_RUN_COLUMNS + CSV_ALL_RANKS_COLUMNS}
+
+
+def csv_rows(document: dict[str, Any], declared: Sequence[str] = ()) -> tuple[list[dict[str, Any]], list[str]]:
+    """A run's rows as its own CSV writes them, and their column order: each row with its run's columns added
+    after its own fields (CSV_RUN_COLUMNS; CSV_ALL_RANKS_COLUMNS too where the row has no `backend` and `device` of
+    its own), a row's own field winning over a run column of the same name; the order is the `declared` columns
+    (the benchmark's), then the rows' other own fields, then the run columns, so older files' columns keep their
+    order. The document's rows are not changed (the JSON has the run columns in its metadata)."""
+    columns = csv_run_columns(document)
+    own: dict[str, None] = dict.fromkeys(declared)
+    rows = []
+    for row in document["rows"]:
+        own.update(dict.fromkeys(row))
+        names = CSV_RUN_COLUMNS if "backend" in row and "device" in row else CSV_RUN_COLUMNS + CSV_ALL_RANKS_COLUMNS
+        rows.append({**row, **{key: columns[key] for key in names if key not in row}})
+    added = [key for key in CSV_RUN_COLUMNS + CSV_ALL_RANKS_COLUMNS if key not in own]
+    return rows, [*own, *added]
 
 
 class NoResultsError(ValueError):
