@@ -25,7 +25,7 @@ DEMO_PROGRESS := $(shell [ -t 2 ] && echo --progress)
 HAVE_OPENCL_DEVICE = $(PY) -c 'import sys; from hetbench.backends import opencl as cl; \
 	sys.exit(cl.unavailable_reason() is not None or not cl.list_devices())' 2>/dev/null
 VENV_OPENMPI ?= .venv-openmpi
-EXTRAS_OPENMPI ?= opencl,dev$(if $(HAVE_CLBLAST),$(comma)clblast)
+EXTRAS_OPENMPI ?= opencl,report,dev$(if $(HAVE_CLBLAST),$(comma)clblast)
 OPENMPI_MPIRUN ?= /usr/bin/mpirun
 
 .PHONY: demo test test-openmpi bench env env-openmpi clean
@@ -49,19 +49,28 @@ $(VENV_OPENMPI)/.installed: pyproject.toml
 	$(call make_venv,$(VENV_OPENMPI),$(EXTRAS_OPENMPI))
 
 # A real heterogeneous pair first (the CPU through NumPy/BLAS beside an OpenCL device; where there is no OpenCL
-# device, the devices `auto` picks), then a simulated H100 + MI300X pair
+# device, the devices `auto` picks), then a simulated H100 + MI300X pair over a size sweep, then collectives; the
+# runs go to a folder of their own, and the demo ends with one HTML page of them all: results/report.html
+DEMO_DIR := results/demo-$(shell date -u +%Y%m%dT%H%M%SZ)
+DEMO_SWEEP ?= 256:2048
 demo: env
 	$(HETBENCH) devices
+	@mkdir -p $(DEMO_DIR)
 	@if $(HAVE_OPENCL_DEVICE); then \
 		echo "$(MPIEXEC) -n 2 $(HETBENCH) matmul --size $(DEMO_SIZE) --backend 0=host,1=opencl $(DEMO_REAL_RUNS)"; \
-		$(MPIEXEC) -n 2 $(HETBENCH) matmul --size $(DEMO_SIZE) --backend 0=host,1=opencl $(DEMO_REAL_RUNS) $(DEMO_PROGRESS); \
+		$(MPIEXEC) -n 2 $(HETBENCH) matmul --size $(DEMO_SIZE) --backend 0=host,1=opencl $(DEMO_REAL_RUNS) \
+			$(DEMO_PROGRESS) --out $(DEMO_DIR)/matmul-real.json; \
 	else \
 		echo "no OpenCL device here (apt-get install pocl-opencl-icd for one on the CPU): both ranks on auto"; \
-		$(MPIEXEC) -n 2 $(HETBENCH) matmul --size $(DEMO_SIZE) $(DEMO_REAL_RUNS) $(DEMO_PROGRESS); \
+		$(MPIEXEC) -n 2 $(HETBENCH) matmul --size $(DEMO_SIZE) $(DEMO_REAL_RUNS) $(DEMO_PROGRESS) \
+			--out $(DEMO_DIR)/matmul-real.json; \
 	fi
-	$(MPIEXEC) -n 2 $(HETBENCH) matmul --size $(DEMO_SIZE) --backend 0=sim:h100,1=sim:mi300x
+	$(MPIEXEC) -n 2 $(HETBENCH) matmul --sizes $(DEMO_SWEEP) --backend 0=sim:h100,1=sim:mi300x \
+		--out $(DEMO_DIR)/matmul-sim-sweep.json
 	$(MPIEXEC) -n 2 $(HETBENCH) collectives $(DEMO_PROGRESS) --op allreduce,allgather --max-bytes 4M \
-		--backend 0=sim:h100,1=sim:mi300x
+		--backend 0=sim:h100,1=sim:mi300x --out $(DEMO_DIR)/collectives-sim.json
+	$(HETBENCH) report --brief $(DEMO_DIR) --html results/report.html --csv $(DEMO_DIR)/merged.csv
+	@echo "demo report: $(abspath results/report.html) (open it in a browser; the runs are in $(DEMO_DIR))"
 
 test: env
 	$(PY) -m pytest -q

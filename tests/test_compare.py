@@ -308,3 +308,19 @@ def test_compare_bad_file(tmp_path: Path, content: str, needle: str) -> None:
 def test_compare_refuses_a_folder(tmp_path: Path) -> None:
     run = run_cli(["compare", str(DATA), str(DATA / "matmul-v1.json")], cwd=tmp_path)
     assert_error(run, "is a folder", "two results files")
+
+
+def test_report_figures_are_the_declared_columns() -> None:
+    """report and compare read each figure's unit, scale, digits, modelled flag and direction from the columns the
+    benchmark declares: one declaration, not two to keep in step."""
+    from hetbench.benchmarks.base import columns_of
+    from hetbench.report import figures
+
+    for bench in (figures.MATMUL, figures.COLLECTIVES):
+        columns = {c.key: c for c in columns_of(bench.name)}
+        for fig in bench.rows:
+            column = columns[fig.key]
+            assert (fig.scale, fig.digits, fig.modelled) == (column.scale, column.digits, bool(column.modelled))
+            assert fig.better == (column.better or "lower") and fig.unit in (column.unit, column.label, "%")
+    with pytest.raises(LookupError, match="declares no column 'nope'"):
+        figures.declared("matmul", "nope")

@@ -389,3 +389,26 @@ def test_loader_upgrades_an_older_version_in_one_place(tmp_path: Path, monkeypat
     monkeypatch.setattr(schema, "UPGRADES", {2: v2_to_v3})
     with pytest.raises(results_io.ResultsFileError, match="schema_version 1 is older than any this hetbench can read"):
         load_results(DATA / "matmul-v1.json")
+
+
+@needs_matplotlib
+def test_a_size_sweep_is_drawn_against_size(tmp_path: Path) -> None:
+    """One `matmul --sizes` run: its page has the throughput-against-size plot, whose points are the run's rows,
+    and its per-rank plots show the largest size."""
+    run = run_cli(["matmul", "--sizes", "32,64,128", "--repeat", "2", "--warmup", "1", "--backend",
+                   "0=host,1=sim:h100", "--out", "sweep.json"], nprocs=2, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    page_run = run_cli(["report", "--brief", "sweep.json", "--html", "sweep.html"], cwd=tmp_path)
+    assert page_run.returncode == 0, page_run.stderr
+    doc = load_results(tmp_path / "sweep.json")
+    figures = {f["data-plot"]: f for f in parse_page(tmp_path / "sweep.html").figures}
+    rid = run_id(doc)
+    assert set(figures) == {f"matmul-throughput-{rid}", f"matmul-time-{rid}", "matmul-size"}
+    for backend in ("host", "sim:h100"):
+        drawn = points(figures["matmul-size"], backend)
+        assert sorted((p["m"], p["y"]) for p in drawn) == sorted(
+            (r["m"], r["gemm_tflops"]) for r in doc["rows"] if r["backend"] == backend)
+        assert len(drawn) == 3 and all(p["modelled"] == (backend != "host") for p in drawn)
+    largest = [r for r in doc["rows"] if r["m"] == 128]
+    assert [p["y"] for p in points(figures[f"matmul-throughput-{rid}"], "GEMM")] == [r["gemm_tflops"]
+                                                                                     for r in largest]

@@ -1,9 +1,7 @@
-"""Which figures each benchmark's rows hold, with their label, unit and scale, and which of them `compare` tests:
-the one place `report` and `compare` learn this. Everything else reads plain results documents.
-
-Issue 7's redesign declares these as columns on each benchmark (key, label, unit, scale, digits, modelled); when it
-lands, this module gives way to those declarations, and what is here beyond them (which figures compare tests,
-their raw per-repeat values, which way is better, a run's key figures) moves beside them.
+"""Which of a benchmark's figures `report` draws and tables and `compare` tests, read from the columns the
+benchmark declares (hetbench/benchmarks/: key, unit, scale, digits, whether modelled, which way is better); what is
+here is only what those declarations do not say: the words a plot uses for a figure, which figures compare tests
+on which raw per-repeat values, which row fields match two runs' rows, and a run's key figures.
 """
 
 from __future__ import annotations
@@ -83,16 +81,28 @@ def _fmt(value: Any, digits: int = 3, scale: float = 1.0) -> str:
     return f"{v:.{digits}g}" if abs(v) < 10**digits else f"{v:.0f}"
 
 
+def declared(benchmark: str, key: str, label: str | None = None, unit: str | None = None) -> Figure:
+    """The figure of `key` as benchmark `benchmark` declares its column; `label` (and `unit`, for a column whose
+    label is its unit, such as "TFLOP/s") where a plot words it otherwise."""
+    from hetbench.benchmarks.base import columns_of
+
+    column = next((c for c in columns_of(benchmark) if c.key == key), None)
+    if column is None:
+        raise LookupError(f"benchmark {benchmark!r} declares no column {key!r}")
+    return Figure(key, label if label is not None else column.label, column.unit if unit is None else unit,
+                  column.scale, column.digits, modelled=bool(column.modelled), better=column.better or "lower")
+
+
 # --- matmul -------------------------------------------------------------------------------------------------------
 
-GEMM_SECONDS = Figure("gemm_seconds_median", "GEMM median", "ms", 1e3, modelled=True)
-GEMM_TFLOPS = Figure("gemm_tflops", "GEMM", "TFLOP/s", modelled=True, better="higher")
-PEAK_PERCENT = Figure("peak_percent", "% of peak", "%", digits=3, modelled=True, better="higher")
-H2D_SECONDS = Figure("h2d_seconds", "upload (H2D)", "ms", 1e3, modelled=True)
-D2H_SECONDS = Figure("d2h_seconds", "download (D2H)", "ms", 1e3, modelled=True)
-REDUCE_SECONDS = Figure("reduce_seconds_median", "reduce median", "ms", 1e3)  # MPI on the host: always measured
-H2D_GBPS = Figure("h2d_gbps", "H2D", "GB/s", modelled=True, better="higher")
-D2H_GBPS = Figure("d2h_gbps", "D2H", "GB/s", modelled=True, better="higher")
+GEMM_SECONDS = declared("matmul", "gemm_seconds_median")
+GEMM_TFLOPS = declared("matmul", "gemm_tflops", "GEMM", "TFLOP/s")
+PEAK_PERCENT = declared("matmul", "peak_percent", unit="%")
+H2D_SECONDS = declared("matmul", "h2d_seconds", "upload (H2D)")
+D2H_SECONDS = declared("matmul", "d2h_seconds", "download (D2H)")
+REDUCE_SECONDS = declared("matmul", "reduce_seconds_median", "reduce median")  # MPI on the host: always measured
+H2D_GBPS = declared("matmul", "h2d_gbps")
+D2H_GBPS = declared("matmul", "d2h_gbps")
 
 # Where one matmul's time goes, in order: upload A_r and B_r, the GEMM, download C_r, the reduce over MPI
 MATMUL_TIME_PARTS = (H2D_SECONDS, GEMM_SECONDS, D2H_SECONDS, REDUCE_SECONDS)
@@ -130,11 +140,11 @@ MATMUL = BenchmarkFigures(
 
 # --- collectives --------------------------------------------------------------------------------------------------
 
-OP_US = Figure("op_us_median", "time", "us", digits=4)  # MPI's time: measured, also beside simulated devices
-ALGBW = Figure("algbw_gbps", "algbw", "GB/s", better="higher")
-BUSBW = Figure("busbw_gbps", "busbw", "GB/s", better="higher")
-END_TO_END_US = Figure("end_to_end_us_median", "end-to-end time", "us", digits=4, modelled=True)
-END_TO_END_ALGBW = Figure("end_to_end_algbw_gbps", "end-to-end algbw", "GB/s", modelled=True, better="higher")
+OP_US = declared("collectives", "op_us_median")  # MPI's time: measured, also beside simulated devices
+ALGBW = declared("collectives", "algbw_gbps")
+BUSBW = declared("collectives", "busbw_gbps")
+END_TO_END_US = declared("collectives", "end_to_end_us_median", "end-to-end time")
+END_TO_END_ALGBW = declared("collectives", "end_to_end_algbw_gbps")
 
 
 def slowest_rank_op_us(row: dict[str, Any]) -> list[float] | None:
