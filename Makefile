@@ -51,8 +51,10 @@ $(VENV_OPENMPI)/.installed: pyproject.toml
 # A real heterogeneous pair first (the CPU through NumPy/BLAS beside an OpenCL device; where there is no OpenCL
 # device, the devices `auto` picks), then a simulated H100 + MI300X pair over a size sweep, then collectives; the
 # runs go to a folder of their own, and the demo ends with one HTML page of them all: results/report.html
-DEMO_DIR := results/demo-$(shell date -u +%Y%m%dT%H%M%SZ)
+DEMO_DIR ?= results/demo-$(shell date -u +%Y%m%dT%H%M%SZ)
 DEMO_SWEEP ?= 256:2048
+DEMO_MAX_BYTES ?= 4M
+DEMO_REPORT ?= results/report.html
 demo: env
 	$(HETBENCH) devices
 	@mkdir -p $(DEMO_DIR)
@@ -67,10 +69,10 @@ demo: env
 	fi
 	$(MPIEXEC) -n 2 $(HETBENCH) matmul --sizes $(DEMO_SWEEP) --backend 0=sim:h100,1=sim:mi300x \
 		--out $(DEMO_DIR)/matmul-sim-sweep.json
-	$(MPIEXEC) -n 2 $(HETBENCH) collectives $(DEMO_PROGRESS) --op allreduce,allgather --max-bytes 4M \
+	$(MPIEXEC) -n 2 $(HETBENCH) collectives $(DEMO_PROGRESS) --op allreduce,allgather --max-bytes $(DEMO_MAX_BYTES) \
 		--backend 0=sim:h100,1=sim:mi300x --out $(DEMO_DIR)/collectives-sim.json
-	$(HETBENCH) report --brief $(DEMO_DIR) --html results/report.html --csv $(DEMO_DIR)/merged.csv
-	@echo "demo report: $(abspath results/report.html) (open it in a browser; the runs are in $(DEMO_DIR))"
+	$(HETBENCH) report --brief $(DEMO_DIR) --html $(DEMO_REPORT) --csv $(DEMO_DIR)/merged.csv
+	@echo "demo report: $(abspath $(DEMO_REPORT)) (open it in a browser; the runs are in $(DEMO_DIR))"
 
 test: env
 	$(PY) -m pytest -q

@@ -27,8 +27,28 @@ def test_demo_runs_the_host_opencl_pair_before_the_simulated_pair():
     text = _make("-n", "demo")
     real = text.index("matmul --size 2048 --backend 0=host,1=opencl --warmup 1 --repeat 3")  # PoCL: fewer repeats
     fallback = text.index("no OpenCL device here")
-    simulated = text.index("matmul --size 2048 --backend 0=sim:h100,1=sim:mi300x")
-    assert text.index("from hetbench.backends import opencl") < real < fallback < simulated
+    simulated = text.index("matmul --sizes 256:2048 --backend 0=sim:h100,1=sim:mi300x")
+    collectives = text.index("collectives  --op allreduce,allgather --max-bytes 4M")
+    report = text.index("report --brief results/demo-")
+    assert text.index("from hetbench.backends import opencl") < real < fallback < simulated < collectives < report
+    assert "--html results/report.html" in text[report:]
+
+
+@pytest.mark.skipif(not (REPO / ".venv" / "bin" / "mpiexec").exists(), reason="no .venv with mpiexec (make env)")
+def test_demo_ends_with_one_page_of_the_runs_it_made(tmp_path):
+    """The whole demo, made small: every run lands in its folder and the page holds each run's plots."""
+    runs, page = tmp_path / "runs", tmp_path / "report.html"
+    proc = subprocess.run(["make", "-C", str(REPO), "-o", ".venv/.installed", "demo", "DEMO_SIZE=48",
+                           "DEMO_SWEEP=16:64", "DEMO_MAX_BYTES=1K", f"DEMO_DIR={runs}", f"DEMO_REPORT={page}"],
+                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert sorted(p.name for p in runs.glob("*.json")) == ["collectives-sim.json", "matmul-real.json",
+                                                          "matmul-sim-sweep.json"]
+    assert f"\ndemo report: {page} (open it in a browser; the runs are in {runs})\n" in proc.stdout
+    html = page.read_text(encoding="utf-8")
+    assert html.count("<figure") >= 6 and 'data-plot="matmul-size"' in html
+    assert 'data-plot="collectives-allreduce"' in html and 'data-plot="collectives-allgather"' in html
 
 
 def test_demo_detects_the_opencl_device_as_the_tests_do():
