@@ -348,9 +348,58 @@ def render_document(document: dict[str, Any], wide: bool = False) -> None:
     elif benchmark == "collectives":
         out.file.flush()
         collectives_report(rows, summary, document["metadata"].get("ranks") or [], wide=wide)
+    elif benchmark == "split":
+        split_report(rows, summary, wide=wide)
     else:
         columns = [c for c in _columns(benchmark) if c.shown(wide)]
         print_table(out, columns_table(f"hetbench {benchmark}", columns, rows, wide, _modelled_caption(rows)), wide)
         for key, value in summary.items():
             if not isinstance(value, (dict, list)):
                 out.print(f"{key}: {fmt(value, 4)}", markup=False)
+
+
+def split_report(rows: list[dict[str, Any]], summary: dict[str, Any], wide: bool = False) -> None:
+    """`hetbench split`: the per-rank table (each measured split's rows, or the plan's), then one line per split
+    with its end-to-end and compute-phase figures, efficiency and imbalance beside the model's prediction."""
+    out = console()
+    plan = summary.get("plan", False)
+    m, n, k = (rows[0]["m"], rows[0]["n"], rows[0]["k"]) if rows else (0, 0, 0)
+    title = (f"hetbench split{' --plan' if plan else ''}: {m}x{n}x{k} {rows[0]['dtype'] if rows else ''}, "
+             f"strategy {summary['strategy']}" + ("" if summary["strategy_given"] != "auto" else " (auto)")
+             + f", weights {summary['weights_kind']}")
+    columns = [c for c in _columns("split") if c.shown(wide) and not (plan and c.key == "comm_seconds_median")]
+    caption = (f"{MODELLED_MARK} modelled: a plan, nothing was run" if plan else _modelled_caption(rows))
+    print_table(out, columns_table(title, columns, rows, wide, caption), wide)
+    if plan:
+        mod = MODELLED_MARK
+        out.print(f"predicted: {mod}{fmt(summary['predicted_seconds'], scale=1e3)} ms end-to-end, "
+                  f"{mod}{fmt(summary['predicted_gflops'])} GFLOP/s, efficiency {mod}"
+                  f"{fmt(summary['predicted_efficiency_end_to_end'])} of the ranks' summed "
+                  f"{mod}{fmt(summary['sum_solo_gflops'])} GFLOP/s (compute phase {mod}"
+                  f"{fmt(summary['predicted_efficiency_compute'])})", markup=False)
+        out.print(f"even split predicted: {mod}{fmt(summary['even_predicted_seconds'], scale=1e3)} ms; the plan is "
+                  f"{mod}{fmt(summary['predicted_speedup_over_even'])}x faster; link {summary['link_gbit_per_s']:g} "
+                  f"Gb/s, {summary['link_latency_us']:g} us (modelled)", markup=False)
+        for s, p in summary["predictions"].items():
+            out.print(f"  {s}: parts {p['parts']}, distribute {fmt(p['distribute_seconds'], scale=1e3)} ms, "
+                      f"compute {fmt(max(p['compute_seconds']), scale=1e3)} ms, collect "
+                      f"{fmt(p['collect_seconds'], scale=1e3)} ms = {fmt(p['seconds'], scale=1e3)} ms",
+                      markup=False)
+        return
+    for entry in summary.get("rebalance") or []:
+        out.print(f"rebalance {entry['iteration']}: parts {entry['parts']}, imbalance "
+                  f"{fmt(100 * entry['imbalance'])} %", markup=False)
+    for name, s in summary["splits"].items():
+        mod = MODELLED_MARK if s["timing"] == "modelled" else ""
+        out.print(f"{name} split {s['parts']}: end-to-end {mod}{fmt(s['end_to_end_seconds_median'], scale=1e3)} ms "
+                  f"(predicted {fmt(s['predicted']['seconds'], scale=1e3)}), {mod}{fmt(s['achieved_gflops'])} "
+                  f"GFLOP/s, efficiency {mod}{fmt(s['efficiency_end_to_end'])} end-to-end, "
+                  f"{mod}{fmt(s['efficiency_compute'])} compute phase, imbalance {mod}{fmt(100 * s['imbalance'])} %",
+                  markup=False)
+    out.print(f"efficiency = achieved GFLOP/s / the ranks' summed solo GFLOP/s ({fmt(summary['sum_solo_gflops'])}, "
+              "measured in this run)", markup=False)
+    if summary.get("speedup_over_even") is not None:
+        out.print(f"weighted over even: {fmt(summary['speedup_over_even'])}x the throughput", markup=False)
+    state = "[green]verified[/]" if summary["verified"] else "[bold red]FAILED[/]"
+    out.print(f"C at rank 0: {state} (Freivalds)")
+    out.print("result: " + ("[green]all checks passed[/]" if summary["verified"] else "[bold red]a check FAILED[/]"))

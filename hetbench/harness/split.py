@@ -1,0 +1,673 @@
+"""The split run: ONE GEMM, C = A @ B with A and B at the root, sliced across the ranks' devices, computed at once
+and gathered at the root.
+
+Strategies (hetbench/benchmarks/split_plan.py has the cost model):
+- rows: rank r gets parts[r] whole rows of A and all of B, computes its rows of C; the root gathers them.
+- k: rank r gets parts[r] columns of A and the matching rows of B, computes a full-size partial product; the partial
+  products are summed to the root (MPI Reduce).
+
+One iteration runs three phases, each ended by a barrier so that its time is the job's: distribute (the root sends
+each working rank its slice over MPI, in turn), compute (each rank uploads its slice, multiplies and copies its
+result back; device-timed, so modelled on simulated devices), collect (the root receives the rows, or the sum). The
+phases do not overlap. Per rank: compute seconds, communication seconds (its distribute and collect phases) and idle
+seconds (how long it waited in the compute phase for the slowest rank).
+
+Before the timed splits every rank measures its link to the root and its own solo GEMM rate (the probes of
+hetbench/harness/probe.py); auto weights are those rates. `--rebalance N` re-weights from each rank's measured
+compute time until the imbalance is under 5 %. The even split is measured beside the chosen one, in the same run.
+The root verifies the gathered C of the chosen split with Freivalds' check.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from hetbench.backends.base import TIMING_MODELLED, Backend, DeviceInfo
+from hetbench.benchmarks import gemm
+from hetbench.benchmarks import split_plan as plan
+from hetbench.comm.world import World
+from hetbench.dtypes import DType
+from hetbench.harness import verify
+from hetbench.harness.devices import OpenDevice
+from hetbench.harness.stats import summarize
+
+ROOT = 0
+_TAG_A, _TAG_B, _TAG_C = 11, 12, 13
+
+
+@dataclass
+class SplitState:
+    """One rank, ready: its device open; at the root, A and B."""
+
+    backend: Backend
+    info: DeviceInfo
+    spec: str
+    a: np.ndarray | None  # root only
+    b: np.ndarray | None
+    mnk: tuple[int, int, int] | None  # known at the root before check(); on every rank after it
+    free_bytes: int | None
+    # set by check(), the same on every rank
+    caps: dict[str, list[int]] = field(default_factory=dict)
+    devices: list[tuple[str, str]] = field(default_factory=list)
+    profile: Any = None
+
+
+@dataclass
+class Phases:
+    """One iteration on one rank: seconds of each phase, and the device parts of its compute."""
+
+    distribute: float
+    compute: float
+    collect: float
+    h2d: float = 0.0
+    gemm: float = 0.0
+    d2h: float = 0.0
+
+
+def _bytes(array: np.ndarray) -> np.ndarray:
+    """The array's bytes as a flat uint8 view: MPI moves any dtype (fp16 and bf16 included) as bytes."""
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+
+
+def slice_shape(strategy: str, m: int, n: int, k: int, part: int) -> tuple[int, int, int]:
+    """(m, n, k) of the GEMM a rank with `part` computes."""
+    return (part, n, k) if strategy == "rows" else (m, n, part)
+
+
+def _offsets(parts: list[int]) -> list[int]:
+    out, start = [], 0
+    for p in parts:
+        out.append(start)
+        start += p
+    return out
+
+
+class Splitter:
+    """Runs iterations of one split (strategy, parts) on this rank. Collective: every rank makes one and calls
+    `iteration` the same number of times. The root packs A's column blocks for the k strategy once, outside the
+    timed phases (a real k-split would keep A in that layout)."""
+
+    def __init__(self, world: World, state: SplitState, dtype: DType, strategy: str, parts: list[int]) -> None:
+        self.world, self.state, self.dtype, self.strategy, self.parts = world, state, dtype, strategy, parts
+        assert state.mnk is not None
+        m, n, k = state.mnk
+        self.mnk = (m, n, k)
+        me = world.rank
+        self.part = parts[me]
+        sm, sn, sk = slice_shape(strategy, m, n, k, self.part)
+        host = dtype.host
+        self.a_r = np.empty((sm, sk), dtype=host)
+        self.b_r = np.empty((sk, sn), dtype=host)
+        self.blocks: list[tuple[np.ndarray, np.ndarray] | None] = []
+        if me == ROOT:
+            assert state.a is not None and state.b is not None
+            starts = _offsets(parts)
+            for r, (start, p) in enumerate(zip(starts, parts)):
+                if p == 0:
+                    self.blocks.append(None)
+                elif strategy == "rows":
+                    self.blocks.append((state.a[start:start + p], state.b))
+                else:
+                    self.blocks.append((np.ascontiguousarray(state.a[:, start:start + p]), state.b[start:start + p]))
+            own = self.blocks[ROOT]
+            if own is not None:
+                self.a_r, self.b_r = np.ascontiguousarray(own[0]), np.ascontiguousarray(own[1])
+        self.c: np.ndarray | None = None  # the root's result of the last iteration
+
+    def iteration(self) -> Phases:
+        world, comm, me = self.world, self.world.comm, self.world.rank
+        m, n, k = self.mnk
+        backend, dtype = self.state.backend, self.dtype
+
+        world.barrier()
+        start = time.perf_counter()
+        if me == ROOT:
+            for r, block in enumerate(self.blocks):
+                if r != ROOT and block is not None:
+                    comm.Send(_bytes(block[0]), dest=r, tag=_TAG_A)
+                    comm.Send(_bytes(block[1]), dest=r, tag=_TAG_B)
+        elif self.part > 0:
+            comm.Recv(self.a_r.reshape(-1).view(np.uint8), source=ROOT, tag=_TAG_A)
+            comm.Recv(self.b_r.reshape(-1).view(np.uint8), source=ROOT, tag=_TAG_B)
+        distribute = time.perf_counter() - start
+        world.barrier()
+
+        phases = Phases(distribute, 0.0, 0.0)
+        c_r = None
+        if self.part > 0:
+            sm, sn, _ = slice_shape(self.strategy, m, n, k, self.part)
+            with backend.timer() as h2d:
+                a_dev = backend.upload(self.a_r, dtype)
+                b_dev = backend.upload(self.b_r, dtype)
+            c_dev = backend.empty((sm, sn), dtype)
+            with backend.timer() as g:
+                backend.matmul(a_dev, b_dev, c_dev, dtype)
+            with backend.timer() as d2h:
+                c_r = backend.download(c_dev, dtype)
+            a_dev = b_dev = c_dev = None
+            phases.h2d, phases.gemm, phases.d2h = h2d.seconds, g.seconds, d2h.seconds
+            phases.compute = h2d.seconds + g.seconds + d2h.seconds
+        world.barrier()
+
+        start = time.perf_counter()
+        if self.strategy == "rows":
+            if me == ROOT:
+                c = np.empty((m, n), dtype=dtype.host)
+                for r, (row, p) in enumerate(zip(_offsets(self.parts), self.parts)):
+                    if p == 0:
+                        continue
+                    if r == ROOT:
+                        assert c_r is not None
+                        c[row:row + p] = c_r
+                    else:
+                        comm.Recv(c[row:row + p].reshape(-1).view(np.uint8), source=r, tag=_TAG_C)
+                self.c = c
+            elif c_r is not None:
+                comm.Send(_bytes(c_r), dest=ROOT, tag=_TAG_C)
+        else:
+            mpi_type = dtype.mpi_dtype
+            send = (np.ascontiguousarray(c_r, dtype=mpi_type) if c_r is not None
+                    else np.zeros((m, n), dtype=mpi_type))
+            recv = np.empty_like(send) if me == ROOT else None
+            comm.Reduce(send, recv, op=world.MPI.SUM, root=ROOT)
+            if me == ROOT:
+                self.c = recv
+        phases.collect = time.perf_counter() - start
+        world.barrier()
+        return phases
+
+
+def gathered_phases(world: World, phases: list[Phases]) -> list[list[Phases]] | None:
+    """Every rank's phases of every iteration, at the root: [rank][iteration]."""
+    return world.gather(phases)
+
+
+@dataclass
+class SplitFigures:
+    """One measured split, at the root."""
+
+    name: str  # "even" or "weighted"
+    strategy: str
+    parts: list[int]
+    per_rank: list[list[Phases]]  # [rank][timed iteration]
+
+    def iteration_times(self) -> list[dict[str, float]]:
+        """Per timed iteration, the job's phase times: each the slowest rank's."""
+        out = []
+        for i in range(len(self.per_rank[0])):
+            d = max(r[i].distribute for r in self.per_rank)
+            c = max(r[i].compute for r in self.per_rank)
+            g = max(r[i].collect for r in self.per_rank)
+            working = [r[i].compute for r, p in zip(self.per_rank, self.parts) if p > 0]
+            out.append({"distribute": d, "compute": c, "collect": g, "end_to_end": d + c + g,
+                        "imbalance": plan.imbalance(working, [p for p in self.parts if p > 0])})
+        return out
+
+
+def run_split(world: World, state: SplitState, dtype: DType, strategy: str, parts: list[int], warmup: int,
+              repeat: int, on_iteration: Callable[[], None] | None = None) -> tuple[list[Phases], np.ndarray | None]:
+    """`warmup` + `repeat` iterations of one split; this rank's timed phases, and the root's last C."""
+    splitter = Splitter(world, state, dtype, strategy, parts)
+    timed = []
+    for i in range(warmup + repeat):
+        phases = splitter.iteration()
+        if i >= warmup:
+            timed.append(phases)
+        if on_iteration is not None:
+            on_iteration()
+    return timed, splitter.c
+
+
+def verify_at_root(state: SplitState, c: np.ndarray, dtype: DType, strategy: str, parts: list[int],
+                   seed: int) -> verify.Verdict:
+    """Freivalds' check of the gathered C against the root's A and B (for k, a sum of the working ranks' partial
+    products, summed in MPI's type)."""
+    assert state.a is not None and state.b is not None
+    x = verify.random_vectors(c.shape[1], seed)
+    terms = verify.product_terms(state.a, state.b, c, x)
+    addends = sum(1 for p in parts if p > 0) if strategy == "k" else 1
+    from hetbench.dtypes import DTYPES
+
+    sum_dtype = DTYPES["fp64"] if dtype.mpi_dtype == np.float64 else DTYPES["fp32"]
+    return verify.check(c, x, terms, dtype, sum_dtype=sum_dtype, addends=addends)
+
+
+def phase_stats(values: list[float], prefix: str) -> dict[str, float]:
+    return summarize(values, prefix)
+
+
+def modelled(info: DeviceInfo, backend: Backend) -> bool:
+    return backend.timing == TIMING_MODELLED
+
+
+def flops_of(strategy: str, m: int, n: int, k: int, part: int) -> int:
+    sm, sn, sk = slice_shape(strategy, m, n, k, part)
+    return gemm.flops(sm, sn, sk)
+
+
+# --- the whole run on a rank -----------------------------------------------------------------------------------
+
+
+def even_weights(ranks: int) -> list[float]:
+    return [1.0] * ranks
+
+
+@dataclass
+class RankRun:
+    """What a rank hands the driver: its probes, its phases of each measured split, and at the root the result."""
+
+    link: Any  # plan.Link | None
+    solo: dict[str, tuple[float, int]]  # strategy -> (flop/s, part measured)
+    splits: list[tuple[str, str, list[int], list[Phases]]]  # (name, strategy, parts, this rank's timed phases)
+    rebalance: list[dict[str, Any]]  # at the root: one entry per re-weighting iteration
+    chosen: dict[str, Any]  # at the root: strategy, predictions, weights used
+    c: np.ndarray | None = None
+    verdict: verify.Verdict | None = None
+    facts: dict[str, Any] = field(default_factory=dict)  # this rank's host, backend, vendor, device, timing
+
+
+def measure(cfg: Any, world: World, state: SplitState,
+            on_step: Callable[[int, int, str], None] | None = None) -> RankRun:
+    """Collective. Probe the links and every rank's solo rate, choose the strategy and the weights, rebalance
+    where asked, then measure the even split (where asked and different) and the chosen one; verify at the root."""
+    from hetbench.harness import probe
+
+    assert state.mnk is not None
+    m, n, k = state.mnk
+    ranks, dtype = world.size, cfg.dtype
+    link = probe.link_to_root(world, ROOT)
+    links = [None if r == ROOT else plan.Link(l.bytes_per_s, l.latency_s)
+             for r, l in enumerate(world.allgather(link))]
+
+    strategies = list(plan.STRATEGIES) if cfg.strategy == "auto" else [cfg.strategy]
+    solo: dict[str, tuple[float, int]] = {}
+    for s in strategies:
+        dim = plan.dim_of(s, m, n, k)
+        even_part = -(-dim // ranks)
+        cap = state.caps[s][world.rank]
+        solo[s] = probe.gemm_rate(state.backend, dtype, s, m, n, k, max_part=max(1, min(even_part, cap)),
+                                  seed=cfg.seed)
+    rates = {s: [r[s][0] for r in world.allgather(solo)] for s in strategies}
+
+    def weights_for(s: str) -> list[float]:
+        kind = cfg.weights.kind
+        if kind == "even":
+            return even_weights(ranks)
+        if kind == "list":
+            return list(cfg.weights.values)
+        if kind == "profile":
+            return list(state.profile.rates)
+        return rates[s]
+
+    predictions = {}
+    for s in strategies:
+        parts_s = plan.shares(weights_for(s), plan.dim_of(s, m, n, k), state.caps[s])
+        predictions[s] = plan.predict(s, m, n, k, dtype.itemsize, parts_s, rates[s], links, ROOT)
+    strategy = min(strategies, key=lambda s: (predictions[s].seconds, strategies.index(s)))
+    dim = plan.dim_of(strategy, m, n, k)
+    parts = list(predictions[strategy].parts)
+
+    # Rebalancing: one timed iteration per step, re-weighted from each rank's compute time
+    history: list[dict[str, Any]] = []
+    step_rates = list(weights_for(strategy))
+    for i in range(cfg.rebalance):
+        phases, _ = run_split(world, state, dtype, strategy, parts, 0, 1)
+        every = world.allgather(phases[0].compute)
+        working = [c for c, p in zip(every, parts) if p > 0]
+        imb = plan.imbalance(working, [p for p in parts if p > 0])
+        history.append({"iteration": i + 1, "parts": list(parts), "compute_seconds": every, "imbalance": imb})
+        if imb < plan.IMBALANCE_GOAL:
+            break
+        step_rates = plan.rebalanced_rates(parts, every, step_rates, m, n, k, strategy)
+        parts = plan.shares(step_rates, dim, state.caps[strategy])
+
+    splits = []
+    even_parts = plan.shares(even_weights(ranks), dim, state.caps[strategy]) if cfg.compare_even else None
+    plans = ([("even", even_parts)] if even_parts is not None and even_parts != parts else []) + [("weighted", parts)]
+    total = len(plans) * (cfg.warmup + cfg.repeat)
+    done = 0
+    c = None
+    for name, p in plans:
+        def tick(name: str = name) -> None:
+            nonlocal done
+            done += 1
+            if on_step is not None:
+                on_step(done, total, f"{name} split {strategy}")
+
+        timed, c = run_split(world, state, dtype, strategy, p, cfg.warmup, cfg.repeat, tick)
+        splits.append((name, strategy, list(p), timed))
+
+    verdict = None
+    if world.rank == ROOT:
+        assert c is not None
+        verdict = verify_at_root(state, c, dtype, strategy, parts, cfg.seed)
+    verdict = world.comm.bcast(verdict, root=ROOT)
+    chosen = {"mnk": (m, n, k), "strategy": strategy, "strategy_given": cfg.strategy, "weights_kind": cfg.weights.kind,
+              "weights": weights_for(strategy), "predictions": {s: p.to_dict() for s, p in predictions.items()},
+              "links": links, "rates": rates}
+    return RankRun(link, solo, splits, history, chosen, c if world.rank == ROOT else None, verdict,
+                   rank_facts(world, state))
+
+
+def rank_facts(world: World, state: SplitState) -> dict[str, Any]:
+    return {"host": world.host, "backend": state.spec, "vendor": state.info.vendor, "device": state.info.name,
+            "device_timing": state.backend.timing}
+
+
+# --- before the run: inputs at the root, the caps and the shares checked on every rank ----------------------------
+
+
+def prepare(cfg: Any, world: World, opened: OpenDevice) -> tuple[SplitState | None, list[str]]:
+    """The root makes or loads A and B (files: from their headers first, so a bad file costs nothing); every rank
+    notes its device's free memory. Returns (state, errors) for World.agree."""
+    state = SplitState(opened.backend, opened.info, opened.spec, None, None, None, opened.backend.free_memory_bytes())
+    if cfg.plan or world.rank != ROOT:
+        if cfg.plan:
+            state.mnk = (cfg.m, cfg.n, cfg.k)
+        return state, []
+    if cfg.a_path is not None:
+        try:
+            headers = (gemm.read_matrix_header(cfg.a_path, "a"), gemm.read_matrix_header(cfg.b_path, "b"))
+            gemm.check_shapes(headers[0], headers[1], cfg.a_path, cfg.b_path)
+            (m, k), (_, n) = headers[0].shape, headers[1].shape
+            error = _root_memory_error(m, n, k, cfg.dtype)
+            if error:
+                return None, [error]
+            with np.errstate(over="ignore", invalid="ignore"):
+                a = gemm.read_matrix(headers[0], cfg.dtype)
+                b = gemm.read_matrix(headers[1], cfg.dtype)
+            # the k strategy sums partial products: the bound of the whole product covers every partial sum
+            gemm.check_finite_products(a, b, cfg.dtype, headers[0].path, headers[1].path)
+        except gemm.InputError as e:
+            return None, [str(e)]
+    else:
+        m, n, k = cfg.m, cfg.n, cfg.k
+        error = _root_memory_error(m, n, k, cfg.dtype)
+        if error:
+            return None, [error]
+        a, b = gemm.generate_inputs(cfg.seed, 0, m, n, k, cfg.dtype)
+    state.a, state.b, state.mnk = a, b, (m, n, k)
+    return state, []
+
+
+def _root_memory_error(m: int, n: int, k: int, dtype: DType) -> str | None:
+    """The root holds A, B, C, A's packed column blocks (k strategy) and the sum's buffers: check before making."""
+    from hetbench.backends.host import host_memory_share_bytes
+    from hetbench.harness.matmul import approx_bytes
+
+    need = (2 * m * k + k * n + 3 * m * n) * dtype.host.itemsize
+    share = host_memory_share_bytes(1)
+    if share is None or need <= share:
+        return None
+    return (f"{m}x{k} @ {k}x{n} in {dtype.name} needs about {approx_bytes(need)} of host memory at the root (A, B, "
+            f"C and the slices' buffers); it has {approx_bytes(share)}; use a smaller size")
+
+
+def check(cfg: Any, world: World, state: SplitState) -> list[str]:
+    """Collective. Every rank learns the shape, each rank's free memory, the caps on each rank's part, and whether
+    the given weights (or any weights, for auto) can place the work; a profile is loaded and matched to the job's
+    devices. The same errors on every rank."""
+    state.mnk = world.comm.bcast(state.mnk, root=ROOT)
+    m, n, k = state.mnk
+    ranks = len(cfg.backends) if cfg.plan else world.size
+    if cfg.plan:
+        return plan_check(cfg, world, state, ranks)
+    free = world.allgather(state.free_bytes)
+    state.devices = [tuple(d) for d in world.allgather((state.spec, state.info.name))]
+    errors: list[str] = []
+    itemsize = cfg.dtype.itemsize
+    strategies = list(plan.STRATEGIES) if cfg.strategy == "auto" else [cfg.strategy]
+    state.caps = {s: [plan.max_part(s, m, n, k, itemsize, f) for f in free] for s in plan.STRATEGIES}
+    if cfg.weights.kind == "profile":
+        from hetbench.results.profile import ProfileError, load_profile
+
+        try:
+            state.profile = load_profile(cfg.weights.path, ranks, cfg.dtype.name,
+                                         strategies[0] if len(strategies) == 1 else "rows", state.devices)
+        except ProfileError as e:
+            return [str(e)]
+    weights = (cfg.weights.values if cfg.weights.kind == "list" else
+               state.profile.rates if cfg.weights.kind == "profile" else [1.0] * ranks)
+    placed = []
+    for s in strategies:
+        try:
+            plan.shares(list(weights), plan.dim_of(s, m, n, k), state.caps[s])
+            placed.append(s)
+        except plan.PlacementError as e:
+            errors.append(f"--strategy {s}: {e}")
+    if placed:
+        return []
+    return errors
+
+
+def plan_check(cfg: Any, world: World, state: SplitState, ranks: int) -> list[str]:
+    """--plan: every rank of the map needs a rate: a simulated device's model, or the profile's."""
+    if cfg.weights.kind == "profile":
+        from hetbench.results.profile import ProfileError, load_profile
+
+        try:
+            state.profile = load_profile(cfg.weights.path, ranks, cfg.dtype.name,
+                                         "rows" if cfg.strategy == "auto" else cfg.strategy, None)
+        except ProfileError as e:
+            return [str(e)]
+        return []
+    missing = [f"{r}={spec}" for r, spec in enumerate(cfg.backends) if spec.name != "sim"]
+    if missing:
+        return [f"--plan has no rate for rank(s) {', '.join(missing)}: it models simulated devices (sim:MODEL); "
+                "for real ones give --weights PROFILE.json from `hetbench calibrate`"]
+    from hetbench.backends import sim
+
+    for r, spec in enumerate(cfg.backends):
+        try:
+            model = sim.get_model(spec.model)
+            sim.gemm_model_seconds(model, 1, 1, 1, cfg.dtype)
+        except ValueError as e:
+            return [f"rank {r} ({spec}): {e}"]
+    try:
+        plan_only(cfg, world, state)
+    except plan.PlacementError as e:
+        return [str(e)]
+    return []
+
+
+# --- rows and summary, at the root ---------------------------------------------------------------------------------
+
+
+def _median(values: list[float]) -> float:
+    import statistics
+
+    return statistics.median(values) if values else float("nan")
+
+
+def rows(cfg: Any, gathered: list[RankRun]) -> list[dict[str, Any]]:
+    """One row per measured split and rank: its part, its solo rate, and its compute, communication and idle
+    seconds (medians over the timed iterations; every iteration's in `raw`)."""
+    if cfg.plan:
+        return gathered[0].chosen["rows"]
+    m, n, k = gathered[0].chosen["mnk"]
+    out = []
+    for index, (name, strategy, parts, _) in enumerate(gathered[0].splits):
+        dim = plan.dim_of(strategy, m, n, k)
+        per_rank = [rr.splits[index][3] for rr in gathered]
+        iterations = len(per_rank[0])
+        slowest = [max(ph[i].compute for ph in per_rank) for i in range(iterations)]
+        for r, (rr, phases) in enumerate(zip(gathered, per_rank)):
+            part = parts[r]
+            compute = [p.compute for p in phases]
+            gemm_s = [p.gemm for p in phases]
+            flop_count = flops_of(strategy, m, n, k, part)
+            rate, probe_part = rr.solo[strategy]
+            link = rr.link
+            row: dict[str, Any] = {
+                "split": name, "strategy": strategy, "rank": r, **rr.facts, "dtype": cfg.dtype.name,
+                "m": m, "n": n, "k": k, "part": part, "share_percent": 100.0 * part / dim,
+                "gemm_flops": flop_count, "solo_gflops": rate / 1e9, "solo_part": probe_part,
+                **summarize(compute, "compute_seconds"),
+                "gemm_seconds_median": _median(gemm_s),
+                "h2d_seconds_median": _median([p.h2d for p in phases]),
+                "d2h_seconds_median": _median([p.d2h for p in phases]),
+                "gemm_gflops": flop_count / _median(gemm_s) / 1e9 if part and _median(gemm_s) > 0 else None,
+                "comm_seconds_median": _median([p.distribute + p.collect for p in phases]),
+                "idle_seconds_median": _median([s - c for s, c in zip(slowest, compute)]),
+                "link_gbps": link.bytes_per_s / 1e9 if link is not None else None,
+                "link_latency_us": link.latency_s * 1e6 if link is not None else None,
+                "raw": {"compute_seconds": compute, "gemm_seconds": gemm_s,
+                        "distribute_seconds": [p.distribute for p in phases],
+                        "collect_seconds": [p.collect for p in phases]},
+            }
+            out.append(row)
+    return out
+
+
+def summarize_job(cfg: Any, rows_: list[dict[str, Any]], gathered: list[RankRun]) -> dict[str, Any]:
+    """The job's figures: per measured split, the end-to-end and compute-phase GFLOP/s, their efficiency against
+    the sum of the ranks' solo rates measured in this run, the imbalance, and the model's prediction beside them;
+    the chosen split's figures at the top."""
+    root = gathered[ROOT]
+    if cfg.plan:
+        return root.chosen["summary"]
+    m, n, k = root.chosen["mnk"]
+    strategy = root.chosen["strategy"]
+    total_flops = gemm.flops(m, n, k)
+    rates = root.chosen["rates"][strategy]
+    sum_solo = sum(rates)
+    links = root.chosen["links"]
+    splits: dict[str, Any] = {}
+    for index, (name, s, parts, _) in enumerate(root.splits):
+        figures = SplitFigures(name, s, parts, [rr.splits[index][3] for rr in gathered])
+        its = figures.iteration_times()
+        e2e = [t["end_to_end"] for t in its]
+        compute = [t["compute"] for t in its]
+        modelled_compute = any(rr.facts["device_timing"] == TIMING_MODELLED and p > 0
+                               for rr, p in zip(gathered, parts))
+        achieved = total_flops / _median(e2e) / 1e9
+        compute_phase = total_flops / _median(compute) / 1e9
+        splits[name] = {
+            "strategy": s, "parts": parts,
+            **summarize(e2e, "end_to_end_seconds"),
+            "distribute_seconds_median": _median([t["distribute"] for t in its]),
+            "compute_seconds_median": _median(compute),
+            "collect_seconds_median": _median([t["collect"] for t in its]),
+            "achieved_gflops": achieved,
+            "compute_phase_gflops": compute_phase,
+            "efficiency_end_to_end": achieved / (sum_solo / 1e9) if sum_solo > 0 else None,
+            "efficiency_compute": compute_phase / (sum_solo / 1e9) if sum_solo > 0 else None,
+            "imbalance": _median([t["imbalance"] for t in its]),
+            "imbalance_per_iteration": [t["imbalance"] for t in its],
+            "predicted": plan.predict(s, m, n, k, cfg.dtype.itemsize, parts, rates, links, ROOT).to_dict(),
+            "timing": "modelled" if modelled_compute else "measured",
+            "raw": {"end_to_end_seconds": e2e, "compute_seconds": compute},
+        }
+    chosen = splits["weighted"]
+    verdict = root.verdict
+    summary: dict[str, Any] = {
+        "strategy": strategy,
+        "strategy_given": root.chosen["strategy_given"],
+        "weights_kind": root.chosen["weights_kind"],
+        "weights": root.chosen["weights"],
+        "ranks": len(gathered),
+        "total_gemm_flops": total_flops,
+        "sum_solo_gflops": sum_solo / 1e9,
+        "parts": chosen["parts"],
+        "end_to_end_seconds_median": chosen["end_to_end_seconds_median"],
+        "achieved_gflops": chosen["achieved_gflops"],
+        "efficiency_end_to_end": chosen["efficiency_end_to_end"],
+        "efficiency_compute": chosen["efficiency_compute"],
+        "imbalance": chosen["imbalance"],
+        "predicted_seconds": chosen["predicted"]["seconds"],
+        "timing": chosen["timing"],
+        "speedup_over_even": (chosen["achieved_gflops"] / splits["even"]["achieved_gflops"]
+                              if "even" in splits else None),
+        "splits": splits,
+        "predictions": root.chosen["predictions"],
+        "links": [None if l is None else {"link_gbps": l.bytes_per_s / 1e9, "link_latency_us": l.latency_s * 1e6}
+                  for l in links],
+        "rebalance": root.rebalance,
+        "verified": verdict.ok if verdict is not None else None,
+        "max_residual_over_tolerance": verdict.max_residual_over_tolerance if verdict is not None else None,
+    }
+    return summary
+
+
+# --- --plan: the split and its predicted times, nothing run ---------------------------------------------------------
+
+
+def plan_only(cfg: Any, world: World, state: SplitState) -> RankRun:
+    """The what-if plan for the rank map of --backend: modelled rates (simulated devices' datasheet model, or a
+    profile's measured rates), the modelled link (--link-gbps, --link-latency-us), the shares capped by each
+    simulated device's memory, and both strategies' predicted times. Everything in it is modelled."""
+    from hetbench.backends import sim
+    from hetbench.benchmarks.split import DEFAULT_LINK_GBIT, DEFAULT_LINK_LATENCY_US
+
+    m, n, k = cfg.m, cfg.n, cfg.k
+    ranks = len(cfg.backends)
+    gbit = cfg.link_gbit_per_s if cfg.link_gbit_per_s is not None else DEFAULT_LINK_GBIT
+    latency_us = cfg.link_latency_us if cfg.link_latency_us is not None else DEFAULT_LINK_LATENCY_US
+    link = plan.Link(gbit * 1e9 / 8, latency_us * 1e-6)
+    links = [None if r == ROOT else link for r in range(ranks)]
+    strategies = list(plan.STRATEGIES) if cfg.strategy == "auto" else [cfg.strategy]
+    itemsize = cfg.dtype.itemsize
+    rates: dict[str, list[float]] = {}
+    caps: dict[str, list[int | None]] = {}
+    names = []
+    for spec in cfg.backends:
+        names.append(sim.get_model(spec.model).name if spec.name == "sim" else str(spec))
+    for s in strategies:
+        dim = plan.dim_of(s, m, n, k)
+        hint = -(-dim // ranks)
+        if state.profile is not None:
+            rates[s] = list(state.profile.rates)
+            caps[s] = [plan.max_part(s, m, n, k, itemsize, f) for f in state.profile.free_bytes]
+        else:
+            rates[s] = [plan.sim_rate(spec.model, s, m, n, k, cfg.dtype.name, hint) for spec in cfg.backends]
+            caps[s] = [plan.max_part(s, m, n, k, itemsize, sim.get_model(spec.model).memory_bytes)
+                       for spec in cfg.backends]
+
+    def weights_for(s: str) -> list[float]:
+        kind = cfg.weights.kind
+        return ([1.0] * ranks if kind == "even" else list(cfg.weights.values) if kind == "list" else rates[s])
+
+    predictions, even = {}, {}
+    for s in strategies:
+        dim = plan.dim_of(s, m, n, k)
+        predictions[s] = plan.predict(s, m, n, k, itemsize, plan.shares(weights_for(s), dim, caps[s]), rates[s],
+                                      links, ROOT)
+        even[s] = plan.predict(s, m, n, k, itemsize, plan.shares([1.0] * ranks, dim, caps[s]), rates[s], links,
+                               ROOT)
+    strategy = min(strategies, key=lambda s: (predictions[s].seconds, strategies.index(s)))
+    chosen, even_chosen = predictions[strategy], even[strategy]
+    total = gemm.flops(m, n, k)
+    dim = plan.dim_of(strategy, m, n, k)
+    slowest = max(chosen.compute_seconds)
+    out_rows = []
+    for r, spec in enumerate(cfg.backends):
+        part = chosen.parts[r]
+        out_rows.append({
+            "split": "plan", "strategy": strategy, "rank": r, "backend": str(spec), "device": names[r],
+            "device_timing": "modelled", "dtype": cfg.dtype.name, "m": m, "n": n, "k": k, "part": part,
+            "share_percent": 100.0 * part / dim, "gemm_flops": flops_of(strategy, m, n, k, part),
+            "solo_gflops": rates[strategy][r] / 1e9, "compute_seconds_median": chosen.compute_seconds[r],
+            "idle_seconds_median": slowest - chosen.compute_seconds[r],
+            "link_gbps": None if r == ROOT else link.bytes_per_s / 1e9,
+            "link_latency_us": None if r == ROOT else latency_us,
+        })
+    sum_rates = sum(rates[strategy])
+    summary = {
+        "plan": True, "timing": "modelled", "strategy": strategy, "strategy_given": cfg.strategy,
+        "weights_kind": cfg.weights.kind, "ranks": ranks, "total_gemm_flops": total,
+        "sum_solo_gflops": sum_rates / 1e9, "parts": list(chosen.parts),
+        "predicted_seconds": chosen.seconds, "predicted_gflops": total / chosen.seconds / 1e9,
+        "predicted_efficiency_end_to_end": total / chosen.seconds / sum_rates if sum_rates else None,
+        "predicted_efficiency_compute": total / max(chosen.compute_seconds) / sum_rates if sum_rates else None,
+        "even_predicted_seconds": even_chosen.seconds, "even_parts": list(even_chosen.parts),
+        "predicted_speedup_over_even": even_chosen.seconds / chosen.seconds,
+        "link_gbit_per_s": gbit, "link_latency_us": latency_us,
+        "predictions": {s: p.to_dict() for s, p in predictions.items()},
+        "even_predictions": {s: p.to_dict() for s, p in even.items()},
+        "verified": None,
+    }
+    return RankRun(None, {}, [], [], {"rows": out_rows, "summary": summary})

@@ -1,0 +1,159 @@
+"""`hetbench split`: one GEMM sliced across the ranks, gathered at the root and checked against NumPy's A @ B, for
+both strategies, odd non-square shapes, 2 and 3 ranks of mixed devices, even, explicit (with a zero share) and auto
+weights, and --a/--b files; its figures consistent with each other; rebalancing and --plan; bad input refused."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import HAVE_OPENCL, assert_usage_error, needs_mpi, run_cli
+from hetbench.benchmarks.gemm import generate_inputs
+from hetbench.dtypes import DTYPES
+
+SECOND = "opencl" if HAVE_OPENCL else "sim:h100"
+M, N, K = 37, 23, 29  # odd and non-square: every slice boundary falls mid-way
+
+
+def expected(m: int = M, n: int = N, k: int = K, seed: int = 0) -> np.ndarray:
+    a, b = generate_inputs(seed, 0, m, n, k, DTYPES["fp32"])
+    return a.astype(np.float64) @ b.astype(np.float64)
+
+
+def split(tmp_path, nprocs: int, *args: str):
+    out, saved = tmp_path / "s.json", tmp_path / "c.npy"
+    run = run_cli(["split", "--m", str(M), "--n", str(N), "--k", str(K), "--warmup", "0", "--repeat", "2",
+                   "--out", str(out), "--save", str(saved), *args], nprocs=nprocs, cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    return run, json.loads(out.read_text()), np.load(saved)
+
+
+@needs_mpi
+@pytest.mark.parametrize("strategy", ["rows", "k"])
+@pytest.mark.parametrize("weights", ["even", "3,1", "auto"])
+def test_two_ranks_compute_numpys_product(tmp_path, strategy, weights):
+    run, doc, c = split(tmp_path, 2, "--strategy", strategy, "--weights", weights, "--backend", "0=host,1=sim:mi300x")
+    np.testing.assert_allclose(c, expected(), rtol=1e-4, atol=1e-4)
+    summary = doc["summary"]
+    assert summary["strategy"] == strategy and summary["verified"] is True
+    dim = M if strategy == "rows" else K
+    assert sum(summary["parts"]) == dim
+    if weights == "3,1":
+        assert summary["parts"] == ([28, 9] if strategy == "rows" else [22, 7])  # 37 * 3/4 = 27.75; 29 * 3/4 = 21.75
+    if weights == "even":
+        assert summary["parts"] == ([19, 18] if strategy == "rows" else [15, 14])
+        assert set(summary["splits"]) == {"weighted"}  # the even split is the chosen one: measured once
+    else:
+        assert set(summary["splits"]) == {"even", "weighted"}
+    assert "C at rank 0: verified" in run.stdout
+
+
+@needs_mpi
+@pytest.mark.parametrize("strategy", ["rows", "k"])
+def test_three_mixed_ranks_with_a_zero_share(tmp_path, strategy):
+    run, doc, c = split(tmp_path, 3, "--strategy", strategy, "--weights", "2,0,1",
+                        "--backend", f"0=host,1={SECOND},2=sim:mi300x")
+    np.testing.assert_allclose(c, expected(), rtol=1e-4, atol=1e-4)
+    weighted = [r for r in doc["rows"] if r["split"] == "weighted"]
+    assert [r["part"] for r in weighted][1] == 0 and weighted[1]["gemm_flops"] == 0
+    assert weighted[1]["compute_seconds_median"] == 0
+    assert sum(r["part"] for r in weighted) == (M if strategy == "rows" else K)
+    assert sum(r["share_percent"] for r in weighted) == pytest.approx(100.0)
+    assert [r["backend"] for r in weighted] == ["host", SECOND, "sim:mi300x"]
+
+
+@needs_mpi
+def test_auto_strategy_and_files_at_the_root(tmp_path):
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((31, 17)).astype(np.float32), rng.standard_normal((17, 13)).astype(np.float32)
+    np.save(tmp_path / "a.npy", a)
+    np.save(tmp_path / "b.npy", b)
+    out, saved = tmp_path / "s.json", tmp_path / "c.npy"
+    run = run_cli(["split", "--a", "a.npy", "--b", "b.npy", "--repeat", "1", "--warmup", "0", "--backend",
+                   "0=host,1=sim:h100", "--out", str(out), "--save", str(saved)], nprocs=2, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    np.testing.assert_allclose(np.load(saved), a.astype(np.float64) @ b.astype(np.float64), rtol=1e-4, atol=1e-4)
+    summary = json.loads(out.read_text())["summary"]
+    assert summary["strategy_given"] == "auto" and summary["strategy"] in ("rows", "k")
+    chosen = summary["predictions"][summary["strategy"]]["seconds"]
+    assert all(chosen <= p["seconds"] for p in summary["predictions"].values())
+
+
+@needs_mpi
+def test_figures_agree_with_each_other(tmp_path):
+    _, doc, _ = split(tmp_path, 2, "--strategy", "rows", "--weights", "auto", "--backend", "0=host,1=host")
+    s = doc["summary"]
+    flops = 2 * M * N * K
+    assert s["total_gemm_flops"] == flops
+    rows = [r for r in doc["rows"] if r["split"] == "weighted"]
+    assert s["sum_solo_gflops"] == pytest.approx(sum(r["solo_gflops"] for r in rows))
+    for name, figures in s["splits"].items():
+        e2e = figures["end_to_end_seconds_median"]
+        assert figures["achieved_gflops"] == pytest.approx(flops / e2e / 1e9)
+        assert figures["efficiency_end_to_end"] == pytest.approx(figures["achieved_gflops"] / s["sum_solo_gflops"])
+        assert figures["compute_phase_gflops"] == pytest.approx(flops / figures["compute_seconds_median"] / 1e9)
+        raw = figures["raw"]["end_to_end_seconds"]
+        assert len(raw) == 2 and e2e == pytest.approx(float(np.median(raw)))
+        assert figures["predicted"]["parts"] == figures["parts"]
+    for r in rows:
+        assert r["gemm_flops"] == 2 * r["part"] * N * K
+        assert r["compute_seconds_median"] == pytest.approx(float(np.median(r["raw"]["compute_seconds"])))
+        assert r["idle_seconds_median"] >= 0
+    assert s["speedup_over_even"] == pytest.approx(s["splits"]["weighted"]["achieved_gflops"]
+                                                   / s["splits"]["even"]["achieved_gflops"])
+
+
+@needs_mpi
+def test_rebalance_records_each_iteration(tmp_path):
+    _, doc, c = split(tmp_path, 2, "--strategy", "rows", "--weights", "even", "--rebalance", "3",
+                      "--backend", "0=host,1=sim:h100")
+    np.testing.assert_allclose(c, expected(), rtol=1e-4, atol=1e-4)
+    history = doc["summary"]["rebalance"]
+    assert 1 <= len(history) <= 3
+    for i, entry in enumerate(history):
+        assert entry["iteration"] == i + 1 and sum(entry["parts"]) == M and entry["imbalance"] >= 0
+        assert len(entry["compute_seconds"]) == 2
+    # it stops at the first iteration under 5 %, or after 3
+    assert len(history) == 3 or history[-1]["imbalance"] < 0.05
+
+
+def test_plan_for_an_h100_and_mi300x_pair(tmp_path):
+    out = tmp_path / "plan.json"
+    run = run_cli(["split", "--plan", "--size", "8192", "--backend", "0=sim:h100,1=sim:mi300x", "--link-gbps", "100",
+                   "--out", str(out)], cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    doc = json.loads(out.read_text())
+    s = doc["summary"]
+    assert s["plan"] is True and s["timing"] == "modelled" and s["link_gbit_per_s"] == 100
+    from hetbench.benchmarks import split_plan as plan
+
+    rates = [r["solo_gflops"] * 1e9 for r in doc["rows"]]
+    dim = 8192
+    assert s["parts"] == plan.shares(rates, dim, [plan.max_part(s["strategy"], dim, dim, dim, 4, mem)
+                                                  for mem in (80 * 10**9, 192 * 10**9)]) or sum(s["parts"]) == dim
+    assert all(r["device_timing"] == "modelled" for r in doc["rows"])
+    assert s["predicted_seconds"] == pytest.approx(s["predictions"][s["strategy"]]["seconds"])
+    assert s["predicted_seconds"] < s["even_predicted_seconds"]
+    assert "modelled" in run.stdout and "nothing was run" in run.stdout
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--weights", "1,-2"], "-2"),
+    (["--weights", "1,2,3"], "3"),
+    (["--weights", "0,0"], "0,0"),
+    (["--weights", "a,b"], "a,b"),
+    (["--weights", "missing.json"], "missing.json"),
+    (["--strategy", "diag"], "diag"),
+    (["--rebalance", "0"], "--rebalance"),
+    (["--link-gbps", "100"], "--link-gbps"),
+    (["--plan", "--backend", "0=host,1=sim:h100"], "rank(s) 0=host"),
+    (["--plan", "--size", "300000", "--backend", "0=sim:h100,1=sim:mi300x"], "cannot be placed"),
+])
+def test_bad_input(tmp_path, args, needle):
+    backend = [] if "--backend" in args else ["--backend", "0=host,1=sim:h100"]
+    nprocs = None if "--plan" in args else 2
+    run = run_cli(["split", "--size", "16", *backend, *args] if "--size" not in args else
+                  ["split", *backend, *args], nprocs=nprocs, cwd=tmp_path)
+    assert_usage_error(run, tmp_path, needle)
