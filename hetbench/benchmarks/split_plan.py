@@ -1,0 +1,492 @@
+"""Planning one GEMM split across unequal devices: the weights a user gives, the whole-number shares, the
+memory caps, and the cost model that predicts how long a split takes. Pure Python: no MPI, no devices.
+
+C (m x n) = A (m x k) @ B (k x n) is computed by P ranks; A and B exist at the root only. Two strategies:
+
+- "rows": rank r gets parts[r] whole rows of A and all of B, computes its parts[r] x n block of C, and the root
+  gathers the blocks. Its "dim" (what the parts divide) is m.
+- "k": rank r gets parts[r] columns of A (m x parts[r]) and the matching parts[r] rows of B, computes a full
+  m x n partial product, and the partial products are summed at the root. Its dim is k.
+
+A rank may get a part of 0: it then holds nothing, moves nothing and computes nothing.
+
+The cost model (`predict`) assumes what the harness does:
+
+- three phases separated by barriers, so the predicted time is distribute + the slowest rank's compute +
+  collect, with no overlap between them;
+- the root moves data to and from each other rank in turn, over that rank's link to the root (latency plus
+  bytes / bandwidth per message), so the transfer times of the ranks add up; the root moves nothing to itself;
+- a rank computes at its rate (flop/s, measured or modelled at about the shape of its part), independent of the
+  part's size; so shares proportional to the rates balance the compute phase.
+
+What it leaves out: host<->device copies on each rank, the reduction's arithmetic, the tree a real MPI Reduce
+may use, contention between messages, and a rate that changes with the part's size. Those are why a measured
+split differs from its prediction, and why `--rebalance` re-weights from measured times (`rebalanced_rates`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+from operator import index
+from typing import Callable, Sequence
+
+from hetbench.backends.sim import gemm_model_seconds, get_model
+
+STRATEGIES = ("rows", "k")
+IMBALANCE_GOAL = 0.05  # --rebalance stops once imbalance() is below this
+
+# what a part counts, for messages
+_UNIT = {"rows": "rows of A", "k": "columns of A"}
+
+# the numbers a weight may be written as: ASCII digits, an optional decimal point and exponent
+_NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
+class WeightsError(ValueError):
+    """A --weights value that cannot be used; the one-line message names it and lists what is accepted."""
+
+
+class PlacementError(ValueError):
+    """The size cannot be placed on the devices' free memory; the message names the size and each cap."""
+
+
+@dataclass(frozen=True)
+class Weights:
+    """A parsed --weights value.
+
+    kind: "even" (equal weights), "auto" (each rank's measured rate), "list" (`values`, one per rank) or
+    "profile" (the rates in the calibration profile at `path`).
+    """
+
+    kind: str
+    values: tuple[float, ...] = ()
+    path: str | None = None
+
+
+def _accepted(ranks: int) -> str:
+    example = ",".join(["3"] + ["1"] * (ranks - 1))
+    plural = "rank" if ranks == 1 else "ranks"
+    return (
+        f"accepted: even, auto, a profile JSON from `hetbench calibrate`, or one weight >= 0 per rank "
+        f"({ranks} {plural}), e.g. {example}"
+    )
+
+
+def _shown(item: str) -> str:
+    """An item as a message shows it: as typed when plain printable ASCII, else quoted with escapes."""
+    return item if item and item.isascii() and item.isprintable() and item.strip() == item else repr(item)
+
+
+def _parse_weight(item: str, position: int, count: int) -> tuple[float | None, str | None]:
+    """(value, None) for a valid weight, else (None, the problem)."""
+    item = item.strip()
+    if not item:
+        return None, f"weight {position} of {count} is empty"
+    if not item.isascii():
+        return None, f"{_shown(item)} is not an ASCII number"
+    try:
+        value = float(item)
+    except ValueError:
+        value = None
+    if value is not None and not math.isfinite(value):
+        return None, f"{_shown(item)} is not a finite number"
+    if value is None or not _NUMBER.fullmatch(item):
+        return None, f"{_shown(item)} is not a number"
+    if value < 0:
+        return None, f"{_shown(item)} is negative"
+    return value + 0.0, None  # + 0.0 turns -0.0 into 0.0
+
+
+def _looks_numeric(text: str) -> bool:
+    """Whether text reads as a number to Python (nan, inf and non-ASCII digits included): then a --weights
+    value naming no file is taken as a (one-weight) list, so the message says what is wrong with the number."""
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def parse_weights(text: str, ranks: int) -> Weights:
+    """Parse a --weights value for a job of `ranks` ranks.
+
+    Accepted: "even", "auto" (case and surrounding blanks ignored); "w0,w1,..." with exactly `ranks` finite
+    numbers >= 0 written in ASCII (decimals and exponents allowed, e.g. 0.5 or 1e3; -0 counts as 0) whose sum is
+    above 0; anything else is a profile path, which must exist and be a regular file (its contents are
+    `hetbench.results.profile.load_profile`'s to check). A single number that names no file is read as a list
+    of one weight (valid on a 1-rank job), so "2" on a 2-rank job is "1 weight for 2 ranks" and "nan" is "not
+    a finite number" rather than "no such profile file".
+
+    Raises WeightsError with a one-line message naming the value and what is accepted.
+    """
+    if ranks < 1:
+        raise ValueError(f"ranks must be at least 1, not {ranks}")
+
+    def fail(problem: str) -> WeightsError:
+        return WeightsError(f"--weights {text!r}: {problem}; {_accepted(ranks)}")
+
+    keyword = text.strip().lower()
+    if keyword in ("even", "auto"):
+        return Weights(kind=keyword)
+    if not text.strip():
+        raise fail("empty")
+    if "," not in text:
+        if os.path.exists(text):
+            if not os.path.isfile(text):
+                kind = "a directory" if os.path.isdir(text) else "not a regular file"
+                raise fail(f"{_shown(text)} is {kind}, not a profile file")
+            return Weights(kind="profile", path=text)
+        if not _looks_numeric(text):
+            raise fail(f"no such profile file {_shown(text)}")
+    items = text.split(",")
+    values: list[float] = []
+    for position, item in enumerate(items, start=1):
+        value, problem = _parse_weight(item, position, len(items))
+        if problem is not None:
+            raise fail(problem)
+        assert value is not None
+        values.append(value)
+    if len(values) != ranks:
+        noun = "weight" if len(values) == 1 else "weights"
+        raise fail(f"{len(values)} {noun} for {ranks} {'rank' if ranks == 1 else 'ranks'}")
+    if not sum(values) > 0:
+        raise fail("the weights sum to 0")
+    if not math.isfinite(sum(values)):
+        raise fail("the weights sum to more than a float holds")
+    return Weights(kind="list", values=tuple(values))
+
+
+def _check_strategy(strategy: str) -> None:
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}; accepted: {', '.join(STRATEGIES)}")
+
+
+def _check_shape(m: int, n: int, k: int) -> None:
+    if min(m, n, k) < 1:
+        raise ValueError(f"a GEMM's m, n and k must be at least 1, not m={m}, n={n}, k={k}")
+
+
+def dim_of(strategy: str, m: int, n: int, k: int) -> int:
+    """What a strategy's parts divide: m for "rows", k for "k"."""
+    _check_strategy(strategy)
+    return m if strategy == "rows" else k
+
+
+def _part_flops(strategy: str, m: int, n: int, k: int, part: int) -> int:
+    """Flops of a rank's GEMM for `part`: rows: part x n x k; k: m x n x part."""
+    return 2 * part * n * k if strategy == "rows" else 2 * m * n * part
+
+
+def _bytes_terms(strategy: str, m: int, n: int, k: int) -> tuple[int, int]:
+    """(elements per unit of part, fixed elements) a rank's device holds: rows: part*(k+n) + k*n (its rows of A
+    and of C, all of B); k: part*(m+n) + m*n (its columns of A, rows of B, a full C)."""
+    return (k + n, k * n) if strategy == "rows" else (m + n, m * n)
+
+
+def device_bytes(strategy: str, m: int, n: int, k: int, part: int, itemsize: int) -> int:
+    """Bytes a rank's device holds for `part`: rows: (part*k + k*n + part*n) * itemsize;
+    k: (m*part + part*n + m*n) * itemsize; 0 for part 0 (such a rank holds nothing)."""
+    _check_strategy(strategy)
+    if part < 0:
+        raise ValueError(f"a part cannot be negative: {part}")
+    if part == 0:
+        return 0
+    per, fixed = _bytes_terms(strategy, m, n, k)
+    return (part * per + fixed) * itemsize
+
+
+def max_part(strategy: str, m: int, n: int, k: int, itemsize: int, free_bytes: int | None) -> int:
+    """The largest part in 0..dim whose device_bytes fits in free_bytes (None: unknown, so no cap: dim)."""
+    _check_shape(m, n, k)
+    dim = dim_of(strategy, m, n, k)
+    if free_bytes is None:
+        return dim
+    per, fixed = _bytes_terms(strategy, m, n, k)
+    # (part*per + fixed) * itemsize <= free  <=>  part*per + fixed <= free // itemsize (the left side is whole)
+    part = (free_bytes // itemsize - fixed) // per
+    return max(0, min(dim, part))
+
+
+def _largest_remainder(weights: Sequence[Fraction], total: int) -> list[int]:
+    """Whole numbers in proportion to weights (sum > 0) summing to total: each gets the floor of its quota, and
+    the units left go one each to the largest remainders, ties to the lower index. Exact (Fractions)."""
+    weight_sum = sum(weights)
+    quotas = [total * w / weight_sum for w in weights]
+    floors = [q.numerator // q.denominator for q in quotas]
+    left = total - sum(floors)
+    order = sorted(range(len(weights)), key=lambda i: (-(quotas[i] - floors[i]), i))
+    for i in order[:left]:
+        floors[i] += 1
+    return floors
+
+
+def shares(
+    weights: Sequence[float], total: int, caps: Sequence[int | None] | None = None, *, unit: str = "rows"
+) -> list[int]:
+    """Split `total` into whole parts in proportion to `weights`, each within its cap.
+
+    Rounding is largest remainder (floors, then one unit each to the largest remainders, ties to the lower
+    rank), computed exactly, so the parts always sum to `total` and the same input gives the same split.
+    A weight of 0 gets 0. A cap (None: no cap) is applied by water-filling: a rank whose proportional share
+    exceeds its cap gets its cap, and the rest is shared again among the others in proportion to their
+    weights, until all fit. If every rank with weight > 0 is full, what is left goes to the ranks of weight 0
+    that have room (evenly among uncapped ones if any, else in proportion to their caps) rather than failing.
+
+    Raises PlacementError when the caps add up to less than `total` (the message says how many `unit` could
+    not be placed and each rank's cap), and ValueError for invalid arguments (negative or non-finite weights,
+    weights summing to 0 while total > 0, a caps list of another length).
+    """
+    count = len(weights)
+    if count < 1:
+        raise ValueError("shares needs at least one weight")
+    total = index(total)
+    if total < 0:
+        raise ValueError(f"the total to share cannot be negative: {total}")
+    for r, w in enumerate(weights):
+        if not (math.isfinite(w) and w >= 0):
+            raise ValueError(f"weight of rank {r} must be a finite number >= 0, not {w!r}")
+    cap: list[int | None] = [None] * count if caps is None else [None if c is None else index(c) for c in caps]
+    if len(cap) != count:
+        raise ValueError(f"{len(cap)} caps for {count} weights")
+    for r, c in enumerate(cap):
+        if c is not None and c < 0:
+            raise ValueError(f"cap of rank {r} cannot be negative: {c}")
+
+    parts = [0] * count
+    if total == 0:
+        return parts
+    if all(c is not None for c in cap):
+        capacity = sum(c for c in cap if c is not None)
+        if capacity < total:
+            each = ", ".join(f"rank {r}: {c}" for r, c in enumerate(cap))
+            raise PlacementError(
+                f"{total} {unit} cannot be placed: the devices' free memory holds at most {capacity} ({each})"
+            )
+    w = [Fraction(float(x)) for x in weights]
+    if sum(w) == 0:
+        raise ValueError(f"the weights sum to 0: nothing to share {total} {unit} by")
+
+    full = [False] * count
+    remaining = total
+    while True:
+        active = [r for r in range(count) if not full[r] and w[r] > 0]
+        if not active:
+            break
+        weight_sum = sum(w[r] for r in active)
+        over = [r for r in active if cap[r] is not None and remaining * w[r] / weight_sum > cap[r]]
+        if over:
+            # their caps sum to less than their quotas, so `remaining` stays >= 0
+            for r in over:
+                parts[r] = cap[r]  # type: ignore[assignment]
+                full[r] = True
+                remaining -= cap[r]  # type: ignore[operator]
+            continue
+        # every quota is <= its (whole) cap, so rounding up stays within it
+        for r, part in zip(active, _largest_remainder([w[r] for r in active], remaining)):
+            parts[r] = part
+        remaining = 0
+        break
+
+    if remaining > 0:
+        # every rank with weight > 0 is full: the rest goes to the weight-0 ranks with room
+        spare = [r for r in range(count) if w[r] == 0 and (cap[r] is None or cap[r] > 0)]
+        unlimited = [r for r in spare if cap[r] is None]
+        if unlimited:
+            receivers, by = unlimited, [Fraction(1)] * len(unlimited)
+        else:
+            # remaining <= the sum of these caps (checked above), so each quota is within its cap
+            receivers, by = spare, [Fraction(cap[r]) for r in spare]  # type: ignore[arg-type]
+        for r, part in zip(receivers, _largest_remainder(by, remaining)):
+            parts[r] = part
+    return parts
+
+
+@dataclass(frozen=True)
+class Link:
+    """A rank's link to the root: bandwidth in bytes/s and per-message latency in seconds."""
+
+    bytes_per_s: float
+    latency_s: float
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The cost model's prediction of one split (see the module docstring)."""
+
+    strategy: str
+    parts: tuple[int, ...]
+    distribute_seconds: float
+    compute_seconds: tuple[float, ...]  # per rank, 0.0 for a part of 0
+    collect_seconds: float
+
+    @property
+    def seconds(self) -> float:
+        """End to end: distribute, then the slowest rank's compute, then collect."""
+        return self.distribute_seconds + max(self.compute_seconds) + self.collect_seconds
+
+    def to_dict(self) -> dict:
+        """Plain JSON types: strategy, parts, distribute_seconds, compute_seconds (list), collect_seconds,
+        seconds."""
+        return {
+            "strategy": self.strategy,
+            "parts": [int(p) for p in self.parts],
+            "distribute_seconds": float(self.distribute_seconds),
+            "compute_seconds": [float(s) for s in self.compute_seconds],
+            "collect_seconds": float(self.collect_seconds),
+            "seconds": float(self.seconds),
+        }
+
+
+def predict(
+    strategy: str,
+    m: int,
+    n: int,
+    k: int,
+    itemsize: int,
+    parts: Sequence[int],
+    rates: Sequence[float],
+    links: Sequence[Link | None],
+    root: int = 0,
+) -> Prediction:
+    """Predict a split's phases (s = itemsize, bw_r and lat_r rank r's link; sums over ranks r != root with
+    parts[r] > 0):
+
+    rows: distribute = sum lat_r + (parts[r]*k + k*n) * s / bw_r      (its rows of A, all of B)
+          compute_r  = 2 * parts[r] * n * k / rates[r]
+          collect    = sum lat_r + parts[r]*n * s / bw_r               (its rows of C)
+    k:    distribute = sum lat_r + (m*parts[r] + parts[r]*n) * s / bw_r (its columns of A, rows of B)
+          compute_r  = 2 * m * n * parts[r] / rates[r]
+          collect    = sum lat_r + m*n * s / bw_r                       (its full partial C)
+
+    links[root] is not used (None by convention): the root moves nothing to itself. A rank with part 0
+    computes for 0 s and needs neither a rate > 0 nor a link. parts must sum to the strategy's dim.
+    """
+    _check_shape(m, n, k)
+    dim = dim_of(strategy, m, n, k)
+    count = len(parts)
+    if len(rates) != count or len(links) != count:
+        raise ValueError(f"{count} parts, {len(rates)} rates and {len(links)} links: one each per rank")
+    if not 0 <= root < count:
+        raise ValueError(f"root {root} is not a rank of {count}")
+    if any(p < 0 for p in parts) or sum(parts) != dim:
+        raise ValueError(f"parts {list(parts)} must be >= 0 and sum to {dim} ({strategy}: dim of m={m}, k={k})")
+
+    distribute = 0.0
+    collect = 0.0
+    compute: list[float] = []
+    for r, part in enumerate(parts):
+        if part == 0:
+            compute.append(0.0)
+            continue
+        rate = rates[r]
+        if not (math.isfinite(rate) and rate > 0):
+            raise ValueError(f"rank {r} has a part of {part} but a rate of {rate!r} flop/s")
+        compute.append(_part_flops(strategy, m, n, k, part) / rate)
+        if r == root:
+            continue
+        link = links[r]
+        if link is None or not link.bytes_per_s > 0 or not link.latency_s >= 0:
+            raise ValueError(f"rank {r} has a part of {part} but no usable link to root {root}: {link!r}")
+        if strategy == "rows":
+            sent, received = part * k + k * n, part * n
+        else:
+            sent, received = m * part + part * n, m * n
+        distribute += link.latency_s + sent * itemsize / link.bytes_per_s
+        collect += link.latency_s + received * itemsize / link.bytes_per_s
+    return Prediction(
+        strategy=strategy,
+        parts=tuple(int(p) for p in parts),
+        distribute_seconds=distribute,
+        compute_seconds=tuple(compute),
+        collect_seconds=collect,
+    )
+
+
+def choose_strategy(
+    m: int,
+    n: int,
+    k: int,
+    itemsize: int,
+    rates: Sequence[float],
+    links: Sequence[Link | None],
+    caps_for: Callable[[str], Sequence[int | None]],
+    root: int = 0,
+) -> tuple[str, dict[str, Prediction]]:
+    """For each strategy, share its dim in proportion to `rates` within caps_for(strategy) and predict it;
+    return the strategy with the lower predicted seconds (a tie goes to "rows") and the predictions of those
+    that could be placed. A strategy that cannot be placed is skipped; PlacementError (both messages) if
+    neither can."""
+    predictions: dict[str, Prediction] = {}
+    failures: list[str] = []
+    for strategy in STRATEGIES:
+        dim = dim_of(strategy, m, n, k)
+        try:
+            parts = shares(rates, dim, caps_for(strategy), unit=_UNIT[strategy])
+        except PlacementError as e:
+            failures.append(f"{strategy}: {e}")
+            continue
+        predictions[strategy] = predict(strategy, m, n, k, itemsize, parts, rates, links, root=root)
+    if not predictions:
+        raise PlacementError("; ".join(failures))
+    best = min(predictions, key=lambda s: (predictions[s].seconds, STRATEGIES.index(s)))
+    return best, predictions
+
+
+def imbalance(compute_seconds: Sequence[float], parts: Sequence[int]) -> float:
+    """Slowest working rank's compute time / the working ranks' mean - 1, over ranks with parts > 0; 0.0 when
+    fewer than two ranks work (or none took any time)."""
+    if len(compute_seconds) != len(parts):
+        raise ValueError(f"{len(compute_seconds)} compute times for {len(parts)} parts")
+    working = [float(s) for s, p in zip(compute_seconds, parts) if p > 0]
+    if len(working) < 2:
+        return 0.0
+    mean = sum(working) / len(working)
+    if mean <= 0:
+        return 0.0
+    return max(working) / mean - 1.0
+
+
+def rebalanced_rates(
+    parts: Sequence[int],
+    compute_seconds: Sequence[float],
+    previous_rates: Sequence[float],
+    m: int,
+    n: int,
+    k: int,
+    strategy: str,
+) -> list[float]:
+    """Each rank's rate as measured: the flops of its part / its compute seconds, for ranks that had work and
+    took time > 0; the others keep their previous rate. Shares of the next iteration in proportion to these
+    rates balance the compute phase if each rate holds at the new part's size."""
+    _check_strategy(strategy)
+    if not len(parts) == len(compute_seconds) == len(previous_rates):
+        raise ValueError(
+            f"{len(parts)} parts, {len(compute_seconds)} compute times and {len(previous_rates)} rates: "
+            "one each per rank"
+        )
+    rates: list[float] = []
+    for part, seconds, previous in zip(parts, compute_seconds, previous_rates):
+        if part > 0 and seconds > 0 and math.isfinite(seconds):
+            rates.append(_part_flops(strategy, m, n, k, part) / seconds)
+        else:
+            rates.append(float(previous))
+    return rates
+
+
+def sim_rate(model_key: str, strategy: str, m: int, n: int, k: int, dtype_name: str, parts_hint: int) -> float:
+    """A simulated device's modelled rate (flop/s) on a part of `parts_hint` (clamped to 1..dim) of this GEMM:
+    rows: a parts_hint x n x k GEMM; k: m x n x parts_hint; its flops / hetbench.backends.sim's
+    gemm_model_seconds. ValueError for an unknown model, or a dtype the model has no arithmetic for."""
+    _check_shape(m, n, k)
+    dim = dim_of(strategy, m, n, k)
+    part = max(1, min(dim, parts_hint))
+    model = get_model(model_key)
+    if strategy == "rows":
+        seconds = gemm_model_seconds(model, part, n, k, dtype_name)
+    else:
+        seconds = gemm_model_seconds(model, m, n, part, dtype_name)
+    return _part_flops(strategy, m, n, k, part) / seconds
