@@ -28,7 +28,7 @@ VENV_OPENMPI ?= .venv-openmpi
 EXTRAS_OPENMPI ?= opencl,report,dev$(if $(HAVE_CLBLAST),$(comma)clblast)
 OPENMPI_MPIRUN ?= /usr/bin/mpirun
 
-.PHONY: demo test test-openmpi bench env env-openmpi clean
+.PHONY: demo test test-openmpi bench bench-split env env-openmpi clean
 
 env: $(VENV)/.installed
 
@@ -87,6 +87,23 @@ bench: env
 	$(PY) -m hetbench.overhead gemm
 	$(MPIEXEC) -n 2 $(PY) -m hetbench.overhead allreduce
 	$(PY) -m hetbench.overhead opencl
+	@if $(HAVE_OPENCL_DEVICE); then $(MAKE) --no-print-directory bench-split; else \
+		echo "split: no OpenCL device (apt-get install pocl-opencl-icd): nothing measured"; fi
+
+# Issue 9's split bench: two ranks with a real speed gap, host BLAS on one thread beside PoCL on one thread, one
+# GEMM split by auto weights (and, measured in the same run, evenly); then rebalancing from even weights
+BENCH_SPLIT_DIR ?= results/bench-split-$(shell date -u +%Y%m%dT%H%M%SZ)
+BENCH_SPLIT_ENV := OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 POCL_MAX_PTHREAD_COUNT=1
+bench-split: env
+	@mkdir -p $(BENCH_SPLIT_DIR)
+	for n in 2048 4096; do $(BENCH_SPLIT_ENV) $(MPIEXEC) -n 2 $(HETBENCH) split --size $$n --backend 0=host,1=opencl \
+		--strategy rows --weights auto --warmup 1 --repeat 3 --out $(BENCH_SPLIT_DIR)/split-$$n.json >/dev/null \
+		|| exit 1; done
+	$(BENCH_SPLIT_ENV) $(MPIEXEC) -n 2 $(HETBENCH) split --size 4096 --backend 0=host,1=opencl --strategy rows \
+		--weights even --rebalance 6 --no-compare-even --warmup 0 --repeat 1 \
+		--out $(BENCH_SPLIT_DIR)/split-rebalance-4096.json >/dev/null
+	$(PY) -m hetbench.overhead split $(BENCH_SPLIT_DIR)/split-2048.json $(BENCH_SPLIT_DIR)/split-4096.json \
+		$(BENCH_SPLIT_DIR)/split-rebalance-4096.json
 
 clean:
 	rm -rf $(VENV) $(VENV_OPENMPI) build dist *.egg-info

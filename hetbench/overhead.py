@@ -227,8 +227,53 @@ def main(argv: list[str]) -> int:
             print(f"{label:<22} {value:>9.2f} {ratio:>18} {ceiling:>20}")
         print(f"clpeak fp32 peak: {peak:.2f} GFLOP/s" if peak else "clpeak not found (apt-get install clpeak): no ceiling")
         return 0
-    print(f"unknown benchmark {what!r}; accepted: gemm, allreduce, opencl", file=sys.stderr)
+    if what == "split":
+        return split_figures(argv[1:])
+    print(f"unknown benchmark {what!r}; accepted: gemm, allreduce, opencl, split", file=sys.stderr)
     return 2
+
+
+SPLIT_GOALS = {"efficiency_compute": 0.95, "efficiency_end_to_end": 0.90, "speedup_over_even": 3.0}
+
+
+def split_figures(paths: list[str]) -> int:
+    """The split bench's figures from the results of `hetbench split` runs made by `make bench` (every figure
+    measured in its run): each rank's solo rate, the auto split's end-to-end and compute-phase efficiency against
+    the sum of the solo rates, the even split's, and the rebalancing's imbalance per iteration. Goals (issue 9) at
+    the largest n: compute-phase efficiency >= 0.95, end-to-end >= 0.90, >= 3x the even split's throughput."""
+    from hetbench.results import load_results
+
+    documents = [load_results(p) for p in paths]
+    measured = [d for d in documents if "even" in d["summary"]["splits"]]
+    largest = max((d["summary"]["total_gemm_flops"] for d in measured), default=None)
+    failed = False
+    for d in documents:
+        s, rows = d["summary"], d["rows"]
+        m, n, k = rows[0]["m"], rows[0]["n"], rows[0]["k"]
+        weighted = [r for r in rows if r["split"] == "weighted"]
+        solo = ", ".join(f"rank {r['rank']} {r['backend']} {r['solo_gflops']:.2f}" for r in weighted)
+        print(f"split {m}x{n}x{k} {rows[0]['dtype']}, strategy {s['strategy']}, weights {s['weights_kind']}: "
+              f"solo GFLOP/s {solo} (sum {s['sum_solo_gflops']:.2f})")
+        for name, f in s["splits"].items():
+            print(f"  {name:<8} parts {f['parts']}: {f['achieved_gflops']:.2f} GFLOP/s end-to-end, efficiency "
+                  f"{f['efficiency_end_to_end']:.3f} end-to-end, {f['efficiency_compute']:.3f} compute phase, "
+                  f"imbalance {100 * f['imbalance']:.1f} %, measured {1e3 * f['end_to_end_seconds_median']:.1f} ms, "
+                  f"predicted {1e3 * f['predicted']['seconds']:.1f} ms")
+        for entry in s.get("rebalance") or []:
+            print(f"  rebalance {entry['iteration']}: parts {entry['parts']}, imbalance "
+                  f"{100 * entry['imbalance']:.1f} %")
+        if s.get("rebalance"):
+            converged = s["rebalance"][-1]["imbalance"] < 0.05
+            print(f"  rebalancing from {s['weights_kind']} weights: {'converged' if converged else 'did NOT converge'}"
+                  f" under 5 % in {len(s['rebalance'])} iteration(s)")
+            failed |= not converged
+        if d in measured and s["total_gemm_flops"] == largest:
+            for key, goal in SPLIT_GOALS.items():
+                value = s[key]
+                ok = value is not None and value >= goal
+                failed |= not ok
+                print(f"  goal {key} >= {goal}: {value:.3f} {'met' if ok else 'NOT met'}")
+    return 0 if not failed else 1
 
 
 if __name__ == "__main__":
