@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import os
 
-BUILTIN = ("hetbench.benchmarks.matmul", "hetbench.benchmarks.collectives")
+BUILTIN = ("hetbench.benchmarks.matmul", "hetbench.benchmarks.collectives", "hetbench.benchmarks.calibrate")
 PLUGINS_ENV = "HETBENCH_BENCHMARKS"
 
 
