@@ -9,7 +9,12 @@ from __future__ import annotations
 import importlib
 import os
 
-BUILTIN = ("hetbench.benchmarks.matmul", "hetbench.benchmarks.collectives", "hetbench.benchmarks.split")
+BUILTIN = (
+    "hetbench.benchmarks.matmul",
+    "hetbench.benchmarks.collectives",
+    "hetbench.benchmarks.calibrate",
+    "hetbench.benchmarks.split",
+)
 PLUGINS_ENV = "HETBENCH_BENCHMARKS"
 
 

@@ -1,0 +1,370 @@
+"""`hetbench calibrate`: measure what `hetbench split` weighs its slices with, and save it as a profile.
+
+Per rank: its link to the root (bandwidth and latency, MPI ping-pong on host buffers), its device's free memory,
+and its GEMM rate at the slice shapes of each strategy (rows: part x n x k; k: m x n x part) in each dtype asked
+for. The results document (schema "hetbench.calibrate") is the profile: one row per dtype x strategy x rank, which
+hetbench/results/profile.py loads back for `hetbench split --weights PROFILE.json`.
+
+Every rank measures at once (as split's ranks compute at once); the links are measured first, one rank at a time
+with the root. The measurements themselves are hetbench/harness/probe.py.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import click
+
+from hetbench.benchmarks.base import (
+    MODELLED_WITH_DEVICE,
+    SHOW_FILES,
+    SHOW_WIDE,
+    Column,
+    RankResult,
+    register,
+)
+from hetbench.config import DTYPE_NAMES, OutputConfig, parse_bytes, parse_dtype
+from hetbench.dtypes import DType
+from hetbench.options import MAX_DIMENSION, MAX_REPEAT, MAX_SEED, int_range, parse_backends
+
+DEFAULT_SIZE = 2048
+STRATEGY_CHOICES = ("rows", "k", "both")
+DEFAULT_REPEAT = 3
+DEFAULT_MIN_SECONDS = 0.1
+MAX_MIN_SECONDS = 3600.0
+DEFAULT_LINK_BYTES = "4M"
+MAX_LINK_BYTES = 1024**3
+ROOT = 0  # the links are measured to rank 0, split's root
+_DIMENSION = int_range(1, MAX_DIMENSION)
+
+_M = MODELLED_WITH_DEVICE
+COLUMNS: tuple[Column, ...] = (
+    Column("rank", "Rank", text=True),
+    Column("host", "Host", text=True, show=SHOW_WIDE),
+    Column("backend", "Backend", text=True),
+    Column("vendor", "Vendor", text=True, show=SHOW_FILES),
+    Column("device", "Device", text=True),
+    Column("device_timing", "Timing", text=True, show=SHOW_WIDE),
+    Column("dtype", "Dtype", text=True),
+    Column("strategy", "Strategy", text=True),
+    Column("shape", "m x n x k", text=True, show=SHOW_WIDE, derived=True),
+    Column("m", "m", text=True, show=SHOW_FILES),
+    Column("n", "n", text=True, show=SHOW_FILES),
+    Column("k", "k", text=True, show=SHOW_FILES),
+    Column("part", "Part", text=True),
+    Column("part_limit", "Part limit", text=True, show=SHOW_FILES),
+    Column("gemm_flops", "GEMM flops", show=SHOW_FILES),
+    Column("gemm_seconds_median", "GEMM median", "ms", 1e3, modelled=_M, show=SHOW_WIDE, better="lower"),
+    Column("gemm_gflops", "GEMM", "GFLOP/s", modelled=_M, better="higher"),
+    Column("link_gbps", "Link to root", "GB/s", better="higher", short_label="Link"),
+    Column("link_latency_us", "Link latency", "us", show=SHOW_WIDE, better="lower"),
+    Column("free_memory_bytes", "Free memory", "GiB", 1 / 1024**3, show=SHOW_WIDE),
+    Column("measured_utc", "Measured (UTC)", text=True, show=SHOW_FILES),
+    Column("verified", "Check", text=True),
+    Column("max_residual_over_tolerance", "Residual / tolerance", show=SHOW_FILES, better="lower"),
+)
+
+
+@dataclass(frozen=True)
+class CalibrateConfig:
+    m: int
+    n: int
+    k: int
+    dtypes: tuple[DType, ...]
+    strategies: tuple[str, ...]
+    backends: tuple[Any, ...]  # BackendSpec per rank
+    repeat: int = DEFAULT_REPEAT
+    min_seconds: float = DEFAULT_MIN_SECONDS
+    link_bytes: int = 4 * 1024**2
+    seed: int = 0
+    root: int = ROOT
+    output: OutputConfig = field(default_factory=OutputConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["dtypes"] = [t.name for t in self.dtypes]
+        d["strategies"] = list(self.strategies)
+        d["backends"] = [str(s) for s in self.backends]
+        d["output"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self.output).items()}
+        return d
+
+
+def parse_dtypes(texts: Sequence[str]) -> tuple[DType, ...]:
+    """`--dtype fp32 --dtype fp16` or `--dtype fp32,fp16`, in the order given, without repeats; fp32 for none.
+    ValueError names the one that is not a dtype."""
+    names: list[str] = []
+    for text in texts:
+        for name in (t.strip().lower() for t in text.split(",")):
+            if name not in DTYPE_NAMES:
+                raise ValueError(f"{name!r} is not a dtype; accepted: {', '.join(DTYPE_NAMES)} (repeat --dtype or "
+                                 "separate them with commas)")
+            names.append(name)
+    return tuple(parse_dtype(n) for n in dict.fromkeys(names)) or (parse_dtype("fp32"),)
+
+
+def slice_bytes(strategy: str, m: int, n: int, k: int, part: int, itemsize: int) -> int:
+    """What one measurement holds at `part`: its A, B and C of the slice's shape (the same count as split_plan's
+    device_bytes, for the slice a rank computes)."""
+    from hetbench.harness.probe import slice_shape
+
+    pm, pn, pk = slice_shape(strategy, m, n, k, part)
+    return (pm * pk + pk * pn + pm * pn) * itemsize
+
+
+def check_bytes(strategy: str, m: int, n: int, k: int, part: int) -> int:
+    """What Freivalds' check of the slice's product holds besides A, B and C: two blocks of rows of the largest
+    matrix it reads (A, B, B transposed, C) converted to float64 at once."""
+    from hetbench.harness.probe import slice_shape
+    from hetbench.harness.verify import _ROW_BLOCK
+
+    pm, pn, pk = slice_shape(strategy, m, n, k, part)
+    return max(2 * min(_ROW_BLOCK, rows) * cols * 8 for rows, cols in ((pm, pk), (pk, pn), (pn, pk), (pm, pn)))
+
+
+def largest_part(strategy: str, m: int, n: int, k: int, fits: Any) -> int:
+    """The largest part in 0..dim for which fits(part) holds (fits grows false with the part)."""
+    from hetbench.harness.probe import slice_dim
+
+    lo, hi = 0, slice_dim(strategy, m, n, k)
+    if fits(hi):
+        return hi
+    while hi - lo > 1:  # fits(lo) or lo == 0; not fits(hi)
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo if lo > 0 and fits(lo) else 0
+
+
+@dataclass
+class Prepared:
+    """One rank, ready to measure: its device, its free memory before anything was made, and the largest part of
+    each (dtype, strategy) that fits it."""
+
+    opened: Any  # OpenDevice
+    free_memory_bytes: int | None
+    part_limits: dict[tuple[str, str], int]
+
+
+def _fmt_bytes(n: int) -> str:
+    return f"{n} bytes ({n / 1024**2:.1f} MiB)"
+
+
+def prepare(cfg: CalibrateConfig, world: Any, opened: Any) -> tuple[Prepared | None, list[str]]:
+    """Check every dtype against the device and find the largest part of each measurement that fits the device's
+    free memory and this rank's share of the host's, before anything is made. Returns (prepared, errors)."""
+    from hetbench.backends.base import UnsupportedDtype, check_dtype
+    from hetbench.backends.host import RUNTIME_SCRATCH_BYTES, host_memory_share_bytes
+    from hetbench.harness.matmul import device_in_host_memory
+    from hetbench.harness.probe import slice_shape
+
+    backend, info = opened.backend, opened.info
+    for dt in cfg.dtypes:
+        try:
+            check_dtype(info, dt)
+        except UnsupportedDtype as e:
+            return None, [str(e)]
+    free = backend.free_memory_bytes()
+    in_host = device_in_host_memory(info)
+    # the host's own free memory is counted below, with every host buffer
+    device_free = free if info.backend != "host" else None
+    host_share = host_memory_share_bytes(world.local_size)
+    max_alloc = backend.max_allocation_bytes()
+    label = f"{opened.spec} ({info.name})"
+    limits: dict[tuple[str, str], int] = {}
+    for dt in cfg.dtypes:
+        for strategy in cfg.strategies:
+            def device_bytes(part: int, dt: DType = dt, strategy: str = strategy) -> int:
+                return slice_bytes(strategy, cfg.m, cfg.n, cfg.k, part, dt.itemsize)
+
+            def host_bytes(part: int, dt: DType = dt, strategy: str = strategy) -> int:
+                # A, B and the C copied back for the check, in the host type, plus the device's copies where its
+                # memory is the host's, the check's float64 blocks and the runtime's own
+                host = slice_bytes(strategy, cfg.m, cfg.n, cfg.k, part, dt.host.itemsize)
+                return (host + (device_bytes(part) if in_host else 0) + check_bytes(strategy, cfg.m, cfg.n, cfg.k,
+                                                                                     part) + RUNTIME_SCRATCH_BYTES)
+
+            def largest_matrix(part: int, dt: DType = dt, strategy: str = strategy) -> int:
+                pm, pn, pk = slice_shape(strategy, cfg.m, cfg.n, cfg.k, part)
+                return max(pm * pk, pk * pn, pm * pn) * dt.itemsize
+
+            def fits(part: int) -> bool:
+                return ((device_free is None or device_bytes(part) <= device_free)
+                        and (max_alloc is None or largest_matrix(part) <= max_alloc)
+                        and (host_share is None or host_bytes(part) <= host_share))
+
+            limit = largest_part(strategy, cfg.m, cfg.n, cfg.k, fits)
+            if limit < 1:
+                what = (f"one row of A of {cfg.m}x{cfg.k} @ {cfg.k}x{cfg.n}" if strategy == "rows" else
+                        f"one column of A and row of B of {cfg.m}x{cfg.k} @ {cfg.k}x{cfg.n}")
+                what += f" in {dt.name} (strategy {strategy})"
+                if device_free is not None and device_bytes(1) > device_free:
+                    why = (f"needs {_fmt_bytes(device_bytes(1))} on {label}, which has {_fmt_bytes(device_free)} "
+                           "free")
+                elif max_alloc is not None and largest_matrix(1) > max_alloc:
+                    why = (f"has a matrix of {_fmt_bytes(largest_matrix(1))}, more than {label} allows in one "
+                           f"buffer ({_fmt_bytes(max_alloc)})")
+                else:
+                    assert host_share is not None
+                    why = (f"needs {_fmt_bytes(host_bytes(1))} of host memory (inputs, their device copies and the "
+                           f"check's buffers); this rank may take {_fmt_bytes(host_share)}")
+                return None, [f"{what} {why}; use a smaller size"]
+            limits[(dt.name, strategy)] = limit
+    return Prepared(opened, free, limits), []
+
+
+def utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def run_rank(cfg: CalibrateConfig, world: Any, prepared: Prepared, on_step: Any = None) -> list[dict[str, Any]]:
+    """Collective: the link to the root, then every (dtype, strategy) measurement on this rank, all ranks at
+    once. This rank's rows, in the order of cfg.dtypes x cfg.strategies."""
+    from hetbench.harness.probe import link_to_root, measure_gemm
+
+    opened = prepared.opened
+    backend, info = opened.backend, opened.info
+    world.barrier()
+    link = link_to_root(world, root=cfg.root, nbytes=cfg.link_bytes)
+    rows = []
+    steps = [(dt, strategy) for dt in cfg.dtypes for strategy in cfg.strategies]
+    for i, (dt, strategy) in enumerate(steps):
+        world.barrier()
+        when = utc_now()
+        measured = measure_gemm(backend, dt, strategy, cfg.m, cfg.n, cfg.k, prepared.part_limits[(dt.name, strategy)],
+                                min_seconds=cfg.min_seconds, repeat=cfg.repeat, seed=cfg.seed, check=True)
+        rows.append({
+            "rank": world.rank,
+            "host": world.host,
+            "backend": opened.spec,
+            "vendor": info.vendor,
+            "device": info.name,
+            "device_timing": backend.timing,
+            "dtype": dt.name,
+            "strategy": strategy,
+            "m": cfg.m,
+            "n": cfg.n,
+            "k": cfg.k,
+            "part": measured.part,
+            "part_limit": prepared.part_limits[(dt.name, strategy)],
+            "gemm_flops": measured.flops,
+            "gemm_seconds_median": measured.seconds_median,
+            "gemm_gflops": measured.rate / 1e9,
+            "link_gbps": None if link is None else link.bytes_per_s / 1e9,
+            "link_latency_us": None if link is None else link.latency_s * 1e6,
+            "free_memory_bytes": prepared.free_memory_bytes,
+            "measured_utc": when,
+            "verified": measured.verified,
+            "max_residual_over_tolerance": measured.max_residual_over_tolerance,
+            "raw": {"gemm_seconds": list(measured.seconds),
+                    "probes": [{"part": p, "gemm_seconds": s} for p, s in measured.probes]},
+            "device_info": info.to_dict(),
+        })
+        if on_step is not None:
+            on_step(i + 1, len(steps), f"{dt.name} {strategy}")
+    return rows
+
+
+def _timing_of(rows: list[dict[str, Any]]) -> str:
+    """measured, modelled (every rank's device simulated) or mixed."""
+    timings = {r["device_timing"] for r in rows}
+    return timings.pop() if len(timings) == 1 else "mixed"
+
+
+class Calibrate:
+    name = "calibrate"
+    summary = ("Measure each rank's GEMM rate per dtype and slice shape, its link to the root and its free "
+               "memory: the profile `hetbench split --weights PROFILE.json` reuses.")
+    columns = COLUMNS
+
+    def options(self) -> list[click.Parameter]:
+        return [
+            click.Option(["--size"], type=_DIMENSION, default=DEFAULT_SIZE, show_default=True,
+                         help="m = n = k of the product split will slice (each of --m/--n/--k overrides its own)."),
+            click.Option(["--m", "m"], type=_DIMENSION, default=None, help="Rows of A and C."),
+            click.Option(["--n", "n"], type=_DIMENSION, default=None, help="Columns of B and C."),
+            click.Option(["--k", "k"], type=_DIMENSION, default=None, help="Columns of A, rows of B."),
+            click.Option(["--dtype", "dtype_texts"], multiple=True, metavar="DTYPE[,DTYPE...]",
+                         help=f"The dtypes measured: {', '.join(DTYPE_NAMES)}; repeat or separate with commas. "
+                              "Default: fp32."),
+            click.Option(["--strategy"], type=click.Choice(STRATEGY_CHOICES), default="both", show_default=True,
+                         help="The slice shapes measured: rows (part x n x k), k (m x n x part), or both."),
+            click.Option(["--repeat"], type=int_range(1, MAX_REPEAT), default=DEFAULT_REPEAT, show_default=True,
+                         help="Timed GEMMs at the part found; the rate is from their median."),
+            click.Option(["--min-seconds", "min_seconds_text"], default=str(DEFAULT_MIN_SECONDS), show_default=True,
+                         metavar="SECONDS",
+                         help="The part (rows or columns) doubles from 64 until one GEMM takes this long, or "
+                              "the whole dimension or the device's memory is reached."),
+            click.Option(["--link-bytes", "link_bytes_text"], default=DEFAULT_LINK_BYTES, show_default=True,
+                         metavar="BYTES", help="The message the link bandwidth is measured with (1K, 4M; powers "
+                                               "of 1024)."),
+            click.Option(["--seed"], type=int_range(0, MAX_SEED), default=0, show_default=True,
+                         help="Seeds the generated inputs and the checks' vectors."),
+        ]
+
+    def configure(self, params: dict[str, Any], world: Any, output: OutputConfig) -> CalibrateConfig:
+        try:
+            dtypes = parse_dtypes(params["dtype_texts"])
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="'--dtype'") from None
+        text = params["min_seconds_text"]
+        try:
+            min_seconds = float(str(text).strip())
+        except ValueError:
+            min_seconds = math.nan
+        if not (math.isfinite(min_seconds) and 0 < min_seconds <= MAX_MIN_SECONDS):
+            raise click.BadParameter(f"{text!r} is not a number of seconds; accepted: a number > 0 and at most "
+                                     f"{MAX_MIN_SECONDS:g}", param_hint="'--min-seconds'")
+        try:
+            link_bytes = parse_bytes(params["link_bytes_text"])
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="'--link-bytes'") from None
+        if link_bytes > MAX_LINK_BYTES:
+            raise click.BadParameter(f"{params['link_bytes_text']!r} is more than 1G; accepted: 1 byte to 1G",
+                                     param_hint="'--link-bytes'")
+        size = params["size"]  # --m, --n and --k override it, each its own
+        strategy = params["strategy"]
+        return CalibrateConfig(
+            m=params["m"] or size, n=params["n"] or size, k=params["k"] or size, dtypes=dtypes,
+            strategies=("rows", "k") if strategy == "both" else (strategy,),
+            backends=parse_backends(world, click.get_current_context().params["backend"]), repeat=params["repeat"],
+            min_seconds=min_seconds, link_bytes=link_bytes, seed=params["seed"], output=output,
+        )
+
+    def output_paths(self, cfg: CalibrateConfig) -> dict[str, tuple[Any, int]]:
+        return {}
+
+    def dtype(self, cfg: CalibrateConfig) -> Any:
+        return cfg.dtypes[0]  # the driver checks this one when it opens the device; prepare checks the others
+
+    def prepare(self, cfg: CalibrateConfig, world: Any, device: Any) -> tuple[Any, list[str]]:
+        return prepare(cfg, world, device)
+
+    def check(self, cfg: CalibrateConfig, world: Any, state: Any) -> list[str]:
+        return []
+
+    def run(self, cfg: CalibrateConfig, world: Any, state: Any, on_step: Any) -> RankResult:
+        return RankResult(run_rank(cfg, world, state, on_step))
+
+    def rows(self, cfg: CalibrateConfig, gathered: Sequence[Any]) -> list[dict[str, Any]]:
+        """Every rank's row of the first (dtype, strategy), then of the next."""
+        return [ranks[i] for i in range(len(gathered[0])) for ranks in gathered]
+
+    def summarize(self, cfg: CalibrateConfig, rows: list[dict[str, Any]], gathered: Sequence[Any]) -> dict[str, Any]:
+        return {
+            "ranks": len(gathered),
+            "root": cfg.root,
+            "dtypes": [t.name for t in cfg.dtypes],
+            "strategies": list(cfg.strategies),
+            # what split's weights come from: each (dtype, strategy)'s ranks' rates together
+            "sum_gemm_gflops": {f"{t.name} {s}": sum(r["gemm_gflops"] for r in rows
+                                                      if r["dtype"] == t.name and r["strategy"] == s)
+                                for t in cfg.dtypes for s in cfg.strategies},
+            "gemm_timing": _timing_of(rows),
+            "verified": all(r["verified"] for r in rows),
+        }
+
+
+register(Calibrate())

@@ -1,0 +1,208 @@
+"""Measurements that `hetbench split` weighs its slices with, and that `hetbench calibrate` saves: each rank's link
+to the root (ping-pong over MPI) and the GEMM rate of its device at a slice's shape.
+
+link_to_root is collective; gemm_rate and measure_gemm are one rank's own work (they touch no MPI).
+
+Slices, as hetbench/benchmarks/split_plan.py names them: strategy "rows" gives a rank `part` whole rows of A (a
+part x n x k product), strategy "k" gives it `part` columns of A and the matching rows of B (an m x n x part
+product).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hetbench.benchmarks import gemm
+from hetbench.dtypes import DType, get_dtype
+from hetbench.harness.timing import time_repeats
+
+PROBE_STRATEGIES = ("rows", "k")  # split_plan.STRATEGIES, repeated here so probe needs nothing of split_plan
+FIRST_PART = 64  # the doubling of a GEMM measurement starts at this many rows (or columns)
+LATENCY_BYTES = 8  # the message the latency is measured with
+_TAG = 0x4842  # the ping-pong's messages, apart from any other traffic
+
+
+@dataclass(frozen=True)
+class Link:
+    """A rank's link to the root, as measured: bandwidth in bytes/s (one direction) and the latency of a small
+    message in seconds. The same fields as split_plan.Link (which the lead merges this one into)."""
+
+    bytes_per_s: float
+    latency_s: float
+
+
+def _median(values: list[float]) -> float:
+    return float(statistics.median(values))
+
+
+def _ping_pong(comm: Any, peer: int, buf: np.ndarray, repeat: int, initiator: bool) -> list[float]:
+    """One warm-up and `repeat` timed round trips of `buf` with `peer`. The initiator sends first and returns each
+    round trip's half (seconds); the other side answers and returns []."""
+    halves: list[float] = []
+    for i in range(repeat + 1):
+        if initiator:
+            start = time.perf_counter()
+            comm.Send(buf, dest=peer, tag=_TAG)
+            comm.Recv(buf, source=peer, tag=_TAG)
+            elapsed = time.perf_counter() - start
+            if i > 0:
+                halves.append(elapsed / 2)
+        else:
+            comm.Recv(buf, source=peer, tag=_TAG)
+            comm.Send(buf, dest=peer, tag=_TAG)
+    return halves
+
+
+def link_to_root(world: Any, root: int = 0, nbytes: int = 4 * 2**20, repeat: int = 5) -> Link | None:
+    """Collective: this rank's Link to the root, None on the root.
+
+    The root ping-pongs with every other rank in turn (the others wait in their receive from the root): first
+    LATENCY_BYTES-byte messages, whose half round trip's median is the latency, then `nbytes` messages, whose
+    bandwidth is nbytes / (half round trip - latency), median over the repeats (the half round trip alone where
+    it is not above the latency). Host buffers (NumPy), one warm-up round trip before each timed series; the
+    root times, then hands each rank its figures. `world` is a hetbench World or an mpi4py communicator."""
+    comm = getattr(world, "comm", world)
+    rank, size = comm.Get_rank(), comm.Get_size()
+    if not 0 <= root < size:
+        raise ValueError(f"root {root} is not a rank of this job; ranks are 0..{size - 1}")
+    if nbytes < 1 or repeat < 1:
+        raise ValueError(f"link_to_root needs nbytes >= 1 and repeat >= 1, got nbytes={nbytes}, repeat={repeat}")
+    small = np.zeros(LATENCY_BYTES, dtype=np.uint8)
+    large = np.zeros(nbytes, dtype=np.uint8)
+    figures: list[tuple[float, float] | None] | None = None
+    if rank == root:
+        figures = [None] * size
+        for peer in range(size):
+            if peer == root:
+                continue
+            latency = _median(_ping_pong(comm, peer, small, repeat, initiator=True))
+            rates = [nbytes / (half - latency) if half > latency else nbytes / half
+                     for half in _ping_pong(comm, peer, large, repeat, initiator=True)]
+            figures[peer] = (_median(rates), latency)
+    else:
+        _ping_pong(comm, root, small, repeat, initiator=False)
+        _ping_pong(comm, root, large, repeat, initiator=False)
+    mine = comm.scatter(figures, root=root)
+    return None if mine is None else Link(bytes_per_s=mine[0], latency_s=mine[1])
+
+
+def slice_shape(strategy: str, m: int, n: int, k: int, part: int) -> tuple[int, int, int]:
+    """The (m, n, k) of the GEMM a rank does for `part` of C = A (m x k) @ B (k x n): part x n x k for rows,
+    m x n x part for k."""
+    if strategy == "rows":
+        return part, n, k
+    if strategy == "k":
+        return m, n, part
+    raise ValueError(f"unknown strategy {strategy!r}; accepted: {', '.join(PROBE_STRATEGIES)}")
+
+
+def slice_dim(strategy: str, m: int, n: int, k: int) -> int:
+    """What a strategy slices: m (rows of A) for rows, k for k."""
+    slice_shape(strategy, m, n, k, 0)  # the strategy is known
+    return m if strategy == "rows" else k
+
+
+@dataclass(frozen=True)
+class GemmMeasurement:
+    """One rank's GEMM at a slice's shape: how the part was found, and the timed runs at it."""
+
+    strategy: str
+    m: int  # the whole product's shape; the slice's is slice_shape(strategy, m, n, k, part)
+    n: int
+    k: int
+    part: int  # the rows (rows) or columns of A (k) timed
+    seconds: tuple[float, ...]  # every timed run at `part` (backend timer: measured, or modelled on sim)
+    probes: tuple[tuple[int, float], ...]  # (part, seconds of one GEMM) of every step of the doubling
+    timing: str  # the backend's: "measured" or "modelled"
+    verified: bool | None = None  # Freivalds' check of the last product, where asked for
+    max_residual_over_tolerance: float | None = None
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return slice_shape(self.strategy, self.m, self.n, self.k, self.part)
+
+    @property
+    def flops(self) -> int:
+        return gemm.flops(*self.shape)
+
+    @property
+    def seconds_median(self) -> float:
+        return _median(list(self.seconds))
+
+    @property
+    def rate(self) -> float:
+        """flop/s of the slice's GEMM, from the median of the timed runs."""
+        return self.flops / self.seconds_median
+
+
+def _as_dtype(dtype: DType | str) -> DType:
+    return get_dtype(dtype) if isinstance(dtype, str) else dtype
+
+
+def measure_gemm(backend: Any, dtype: DType | str, strategy: str, m: int, n: int, k: int, max_part: int,
+                 min_seconds: float = 0.1, repeat: int = 3, seed: int = 0, check: bool = False) -> GemmMeasurement:
+    """This rank alone (not collective): time its GEMM of a slice's shape.
+
+    The part starts at min(FIRST_PART, max_part, dim) and doubles (capped at max_part and at the dimension the
+    strategy slices) until one GEMM, by the backend's timer, takes >= min_seconds or the cap is reached; the
+    first part gets one untimed run first (a first call's set-up), and the last probe is the warm-up of the
+    `repeat` timed runs that follow at the part found. Inputs from gemm.generate_inputs(seed, 0, ...), made anew
+    for every part and freed before the next. With `check`, the last product is checked against its inputs
+    (Freivalds). ValueError for arguments out of range."""
+    dtype = _as_dtype(dtype)
+    slice_dim(strategy, m, n, k)  # the strategy is known
+    if min(m, n, k) < 1:
+        raise ValueError(f"the shape {m}x{n}x{k} must have every dimension >= 1")
+    if max_part < 1:
+        raise ValueError(f"max_part {max_part} leaves no part to time; it must be >= 1")
+    if not (isinstance(min_seconds, (int, float)) and math.isfinite(min_seconds) and min_seconds > 0):
+        raise ValueError(f"min_seconds {min_seconds!r} must be a finite number > 0")
+    if repeat < 1:
+        raise ValueError(f"repeat {repeat} must be >= 1")
+    cap = min(max_part, slice_dim(strategy, m, n, k))
+    part = min(FIRST_PART, cap)
+    probes: list[tuple[int, float]] = []
+    while True:
+        pm, pn, pk = slice_shape(strategy, m, n, k, part)
+        a, b = gemm.generate_inputs(seed, 0, pm, pn, pk, dtype)
+        a_dev, b_dev = backend.upload(a, dtype), backend.upload(b, dtype)
+        c_dev = backend.empty((pm, pn), dtype)
+
+        def run() -> None:
+            backend.matmul(a_dev, b_dev, c_dev, dtype)
+
+        if not probes:
+            time_repeats(backend, run, 1, 0)
+        (probe,) = time_repeats(backend, run, 0, 1)
+        probes.append((part, probe))
+        if probe >= min_seconds or part >= cap:
+            break
+        a = b = a_dev = b_dev = c_dev = None  # freed before the next part's are made
+        part = min(2 * part, cap)
+    seconds = time_repeats(backend, run, 0, repeat)
+    verdict = None
+    if check:
+        from hetbench.harness import verify
+
+        c = backend.download(c_dev, dtype)
+        a_dev = b_dev = c_dev = None
+        verdict = verify.freivalds(a, b, c, dtype, seed)
+    a = b = a_dev = b_dev = c_dev = None
+    if not all(s > 0 and math.isfinite(s) for s in seconds):
+        raise RuntimeError(f"the device timer gave {seconds} for a {pm}x{pn}x{pk} GEMM; a rate needs times > 0")
+    return GemmMeasurement(strategy, m, n, k, part, tuple(seconds), tuple(probes), backend.timing,
+                           None if verdict is None else verdict.ok,
+                           None if verdict is None else verdict.max_residual_over_tolerance)
+
+
+def gemm_rate(backend: Any, dtype: DType | str, strategy: str, m: int, n: int, k: int, max_part: int,
+              min_seconds: float = 0.1, repeat: int = 3, seed: int = 0) -> tuple[float, int]:
+    """This rank alone (not collective): (flop/s, part) of its GEMM at a slice's shape (see measure_gemm)."""
+    measured = measure_gemm(backend, dtype, strategy, m, n, k, max_part, min_seconds, repeat, seed)
+    return measured.rate, measured.part
