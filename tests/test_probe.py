@@ -14,7 +14,8 @@ from conftest import REPO, needs_mpi, run_python
 from hetbench.backends.host import HostBackend
 from hetbench.backends.sim import SimBackend, gemm_model_seconds, get_model
 from hetbench.dtypes import get_dtype
-from hetbench.harness.probe import FIRST_PART, gemm_rate, measure_gemm, slice_dim, slice_shape
+from hetbench.benchmarks.split_plan import dim_of as slice_dim
+from hetbench.harness.probe import FIRST_PART, gemm_rate, measure_gemm, slice_shape
 
 
 def test_slice_shapes_and_dims():

@@ -83,7 +83,7 @@ def test_auto_strategy_and_files_at_the_root(tmp_path):
 
 @needs_mpi
 def test_figures_agree_with_each_other(tmp_path):
-    _, doc, _ = split(tmp_path, 2, "--strategy", "rows", "--weights", "auto", "--backend", "0=host,1=host")
+    _, doc, _ = split(tmp_path, 2, "--strategy", "rows", "--weights", "auto", "--backend", "0=host,1=sim:h100")
     s = doc["summary"]
     flops = 2 * M * N * K
     assert s["total_gemm_flops"] == flops
@@ -135,8 +135,27 @@ def test_plan_for_an_h100_and_mi300x_pair(tmp_path):
                                                   for mem in (80 * 10**9, 192 * 10**9)]) or sum(s["parts"]) == dim
     assert all(r["device_timing"] == "modelled" for r in doc["rows"])
     assert s["predicted_seconds"] == pytest.approx(s["predictions"][s["strategy"]]["seconds"])
-    assert s["predicted_seconds"] < s["even_predicted_seconds"]
-    assert "modelled" in run.stdout and "nothing was run" in run.stdout
+    best = s["model_best"]
+    assert best["seconds"] <= min(s["predicted_seconds"], s["even_predicted_seconds"])
+    assert sum(best["parts"]) == dim and best["root_share_percent"] == pytest.approx(100 * best["parts"][0] / dim)
+    assert "modelled" in run.stdout and "nothing was run" in run.stdout and "model's best" in run.stdout
+
+
+def test_plan_keeps_a_small_product_at_the_root_and_splits_a_large_one():
+    """Over 100 Gb/s, moving B and the slices of an 8192^3 fp32 product costs more than the MI300X saves: the
+    model's best keeps it all on the root's H100. At 65536^3 the compute outweighs the moving: the best split uses
+    both GPUs and beats the H100 alone."""
+    small = run_cli(["split", "--plan", "--size", "8192", "--backend", "0=sim:h100,1=sim:mi300x", "--json"])
+    assert small.returncode == 0, small.stderr
+    assert json.loads(small.stdout)["summary"]["model_best"]["parts"] == [8192, 0]
+    run = run_cli(["split", "--plan", "--size", "65536", "--backend", "0=sim:h100,1=sim:mi300x", "--json"])
+    assert run.returncode == 0, run.stderr
+    s = json.loads(run.stdout)["summary"]
+    best = s["model_best"]
+    alone = 2 * 65536**3 / (s["sum_solo_gflops"] * 1e9)  # a lower bound of any split's time
+    assert 0 < best["parts"][1] and best["seconds"] > alone
+    h100_alone = 2 * 65536**3 / (json.loads(run.stdout)["rows"][0]["solo_gflops"] * 1e9)
+    assert best["seconds"] < h100_alone
 
 
 @pytest.mark.parametrize("args, needle", [

@@ -27,6 +27,7 @@ from hetbench.benchmarks.base import (
     RankResult,
     register,
 )
+from hetbench.benchmarks.split_plan import device_bytes as slice_bytes
 from hetbench.config import DTYPE_NAMES, OutputConfig, parse_bytes, parse_dtype
 from hetbench.dtypes import DType
 from hetbench.options import MAX_DIMENSION, MAX_REPEAT, MAX_SEED, int_range, parse_backends
@@ -106,15 +107,6 @@ def parse_dtypes(texts: Sequence[str]) -> tuple[DType, ...]:
     return tuple(parse_dtype(n) for n in dict.fromkeys(names)) or (parse_dtype("fp32"),)
 
 
-def slice_bytes(strategy: str, m: int, n: int, k: int, part: int, itemsize: int) -> int:
-    """What one measurement holds at `part`: its A, B and C of the slice's shape (the same count as split_plan's
-    device_bytes, for the slice a rank computes)."""
-    from hetbench.harness.probe import slice_shape
-
-    pm, pn, pk = slice_shape(strategy, m, n, k, part)
-    return (pm * pk + pk * pn + pm * pn) * itemsize
-
-
 def check_bytes(strategy: str, m: int, n: int, k: int, part: int) -> int:
     """What Freivalds' check of the slice's product holds besides A, B and C: two blocks of rows of the largest
     matrix it reads (A, B, B transposed, C) converted to float64 at once."""
@@ -127,9 +119,9 @@ def check_bytes(strategy: str, m: int, n: int, k: int, part: int) -> int:
 
 def largest_part(strategy: str, m: int, n: int, k: int, fits: Any) -> int:
     """The largest part in 0..dim for which fits(part) holds (fits grows false with the part)."""
-    from hetbench.harness.probe import slice_dim
+    from hetbench.benchmarks.split_plan import dim_of
 
-    lo, hi = 0, slice_dim(strategy, m, n, k)
+    lo, hi = 0, dim_of(strategy, m, n, k)
     if fits(hi):
         return hi
     while hi - lo > 1:  # fits(lo) or lo == 0; not fits(hi)
@@ -176,14 +168,14 @@ def prepare(cfg: CalibrateConfig, world: Any, opened: Any) -> tuple[Prepared | N
     limits: dict[tuple[str, str], int] = {}
     for dt in cfg.dtypes:
         for strategy in cfg.strategies:
-            def device_bytes(part: int, dt: DType = dt, strategy: str = strategy) -> int:
+            def on_device(part: int, dt: DType = dt, strategy: str = strategy) -> int:
                 return slice_bytes(strategy, cfg.m, cfg.n, cfg.k, part, dt.itemsize)
 
             def host_bytes(part: int, dt: DType = dt, strategy: str = strategy) -> int:
                 # A, B and the C copied back for the check, in the host type, plus the device's copies where its
                 # memory is the host's, the check's float64 blocks and the runtime's own
                 host = slice_bytes(strategy, cfg.m, cfg.n, cfg.k, part, dt.host.itemsize)
-                return (host + (device_bytes(part) if in_host else 0) + check_bytes(strategy, cfg.m, cfg.n, cfg.k,
+                return (host + (on_device(part) if in_host else 0) + check_bytes(strategy, cfg.m, cfg.n, cfg.k,
                                                                                      part) + RUNTIME_SCRATCH_BYTES)
 
             def largest_matrix(part: int, dt: DType = dt, strategy: str = strategy) -> int:
@@ -191,7 +183,7 @@ def prepare(cfg: CalibrateConfig, world: Any, opened: Any) -> tuple[Prepared | N
                 return max(pm * pk, pk * pn, pm * pn) * dt.itemsize
 
             def fits(part: int) -> bool:
-                return ((device_free is None or device_bytes(part) <= device_free)
+                return ((device_free is None or on_device(part) <= device_free)
                         and (max_alloc is None or largest_matrix(part) <= max_alloc)
                         and (host_share is None or host_bytes(part) <= host_share))
 
@@ -200,8 +192,8 @@ def prepare(cfg: CalibrateConfig, world: Any, opened: Any) -> tuple[Prepared | N
                 what = (f"one row of A of {cfg.m}x{cfg.k} @ {cfg.k}x{cfg.n}" if strategy == "rows" else
                         f"one column of A and row of B of {cfg.m}x{cfg.k} @ {cfg.k}x{cfg.n}")
                 what += f" in {dt.name} (strategy {strategy})"
-                if device_free is not None and device_bytes(1) > device_free:
-                    why = (f"needs {_fmt_bytes(device_bytes(1))} on {label}, which has {_fmt_bytes(device_free)} "
+                if device_free is not None and on_device(1) > device_free:
+                    why = (f"needs {_fmt_bytes(on_device(1))} on {label}, which has {_fmt_bytes(device_free)} "
                            "free")
                 elif max_alloc is not None and largest_matrix(1) > max_alloc:
                     why = (f"has a matrix of {_fmt_bytes(largest_matrix(1))}, more than {label} allows in one "

@@ -436,6 +436,46 @@ def choose_strategy(
     return best, predictions
 
 
+def best_root_share(strategy: str, m: int, n: int, k: int, itemsize: int, rates: Sequence[float],
+                    links: Sequence[Link | None], caps: Sequence[int | None] | None = None, root: int = 0,
+                    steps: int = 256) -> Prediction:
+    """The split the model predicts fastest when the root keeps more than its rate's share: the root's part
+    moves no data, so over a slow link the best split gives it more (up to all of the work, where moving a slice
+    costs more than computing it at the root). Tries the root's part at `steps` + 1 evenly spaced points of 0..dim
+    (and the rate-proportional split), the other ranks sharing the rest in proportion to their rates within their
+    caps; returns the prediction with the fewest seconds (ties: the larger root part). PlacementError where no
+    point can be placed."""
+    dim = dim_of(strategy, m, n, k)
+    count = len(rates)
+    cap = [None] * count if caps is None else list(caps)
+    others = [r for r in range(count) if r != root]
+    candidates: list[list[int]] = []
+    try:
+        candidates.append(shares(rates, dim, cap, unit=_UNIT[strategy]))
+    except (PlacementError, ValueError):
+        pass
+    root_cap = dim if cap[root] is None else min(dim, cap[root])
+    for i in range(steps + 1):
+        mine = min(root_cap, round(dim * i / steps))
+        rest = dim - mine
+        parts = [0] * count
+        parts[root] = mine
+        if rest:
+            weights = [rates[r] for r in others]
+            if not others or sum(weights) <= 0:
+                continue
+            try:
+                for r, p in zip(others, shares(weights, rest, [cap[r] for r in others], unit=_UNIT[strategy])):
+                    parts[r] = p
+            except PlacementError:
+                continue
+        candidates.append(parts)
+    if not candidates:
+        raise PlacementError(f"no split of {dim} {_UNIT[strategy]} fits the devices' free memory")
+    predictions = [predict(strategy, m, n, k, itemsize, p, rates, links, root=root) for p in candidates]
+    return min(predictions, key=lambda p: (p.seconds, -p.parts[root]))
+
+
 def imbalance(compute_seconds: Sequence[float], parts: Sequence[int]) -> float:
     """Slowest working rank's compute time / the working ranks' mean - 1, over ranks with parts > 0; 0.0 when
     fewer than two ranks work (or none took any time)."""

@@ -18,23 +18,14 @@ from typing import Any
 
 import numpy as np
 
+from hetbench.benchmarks.split_plan import STRATEGIES, Link, dim_of
 from hetbench.benchmarks import gemm
 from hetbench.dtypes import DType, get_dtype
 from hetbench.harness.timing import time_repeats
 
-PROBE_STRATEGIES = ("rows", "k")  # split_plan.STRATEGIES, repeated here so probe needs nothing of split_plan
 FIRST_PART = 64  # the doubling of a GEMM measurement starts at this many rows (or columns)
 LATENCY_BYTES = 8  # the message the latency is measured with
 _TAG = 0x4842  # the ping-pong's messages, apart from any other traffic
-
-
-@dataclass(frozen=True)
-class Link:
-    """A rank's link to the root, as measured: bandwidth in bytes/s (one direction) and the latency of a small
-    message in seconds. The same fields as split_plan.Link (which the lead merges this one into)."""
-
-    bytes_per_s: float
-    latency_s: float
 
 
 def _median(values: list[float]) -> float:
@@ -99,13 +90,7 @@ def slice_shape(strategy: str, m: int, n: int, k: int, part: int) -> tuple[int, 
         return part, n, k
     if strategy == "k":
         return m, n, part
-    raise ValueError(f"unknown strategy {strategy!r}; accepted: {', '.join(PROBE_STRATEGIES)}")
-
-
-def slice_dim(strategy: str, m: int, n: int, k: int) -> int:
-    """What a strategy slices: m (rows of A) for rows, k for k."""
-    slice_shape(strategy, m, n, k, 0)  # the strategy is known
-    return m if strategy == "rows" else k
+    raise ValueError(f"unknown strategy {strategy!r}; accepted: {', '.join(STRATEGIES)}")
 
 
 @dataclass(frozen=True)
@@ -156,7 +141,7 @@ def measure_gemm(backend: Any, dtype: DType | str, strategy: str, m: int, n: int
     for every part and freed before the next. With `check`, the last product is checked against its inputs
     (Freivalds). ValueError for arguments out of range."""
     dtype = _as_dtype(dtype)
-    slice_dim(strategy, m, n, k)  # the strategy is known
+    dim_of(strategy, m, n, k)  # the strategy is known
     if min(m, n, k) < 1:
         raise ValueError(f"the shape {m}x{n}x{k} must have every dimension >= 1")
     if max_part < 1:
@@ -165,7 +150,7 @@ def measure_gemm(backend: Any, dtype: DType | str, strategy: str, m: int, n: int
         raise ValueError(f"min_seconds {min_seconds!r} must be a finite number > 0")
     if repeat < 1:
         raise ValueError(f"repeat {repeat} must be >= 1")
-    cap = min(max_part, slice_dim(strategy, m, n, k))
+    cap = min(max_part, dim_of(strategy, m, n, k))
     part = min(FIRST_PART, cap)
     probes: list[tuple[int, float]] = []
     while True:

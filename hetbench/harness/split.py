@@ -33,6 +33,7 @@ from hetbench.comm.world import World
 from hetbench.dtypes import DType
 from hetbench.harness import verify
 from hetbench.harness.devices import OpenDevice
+from hetbench.harness.probe import slice_shape
 from hetbench.harness.stats import summarize
 
 ROOT = 0
@@ -71,11 +72,6 @@ class Phases:
 def _bytes(array: np.ndarray) -> np.ndarray:
     """The array's bytes as a flat uint8 view: MPI moves any dtype (fp16 and bf16 included) as bytes."""
     return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-
-
-def slice_shape(strategy: str, m: int, n: int, k: int, part: int) -> tuple[int, int, int]:
-    """(m, n, k) of the GEMM a rank with `part` computes."""
-    return (part, n, k) if strategy == "rows" else (m, n, part)
 
 
 def _offsets(parts: list[int]) -> list[int]:
@@ -280,17 +276,22 @@ def measure(cfg: Any, world: World, state: SplitState,
     m, n, k = state.mnk
     ranks, dtype = world.size, cfg.dtype
     link = probe.link_to_root(world, ROOT)
-    links = [None if r == ROOT else plan.Link(l.bytes_per_s, l.latency_s)
-             for r, l in enumerate(world.allgather(link))]
+    links = world.allgather(link)
 
     strategies = list(plan.STRATEGIES) if cfg.strategy == "auto" else [cfg.strategy]
+    # each rank's solo rate, one rank at a time while the others wait: a device alone, as the efficiency's
+    # denominator says
     solo: dict[str, tuple[float, int]] = {}
     for s in strategies:
         dim = plan.dim_of(s, m, n, k)
         even_part = -(-dim // ranks)
         cap = state.caps[s][world.rank]
-        solo[s] = probe.gemm_rate(state.backend, dtype, s, m, n, k, max_part=max(1, min(even_part, cap)),
-                                  seed=cfg.seed)
+        for r in range(ranks):
+            world.barrier()
+            if r == world.rank:
+                solo[s] = (probe.gemm_rate(state.backend, dtype, s, m, n, k, max_part=min(even_part, cap),
+                                           seed=cfg.seed) if cap > 0 else (0.0, 0))
+        world.barrier()
     rates = {s: [r[s][0] for r in world.allgather(solo)] for s in strategies}
 
     def weights_for(s: str) -> list[float]:
@@ -346,7 +347,7 @@ def measure(cfg: Any, world: World, state: SplitState,
         assert c is not None
         verdict = verify_at_root(state, c, dtype, strategy, parts, cfg.seed)
     verdict = world.comm.bcast(verdict, root=ROOT)
-    chosen = {"mnk": (m, n, k), "strategy": strategy, "strategy_given": cfg.strategy, "weights_kind": cfg.weights.kind,
+    chosen = {"mnk": (m, n, k), "caps": state.caps[strategy], "strategy": strategy, "strategy_given": cfg.strategy, "weights_kind": cfg.weights.kind,
               "weights": weights_for(strategy), "predictions": {s: p.to_dict() for s, p in predictions.items()},
               "links": links, "rates": rates}
     return RankRun(link, solo, splits, history, chosen, c if world.rank == ROOT else None, verdict,
@@ -427,7 +428,8 @@ def check(cfg: Any, world: World, state: SplitState) -> list[str]:
 
         try:
             state.profile = load_profile(cfg.weights.path, ranks, cfg.dtype.name,
-                                         strategies[0] if len(strategies) == 1 else "rows", state.devices)
+                                         strategies[0] if len(strategies) == 1 else "rows", state.devices,
+                                         shape=(m, n, k))
         except ProfileError as e:
             return [str(e)]
     weights = (cfg.weights.values if cfg.weights.kind == "list" else
@@ -584,6 +586,8 @@ def summarize_job(cfg: Any, rows_: list[dict[str, Any]], gathered: list[RankRun]
                               if "even" in splits else None),
         "splits": splits,
         "predictions": root.chosen["predictions"],
+        "model_best": plan.best_root_share(strategy, m, n, k, cfg.dtype.itemsize, rates, links, root.chosen["caps"],
+                                           ROOT).to_dict(),
         "links": [None if l is None else {"link_gbps": l.bytes_per_s / 1e9, "link_latency_us": l.latency_s * 1e6}
                   for l in links],
         "rebalance": root.rebalance,
@@ -640,6 +644,8 @@ def plan_only(cfg: Any, world: World, state: SplitState) -> RankRun:
                                ROOT)
     strategy = min(strategies, key=lambda s: (predictions[s].seconds, strategies.index(s)))
     chosen, even_chosen = predictions[strategy], even[strategy]
+    best = {s: plan.best_root_share(s, m, n, k, itemsize, rates[s], links, caps[s], ROOT) for s in strategies}
+    best_strategy = min(strategies, key=lambda s: (best[s].seconds, strategies.index(s)))
     total = gemm.flops(m, n, k)
     dim = plan.dim_of(strategy, m, n, k)
     slowest = max(chosen.compute_seconds)
@@ -668,6 +674,9 @@ def plan_only(cfg: Any, world: World, state: SplitState) -> RankRun:
         "link_gbit_per_s": gbit, "link_latency_us": latency_us,
         "predictions": {s: p.to_dict() for s, p in predictions.items()},
         "even_predictions": {s: p.to_dict() for s, p in even.items()},
+        "model_best": {"strategy": best_strategy, **best[best_strategy].to_dict(),
+                       "root_share_percent": 100.0 * best[best_strategy].parts[ROOT]
+                       / plan.dim_of(best_strategy, m, n, k)},
         "verified": None,
     }
     return RankRun(None, {}, [], [], {"rows": out_rows, "summary": summary})

@@ -377,9 +377,14 @@ def split_report(rows: list[dict[str, Any]], summary: dict[str, Any], wide: bool
                   f"{fmt(summary['predicted_efficiency_end_to_end'])} of the ranks' summed "
                   f"{mod}{fmt(summary['sum_solo_gflops'])} GFLOP/s (compute phase {mod}"
                   f"{fmt(summary['predicted_efficiency_compute'])})", markup=False)
-        out.print(f"even split predicted: {mod}{fmt(summary['even_predicted_seconds'], scale=1e3)} ms; the plan is "
-                  f"{mod}{fmt(summary['predicted_speedup_over_even'])}x faster; link {summary['link_gbit_per_s']:g} "
+        out.print(f"even split predicted: {mod}{fmt(summary['even_predicted_seconds'], scale=1e3)} ms; the weighted "
+                  f"split's predicted speed-up over it: {mod}{fmt(summary['predicted_speedup_over_even'])}x; link {summary['link_gbit_per_s']:g} "
                   f"Gb/s, {summary['link_latency_us']:g} us (modelled)", markup=False)
+        best = summary.get("model_best")
+        if best:
+            out.print(f"model's best: strategy {best['strategy']}, parts {best['parts']} (rank 0 keeps "
+                      f"{fmt(best['root_share_percent'])} %: its part moves nothing) {mod}"
+                      f"{fmt(best['seconds'], scale=1e3)} ms", markup=False)
         for s, p in summary["predictions"].items():
             out.print(f"  {s}: parts {p['parts']}, distribute {fmt(p['distribute_seconds'], scale=1e3)} ms, "
                       f"compute {fmt(max(p['compute_seconds']), scale=1e3)} ms, collect "
@@ -400,6 +405,10 @@ def split_report(rows: list[dict[str, Any]], summary: dict[str, Any], wide: bool
               "measured in this run)", markup=False)
     if summary.get("speedup_over_even") is not None:
         out.print(f"weighted over even: {fmt(summary['speedup_over_even'])}x the throughput", markup=False)
+    best = summary.get("model_best")
+    if best:
+        out.print(f"model's best for these rates and links: parts {best['parts']}, predicted "
+                  f"{fmt(best['seconds'], scale=1e3)} ms (rank 0's part moves no data)", markup=False)
     state = "[green]verified[/]" if summary["verified"] else "[bold red]FAILED[/]"
     out.print(f"C at rank 0: {state} (Freivalds)")
     out.print("result: " + ("[green]all checks passed[/]" if summary["verified"] else "[bold red]a check FAILED[/]"))

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from hetbench.harness.probe import Link
+from hetbench.results.io import _kind_of
 
 PROFILE_SCHEMA = "hetbench.calibrate"
 PROFILE_STRATEGIES = ("rows", "k")
@@ -33,20 +34,6 @@ class Profile:
     links: tuple[Link | None, ...]  # each rank's link to the root; None on the root
     free_bytes: tuple[int | None, ...]  # each rank's device free memory when calibrated; None where unknown
     measured_utc: str  # when the calibration ran (ISO 8601, UTC)
-
-
-def _kind(mode: int) -> str | None:
-    if stat.S_ISREG(mode):
-        return None
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    return "not a regular file"
 
 
 def _ranks(n: int) -> str:
@@ -110,17 +97,17 @@ def _distance(row: dict[str, Any], shape: tuple[int, int, int] | None) -> tuple[
 
 
 def load_profile(path: str | os.PathLike[str], ranks: int, dtype: str, strategy: str,
-                 devices: Sequence[tuple[str, str]], shape: tuple[int, int, int] | None = None) -> Profile:
+                 devices: Sequence[tuple[str, str]] | None, shape: tuple[int, int, int] | None = None) -> Profile:
     """The profile at `path` for a job of `ranks` ranks whose rank r has devices[r] = (backend label, device name),
     for `dtype` (fp32, ...) and `strategy` (rows or k); where a rank has rows of several shapes, the one nearest
-    `shape` (m, n, k), else the largest. ProfileError, one line naming the file, when it is missing, not JSON,
+    `shape` (m, n, k), else the largest. devices None (a --plan, which opens no device) skips the device match. ProfileError, one line naming the file, when it is missing, not JSON,
     not a calibration profile, of a schema version this hetbench does not read, measured for another rank count
     or on another device on some rank, or holds no row for the dtype and strategy on some rank."""
     from hetbench.results.io import ResultsFileError, load_results
 
     if strategy not in PROFILE_STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; accepted: {', '.join(PROFILE_STRATEGIES)}")
-    if len(devices) != ranks:
+    if devices is not None and len(devices) != ranks:
         raise ValueError(f"devices names {len(devices)} rank(s), the job has {ranks}")
     name = repr(str(path))
     make = f"make one with `hetbench calibrate --out {path}`"
@@ -131,7 +118,7 @@ def load_profile(path: str | os.PathLike[str], ranks: int, dtype: str, strategy:
         raise ProfileError(f"profile {name} does not exist; {make}") from None
     except OSError as e:
         raise ProfileError(f"profile {name} cannot be read: {e.strerror or e}") from None
-    kind = _kind(mode)
+    kind = _kind_of(mode)
     if kind:
         raise ProfileError(f"profile {name} is {kind}, not a profile JSON file; {make_elsewhere}")
     try:
@@ -165,6 +152,8 @@ def load_profile(path: str | os.PathLike[str], ranks: int, dtype: str, strategy:
         if not mine:
             raise ProfileError(f"profile {name} has no row for rank {r}; calibrate again with this job's ranks")
         was = mine[0]
+        if devices is None:  # a --plan: no device is open, the rank map's are taken as calibrated
+            continue
         label, device = devices[r]
         if (_family(was["backend"]), was["device"]) != (_family(label), device):
             raise ProfileError(f"profile {name}: rank {r} was {was['backend']} ({was['device']}), now {label} "
