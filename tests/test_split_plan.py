@@ -391,31 +391,30 @@ def _compute_seconds(strategy, m, n, k, parts, true_rates):
     return [f / r if f else 0.0 for f, r in zip(flops, true_rates)]
 
 
-@pytest.mark.parametrize("strategy", sp.STRATEGIES)
-def test_rebalance_converges_in_one_step(strategy):
-    m, n, k = 1100, 64, 1100
-    true_rates = [1e11, 1e10]
-    parts = sp.shares([1.0, 1.0], sp.dim_of(strategy, m, n, k))  # even: 550, 550
-    assert parts == [550, 550]
-    seconds = _compute_seconds(strategy, m, n, k, parts, true_rates)
-    # rank 1 takes 10 times as long: max 10 / mean 5.5 - 1 = 9/11
-    assert sp.imbalance(seconds, parts) == pytest.approx(9 / 11, rel=1e-12)
-    rates = sp.rebalanced_rates(parts, seconds, [1.0, 1.0], m, n, k, strategy)
-    assert rates == pytest.approx(true_rates, rel=1e-12)
-    parts = sp.shares(rates, sp.dim_of(strategy, m, n, k))
-    assert parts == [1000, 100]
-    seconds = _compute_seconds(strategy, m, n, k, parts, true_rates)
-    assert sp.imbalance(seconds, parts) == pytest.approx(0.0, abs=1e-12)
-    assert sp.imbalance(seconds, parts) < sp.IMBALANCE_GOAL
+def test_balanced_parts_equalise_linear_times_in_one_step():
+    """Two ranks of true rates 1e11 and 1e10 flop/s (time linear in the part) measured at an even split: the parts
+    that give both the same time are found at once."""
+    seconds_per_row = [2 * 64 * 1100 / 1e11, 2 * 64 * 1100 / 1e10]
+    points = [[(550, 550 * seconds_per_row[0])], [(550, 550 * seconds_per_row[1])]]
+    assert sp.balanced_parts(points, 1100) == [1000, 100]
 
 
-def test_rebalanced_rates_keeps_previous_without_a_measurement():
-    # rows, m=10 n=3 k=5: rank 0's 4 rows are 2*4*3*5 = 120 flop in 2 s -> 60; rank 1 had no rows; rank 2's time
-    # is 0 (not measured)
-    rates = sp.rebalanced_rates([4, 0, 6], [2.0, 0.0, 0.0], [7.0, 8.0, 9.0], 10, 3, 5, "rows")
-    assert rates == [60.0, 8.0, 9.0]
-    # k: rank 0's 2 columns are 2*10*3*2 = 120 flop in 4 s -> 30
-    assert sp.rebalanced_rates([2, 3], [4.0, 1.0], [1.0, 1.0], 10, 3, 5, "k") == [30.0, 180.0]
+def test_balanced_parts_follow_a_rate_that_changes_with_the_part():
+    """A device twice as fast on small slices as on large ones: interpolating its measured points balances where
+    one rate would not."""
+    fast = [(100, 1.0), (1000, 10.0)]  # 100 rows/s throughout
+    slow = [(100, 1.0), (200, 4.0)]  # 100 rows/s up to 100 rows, then 33 rows/s
+    # at T = 4 s the fast one does 400 rows and the slow one 200 (its last point); one rate each, measured at 100
+    # rows, would have split 300/300, and the slow one would take 7 s
+    assert sp.balanced_parts([fast, slow], 600) == [400, 200]
+
+
+def test_balanced_parts_caps_and_unmeasured_ranks():
+    points = [[(10, 1.0)], [], [(10, 1.0)]]
+    assert sp.balanced_parts(points, 30) == [15, 0, 15]
+    assert sp.balanced_parts(points, 30, [5, None, None]) == [5, 0, 25]
+    with pytest.raises(sp.PlacementError, match="30 rows cannot be placed"):
+        sp.balanced_parts(points, 30, [5, None, 5])
 
 
 # ---------------------------------------------------------------- sim_rate

@@ -21,7 +21,11 @@ The cost model (`predict`) assumes what the harness does:
 
 What it leaves out: host<->device copies on each rank, the reduction's arithmetic, the tree a real MPI Reduce
 may use, contention between messages, and a rate that changes with the part's size. Those are why a measured
-split differs from its prediction, and why `--rebalance` re-weights from measured times (`rebalanced_rates`).
+split differs from its prediction, and why auto weights and `--rebalance` balance measured times
+(`balanced_parts`: each rank's time against its part, interpolated through every part it was timed at).
+
+`best_root_share` searches the model's own best split: the root's part moves nothing, so over a slow link the
+best split keeps more at the root than its rate's share, up to all of it.
 """
 
 from __future__ import annotations
@@ -490,31 +494,65 @@ def imbalance(compute_seconds: Sequence[float], parts: Sequence[int]) -> float:
     return max(working) / mean - 1.0
 
 
-def rebalanced_rates(
-    parts: Sequence[int],
-    compute_seconds: Sequence[float],
-    previous_rates: Sequence[float],
-    m: int,
-    n: int,
-    k: int,
-    strategy: str,
-) -> list[float]:
-    """Each rank's rate as measured: the flops of its part / its compute seconds, for ranks that had work and
-    took time > 0; the others keep their previous rate. Shares of the next iteration in proportion to these
-    rates balance the compute phase if each rate holds at the new part's size."""
-    _check_strategy(strategy)
-    if not len(parts) == len(compute_seconds) == len(previous_rates):
-        raise ValueError(
-            f"{len(parts)} parts, {len(compute_seconds)} compute times and {len(previous_rates)} rates: "
-            "one each per rank"
-        )
-    rates: list[float] = []
-    for part, seconds, previous in zip(parts, compute_seconds, previous_rates):
-        if part > 0 and seconds > 0 and math.isfinite(seconds):
-            rates.append(_part_flops(strategy, m, n, k, part) / seconds)
-        else:
-            rates.append(float(previous))
-    return rates
+def _part_at(points: Sequence[tuple[int, float]], seconds: float) -> float:
+    """The part a rank computes in `seconds`, by its time against its part: piecewise linear through (0, 0) and
+    its measured (part, seconds), made non-decreasing, and past the largest part at that point's average rate."""
+    curve = [(0, 0.0)]
+    for part, t in sorted(points):
+        if part <= 0 or not (math.isfinite(t) and t > 0):
+            continue
+        curve.append((part, max(t, curve[-1][1])))
+    if len(curve) == 1:
+        return 0.0
+    for (p0, t0), (p1, t1) in zip(curve, curve[1:]):
+        if seconds <= t1:
+            return p1 if t1 == t0 else p0 + (seconds - t0) * (p1 - p0) / (t1 - t0)
+    last_part, last_t = curve[-1]
+    return last_part * seconds / last_t
+
+
+def balanced_parts(points: Sequence[Sequence[tuple[int, float]]], total: int,
+                   caps: Sequence[int | None] | None = None, *, unit: str = "rows") -> list[int]:
+    """Whole parts, summing to `total`, that give every rank the same predicted compute time, from each rank's
+    measured (part, seconds) points: its time against its part interpolated piecewise linearly through them (a
+    device's rate changes with the size of its slice, so one rate per rank balances only at the size it was
+    measured at). A rank without a measured point gets 0. Rounding is largest remainder within the caps.
+    PlacementError where the ranks with points cannot hold `total` within their caps."""
+    count = len(points)
+    cap = [None] * count if caps is None else list(caps)
+    limit = [total if c is None else min(c, total) for c in cap]
+    usable = [any(p > 0 and t > 0 for p, t in pts) for pts in points]
+    room = sum(limit[r] for r in range(count) if usable[r])
+    if room < total:
+        raise PlacementError(f"{total} {unit} cannot be placed on the ranks measured so far: they hold at most "
+                             f"{room}")
+
+    def placed(seconds: float) -> list[float]:
+        return [min(limit[r], _part_at(points[r], seconds)) if usable[r] else 0.0 for r in range(count)]
+
+    hi = 1e-9
+    while sum(placed(hi)) < total:
+        hi *= 2
+    lo = 0.0
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if sum(placed(mid)) < total else (lo, mid)
+    real = placed(hi)
+    scale = total / sum(real) if sum(real) > 0 else 0.0
+    real = [x * scale for x in real]
+    parts = [min(limit[r], math.floor(x)) for r, x in enumerate(real)]
+    order = sorted(range(count), key=lambda r: (-(real[r] - math.floor(real[r])), r))
+    while sum(parts) < total:
+        progressed = False
+        for r in order:
+            if sum(parts) == total:
+                break
+            if usable[r] and parts[r] < limit[r]:
+                parts[r] += 1
+                progressed = True
+        if not progressed:
+            break
+    return parts
 
 
 def sim_rate(model_key: str, strategy: str, m: int, n: int, k: int, dtype_name: str, parts_hint: int) -> float:

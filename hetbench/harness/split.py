@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from hetbench.backends.base import TIMING_MODELLED, Backend, DeviceInfo
+from hetbench.backends.base import MPI_MEMORY_HOST, TIMING_MODELLED, Backend, DeviceInfo
 from hetbench.benchmarks import gemm
 from hetbench.benchmarks import split_plan as plan
 from hetbench.comm.world import World
@@ -59,14 +59,27 @@ class SplitState:
 
 @dataclass
 class Phases:
-    """One iteration on one rank: seconds of each phase, and the device parts of its compute."""
+    """One iteration on one rank, in seconds: receiving its slice over MPI (distribute), copying it to the device
+    (h2d), the GEMM, copying its result back (d2h), and sending it over MPI (collect). Its compute is the GEMM; its
+    communication everything else it does; the device phase (h2d + GEMM + d2h) is what the others wait for."""
 
     distribute: float
-    compute: float
-    collect: float
+    collect: float = 0.0
     h2d: float = 0.0
     gemm: float = 0.0
     d2h: float = 0.0
+
+    @property
+    def compute(self) -> float:
+        return self.gemm
+
+    @property
+    def device(self) -> float:
+        return self.h2d + self.gemm + self.d2h
+
+    @property
+    def communication(self) -> float:
+        return self.distribute + self.h2d + self.d2h + self.collect
 
 
 def _bytes(array: np.ndarray) -> np.ndarray:
@@ -113,6 +126,8 @@ class Splitter:
             if own is not None:
                 self.a_r, self.b_r = np.ascontiguousarray(own[0]), np.ascontiguousarray(own[1])
         self.c: np.ndarray | None = None  # the root's result of the last iteration
+        # the host backend's "device" memory is host memory MPI can read: its C goes to MPI without a copy back
+        self.direct = state.backend.mpi_memory_kind() == MPI_MEMORY_HOST
 
     def iteration(self) -> Phases:
         world, comm, me = self.world, self.world.comm, self.world.rank
@@ -132,7 +147,7 @@ class Splitter:
         distribute = time.perf_counter() - start
         world.barrier()
 
-        phases = Phases(distribute, 0.0, 0.0)
+        phases = Phases(distribute)
         c_r = None
         if self.part > 0:
             sm, sn, _ = slice_shape(self.strategy, m, n, k, self.part)
@@ -142,11 +157,15 @@ class Splitter:
             c_dev = backend.empty((sm, sn), dtype)
             with backend.timer() as g:
                 backend.matmul(a_dev, b_dev, c_dev, dtype)
-            with backend.timer() as d2h:
-                c_r = backend.download(c_dev, dtype)
+            if self.direct:  # MPI reads the device's buffer where it is host memory: nothing to copy
+                c_r = backend.mpi_buffer(c_dev)
+                phases.d2h = 0.0
+            else:
+                with backend.timer() as d2h:
+                    c_r = backend.download(c_dev, dtype)
+                phases.d2h = d2h.seconds
             a_dev = b_dev = c_dev = None
-            phases.h2d, phases.gemm, phases.d2h = h2d.seconds, g.seconds, d2h.seconds
-            phases.compute = h2d.seconds + g.seconds + d2h.seconds
+            phases.h2d, phases.gemm = h2d.seconds, g.seconds
         world.barrier()
 
         start = time.perf_counter()
@@ -192,14 +211,16 @@ class SplitFigures:
     per_rank: list[list[Phases]]  # [rank][timed iteration]
 
     def iteration_times(self) -> list[dict[str, float]]:
-        """Per timed iteration, the job's phase times: each the slowest rank's."""
+        """Per timed iteration, the job's phase times, each the slowest rank's: distribute, the device phase (copies
+        and GEMM), collect, their sum (end to end), and the compute phase alone (the slowest GEMM)."""
         out = []
         for i in range(len(self.per_rank[0])):
             d = max(r[i].distribute for r in self.per_rank)
+            device = max(r[i].device for r in self.per_rank)
             c = max(r[i].compute for r in self.per_rank)
             g = max(r[i].collect for r in self.per_rank)
             working = [r[i].compute for r, p in zip(self.per_rank, self.parts) if p > 0]
-            out.append({"distribute": d, "compute": c, "collect": g, "end_to_end": d + c + g,
+            out.append({"distribute": d, "device": device, "compute": c, "collect": g, "end_to_end": d + device + g,
                         "imbalance": plan.imbalance(working, [p for p in self.parts if p > 0])})
         return out
 
@@ -257,7 +278,7 @@ class RankRun:
     """What a rank hands the driver: its probes, its phases of each measured split, and at the root the result."""
 
     link: Any  # plan.Link | None
-    solo: dict[str, tuple[float, int]]  # strategy -> (flop/s, part measured)
+    solo: dict[str, tuple[float, int]]  # strategy -> (flop/s alone, part measured)
     splits: list[tuple[str, str, list[int], list[Phases]]]  # (name, strategy, parts, this rank's timed phases)
     rebalance: list[dict[str, Any]]  # at the root: one entry per re-weighting iteration
     chosen: dict[str, Any]  # at the root: strategy, predictions, weights used
@@ -279,20 +300,28 @@ def measure(cfg: Any, world: World, state: SplitState,
     links = world.allgather(link)
 
     strategies = list(plan.STRATEGIES) if cfg.strategy == "auto" else [cfg.strategy]
-    # each rank's solo rate, one rank at a time while the others wait: a device alone, as the efficiency's
-    # denominator says
+    # Each rank's GEMM rate at its slice's shape, twice: all ranks at once (as the split runs them: devices that
+    # share a host's cores or memory slow each other down), which the auto weights use; and alone, one rank at a
+    # time while the others wait, the denominator of the efficiency
+    together: dict[str, tuple[float, int]] = {}
     solo: dict[str, tuple[float, int]] = {}
     for s in strategies:
         dim = plan.dim_of(s, m, n, k)
-        even_part = -(-dim // ranks)
-        cap = state.caps[s][world.rank]
+        limit = min(-(-dim // ranks), state.caps[s][world.rank])
+
+        def probe_rate(s: str = s, limit: int = limit) -> tuple[float, int]:
+            return (probe.gemm_rate(state.backend, dtype, s, m, n, k, max_part=limit, seed=cfg.seed) if limit > 0
+                    else (0.0, 0))
+
+        world.barrier()
+        together[s] = probe_rate()
         for r in range(ranks):
             world.barrier()
             if r == world.rank:
-                solo[s] = (probe.gemm_rate(state.backend, dtype, s, m, n, k, max_part=min(even_part, cap),
-                                           seed=cfg.seed) if cap > 0 else (0.0, 0))
+                solo[s] = probe_rate()
         world.barrier()
-    rates = {s: [r[s][0] for r in world.allgather(solo)] for s in strategies}
+    rates = {s: [r[s][0] for r in world.allgather(together)] for s in strategies}
+    solo_rates = {s: [r[s][0] for r in world.allgather(solo)] for s in strategies}
 
     def weights_for(s: str) -> list[float]:
         kind = cfg.weights.kind
@@ -311,10 +340,33 @@ def measure(cfg: Any, world: World, state: SplitState,
     strategy = min(strategies, key=lambda s: (predictions[s].seconds, strategies.index(s)))
     dim = plan.dim_of(strategy, m, n, k)
     parts = list(predictions[strategy].parts)
+    caps = state.caps[strategy]
+    # every rank's measured (part, compute seconds), beginning with its probe beside the others
+    me = world.rank
+    probe_rate, probe_part = together[strategy]
+    mine = [(probe_part, flops_of(strategy, m, n, k, probe_part) / probe_rate)] if probe_rate > 0 else []
+    points = world.allgather(mine)
+    if cfg.weights.kind == "list":  # a rank given weight 0 keeps no work when the split is rebalanced
+        points = [pts if w > 0 else [] for pts, w in zip(points, cfg.weights.values)]
 
-    # Rebalancing: one timed iteration per step, re-weighted from each rank's compute time
+    # Auto weights: the rates were measured at the probe's slice; each rank now times its GEMM at the part it
+    # got (its working shape, beside the others), and the parts that equalise the interpolated times are taken
+    refined: list[dict[str, Any]] = []
+    if cfg.weights.kind == "auto":
+        for _ in range(AUTO_REFINE_STEPS):
+            seconds = time_part(state, dtype, strategy, m, n, k, parts[me], cfg.seed) if parts[me] else 0.0
+            every = world.allgather(seconds)
+            for r, (p_r, t_r) in enumerate(zip(parts, every)):
+                if p_r > 0 and t_r > 0:
+                    points[r].append((p_r, t_r))
+            refined.append({"parts": list(parts), "compute_seconds": every,
+                            "imbalance": plan.imbalance([t for t, p in zip(every, parts) if p > 0],
+                                                        [p for p in parts if p > 0])})
+            parts = plan.balanced_parts(points, dim, caps)
+
+    # Rebalancing: one timed iteration of the split per step; the parts re-balanced from every rank's compute
+    # times measured so far, until the imbalance is under the goal
     history: list[dict[str, Any]] = []
-    step_rates = list(weights_for(strategy))
     for i in range(cfg.rebalance):
         phases, _ = run_split(world, state, dtype, strategy, parts, 0, 1)
         every = world.allgather(phases[0].compute)
@@ -323,8 +375,10 @@ def measure(cfg: Any, world: World, state: SplitState,
         history.append({"iteration": i + 1, "parts": list(parts), "compute_seconds": every, "imbalance": imb})
         if imb < plan.IMBALANCE_GOAL:
             break
-        step_rates = plan.rebalanced_rates(parts, every, step_rates, m, n, k, strategy)
-        parts = plan.shares(step_rates, dim, state.caps[strategy])
+        for r, (p_r, t_r) in enumerate(zip(parts, every)):
+            if p_r > 0 and t_r > 0:
+                points[r].append((p_r, t_r))
+        parts = plan.balanced_parts(points, dim, caps)
 
     splits = []
     even_parts = plan.shares(even_weights(ranks), dim, state.caps[strategy]) if cfg.compare_even else None
@@ -349,9 +403,30 @@ def measure(cfg: Any, world: World, state: SplitState,
     verdict = world.comm.bcast(verdict, root=ROOT)
     chosen = {"mnk": (m, n, k), "caps": state.caps[strategy], "strategy": strategy, "strategy_given": cfg.strategy, "weights_kind": cfg.weights.kind,
               "weights": weights_for(strategy), "predictions": {s: p.to_dict() for s, p in predictions.items()},
-              "links": links, "rates": rates}
+              "links": links, "rates": rates, "solo_rates": solo_rates, "refined": refined}
     return RankRun(link, solo, splits, history, chosen, c if world.rank == ROOT else None, verdict,
                    rank_facts(world, state))
+
+
+AUTO_REFINE_STEPS = 3
+TIME_PART_RUNS = 3
+
+
+def time_part(state: SplitState, dtype: DType, strategy: str, m: int, n: int, k: int, part: int, seed: int) -> float:
+    """This rank's GEMM time at its part's slice shape (device timer): the median of TIME_PART_RUNS runs after one
+    untimed run."""
+    pm, pn, pk = slice_shape(strategy, m, n, k, part)
+    a, b = gemm.generate_inputs(seed, 0, pm, pn, pk, dtype)
+    backend = state.backend
+    a_dev, b_dev = backend.upload(a, dtype), backend.upload(b, dtype)
+    c_dev = backend.empty((pm, pn), dtype)
+    backend.matmul(a_dev, b_dev, c_dev, dtype)
+    seconds = []
+    for _ in range(TIME_PART_RUNS):
+        with backend.timer() as elapsed:
+            backend.matmul(a_dev, b_dev, c_dev, dtype)
+        seconds.append(elapsed.seconds)
+    return _median(seconds)
 
 
 def rank_facts(world: World, state: SplitState) -> dict[str, Any]:
@@ -496,29 +571,30 @@ def rows(cfg: Any, gathered: list[RankRun]) -> list[dict[str, Any]]:
         dim = plan.dim_of(strategy, m, n, k)
         per_rank = [rr.splits[index][3] for rr in gathered]
         iterations = len(per_rank[0])
-        slowest = [max(ph[i].compute for ph in per_rank) for i in range(iterations)]
+        slowest = [max(ph[i].device for ph in per_rank) for i in range(iterations)]
         for r, (rr, phases) in enumerate(zip(gathered, per_rank)):
             part = parts[r]
             compute = [p.compute for p in phases]
             gemm_s = [p.gemm for p in phases]
             flop_count = flops_of(strategy, m, n, k, part)
             rate, probe_part = rr.solo[strategy]
+            together = gathered[ROOT].chosen["rates"][strategy][r]
             link = rr.link
             row: dict[str, Any] = {
                 "split": name, "strategy": strategy, "rank": r, **rr.facts, "dtype": cfg.dtype.name,
                 "m": m, "n": n, "k": k, "part": part, "share_percent": 100.0 * part / dim,
                 "gemm_flops": flop_count, "solo_gflops": rate / 1e9, "solo_part": probe_part,
+                "rate_gflops": together / 1e9,
                 **summarize(compute, "compute_seconds"),
-                "gemm_seconds_median": _median(gemm_s),
                 "h2d_seconds_median": _median([p.h2d for p in phases]),
                 "d2h_seconds_median": _median([p.d2h for p in phases]),
                 "gemm_gflops": flop_count / _median(gemm_s) / 1e9 if part and _median(gemm_s) > 0 else None,
-                "comm_seconds_median": _median([p.distribute + p.collect for p in phases]),
-                "idle_seconds_median": _median([s - c for s, c in zip(slowest, compute)]),
+                "comm_seconds_median": _median([p.communication for p in phases]),
+                "idle_seconds_median": _median([s - p.device for s, p in zip(slowest, phases)]),
                 "link_gbps": link.bytes_per_s / 1e9 if link is not None else None,
                 "link_latency_us": link.latency_s * 1e6 if link is not None else None,
-                "raw": {"compute_seconds": compute, "gemm_seconds": gemm_s,
-                        "distribute_seconds": [p.distribute for p in phases],
+                "raw": {"compute_seconds": compute, "h2d_seconds": [p.h2d for p in phases],
+                        "d2h_seconds": [p.d2h for p in phases], "distribute_seconds": [p.distribute for p in phases],
                         "collect_seconds": [p.collect for p in phases]},
             }
             out.append(row)
@@ -536,7 +612,7 @@ def summarize_job(cfg: Any, rows_: list[dict[str, Any]], gathered: list[RankRun]
     strategy = root.chosen["strategy"]
     total_flops = gemm.flops(m, n, k)
     rates = root.chosen["rates"][strategy]
-    sum_solo = sum(rates)
+    sum_solo = sum(root.chosen["solo_rates"][strategy])
     links = root.chosen["links"]
     splits: dict[str, Any] = {}
     for index, (name, s, parts, _) in enumerate(root.splits):
@@ -552,6 +628,7 @@ def summarize_job(cfg: Any, rows_: list[dict[str, Any]], gathered: list[RankRun]
             "strategy": s, "parts": parts,
             **summarize(e2e, "end_to_end_seconds"),
             "distribute_seconds_median": _median([t["distribute"] for t in its]),
+            "device_seconds_median": _median([t["device"] for t in its]),
             "compute_seconds_median": _median(compute),
             "collect_seconds_median": _median([t["collect"] for t in its]),
             "achieved_gflops": achieved,
