@@ -176,3 +176,24 @@ def test_bad_input(tmp_path, args, needle):
     run = run_cli(["split", "--size", "16", *backend, *args] if "--size" not in args else
                   ["split", *backend, *args], nprocs=nprocs, cwd=tmp_path)
     assert_usage_error(run, tmp_path, needle)
+
+
+@needs_mpi
+def test_profile_weights_from_calibrate(tmp_path):
+    """`hetbench calibrate` writes a profile; `split --weights` takes its rates as the weights on the same devices
+    and refuses it on others, on every rank alike."""
+    cal = run_cli(["calibrate", "--size", "48", "--strategy", "rows", "--backend", "0=host,1=sim:h100", "--out",
+                   "profile.json"], nprocs=2, cwd=tmp_path)
+    assert cal.returncode == 0, cal.stderr
+    rates = [r["gemm_gflops"] for r in json.loads((tmp_path / "profile.json").read_text())["rows"]]
+    _, doc, c = split(tmp_path, 2, "--strategy", "rows", "--weights", "profile.json",
+                      "--backend", "0=host,1=sim:h100")
+    np.testing.assert_allclose(c, expected(), rtol=1e-4, atol=1e-4)
+    from hetbench.benchmarks import split_plan as plan
+
+    assert doc["summary"]["weights_kind"] == "profile"
+    assert doc["summary"]["weights"] == pytest.approx([r * 1e9 for r in rates])
+    assert doc["summary"]["parts"] == plan.shares([r * 1e9 for r in rates], M)
+    other = run_cli(["split", "--size", "16", "--weights", "profile.json", "--backend", "0=host,1=sim:mi300x"],
+                    nprocs=2, cwd=tmp_path)
+    assert other.returncode == 2 and "rank 1 was sim:h100" in other.stderr and "Traceback" not in other.stderr
