@@ -49,7 +49,8 @@ $(VENV_OPENMPI)/.installed: pyproject.toml
 	$(call make_venv,$(VENV_OPENMPI),$(EXTRAS_OPENMPI))
 
 # A real heterogeneous pair first (the CPU through NumPy/BLAS beside an OpenCL device; where there is no OpenCL
-# device, the devices `auto` picks), then a simulated H100 + MI300X pair over a size sweep, then collectives; the
+# device, the devices `auto` picks), then one GEMM split across that pair by measured speed, then a simulated
+# H100 + MI300X pair over a size sweep, then collectives; the
 # runs go to a folder of their own, and the demo ends with one HTML page of them all: results/report.html
 DEMO_DIR ?= results/demo-$(shell date -u +%Y%m%dT%H%M%SZ)
 DEMO_SWEEP ?= 256:2048
@@ -66,6 +67,11 @@ demo: env
 		echo "no OpenCL device here (apt-get install pocl-opencl-icd for one on the CPU): both ranks on auto"; \
 		$(MPIEXEC) -n 2 $(HETBENCH) matmul --size $(DEMO_SIZE) $(DEMO_REAL_RUNS) $(DEMO_PROGRESS) \
 			--out $(DEMO_DIR)/matmul-real.json; \
+	fi
+	@if $(HAVE_OPENCL_DEVICE); then \
+		echo "$(MPIEXEC) -n 2 $(HETBENCH) split --size $(DEMO_SIZE) --backend 0=host,1=opencl --strategy rows"; \
+		$(MPIEXEC) -n 2 $(HETBENCH) split --size $(DEMO_SIZE) --backend 0=host,1=opencl --strategy rows \
+			$(DEMO_REAL_RUNS) --out $(DEMO_DIR)/split-real.json; \
 	fi
 	$(MPIEXEC) -n 2 $(HETBENCH) matmul --sizes $(DEMO_SWEEP) --backend 0=sim:h100,1=sim:mi300x \
 		--out $(DEMO_DIR)/matmul-sim-sweep.json

@@ -44,7 +44,8 @@ def test_demo_ends_with_one_page_of_the_runs_it_made(tmp_path):
                           env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert sorted(p.name for p in runs.glob("*.json")) == ["collectives-sim.json", "matmul-real.json",
-                                                          "matmul-sim-sweep.json"]
+                                                          "matmul-sim-sweep.json"] + (
+                                                              ["split-real.json"] if HAVE_OPENCL else [])
     assert f"\ndemo report: {page} (open it in a browser; the runs are in {runs})\n" in proc.stdout
     html = page.read_text(encoding="utf-8")
     assert html.count("<figure") >= 6 and 'data-plot="matmul-size"' in html

@@ -197,3 +197,14 @@ def test_profile_weights_from_calibrate(tmp_path):
     other = run_cli(["split", "--size", "16", "--weights", "profile.json", "--backend", "0=host,1=sim:mi300x"],
                     nprocs=2, cwd=tmp_path)
     assert other.returncode == 2 and "rank 1 was sim:h100" in other.stderr and "Traceback" not in other.stderr
+
+
+@needs_mpi
+def test_report_shows_a_saved_split_as_it_was_printed(tmp_path):
+    run, doc, _ = split(tmp_path, 2, "--strategy", "k", "--weights", "3,1", "--backend", "0=host,1=host")
+    shown = run_cli(["report", "s.json"], cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    weighted = doc["summary"]["splits"]["weighted"]
+    line = next(l for l in run.stdout.splitlines() if l.startswith("weighted split"))
+    assert line in shown.stdout and f"weighted split {weighted['parts']}" in line
+    assert "hetbench split: 1 run(s)" in shown.stdout and "modelled" not in shown.stdout

@@ -28,8 +28,9 @@ def show_run(out: Console, run: Run) -> None:
     elif run.benchmark == "collectives":
         out.file.flush()  # collectives_report prints through its own console
         tables_as_printed.collectives_report(run.rows, document["summary"], run.metadata.get("ranks") or [])
-    else:
-        out.print(f"{len(run.rows)} row(s) of benchmark {escape(run.benchmark)!s}; this hetbench has no table for it")
+    else:  # split, calibrate and any other benchmark: its command's own rendering
+        out.file.flush()
+        tables_as_printed.render_document(document)
     out.print()
 
 
@@ -40,8 +41,9 @@ def _devices_text(run: Run) -> str:
 def runs_table(benchmark: str, runs: list[Run]) -> Table:
     """One line per run: which run, where and how it ran, on which devices, and its key figures."""
     figures = for_benchmark(benchmark)
+    modelled = any(m for run in runs for *_, m in run.devices())
     table = Table(title=f"hetbench {benchmark}: {len(runs)} run(s)", title_justify="left", caption_justify="left",
-                  caption="~ modelled (simulated device), not measured", show_lines=True)
+                  caption="~ modelled (simulated device), not measured" if modelled else None, show_lines=True)
     for name in ("Run", "Date (UTC)", "Host(s)", "Command", "Rank map", "Devices"):
         table.add_column(name, overflow="fold", no_wrap=name in ("Run", "Rank map"))
     key_titles = [title for title, _ in figures.run_figures(runs[0].document)] if figures else []
