@@ -272,7 +272,8 @@ def split_figures(paths: list[str]) -> int:
                 value = s[key]
                 ok = value is not None and value >= goal
                 failed |= not ok
-                print(f"  goal {key} >= {goal}: {value:.3f} {'met' if ok else 'NOT met'}")
+                shown = "-" if value is None else f"{value:.3f}"
+                print(f"  goal {key} >= {goal}: {shown} {'met' if ok else 'NOT met'}")
     return 0 if not failed else 1
 
 

@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO
+from conftest import HAVE_OPENCL, REPO, needs_mpi, run_cli
 
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="no make")
 
@@ -23,11 +23,32 @@ def test_bench_target_runs_parts_the_overhead_script_accepts():
                              "VENV=.venv", "bench"], capture_output=True, text=True, timeout=60, env=env)
     assert recipe.returncode == 0, recipe.stderr
     calls = re.findall(r" -m (\S+) (\S+)", recipe.stdout)
-    assert [part for _, part in calls] == ["gemm", "allreduce", "opencl"]
+    # the split bench where there is an OpenCL device for its second rank
+    assert [part for _, part in calls] == ["gemm", "allreduce", "opencl"] + (["split"] if HAVE_OPENCL else [])
     assert {module for module, _ in calls} == {"hetbench.overhead"}
     assert importlib.util.find_spec("hetbench.overhead") is not None
 
     unknown = subprocess.run([sys.executable, "-m", "hetbench.overhead", "nonesuch"], capture_output=True, text=True,
                              timeout=60, env=env, cwd=REPO)
     assert unknown.returncode == 2
-    assert "'nonesuch'" in unknown.stderr and "accepted: gemm, allreduce, opencl" in unknown.stderr
+    assert "'nonesuch'" in unknown.stderr and "accepted: gemm, allreduce, opencl, split" in unknown.stderr
+
+
+@needs_mpi
+def test_split_figures_are_the_runs_and_unmet_goals_fail(tmp_path):
+    """`overhead split` prints each run's figures as its JSON has them, and exits 1 where a goal is not met (a
+    tiny product: its efficiency is far below 0.95)."""
+    import json
+
+    run = run_cli(["split", "--size", "64", "--strategy", "rows", "--backend", "0=host,1=sim:h100", "--repeat", "1",
+                   "--out", "s.json"], nprocs=2, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    shown = subprocess.run([sys.executable, "-m", "hetbench.overhead", "split", "s.json"], capture_output=True,
+                           text=True, timeout=60, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    s = json.loads((tmp_path / "s.json").read_text())["summary"]
+    w = s["splits"]["weighted"]
+    assert f"efficiency {w['efficiency_end_to_end']:.3f} end-to-end, {w['efficiency_compute']:.3f} compute" in shown.stdout
+    assert f"(sum {s['sum_solo_gflops']:.2f})" in shown.stdout
+    met = [s[k] >= goal for k, goal in (("efficiency_compute", 0.95), ("efficiency_end_to_end", 0.90),
+                                        ("speedup_over_even", 3.0))]
+    assert shown.stdout.count("NOT met") == met.count(False) and shown.returncode == (0 if all(met) else 1)
