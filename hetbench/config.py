@@ -256,3 +256,34 @@ class SplitConfig:
         d["save"] = str(self.save) if self.save else None
         d["output"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self.output).items()}
         return d
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """`hetbench train`: a residual MLP trained across the ranks by one strategy."""
+
+    strategy: str  # fsdp | ddp | pipeline
+    layers: int
+    hidden: int
+    batch: int  # global
+    steps: int
+    lr: float
+    optimizer: str  # adamw | sgd
+    seed: int
+    dtype: DType
+    weights: Any  # split_plan.Weights
+    backends: tuple[BackendSpec, ...]
+    micro_batches: int = 4
+    path: str = "host"
+    check: bool = True
+    log: Path | None = None
+    output: OutputConfig = field(default_factory=OutputConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["dtype"] = self.dtype.name
+        d["backends"] = [str(s) for s in self.backends]
+        d["weights"] = {"kind": self.weights.kind, "values": list(self.weights.values), "path": self.weights.path}
+        d["log"] = str(self.log) if self.log else None
+        d["output"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self.output).items()}
+        return d

@@ -85,6 +85,8 @@ def run(benchmark: Benchmark, params: dict[str, Any]) -> int:
         verified = summary["verified"]
         metadata = {**job_metadata(world), "ranks": ranks}
         document = make_document(benchmark.name, metadata, cfg.to_dict(), rows, summary, verified)
+        if hasattr(benchmark, "document_extra"):  # top-level series, e.g. train's "steps" (report plots them)
+            document.update(benchmark.document_extra(cfg, gathered))
 
         def render() -> None:
             from hetbench.report.console import render_document

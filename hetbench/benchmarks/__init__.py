@@ -14,6 +14,7 @@ BUILTIN = (
     "hetbench.benchmarks.collectives",
     "hetbench.benchmarks.calibrate",
     "hetbench.benchmarks.split",
+    "hetbench.benchmarks.train",
 )
 PLUGINS_ENV = "HETBENCH_BENCHMARKS"
 

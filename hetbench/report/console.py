@@ -348,6 +348,8 @@ def render_document(document: dict[str, Any], wide: bool = False) -> None:
     elif benchmark == "collectives":
         out.file.flush()
         collectives_report(rows, summary, document["metadata"].get("ranks") or [], wide=wide)
+    elif benchmark == "train":
+        train_report(rows, summary, document["config"], wide=wide)
     elif benchmark == "split":
         split_report(rows, summary, wide=wide)
     else:
@@ -412,3 +414,31 @@ def split_report(rows: list[dict[str, Any]], summary: dict[str, Any], wide: bool
     state = "[green]verified[/]" if summary["verified"] else "[bold red]FAILED[/]"
     out.print(f"C at rank 0: {state} (Freivalds)")
     out.print("result: " + ("[green]all checks passed[/]" if summary["verified"] else "[bold red]a check FAILED[/]"))
+
+
+def train_report(rows: list[dict[str, Any]], summary: dict[str, Any], config: dict[str, Any],
+                 wide: bool = False) -> None:
+    """`hetbench train`: one row per rank (share, step, compute, communication and idle times), then the loss
+    curve's ends, the throughput and the check against one process."""
+    out = console()
+    title = (f"hetbench train: {summary['strategy']}, {config['layers']} layers x {config['hidden']}, batch "
+             f"{config['batch']}, {summary['steps']} steps, {config['optimizer']} lr {config['lr']:g}, weights "
+             f"{summary['weights_kind']} ({summary['shares_of']} {summary['shares']})")
+    columns = [c for c in _columns("train") if c.shown(wide)]
+    print_table(out, columns_table(title, columns, rows, wide, _modelled_caption(rows)), wide)
+    fell = summary.get("loss_fell_by")
+    out.print(f"loss: {fmt(summary['loss_first'], 4)} at step 0 -> {fmt(summary['loss_last'], 4)} at step "
+              f"{summary['steps'] - 1}" + (f" (fell {fmt(fell)}x)" if fell else ""), markup=False)
+    step_ms = fmt(summary["step_seconds_median"], scale=1e3)
+    out.print(f"throughput: {fmt(summary['samples_per_second'])} samples/s, step {step_ms} ms median "
+              f"({summary['step_timing']})", markup=False)
+    check = summary.get("check")
+    if check is None:
+        out.print("loss curve not checked (--no-check)")
+    else:
+        state = "[green]matches[/]" if check["ok"] else "[bold red]DIFFERS from[/]"
+        out.print(f"loss curve and final parameters: {state} one process's (largest relative difference "
+                  f"{fmt(max(check['max_loss_relative_difference'], check['max_param_relative_difference']))}, "
+                  f"tolerance {check['rtol']:g})")
+    if summary.get("verified") is not None:
+        out.print("result: " + ("[green]all checks passed[/]" if summary["verified"] else "[bold red]a check FAILED[/]"))

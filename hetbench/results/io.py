@@ -309,6 +309,10 @@ def stage_csv(path: Path | str, rows: Iterable[dict[str, Any]], exclusive: bool 
     return stage(path, lambda f: f.write(text), exclusive=exclusive)
 
 
+def stage_text(path: Path | str, text: str, exclusive: bool = False) -> StagedFile:
+    return stage(path, lambda f: f.write(text), exclusive=exclusive)
+
+
 def stage_npy(path: Path | str, array: np.ndarray, exclusive: bool = False) -> StagedFile:
     return stage(path, lambda f: _save_npy(f, array), binary=True, exclusive=exclusive)
 

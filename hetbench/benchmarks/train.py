@@ -1,0 +1,164 @@
+"""`hetbench train`: a small training run (a deep residual MLP learning a fixed random teacher) across unequal,
+mixed-vendor ranks, FSDP-style (uneven parameter shards), DDP (replicas) or as a pipeline (stages of layers); every
+rank's GEMMs on its own device; the batch or the layers shared by the weights; every step logged; the loss curve
+checked against the same run in one process.
+
+This module declares the benchmark; the run on each rank is hetbench/harness/train.py, the model and the
+strategies hetbench/train/.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import click
+
+from hetbench.benchmarks import split_plan as plan
+from hetbench.benchmarks.base import MODELLED_WITH_DEVICE, SHOW_FILES, SHOW_WIDE, Column, RankResult, register
+from hetbench.config import OutputConfig, TrainConfig, parse_dtype
+from hetbench.options import MAX_SEED, int_range, parse_backends
+
+STRATEGIES = ("fsdp", "ddp", "pipeline")
+OPTIMIZERS = ("adamw", "sgd")
+MAX_LAYERS = 10_000
+MAX_HIDDEN = 1 << 16
+MAX_BATCH = 1 << 24
+MAX_STEPS = 10_000_000
+
+_M = MODELLED_WITH_DEVICE
+COLUMNS: tuple[Column, ...] = (
+    Column("rank", "Rank", text=True),
+    Column("host", "Host", text=True, show=SHOW_WIDE),
+    Column("backend", "Backend", text=True),
+    Column("vendor", "Vendor", text=True, show=SHOW_FILES),
+    Column("device", "Device", text=True),
+    Column("device_timing", "Timing", text=True, show=SHOW_WIDE),
+    Column("strategy", "Strategy", text=True, show=SHOW_FILES),
+    Column("weight_percent", "Share", "%", digits=3),
+    Column("samples_per_step", "Samples", text=True, short_label="Samples\n/step"),
+    Column("step_seconds_median", "Step", "ms", 1e3, better="lower"),
+    Column("compute_seconds_median", "Compute", "ms", 1e3, modelled=_M, better="lower"),
+    Column("comm_seconds_median", "Comm", "ms", 1e3, better="lower"),
+    Column("idle_seconds_median", "Idle", "ms", 1e3, modelled=_M, better="lower"),
+    Column("param_bytes", "Params", "KiB", 1 / 1024, show=SHOW_WIDE),
+    Column("grad_bytes", "Grads", "KiB", 1 / 1024, show=SHOW_WIDE),
+    Column("optimizer_bytes", "Optimizer", "KiB", 1 / 1024, show=SHOW_WIDE),
+)
+
+
+class Train:
+    name = "train"
+    summary = ("A small MLP trained across the ranks' devices (fsdp, ddp or pipeline, shares by weights), every "
+               "step logged, the loss curve checked against one process.")
+    columns = COLUMNS
+
+    def options(self) -> list[click.Parameter]:
+        return [
+            click.Option(["--strategy"], type=click.Choice(STRATEGIES), default="fsdp", show_default=True,
+                         help="fsdp: each layer's parameters sharded by the weights, gathered for use, gradients "
+                              "reduce-scattered; ddp: replicas, gradients allreduced; pipeline: stages of layers "
+                              "by the weights, micro-batches (GPipe)."),
+            click.Option(["--layers"], type=int_range(1, MAX_LAYERS), default=4, show_default=True,
+                         help="Residual layers: h + relu(h W + b)."),
+            click.Option(["--hidden"], type=int_range(1, MAX_HIDDEN), default=32, show_default=True,
+                         help="Width of every layer."),
+            click.Option(["--batch"], type=int_range(1, MAX_BATCH), default=64, show_default=True,
+                         help="The global batch, shared by the weights (fsdp, ddp) or cut into micro-batches."),
+            click.Option(["--steps"], type=int_range(1, MAX_STEPS), default=300, show_default=True,
+                         help="Optimizer steps."),
+            click.Option(["--lr"], type=click.FloatRange(min=0, min_open=True), default=1e-2, show_default=True,
+                         help="Learning rate."),
+            click.Option(["--optimizer"], type=click.Choice(OPTIMIZERS), default="adamw", show_default=True,
+                         help="AdamW (decoupled weight decay) or plain SGD; state sharded with the parameters."),
+            click.Option(["--seed"], type=int_range(0, MAX_SEED), default=0, show_default=True,
+                         help="Seeds the parameters, the teacher and the data."),
+            click.Option(["--dtype"], type=click.Choice(["fp32"]), default="fp32", show_default=True,
+                         help="Element type (mixed precision is not built yet)."),
+            click.Option(["--weights"], default="even", show_default=True, metavar="even|auto|PROFILE|W0,W1,..",
+                         help="Each rank's share of the batch (fsdp, ddp) or of the layers (pipeline): even; auto "
+                              "(each rank's GEMM rate at a layer's shape, measured beside the others); a profile "
+                              "from `hetbench calibrate`; or one weight >= 0 per rank."),
+            click.Option(["--micro-batches"], type=int_range(1, MAX_BATCH), default=4, show_default=True,
+                         help="pipeline: micro-batches per step."),
+            click.Option(["--path"], type=click.Choice(["host"]), default="host", show_default=True,
+                         help="How gradients and parameters move: host-staged (device-direct is not built yet)."),
+            click.Option(["--check/--no-check"], default=True, show_default=True,
+                         help="Train the same run in one process at rank 0 afterwards and check the loss curve "
+                              "against it (fp32 tolerance)."),
+            click.Option(["--log", "log_path"], type=click.Path(dir_okay=False, path_type=Path), default=None,
+                         help="Write one JSON line per step here (rank 0), with the results."),
+        ]
+
+    def configure(self, params: dict[str, Any], world: Any, output: OutputConfig) -> TrainConfig:
+        ctx = click.get_current_context()
+        try:
+            weights = plan.parse_weights(params["weights"], world.size)
+        except plan.WeightsError as e:
+            raise click.BadParameter(str(e), param_hint="'--weights'") from None
+        if weights.kind == "list":
+            working = sum(1 for w in weights.values if w > 0)
+            if params["strategy"] in ("fsdp", "ddp") and params["batch"] < working:
+                raise click.BadParameter(f"{params['batch']} is smaller than the {working} ranks with a non-zero "
+                                         "weight: each needs at least one sample", param_hint="'--batch'")
+            if params["strategy"] == "pipeline" and params["layers"] < working:
+                raise click.BadParameter(f"{params['layers']} layers are fewer than the {working} ranks with a "
+                                         "non-zero weight: each stage needs a layer", param_hint="'--layers'")
+        elif params["strategy"] in ("fsdp", "ddp") and params["batch"] < world.size:
+            raise click.BadParameter(f"{params['batch']} is smaller than the {world.size} ranks: each needs at least "
+                                     "one sample", param_hint="'--batch'")
+        elif params["strategy"] == "pipeline" and params["layers"] < world.size:
+            raise click.BadParameter(f"{params['layers']} layers are fewer than the {world.size} ranks: each stage "
+                                     "needs a layer", param_hint="'--layers'")
+        if params["strategy"] == "pipeline" and params["micro_batches"] > params["batch"]:
+            raise click.BadParameter(f"{params['micro_batches']} micro-batches are more than the batch of "
+                                     f"{params['batch']}", param_hint="'--micro-batches'")
+        return TrainConfig(
+            strategy=params["strategy"], layers=params["layers"], hidden=params["hidden"], batch=params["batch"],
+            steps=params["steps"], lr=params["lr"], optimizer=params["optimizer"], seed=params["seed"],
+            dtype=parse_dtype(params["dtype"]), weights=weights, micro_batches=params["micro_batches"],
+            path=params["path"], check=params["check"], log=params["log_path"],
+            backends=parse_backends(world, ctx.params["backend"]), output=output,
+        )
+
+    def output_paths(self, cfg: TrainConfig) -> dict[str, tuple[Any, int]]:
+        return {"--log": (cfg.log, 0)}
+
+    def dtype(self, cfg: TrainConfig) -> Any:
+        return cfg.dtype
+
+    def prepare(self, cfg: TrainConfig, world: Any, device: Any) -> tuple[Any, list[str]]:
+        from hetbench.harness import train as run
+
+        return run.prepare(cfg, world, device)
+
+    def check(self, cfg: TrainConfig, world: Any, state: Any) -> list[str]:
+        from hetbench.harness import train as run
+
+        return run.check(cfg, world, state)
+
+    def run(self, cfg: TrainConfig, world: Any, state: Any, on_step: Any) -> RankResult:
+        from hetbench.harness import train as run
+
+        outcome = run.run_rank(cfg, world, state, on_step)
+        files = [("--log", cfg.log, outcome.log_text)] if world.rank == 0 and cfg.log is not None else []
+        outcome.log_text = None
+        return RankResult(outcome, files)
+
+    def rows(self, cfg: TrainConfig, gathered: Sequence[Any]) -> list[dict[str, Any]]:
+        from hetbench.harness import train as run
+
+        return run.rows(cfg, gathered)
+
+    def summarize(self, cfg: TrainConfig, rows: list[dict[str, Any]], gathered: Sequence[Any]) -> dict[str, Any]:
+        from hetbench.harness import train as run
+
+        return run.summarize_job(cfg, rows, gathered)
+
+    def document_extra(self, cfg: TrainConfig, gathered: Sequence[Any]) -> dict[str, Any]:
+        from hetbench.harness import train as run
+
+        return {"steps": run.step_lines(cfg, gathered)}
+
+
+register(Train())

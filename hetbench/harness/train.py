@@ -1,0 +1,217 @@
+"""The training run on each rank (`hetbench train`): the weights resolved (even, given, a profile's rates, or each
+rank's GEMM rate at a layer's shape measured beside the others), the strategy run (hetbench/train/), every rank's
+step logs gathered to rank 0, and the loss curve checked there against the same training in one process."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from hetbench.backends.base import TIMING_MODELLED
+from hetbench.benchmarks import split_plan as plan
+from hetbench.comm.world import World
+from hetbench.harness.devices import OpenDevice
+
+ROOT = 0
+# The check: the distributed run sums in another order than the single process, so its fp32 losses and parameters
+# drift apart by rounding; over the default 300 steps the losses stay within this relative difference
+CHECK_RTOL = 1e-3
+
+
+@dataclass
+class TrainState:
+    opened: OpenDevice
+    ops: Any  # hetbench.train.ops.Ops over the rank's device
+    devices: list[tuple[str, str]] = field(default_factory=list)
+    profile: Any = None
+
+
+@dataclass
+class RankOutcome:
+    logs: list[Any]  # this rank's StepLog per step
+    facts: dict[str, Any]
+    weights: list[float]
+    shares: list[int]
+    check: dict[str, Any] | None = None  # at rank 0
+    steps: list[dict[str, Any]] | None = None  # at rank 0: one line per step, every rank's figures
+    log_text: str | None = None  # at rank 0: the --log file
+
+
+def prepare(cfg: Any, world: World, opened: OpenDevice) -> tuple[TrainState, list[str]]:
+    from hetbench.train.ops import Ops
+
+    return TrainState(opened, Ops(opened.backend, cfg.dtype)), []
+
+
+def check(cfg: Any, world: World, state: TrainState) -> list[str]:
+    """Collective: a profile is loaded and matched to the job's devices; its rates must leave work where the
+    strategy needs it."""
+    state.devices = [tuple(d) for d in world.allgather((state.opened.spec, state.opened.info.name))]
+    if cfg.weights.kind != "profile":
+        return []
+    from hetbench.results.profile import ProfileError, load_profile
+
+    try:
+        state.profile = load_profile(cfg.weights.path, world.size, cfg.dtype.name, "rows", state.devices,
+                                     shape=(cfg.batch, cfg.hidden, cfg.hidden))
+    except ProfileError as e:
+        return [str(e)]
+    return []
+
+
+def _weights(cfg: Any, world: World, state: TrainState) -> list[float]:
+    """Collective. The weights the shares are taken from."""
+    kind = cfg.weights.kind
+    if kind == "even":
+        return [1.0] * world.size
+    if kind == "list":
+        return list(cfg.weights.values)
+    if kind == "profile":
+        return list(state.profile.rates)
+    from hetbench.harness import probe
+
+    # auto: each rank's GEMM rate at a layer's shape (its even share of the batch x hidden x hidden), all at once
+    limit = -(-cfg.batch // world.size)
+    world.barrier()
+    rate, _ = probe.gemm_rate(state.opened.backend, cfg.dtype, "rows", cfg.batch, cfg.hidden, cfg.hidden,
+                              max_part=limit, min_seconds=0.02, seed=cfg.seed)
+    return world.allgather(rate)
+
+
+def run_rank(cfg: Any, world: World, state: TrainState,
+             on_step: Callable[[int, int, str], None] | None = None) -> RankOutcome:
+    """Collective. Train with the strategy; rank 0 gathers every rank's step logs and checks the curve."""
+    from hetbench.train.model import ModelConfig
+
+    weights = _weights(cfg, world, state)
+    total = cfg.layers if cfg.strategy == "pipeline" else cfg.batch
+    shares = plan.shares(weights, total)
+    model = ModelConfig(layers=cfg.layers, hidden=cfg.hidden, batch=cfg.batch, seed=cfg.seed)
+
+    def step_done(log: Any) -> None:
+        if on_step is not None:
+            on_step(log.step + 1, cfg.steps, f"step {log.step + 1}/{cfg.steps} loss {log.loss:.4g}")
+
+    if cfg.strategy == "pipeline":
+        from hetbench.train.pipeline import train_pipeline
+
+        outcome = train_pipeline(world, state.ops, model, cfg.optimizer, cfg.lr, cfg.steps, weights, path=cfg.path,
+                                 micro_batches=cfg.micro_batches, on_step=step_done)
+    else:
+        from hetbench.train.data_parallel import train_ddp, train_fsdp
+
+        train = train_fsdp if cfg.strategy == "fsdp" else train_ddp
+        outcome = train(world, state.ops, model, cfg.optimizer, cfg.lr, cfg.steps, weights, path=cfg.path,
+                        on_step=step_done)
+    facts = {"host": world.host, "backend": state.opened.spec, "vendor": state.opened.info.vendor,
+             "device": state.opened.info.name, "device_timing": state.opened.backend.timing}
+    result = RankOutcome(list(outcome.logs), facts, list(weights), shares)
+    every = world.gather(outcome.logs)
+    every_facts = world.gather(facts)
+    if world.rank == ROOT:
+        assert every is not None and every_facts is not None
+        result.steps = _step_lines(cfg, every, every_facts)
+        if cfg.log is not None:
+            result.log_text = "".join(json.dumps(line) + "\n" for line in result.steps)
+        if cfg.check:
+            result.check = _check(cfg, model, [log.loss for log in outcome.logs], outcome.params)
+    return result
+
+
+def _check(cfg: Any, model: Any, losses: list[float], params: Any) -> dict[str, Any]:
+    """The same training in one process (NumPy on the host): the loss curve and the final parameters."""
+    from hetbench.train.reference import reference
+
+    ref_losses, ref_params = reference(model, cfg.optimizer, cfg.lr, cfg.steps)
+    loss_diff = max(abs(a - b) / max(abs(b), 1e-30) for a, b in zip(losses, ref_losses))
+    param_diff = 0.0
+    if params is not None:
+        for (w, b), (rw, rb) in zip(params, ref_params):
+            for got, want in ((w, rw), (b, rb)):
+                scale = max(float(abs(want).max()), 1e-30)
+                param_diff = max(param_diff, float(abs(got - want).max()) / scale)
+    ok = bool(loss_diff <= CHECK_RTOL and param_diff <= CHECK_RTOL and len(losses) == len(ref_losses))
+    return {"ok": ok, "max_loss_relative_difference": loss_diff, "max_param_relative_difference": param_diff,
+            "rtol": CHECK_RTOL, "reference_loss_first": ref_losses[0], "reference_loss_last": ref_losses[-1]}
+
+
+def _step_lines(cfg: Any, every: list[list[Any]], facts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One line per step: the global loss, the step's time (the slowest rank's), samples/s, and every rank's
+    compute, communication and idle seconds, samples and bytes held."""
+    modelled = any(f["device_timing"] == TIMING_MODELLED for f in facts)
+    lines = []
+    for i, logs in enumerate(zip(*every)):
+        step_seconds = max(log.step_seconds for log in logs)
+        lines.append({
+            "step": logs[0].step,
+            "loss": logs[0].loss,
+            "step_seconds": step_seconds,
+            "samples_per_second": cfg.batch / step_seconds if step_seconds > 0 else None,
+            "timing": "modelled" if modelled else "measured",
+            "ranks": [{"rank": r, "compute_seconds": log.compute_seconds, "comm_seconds": log.comm_seconds,
+                       "idle_seconds": log.idle_seconds, "samples": log.samples, "param_bytes": log.param_bytes,
+                       "grad_bytes": log.grad_bytes, "optimizer_bytes": log.optimizer_bytes}
+                      for r, log in enumerate(logs)],
+        })
+    return lines
+
+
+def step_lines(cfg: Any, gathered: list[RankOutcome]) -> list[dict[str, Any]]:
+    return gathered[ROOT].steps or []
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else math.nan
+
+
+def rows(cfg: Any, gathered: list[RankOutcome]) -> list[dict[str, Any]]:
+    """One row per rank: its share, its step's compute, communication and idle seconds (medians over the steps;
+    every step's in the --log file and the document's "steps") and the bytes it held at most."""
+    total = sum(gathered[ROOT].shares)
+    out = []
+    for r, outcome in enumerate(gathered):
+        logs = outcome.logs
+        out.append({
+            "rank": r, **outcome.facts, "strategy": cfg.strategy,
+            "weight_percent": 100.0 * gathered[ROOT].shares[r] / total if total else 0.0,
+            "samples_per_step": logs[-1].samples if logs else 0,
+            "step_seconds_median": _median([log.step_seconds for log in logs]),
+            "compute_seconds_median": _median([log.compute_seconds for log in logs]),
+            "comm_seconds_median": _median([log.comm_seconds for log in logs]),
+            "idle_seconds_median": _median([log.idle_seconds for log in logs]),
+            "param_bytes": max((log.param_bytes for log in logs), default=0),
+            "grad_bytes": max((log.grad_bytes for log in logs), default=0),
+            "optimizer_bytes": max((log.optimizer_bytes for log in logs), default=0),
+        })
+    return out
+
+
+def summarize_job(cfg: Any, rows_: list[dict[str, Any]], gathered: list[RankOutcome]) -> dict[str, Any]:
+    root = gathered[ROOT]
+    steps = root.steps or []
+    step_seconds = [s["step_seconds"] for s in steps]
+    median = _median(step_seconds)
+    check = root.check
+    modelled = any(r["device_timing"] == TIMING_MODELLED for r in rows_)
+    return {
+        "strategy": cfg.strategy,
+        "steps": cfg.steps,
+        "weights_kind": cfg.weights.kind,
+        "weights": root.weights,
+        "shares": root.shares,
+        "shares_of": "layers" if cfg.strategy == "pipeline" else "samples",
+        "loss_first": steps[0]["loss"] if steps else None,
+        "loss_last": steps[-1]["loss"] if steps else None,
+        "loss_fell_by": steps[0]["loss"] / steps[-1]["loss"] if steps and steps[-1]["loss"] > 0 else None,
+        "step_seconds_median": median,
+        "samples_per_second": cfg.batch / median if median > 0 else None,
+        "timing": "modelled" if modelled else "measured",
+        # a simulated rank's compute is modelled; the step's wall time is measured, and in it such a rank computes
+        # on the host with NumPy: the figure of this machine, not of the GPU simulated
+        "step_timing": "wall time; simulated ranks compute on the host" if modelled else "wall time",
+        "check": check,
+        "verified": None if check is None else check["ok"],
+    }
