@@ -26,7 +26,7 @@ class StepLog:
     #                      emulating its GEMMs (and copies) is replaced by their modelled device time
     compute_seconds: float  # device GEMM time (measured, or modelled on sim) + the host's elementwise work
     comm_seconds: float  # MPI data movement once every rank has arrived, + host<->device copies
-    idle_seconds: float  # step - compute - comm (>= 0): mostly waiting for slower ranks before each collective
+    idle_seconds: float  # step - compute - comm (>= 0): waiting for the slowest rank before each MPI call
     samples: int  # this rank's samples this step (pipeline: the global batch on every stage)
     param_bytes: int  # parameters held by this rank at the step's peak
     grad_bytes: int  # gradients held at the peak
@@ -46,11 +46,13 @@ class TrainOutcome:
 
 class StepClock:
     """Times one rank's step. Wrap each MPI call in `comm(fn)`, which first waits at a barrier (counted as idle:
-    the time this rank waits for the slowest one to arrive) and then runs the call (counted as communication).
-    Everything else the step's wall time holds, less the time inside `ops`, is the host's own elementwise work
-    (counted as compute). `finish()` returns (step, compute, comm, idle) seconds with idle = step - compute - comm.
+    the time this rank waits for the slowest one to arrive) and then runs the call (communication, with the
+    host<->device copies inside ops). The rest of the step's wall time is compute: the device's GEMMs and the host's
+    elementwise work. On a simulated device (ops.modelled) the host's wall time inside ops, which only emulated the
+    device, is replaced by the modelled GEMM and copy times. `finish()` returns (step, compute, comm, idle) seconds,
+    step = compute + comm + idle: the wall time, on a simulated device with the emulation replaced by the model.
 
-    With `wait_first=False` no barrier is taken: waiting then shows up inside the collective, as communication.
+    With `wait_first=False` (or a single rank) no barrier is taken: waiting then shows up inside the MPI calls.
     """
 
     def __init__(self, ops: Any, comm: Any, wait_first: bool = True) -> None:
@@ -66,28 +68,26 @@ class StepClock:
         self._t0 = time.perf_counter()
 
     def comm(self, fn: Callable[[], Any]) -> Any:
-        t0 = time.perf_counter()
         if self.wait_first:
+            t0 = time.perf_counter()
             self.mpi.Barrier()
+            self.wait_seconds += time.perf_counter() - t0
         t1 = time.perf_counter()
         out = fn()
-        t2 = time.perf_counter()
-        self.wait_seconds += t1 - t0
-        self.mpi_seconds += t2 - t1
+        self.mpi_seconds += time.perf_counter() - t1
         return out
 
     def finish(self) -> tuple[float, float, float, float]:
         wall = time.perf_counter() - self._t0
         ops = self.ops
-        host_work = max(0.0, wall - ops.wall_seconds - self.wait_seconds - self.mpi_seconds)
-        compute = ops.compute_seconds + host_work
         comm = self.mpi_seconds + ops.copy_seconds
+        idle = self.wait_seconds
         if ops.modelled:
             # the host's wall time inside ops emulated the device: its modelled times stand for it
-            step = wall - ops.wall_seconds + ops.compute_seconds + ops.copy_seconds
+            host_work = max(0.0, wall - ops.wall_seconds - self.wait_seconds - self.mpi_seconds)
+            compute = ops.compute_seconds + host_work
         else:
-            step = wall
-        idle = step - compute - comm
-        if idle < 0.0:  # only float rounding, or a device timer that exceeds the host's wall time around it
-            step, idle = compute + comm, 0.0
+            # everything but waiting, MPI and copies: the device's GEMMs and the host's own work around them
+            compute = max(0.0, wall - self.wait_seconds - self.mpi_seconds - ops.copy_seconds)
+        step = compute + comm + idle
         return step, compute, comm, idle
