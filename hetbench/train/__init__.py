@@ -1,0 +1,93 @@
+"""`hetbench train`'s core: a deep residual MLP trained on a synthetic teacher task, by one process (reference.py)
+or by MPI ranks of unequal speed (data_parallel.py: ddp, fsdp; pipeline.py: pipeline), each rank's GEMMs on its own
+device (ops.py).
+
+This module holds what every strategy shares: the per-step log record (StepLog), a strategy's result
+(TrainOutcome), and StepClock, which splits one rank's step into compute, communication and idle seconds the same
+way for every strategy.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+
+@dataclass
+class StepLog:
+    """One rank, one step."""
+
+    step: int  # the global step index (start_step + i)
+    loss: float  # the GLOBAL loss of this step's batch, before the update; the same on every rank
+    step_seconds: float  # the step's wall time; on a rank whose device is simulated, the host's time spent
+    #                      emulating its GEMMs (and copies) is replaced by their modelled device time
+    compute_seconds: float  # device GEMM time (measured, or modelled on sim) + the host's elementwise work
+    comm_seconds: float  # MPI data movement once every rank has arrived, + host<->device copies
+    idle_seconds: float  # step - compute - comm (>= 0): waiting for the slowest rank before each MPI call
+    samples: int  # this rank's samples this step (pipeline: the global batch on every stage)
+    param_bytes: int  # parameters held by this rank at the step's peak
+    grad_bytes: int  # gradients held at the peak
+    optimizer_bytes: int  # optimizer state held
+    modelled: bool = False  # True where compute (and so step) seconds come from a simulated device's model
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class TrainOutcome:
+    logs: list[StepLog]  # this rank's, one per step
+    params: list[tuple[np.ndarray, np.ndarray]] | None  # the full final [(W_l, b_l)], at rank 0 only
+    details: dict[str, Any] = field(default_factory=dict)  # strategy facts (shares, bucket size, ...)
+
+
+class StepClock:
+    """Times one rank's step. Wrap each MPI call in `comm(fn)`, which first waits at a barrier (counted as idle:
+    the time this rank waits for the slowest one to arrive) and then runs the call (communication, with the
+    host<->device copies inside ops). The rest of the step's wall time is compute: the device's GEMMs and the host's
+    elementwise work. On a simulated device (ops.modelled) the host's wall time inside ops, which only emulated the
+    device, is replaced by the modelled GEMM and copy times. `finish()` returns (step, compute, comm, idle) seconds,
+    step = compute + comm + idle: the wall time, on a simulated device with the emulation replaced by the model.
+
+    With `wait_first=False` (or a single rank) no barrier is taken: waiting then shows up inside the MPI calls.
+    """
+
+    def __init__(self, ops: Any, comm: Any, wait_first: bool = True) -> None:
+        self.ops = ops
+        self.mpi = comm
+        self.wait_first = wait_first and comm is not None and comm.Get_size() > 1
+        self.start()
+
+    def start(self) -> None:
+        self.ops.reset()
+        self.wait_seconds = 0.0
+        self.mpi_seconds = 0.0
+        self._t0 = time.perf_counter()
+
+    def comm(self, fn: Callable[[], Any]) -> Any:
+        if self.wait_first:
+            t0 = time.perf_counter()
+            self.mpi.Barrier()
+            self.wait_seconds += time.perf_counter() - t0
+        t1 = time.perf_counter()
+        out = fn()
+        self.mpi_seconds += time.perf_counter() - t1
+        return out
+
+    def finish(self) -> tuple[float, float, float, float]:
+        wall = time.perf_counter() - self._t0
+        ops = self.ops
+        comm = self.mpi_seconds + ops.copy_seconds
+        idle = self.wait_seconds
+        if ops.modelled:
+            # the host's wall time inside ops emulated the device: its modelled times stand for it
+            host_work = max(0.0, wall - ops.wall_seconds - self.wait_seconds - self.mpi_seconds)
+            compute = ops.compute_seconds + host_work
+        else:
+            # everything but waiting, MPI and copies: the device's GEMMs and the host's own work around them
+            compute = max(0.0, wall - self.wait_seconds - self.mpi_seconds - ops.copy_seconds)
+        step = compute + comm + idle
+        return step, compute, comm, idle

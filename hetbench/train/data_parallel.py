@@ -1,0 +1,207 @@
+"""Data-parallel training over MPI ranks of unequal speed: ddp (full replicas) and fsdp (sharded parameters,
+gradients and optimizer state).
+
+Both split the global batch by `weights`: rank r trains on rows shares(weights, batch)[r] of every step's global
+batch, and its loss part and gradients are already scaled by 1/batch (the global batch; see model.py), so the SUM
+over ranks is the single-process gradient whatever the shares: each strategy computes the run `reference` computes,
+up to the order of float32 sums. A rank with weight 0 (0 rows) still takes part in every collective.
+
+ddp: every rank holds the whole model and its optimizer state. After the backward, the flat gradient of all layers
+(layer after layer, each W row-major then b) is summed by MPI Allreduce in buckets of BUCKET_BYTES (4 MiB: 1 Mi
+float32 elements; the last layers' bucket first, the order in which a backward produces them, as PyTorch DDP's
+default 25 MiB buckets do), then every rank applies the same optimizer step to its replica.
+
+fsdp: each layer's flat vector (hidden*hidden + hidden elements) is sharded by shares(weights, layer size): rank r
+owns elements [sum(counts[:r]), sum(counts[:r+1])) of every layer, and only their optimizer state. The forward
+gathers each layer (MPI Allgatherv into one reused buffer: one full layer held at a time) just before using it;
+the backward gathers it again (except the last layer, still held from the forward, as FSDP keeps its root), and
+the layer's full gradient is reduce-scattered (MPI Reduce_scatter) so each rank receives the summed gradient of its
+shard and updates it at once. Bytes held at the step's peak, per rank r, with P = hidden*hidden + hidden,
+s_r = shares(weights, P)[r] and L layers, all float32:
+    param_bytes     = 4 * (L * s_r + P)    its shards + the one gathered layer
+    grad_bytes      = 4 * (P + s_r)        one layer's full gradient + its reduced shard
+    optimizer_bytes = 8 * L * s_r (adamw: m and v per element), 0 (sgd)
+and for ddp: param_bytes = grad_bytes = 4 * L * P, optimizer_bytes = 8 * L * P (adamw), 0 (sgd).
+
+Times (StepClock): every MPI call is preceded by a barrier whose wait counts as idle, so comm_seconds is the data
+movement once all ranks have arrived (plus host<->device copies) and idle_seconds is the wait for slower ranks;
+compute_seconds is the rest: the device GEMM time (modelled on a sim device) and the host's elementwise work. The
+batch is generated before a step's clock starts: data generation is not part of a step.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from hetbench.benchmarks.split_plan import shares
+from hetbench.comm.vcollectives import allgatherv, gatherv, reduce_scatterv
+from hetbench.train import StepClock, StepLog, TrainOutcome
+from hetbench.train.model import (
+    ModelConfig,
+    batch_slice,
+    flatten,
+    init_params,
+    layer_backward,
+    layer_forward,
+    loss_and_grad,
+    make_batch,
+    teacher_params,
+    unflatten,
+)
+from hetbench.train.optim import make_optimizer
+
+BUCKET_BYTES = 4 * 1024**2
+FLOAT_BYTES = 4
+
+
+def check_weights(weights: Sequence[float], size: int) -> list[float]:
+    """One finite weight >= 0 per rank, summing to more than 0."""
+    weights = [float(w) for w in weights]
+    if len(weights) != size:
+        raise ValueError(f"{len(weights)} weights given for {size} ranks")
+    if any(not (math.isfinite(w) and w >= 0) for w in weights) or sum(weights) <= 0:
+        raise ValueError(f"weights must be finite numbers >= 0 with a sum > 0, got {weights}")
+    return weights
+
+
+def bucket_ranges(total: int, bucket_elements: int) -> list[tuple[int, int]]:
+    """[start, stop) ranges of at most bucket_elements covering [0, total), from the end backwards."""
+    out = []
+    stop = total
+    while stop > 0:
+        start = max(0, stop - bucket_elements)
+        out.append((start, stop))
+        stop = start
+    return out
+
+
+def _loss_sum(clock: StepClock, comm: Any, part: float) -> float:
+    from mpi4py import MPI
+
+    buf = np.array([part], dtype=np.float64)
+    clock.comm(lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM))
+    return float(buf[0])
+
+
+def _log(clock: StepClock, ops: Any, step: int, loss: float, samples: int, param_bytes: int, grad_bytes: int,
+         optimizer_bytes: int) -> StepLog:
+    step_s, compute, comm, idle = clock.finish()
+    return StepLog(step=step, loss=loss, step_seconds=step_s, compute_seconds=compute, comm_seconds=comm,
+                   idle_seconds=idle, samples=samples, param_bytes=param_bytes, grad_bytes=grad_bytes,
+                   optimizer_bytes=optimizer_bytes, modelled=bool(ops.modelled))
+
+
+def train_ddp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: float, steps: int,
+              weights: Sequence[float], path: str = "host", micro_batches: int = 4,
+              on_step: Callable[[StepLog], None] | None = None, start_step: int = 0) -> TrainOutcome:
+    """Full replicas; gradients summed by bucketed Allreduce. Collective: every rank calls it. `path` and
+    `micro_batches` are ignored (host path only; no micro-batches in data parallelism)."""
+    from mpi4py import MPI
+
+    comm, rank = world.comm, world.rank
+    weights = check_weights(weights, world.size)
+    batch_counts = shares(weights, model.batch)
+    first, count = batch_slice(batch_counts, rank)
+    hidden, P, L = model.hidden, model.layer_size, model.layers
+    flat = np.concatenate([flatten(W, b) for W, b in init_params(model)])
+    layers = [flat[layer * P:(layer + 1) * P] for layer in range(L)]  # views into flat
+    grads = np.zeros(L * P, dtype=np.float32)
+    opts = [make_optimizer(optimizer, lr, P) for _ in range(L)]
+    bucket_elements = BUCKET_BYTES // FLOAT_BYTES
+    buckets = bucket_ranges(L * P, bucket_elements)
+    teacher = teacher_params(model)
+    clock = StepClock(ops, comm)
+    logs: list[StepLog] = []
+    for step in range(start_step, start_step + steps):
+        x, y = make_batch(model, step, first, count, teacher)
+        clock.start()
+        h, caches = x, []
+        for vec in layers:
+            W, b = unflatten(vec, hidden)
+            h, cache = layer_forward(ops, W, b, h)
+            caches.append(cache)
+        loss_part, g = loss_and_grad(h, y, model.batch)
+        for layer in reversed(range(L)):
+            g, dW, db = layer_backward(ops, unflatten(layers[layer], hidden)[0], caches[layer], g)
+            caches[layer] = None
+            base = layer * P
+            grads[base:base + hidden * hidden] = dW.ravel()
+            grads[base + hidden * hidden:base + P] = db
+        for a, b_ in buckets:
+            bucket = grads[a:b_]
+            clock.comm(lambda: comm.Allreduce(MPI.IN_PLACE, bucket, op=MPI.SUM))
+        loss = _loss_sum(clock, comm, loss_part)
+        for layer in range(L):
+            opts[layer].step(layers[layer], grads[layer * P:(layer + 1) * P], step)
+        log = _log(clock, ops, step, loss, count, flat.nbytes, grads.nbytes, sum(o.state_bytes for o in opts))
+        logs.append(log)
+        if on_step is not None:
+            on_step(log)
+    params = None
+    if rank == 0:
+        params = [tuple(a.copy() for a in unflatten(vec, hidden)) for vec in layers]
+    details = {"strategy": "ddp", "batch_counts": batch_counts, "bucket_bytes": BUCKET_BYTES,
+               "buckets": len(buckets)}
+    return TrainOutcome(logs=logs, params=params, details=details)  # type: ignore[arg-type]
+
+
+def train_fsdp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: float, steps: int,
+               weights: Sequence[float], path: str = "host", micro_batches: int = 4,
+               on_step: Callable[[StepLog], None] | None = None, start_step: int = 0) -> TrainOutcome:
+    """Parameters, gradients and optimizer state sharded by `weights`; layers gathered one at a time.
+    Collective: every rank calls it. `path` and `micro_batches` are ignored."""
+    comm, rank = world.comm, world.rank
+    weights = check_weights(weights, world.size)
+    batch_counts = shares(weights, model.batch)
+    first, count = batch_slice(batch_counts, rank)
+    hidden, P, L = model.hidden, model.layer_size, model.layers
+    param_counts = shares(weights, P)
+    offset, mine = batch_slice(param_counts, rank)
+    shards = [flatten(W, b)[offset:offset + mine].copy() for W, b in init_params(model)]
+    opts = [make_optimizer(optimizer, lr, mine) for _ in range(L)]
+    gathered = np.empty(P, dtype=np.float32)  # the one full layer held at a time, reused for every gather
+    teacher = teacher_params(model)
+    clock = StepClock(ops, comm)
+    logs: list[StepLog] = []
+    shard_bytes = sum(s.nbytes for s in shards)
+    for step in range(start_step, start_step + steps):
+        x, y = make_batch(model, step, first, count, teacher)
+        clock.start()
+        h, caches = x, []
+        for layer in range(L):
+            clock.comm(lambda: allgatherv(comm, shards[layer], param_counts, recv=gathered))
+            W, b = unflatten(gathered, hidden)
+            h, cache = layer_forward(ops, W, b, h)
+            caches.append(cache)
+        loss_part, g = loss_and_grad(h, y, model.batch)
+        grad_peak = 0
+        for layer in reversed(range(L)):
+            if layer != L - 1:  # the last layer is still gathered from the forward
+                clock.comm(lambda: allgatherv(comm, shards[layer], param_counts, recv=gathered))
+            W, _ = unflatten(gathered, hidden)
+            g, dW, db = layer_backward(ops, W, caches[layer], g)
+            caches[layer] = None
+            full_grad = flatten(dW, db)
+            del dW, db
+            grad_shard = clock.comm(lambda: reduce_scatterv(comm, full_grad, param_counts))
+            grad_peak = max(grad_peak, full_grad.nbytes + grad_shard.nbytes)
+            del full_grad
+            opts[layer].step(shards[layer], grad_shard, step)
+        loss = _loss_sum(clock, comm, loss_part)
+        log = _log(clock, ops, step, loss, count, shard_bytes + gathered.nbytes, grad_peak,
+                   sum(o.state_bytes for o in opts))
+        logs.append(log)
+        if on_step is not None:
+            on_step(log)
+    params = None
+    for shard in shards:
+        full = gatherv(comm, shard, param_counts, root=0)
+        if rank == 0:
+            if params is None:
+                params = []
+            params.append(tuple(a.copy() for a in unflatten(full, hidden)))
+    details = {"strategy": "fsdp", "batch_counts": batch_counts, "param_counts": param_counts}
+    return TrainOutcome(logs=logs, params=params, details=details)  # type: ignore[arg-type]
