@@ -44,6 +44,22 @@ def int_range(min: int | None = None, max: int | None = None) -> AsciiIntRange:
     return AsciiIntRange(min=min, max=max)
 
 
+DEFAULT_SIZE = 2048  # m = n = k of a GEMM benchmark's product unless given
+
+
+def shape_options(product: str, suffix: str = "") -> list[click.Parameter]:
+    """--size, --m, --n, --k of a GEMM benchmark: `product` names the product in --size's help ("each rank's
+    product"), `suffix` the matrices' subscript ("_r" where each rank has its own)."""
+    dimension = int_range(1, MAX_DIMENSION)
+    return [
+        click.Option(["--size"], type=dimension, default=DEFAULT_SIZE, show_default=True,
+                     help=f"m = n = k of {product} (each of --m/--n/--k overrides its own)."),
+        click.Option(["--m", "m"], type=dimension, default=None, help=f"Rows of A{suffix} and C{suffix}."),
+        click.Option(["--n", "n"], type=dimension, default=None, help=f"Columns of B{suffix} and C{suffix}."),
+        click.Option(["--k", "k"], type=dimension, default=None, help=f"Columns of A{suffix}, rows of B{suffix}."),
+    ]
+
+
 class SizeList(click.ParamType):
     """A sweep of sizes: a comma-separated list (256,512,1024) or MIN:MAX[:FACTOR], every size from MIN multiplied
     by FACTOR (default 2) up to MAX, as nccl-tests' -b/-e/-f. Gives the sizes in increasing order."""

@@ -30,9 +30,8 @@ from hetbench.benchmarks.base import (
 from hetbench.benchmarks.split_plan import device_bytes as slice_bytes
 from hetbench.config import DTYPE_NAMES, OutputConfig, parse_bytes, parse_dtype
 from hetbench.dtypes import DType
-from hetbench.options import MAX_DIMENSION, MAX_REPEAT, MAX_SEED, int_range, parse_backends
+from hetbench.options import MAX_REPEAT, MAX_SEED, int_range, parse_backends, shape_options
 
-DEFAULT_SIZE = 2048
 STRATEGY_CHOICES = ("rows", "k", "both")
 DEFAULT_REPEAT = 3
 DEFAULT_MIN_SECONDS = 0.1
@@ -40,7 +39,6 @@ MAX_MIN_SECONDS = 3600.0
 DEFAULT_LINK_BYTES = "4M"
 MAX_LINK_BYTES = 1024**3
 ROOT = 0  # the links are measured to rank 0, split's root
-_DIMENSION = int_range(1, MAX_DIMENSION)
 
 _M = MODELLED_WITH_DEVICE
 COLUMNS: tuple[Column, ...] = (
@@ -273,11 +271,7 @@ class Calibrate:
 
     def options(self) -> list[click.Parameter]:
         return [
-            click.Option(["--size"], type=_DIMENSION, default=DEFAULT_SIZE, show_default=True,
-                         help="m = n = k of the product split will slice (each of --m/--n/--k overrides its own)."),
-            click.Option(["--m", "m"], type=_DIMENSION, default=None, help="Rows of A and C."),
-            click.Option(["--n", "n"], type=_DIMENSION, default=None, help="Columns of B and C."),
-            click.Option(["--k", "k"], type=_DIMENSION, default=None, help="Columns of A, rows of B."),
+            *shape_options("the product split will slice"),
             click.Option(["--dtype", "dtype_texts"], multiple=True, metavar="DTYPE[,DTYPE...]",
                          help=f"The dtypes measured: {', '.join(DTYPE_NAMES)}; repeat or separate with commas. "
                               "Default: fp32."),

@@ -23,7 +23,6 @@ from hetbench.benchmarks.base import (
 )
 from hetbench.config import DTYPE_NAMES, MatmulConfig, OutputConfig, parse_dtype
 from hetbench.options import (
-    MAX_DIMENSION,
     MAX_RANK,
     MAX_REPEAT,
     MAX_SEED,
@@ -31,10 +30,8 @@ from hetbench.options import (
     SizeList,
     int_range,
     parse_backends,
+    shape_options,
 )
-
-DEFAULT_SIZE = 2048
-_DIMENSION = int_range(1, MAX_DIMENSION)
 
 _M = MODELLED_WITH_DEVICE
 COLUMNS: tuple[Column, ...] = (
@@ -83,11 +80,7 @@ class Matmul:
 
     def options(self) -> list[click.Parameter]:
         return [
-            click.Option(["--size"], type=_DIMENSION, default=DEFAULT_SIZE, show_default=True,
-                         help="m = n = k of each rank's product (each of --m/--n/--k overrides its own)."),
-            click.Option(["--m", "m"], type=_DIMENSION, default=None, help="Rows of A_r and C_r."),
-            click.Option(["--n", "n"], type=_DIMENSION, default=None, help="Columns of B_r and C_r."),
-            click.Option(["--k", "k"], type=_DIMENSION, default=None, help="Columns of A_r, rows of B_r."),
+            *shape_options("each rank's product", "_r"),
             click.Option(["--sizes"], type=SizeList(), default=None, metavar="LIST|MIN:MAX[:FACTOR]",
                          help="A size sweep: square products of each size in turn, e.g. 256,512,1024 or 256:4096 "
                               "(doubling; 256:4096:4 multiplies by 4). Every size is a whole run: its own inputs, "

@@ -24,10 +24,8 @@ from hetbench.benchmarks.base import (
     register,
 )
 from hetbench.config import DTYPE_NAMES, SPLIT_STRATEGIES, OutputConfig, SplitConfig, parse_dtype
-from hetbench.options import MAX_DIMENSION, MAX_REPEAT, MAX_SEED, MAX_WARMUP, int_range, parse_backends
+from hetbench.options import MAX_REPEAT, MAX_SEED, MAX_WARMUP, int_range, parse_backends, shape_options
 
-DEFAULT_SIZE = 2048
-_DIMENSION = int_range(1, MAX_DIMENSION)
 MAX_REBALANCE = 100
 DEFAULT_LINK_GBIT = 100.0  # --plan's link: 100 Gb/s, as AWS EFA
 DEFAULT_LINK_LATENCY_US = 10.0
@@ -82,11 +80,7 @@ class Split:
 
     def options(self) -> list[click.Parameter]:
         return [
-            click.Option(["--size"], type=_DIMENSION, default=DEFAULT_SIZE, show_default=True,
-                         help="m = n = k of the one product (each of --m/--n/--k overrides its own)."),
-            click.Option(["--m", "m"], type=_DIMENSION, default=None, help="Rows of A and C."),
-            click.Option(["--n", "n"], type=_DIMENSION, default=None, help="Columns of B and C."),
-            click.Option(["--k", "k"], type=_DIMENSION, default=None, help="Columns of A, rows of B."),
+            *shape_options("the one product"),
             click.Option(["--dtype"], type=click.Choice(DTYPE_NAMES), default="fp32", show_default=True,
                          help="Element type; checked against every rank's device."),
             click.Option(["--strategy"], type=click.Choice(SPLIT_STRATEGIES), default="auto", show_default=True,
