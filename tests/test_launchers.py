@@ -103,9 +103,12 @@ exec /bin/sh -c "$*"
 """)
     hostfile = HOSTFILES / f"nvidia-amd.{MPIEXEC_KIND}"
     if MPIEXEC_KIND == "openmpi":
-        # both "nodes" are this machine: their daemons and ranks must talk over loopback, which Open MPI skips
+        # both "nodes" are this machine: their daemons and ranks must talk over loopback, which Open MPI skips;
+        # and the second daemon must not map the first one's shared hwloc topology (Open MPI 4.1.4's orted then
+        # segfaults in hwloc_shmem_topology_write about one launch in three; two real nodes never share it)
         launcher = ["--hostfile", str(hostfile), "--map-by", "node", "--mca", "plm_rsh_agent", str(fake_ssh),
-                    "--mca", "btl_tcp_if_include", "lo", "--mca", "oob_tcp_if_include", "lo"]
+                    "--mca", "btl_tcp_if_include", "lo", "--mca", "oob_tcp_if_include", "lo",
+                    "--mca", "rtc", "^hwloc"]
     else:
         launcher = ["-f", str(hostfile), "-launcher", "ssh", "-launcher-exec", str(fake_ssh)]
     run = run_cli(["matmul", "--size", "64", "--backend", "sim:h100", "--json", *outputs(tmp_path)], nprocs=2,
