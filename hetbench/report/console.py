@@ -405,6 +405,10 @@ def split_report(rows: list[dict[str, Any]], summary: dict[str, Any], wide: bool
                   markup=False)
     out.print(f"efficiency = achieved GFLOP/s / the ranks' summed solo GFLOP/s ({fmt(summary['sum_solo_gflops'])}, "
               "measured in this run)", markup=False)
+    if any((f.get("efficiency_compute") or 0) > 1.02 for f in summary["splits"].values()):
+        out.print("note: an efficiency above 1 means the devices ran faster in the split than in their solo probes: "
+                  "the machine's load changed between them (the probes are short); compare runs on a quiet machine",
+                  markup=False)
     if summary.get("speedup_over_even") is not None:
         out.print(f"weighted over even: {fmt(summary['speedup_over_even'])}x the throughput", markup=False)
     best = summary.get("model_best")
