@@ -277,6 +277,9 @@ class TrainConfig:
     path: str = "host"
     check: bool = True
     log: Path | None = None
+    checkpoint: Path | None = None  # save the state here (at the end, and every checkpoint_every steps if > 0)
+    checkpoint_every: int = 0
+    resume: Path | None = None  # a checkpoint folder (or one step folder in it) to continue from
     output: OutputConfig = field(default_factory=OutputConfig)
 
     def to_dict(self) -> dict[str, Any]:
@@ -285,5 +288,7 @@ class TrainConfig:
         d["backends"] = [str(s) for s in self.backends]
         d["weights"] = {"kind": self.weights.kind, "values": list(self.weights.values), "path": self.weights.path}
         d["log"] = str(self.log) if self.log else None
+        d["checkpoint"] = str(self.checkpoint) if self.checkpoint else None
+        d["resume"] = str(self.resume) if self.resume else None
         d["output"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self.output).items()}
         return d

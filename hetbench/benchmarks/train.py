@@ -88,6 +88,15 @@ class Train:
                               "against it (fp32 tolerance)."),
             click.Option(["--log", "log_path"], type=click.Path(dir_okay=False, path_type=Path), default=None,
                          help="Write one JSON line per step here (rank 0), with the results."),
+            click.Option(["--checkpoint", "checkpoint"], type=click.Path(file_okay=False, path_type=Path),
+                         default=None,
+                         help="Save the training state in this folder at the end (and every --checkpoint-every "
+                              "steps): each rank its own part, DIR/step-N/, DIR/latest names the newest."),
+            click.Option(["--checkpoint-every"], type=int_range(0, MAX_STEPS), default=0, show_default=True,
+                         help="With --checkpoint: also save after every N steps (0: only at the end)."),
+            click.Option(["--resume", "resume"], type=click.Path(path_type=Path), default=None,
+                         help="Continue from this checkpoint folder (its latest step, or a step-N folder) to "
+                              "--steps; any strategy, rank count or weights (re-sharded)."),
         ]
 
     def configure(self, params: dict[str, Any], world: Any, output: OutputConfig) -> TrainConfig:
@@ -113,11 +122,14 @@ class Train:
         if params["strategy"] == "pipeline" and params["micro_batches"] > params["batch"]:
             raise click.BadParameter(f"{params['micro_batches']} micro-batches are more than the batch of "
                                      f"{params['batch']}", param_hint="'--micro-batches'")
+        if params["checkpoint_every"] and params["checkpoint"] is None:
+            raise click.BadParameter("needs --checkpoint DIR to save in", param_hint="'--checkpoint-every'")
         return TrainConfig(
             strategy=params["strategy"], layers=params["layers"], hidden=params["hidden"], batch=params["batch"],
             steps=params["steps"], lr=params["lr"], optimizer=params["optimizer"], seed=params["seed"],
             dtype=parse_dtype(params["dtype"]), weights=weights, micro_batches=params["micro_batches"],
             path=params["path"], check=params["check"], log=params["log_path"],
+            checkpoint=params["checkpoint"], checkpoint_every=params["checkpoint_every"], resume=params["resume"],
             backends=parse_backends(world, ctx.params["backend"]), output=output,
         )
 

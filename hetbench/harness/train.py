@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -27,6 +28,7 @@ class TrainState:
     ops: Any  # hetbench.train.ops.Ops over the rank's device
     devices: list[tuple[str, str]] = field(default_factory=list)
     profile: Any = None
+    resume: Any = None  # hetbench.train.checkpoint.Checkpoint with --resume
 
 
 @dataclass
@@ -38,6 +40,9 @@ class RankOutcome:
     check: dict[str, Any] | None = None  # at rank 0
     steps: list[dict[str, Any]] | None = None  # at rank 0: one line per step, every rank's figures
     log_text: str | None = None  # at rank 0: the --log file
+    start_step: int = 0  # with --resume: the steps the checkpoint had done; this run's logs start there
+    resumed_from: str | None = None
+    checkpoints: list[str] = field(default_factory=list)  # the step folders saved
 
 
 def prepare(cfg: Any, world: World, opened: OpenDevice) -> tuple[TrainState, list[str]]:
@@ -50,16 +55,49 @@ def check(cfg: Any, world: World, state: TrainState) -> list[str]:
     """Collective: a profile is loaded and matched to the job's devices; its rates must leave work where the
     strategy needs it."""
     state.devices = [tuple(d) for d in world.allgather((state.opened.spec, state.opened.info.name))]
+    errors = checkpoint_errors(cfg, state)
     if cfg.weights.kind != "profile":
-        return []
+        return errors
     from hetbench.results.profile import ProfileError, load_profile
 
     try:
         state.profile = load_profile(cfg.weights.path, world.size, cfg.dtype.name, "rows", state.devices,
                                      shape=(cfg.batch, cfg.hidden, cfg.hidden))
     except ProfileError as e:
-        return [str(e)]
-    return []
+        return [*errors, str(e)]
+    return errors
+
+
+def checkpoint_errors(cfg: Any, state: TrainState) -> list[str]:
+    """--resume: the checkpoint is complete and of this run (model, optimizer, lr) and --steps goes beyond it;
+    --checkpoint: a folder (or none yet) that holds none of the step folders this run would save. Every rank
+    checks for itself (the folders must be on a file system every rank sees), so every rank finds the same."""
+    from hetbench.train.checkpoint import Checkpoint, CheckpointError, planned_collisions
+
+    errors: list[str] = []
+    start = 0
+    if getattr(cfg, "resume", None) is not None:
+        try:
+            state.resume = Checkpoint(cfg.resume)
+            errors += state.resume.mismatches(cfg.layers, cfg.hidden, cfg.batch, cfg.seed, cfg.optimizer, cfg.lr,
+                                              cfg.steps)
+            start = state.resume.steps_done
+        except CheckpointError as e:
+            errors.append(str(e))
+    folder = getattr(cfg, "checkpoint", None)
+    if folder is not None and not errors:
+        if folder.exists() and not folder.is_dir():
+            errors.append(f"--checkpoint {str(folder)!r} is not a folder")
+        else:
+            taken = planned_collisions(folder, cfg.checkpoint_every, start, cfg.steps)
+            if taken:
+                errors.append(f"checkpoint folder {str(folder)!r} already holds {', '.join(taken)}: a checkpoint is "
+                              "never overwritten; choose another --checkpoint folder")
+            existing = next((p for p in [folder, *folder.absolute().parents] if p.exists()), None)
+            if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
+                errors.append(f"--checkpoint {str(folder)!r} cannot be written: no write permission in "
+                              f"{str(existing)!r}")
+    return errors
 
 
 def _weights(cfg: Any, world: World, state: TrainState) -> list[float]:
@@ -90,6 +128,12 @@ def run_rank(cfg: Any, world: World, state: TrainState,
     total = cfg.layers if cfg.strategy == "pipeline" else cfg.batch
     shares = plan.shares(weights, total)
     model = ModelConfig(layers=cfg.layers, hidden=cfg.hidden, batch=cfg.batch, seed=cfg.seed)
+    facts = {"host": world.host, "backend": state.opened.spec, "vendor": state.opened.info.vendor,
+             "device": state.opened.info.name, "device_timing": state.opened.backend.timing}
+    resume = state.resume
+    start = resume.steps_done if resume is not None else 0
+    saver = _saver(cfg, world, facts, weights, shares, start, resume)
+    extra = {"start_step": start, "initial": resume, "checkpoint": saver.hook if saver is not None else None}
 
     def step_done(log: Any) -> None:
         if on_step is not None:
@@ -98,17 +142,17 @@ def run_rank(cfg: Any, world: World, state: TrainState,
     if cfg.strategy == "pipeline":
         from hetbench.train.pipeline import train_pipeline
 
-        outcome = train_pipeline(world, state.ops, model, cfg.optimizer, cfg.lr, cfg.steps, weights, path=cfg.path,
-                                 micro_batches=cfg.micro_batches, on_step=step_done)
+        outcome = train_pipeline(world, state.ops, model, cfg.optimizer, cfg.lr, cfg.steps - start, weights,
+                                 path=cfg.path, micro_batches=cfg.micro_batches, on_step=step_done, **extra)
     else:
         from hetbench.train.data_parallel import train_ddp, train_fsdp
 
         train = train_fsdp if cfg.strategy == "fsdp" else train_ddp
-        outcome = train(world, state.ops, model, cfg.optimizer, cfg.lr, cfg.steps, weights, path=cfg.path,
-                        on_step=step_done)
-    facts = {"host": world.host, "backend": state.opened.spec, "vendor": state.opened.info.vendor,
-             "device": state.opened.info.name, "device_timing": state.opened.backend.timing}
-    result = RankOutcome(list(outcome.logs), facts, list(weights), shares)
+        outcome = train(world, state.ops, model, cfg.optimizer, cfg.lr, cfg.steps - start, weights, path=cfg.path,
+                        on_step=step_done, **extra)
+    result = RankOutcome(list(outcome.logs), facts, list(weights), shares, start_step=start,
+                         resumed_from=str(resume.folder) if resume is not None else None,
+                         checkpoints=list(saver.saved) if saver is not None else [])
     every = world.gather(outcome.logs)
     every_facts = world.gather(facts)
     if world.rank == ROOT:
@@ -117,15 +161,46 @@ def run_rank(cfg: Any, world: World, state: TrainState,
         if cfg.log is not None:
             result.log_text = "".join(json.dumps(line) + "\n" for line in result.steps)
         if cfg.check:
-            result.check = _check(cfg, model, [log.loss for log in outcome.logs], outcome.params)
+            result.check = _check(cfg, model, [log.loss for log in outcome.logs], outcome.params, start)
     return result
 
 
-def _check(cfg: Any, model: Any, losses: list[float], params: Any) -> dict[str, Any]:
-    """The same training in one process (NumPy on the host): the loss curve and the final parameters."""
+def _saver(cfg: Any, world: World, facts: dict[str, Any], weights: list[float], shares: list[int], start: int,
+           resume: Any) -> Any:
+    """Collective (with --checkpoint): the checkpoint saver, its manifest's run facts and every rank's device."""
+    if cfg.checkpoint is None:
+        return None
+    import click
+
+    from hetbench.train.checkpoint import Saver
+
+    every_facts = world.allgather({k: facts[k] for k in ("host", "backend", "vendor", "device", "device_timing")})
+    history = []
+    if resume is not None:
+        m = resume.manifest
+        history = [*m.get("history", []),
+                   {"strategy": m.get("strategy"), "first_step": m.get("first_step"), "steps_done": m["steps_done"],
+                    "weights": m.get("weights"), "checkpoint": str(resume.folder),
+                    "ranks": [{k: r.get(k) for k in ("rank", "host", "backend", "vendor", "device")}
+                              for r in m["ranks"]]}]
+    manifest = {
+        "model": {"layers": cfg.layers, "hidden": cfg.hidden, "batch": cfg.batch, "seed": cfg.seed},
+        "optimizer": cfg.optimizer, "lr": cfg.lr, "dtype": cfg.dtype.name,
+        "strategy": cfg.strategy, "weights": list(weights), "shares": list(shares),
+        "shares_of": "layers" if cfg.strategy == "pipeline" else "samples",
+        "first_step": start, "history": history,
+    }
+    return Saver(world, cfg.checkpoint, cfg.checkpoint_every, cfg.steps, manifest, every_facts,
+                 error=click.ClickException)
+
+
+def _check(cfg: Any, model: Any, losses: list[float], params: Any, start: int = 0) -> dict[str, Any]:
+    """The same training in one process (NumPy on the host), from step 0: the loss curve (a resumed run's steps
+    against the reference's same steps) and the final parameters."""
     from hetbench.train.reference import reference
 
     ref_losses, ref_params = reference(model, cfg.optimizer, cfg.lr, cfg.steps)
+    ref_losses = ref_losses[start:]
     loss_diff = max(abs(a - b) / max(abs(b), 1e-30) for a, b in zip(losses, ref_losses))
     param_diff = 0.0
     if params is not None:
@@ -203,6 +278,9 @@ def summarize_job(cfg: Any, rows_: list[dict[str, Any]], gathered: list[RankOutc
         "weights": root.weights,
         "shares": root.shares,
         "shares_of": "layers" if cfg.strategy == "pipeline" else "samples",
+        "first_step": root.start_step,
+        "resumed_from": root.resumed_from,
+        "checkpoints": root.checkpoints,
         "loss_first": steps[0]["loss"] if steps else None,
         "loss_last": steps[-1]["loss"] if steps else None,
         "loss_fell_by": steps[0]["loss"] / steps[-1]["loss"] if steps and steps[-1]["loss"] > 0 else None,

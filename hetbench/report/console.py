@@ -431,8 +431,13 @@ def train_report(rows: list[dict[str, Any]], summary: dict[str, Any], config: di
     columns = [c for c in _columns("train") if c.shown(wide)]
     print_table(out, columns_table(title, columns, rows, wide, _modelled_caption(rows)), wide)
     fell = summary.get("loss_fell_by")
-    out.print(f"loss: {fmt(summary['loss_first'], 4)} at step 0 -> {fmt(summary['loss_last'], 4)} at step "
+    first = summary.get("first_step") or 0
+    if summary.get("resumed_from"):
+        out.print(f"resumed from {summary['resumed_from']} after {first} steps", markup=False)
+    out.print(f"loss: {fmt(summary['loss_first'], 4)} at step {first} -> {fmt(summary['loss_last'], 4)} at step "
               f"{summary['steps'] - 1}" + (f" (fell {fmt(fell)}x)" if fell else ""), markup=False)
+    if summary.get("checkpoints"):
+        out.print("checkpoints saved: " + ", ".join(summary["checkpoints"]), markup=False)
     step_ms = fmt(summary["step_seconds_median"], scale=1e3)
     out.print(f"throughput: {fmt(summary['samples_per_second'])} samples/s, step {step_ms} ms median "
               f"({summary['step_timing']})", markup=False)

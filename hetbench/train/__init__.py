@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
@@ -42,6 +42,53 @@ class TrainOutcome:
     logs: list[StepLog]  # this rank's, one per step
     params: list[tuple[np.ndarray, np.ndarray]] | None  # the full final [(W_l, b_l)], at rank 0 only
     details: dict[str, Any] = field(default_factory=dict)  # strategy facts (shares, bucket size, ...)
+
+
+@dataclass
+class Piece:
+    """A slice [start, stop) of one layer's flat vectors that this rank holds: its parameters ("param") and its
+    optimizer state by name (adamw: "m", "v"). What a rank hands to a checkpoint."""
+
+    layer: int
+    start: int
+    stop: int
+    arrays: dict[str, np.ndarray]
+
+
+class InitialState(Protocol):
+    """Where a run starts other than from init_params: the full state in a shard-independent form, read by
+    element ranges so each strategy takes its own slices (a checkpoint.Checkpoint, or FullState below)."""
+
+    steps_done: int
+
+    def read(self, name: str, layer: int, start: int, stop: int) -> np.ndarray:
+        """Elements [start, stop) of layer `layer`'s flat vector `name` ("param", "m", "v"), float32, a copy."""
+        ...
+
+
+@dataclass
+class FullState:
+    """An InitialState held in memory: per layer the full flat vector of each name."""
+
+    steps_done: int
+    vectors: list[dict[str, np.ndarray]]
+
+    def read(self, name: str, layer: int, start: int, stop: int) -> np.ndarray:
+        return np.array(self.vectors[layer][name][start:stop], dtype=np.float32)
+
+
+# after each step a strategy calls checkpoint(steps_done, pieces): pieces() lists this rank's Pieces (live arrays)
+CheckpointHook = Callable[[int, Callable[[], list[Piece]]], None]
+
+
+def load_layer_state(initial: Any, opt: Any, layer: int, start: int, stop: int) -> np.ndarray:
+    """This rank's slice of layer `layer` from `initial`: the parameters returned, the optimizer state loaded."""
+    opt.load_state({name: initial.read(name, layer, start, stop) for name in opt.state_names})
+    return initial.read("param", layer, start, stop)
+
+
+def layer_piece(layer: int, start: int, param: np.ndarray, opt: Any) -> Piece:
+    return Piece(layer, start, start + param.size, {"param": param, **opt.state()})
 
 
 class StepClock:

@@ -38,7 +38,7 @@ import numpy as np
 
 from hetbench.benchmarks.split_plan import shares
 from hetbench.comm.vcollectives import allgatherv, gatherv, reduce_scatterv
-from hetbench.train import StepClock, StepLog, TrainOutcome
+from hetbench.train import CheckpointHook, StepClock, StepLog, TrainOutcome, layer_piece, load_layer_state
 from hetbench.train.model import (
     ModelConfig,
     batch_slice,
@@ -96,9 +96,13 @@ def _log(clock: StepClock, ops: Any, step: int, loss: float, samples: int, param
 
 def train_ddp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: float, steps: int,
               weights: Sequence[float], path: str = "host", micro_batches: int = 4,
-              on_step: Callable[[StepLog], None] | None = None, start_step: int = 0) -> TrainOutcome:
+              on_step: Callable[[StepLog], None] | None = None, start_step: int = 0,
+              initial: Any = None, checkpoint: CheckpointHook | None = None) -> TrainOutcome:
     """Full replicas; gradients summed by bucketed Allreduce. Collective: every rank calls it. `path` and
-    `micro_batches` are ignored (host path only; no micro-batches in data parallelism)."""
+    `micro_batches` are ignored (host path only; no micro-batches in data parallelism). `initial` (an
+    hetbench.train.InitialState, e.g. a checkpoint) replaces the initial parameters and optimizer state; after each
+    step `checkpoint(steps_done, pieces)` is called if given (rank 0's pieces are the full replicas; the others
+    hand none, their replicas being the same)."""
     from mpi4py import MPI
 
     comm, rank = world.comm, world.rank
@@ -106,10 +110,13 @@ def train_ddp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: floa
     batch_counts = shares(weights, model.batch)
     first, count = batch_slice(batch_counts, rank)
     hidden, P, L = model.hidden, model.layer_size, model.layers
-    flat = np.concatenate([flatten(W, b) for W, b in init_params(model)])
+    opts = [make_optimizer(optimizer, lr, P) for _ in range(L)]
+    if initial is None:
+        flat = np.concatenate([flatten(W, b) for W, b in init_params(model)])
+    else:
+        flat = np.concatenate([load_layer_state(initial, opts[layer], layer, 0, P) for layer in range(L)])
     layers = [flat[layer * P:(layer + 1) * P] for layer in range(L)]  # views into flat
     grads = np.zeros(L * P, dtype=np.float32)
-    opts = [make_optimizer(optimizer, lr, P) for _ in range(L)]
     bucket_elements = BUCKET_BYTES // FLOAT_BYTES
     buckets = bucket_ranges(L * P, bucket_elements)
     teacher = teacher_params(model)
@@ -140,6 +147,9 @@ def train_ddp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: floa
         logs.append(log)
         if on_step is not None:
             on_step(log)
+        if checkpoint is not None:
+            checkpoint(step + 1, lambda: [layer_piece(layer, 0, layers[layer], opts[layer])
+                                          for layer in range(L)] if rank == 0 else [])
     params = None
     if rank == 0:
         params = [tuple(a.copy() for a in unflatten(vec, hidden)) for vec in layers]
@@ -150,9 +160,13 @@ def train_ddp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: floa
 
 def train_fsdp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: float, steps: int,
                weights: Sequence[float], path: str = "host", micro_batches: int = 4,
-               on_step: Callable[[StepLog], None] | None = None, start_step: int = 0) -> TrainOutcome:
+               on_step: Callable[[StepLog], None] | None = None, start_step: int = 0,
+               initial: Any = None, checkpoint: CheckpointHook | None = None) -> TrainOutcome:
     """Parameters, gradients and optimizer state sharded by `weights`; layers gathered one at a time.
-    Collective: every rank calls it. `path` and `micro_batches` are ignored."""
+    Collective: every rank calls it. `path` and `micro_batches` are ignored. `initial` (an
+    hetbench.train.InitialState, e.g. a checkpoint of any layout) gives each rank its shard of the parameters and
+    optimizer state (re-sharding); after each step `checkpoint(steps_done, pieces)` is called if given (a rank's
+    pieces: its shard of every layer)."""
     comm, rank = world.comm, world.rank
     weights = check_weights(weights, world.size)
     batch_counts = shares(weights, model.batch)
@@ -160,8 +174,11 @@ def train_fsdp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: flo
     hidden, P, L = model.hidden, model.layer_size, model.layers
     param_counts = shares(weights, P)
     offset, mine = batch_slice(param_counts, rank)
-    shards = [flatten(W, b)[offset:offset + mine].copy() for W, b in init_params(model)]
     opts = [make_optimizer(optimizer, lr, mine) for _ in range(L)]
+    if initial is None:
+        shards = [flatten(W, b)[offset:offset + mine].copy() for W, b in init_params(model)]
+    else:
+        shards = [load_layer_state(initial, opts[layer], layer, offset, offset + mine) for layer in range(L)]
     gathered = np.empty(P, dtype=np.float32)  # the one full layer held at a time, reused for every gather
     teacher = teacher_params(model)
     clock = StepClock(ops, comm)
@@ -196,6 +213,9 @@ def train_fsdp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: flo
         logs.append(log)
         if on_step is not None:
             on_step(log)
+        if checkpoint is not None:
+            checkpoint(step + 1, lambda: [layer_piece(layer, offset, shards[layer], opts[layer])
+                                          for layer in range(L) if mine > 0])
     params = None
     for shard in shards:
         full = gatherv(comm, shard, param_counts, root=0)

@@ -19,6 +19,8 @@ ADAMW_WEIGHT_DECAY = 0.01
 class SGD:
     """p -= lr * (g + weight_decay * p). No state."""
 
+    state_names: tuple[str, ...] = ()
+
     def __init__(self, lr: float, size: int, weight_decay: float = 0.0) -> None:
         self.lr = np.float32(lr)
         self.size = int(size)
@@ -27,6 +29,12 @@ class SGD:
     @property
     def state_bytes(self) -> int:
         return 0
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {}
+
+    def load_state(self, state: dict[str, np.ndarray]) -> None:
+        _load(self, state)
 
     def step(self, param: np.ndarray, grad: np.ndarray, step: int) -> None:
         _check(param, grad, self.size)
@@ -42,6 +50,8 @@ class AdamW:
     p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps),  t = step + 1.
     State: m and v, float32, one each per element (8 bytes an element)."""
 
+    state_names: tuple[str, ...] = ("m", "v")
+
     def __init__(self, lr: float, size: int, weight_decay: float = ADAMW_WEIGHT_DECAY,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> None:
         self.lr = float(lr)
@@ -55,6 +65,14 @@ class AdamW:
     @property
     def state_bytes(self) -> int:
         return int(self.m.nbytes + self.v.nbytes)
+
+    def state(self) -> dict[str, np.ndarray]:
+        """The state vectors by name (the live arrays, not copies): what a checkpoint saves."""
+        return {"m": self.m, "v": self.v}
+
+    def load_state(self, state: dict[str, np.ndarray]) -> None:
+        """Take the state vectors (copied in), e.g. a checkpoint's slice for this shard."""
+        _load(self, state)
 
     def step(self, param: np.ndarray, grad: np.ndarray, step: int) -> None:
         _check(param, grad, self.size)
@@ -71,6 +89,16 @@ class AdamW:
         root_correction = np.float32(math.sqrt(1.0 - b2**t))
         denom = np.sqrt(self.v) / root_correction + self.eps
         param -= step_size * (self.m / denom)
+
+
+def _load(opt: SGD | AdamW, state: dict[str, np.ndarray]) -> None:
+    if set(state) != set(opt.state_names):
+        raise ValueError(f"optimizer state {sorted(state)} given where {sorted(opt.state_names)} is kept")
+    for name in opt.state_names:
+        value = np.asarray(state[name], dtype=np.float32)
+        if value.shape != (opt.size,):
+            raise ValueError(f"optimizer state {name!r} of shape {value.shape} for size {opt.size}")
+        getattr(opt, name)[...] = value
 
 
 def _check(param: np.ndarray, grad: np.ndarray, size: int) -> None:

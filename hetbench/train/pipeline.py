@@ -46,7 +46,7 @@ import numpy as np
 
 from hetbench.benchmarks.split_plan import shares
 from hetbench.comm.vcollectives import gatherv
-from hetbench.train import StepClock, StepLog, TrainOutcome
+from hetbench.train import CheckpointHook, StepClock, StepLog, TrainOutcome, layer_piece, load_layer_state
 from hetbench.train.model import (
     flatten,
     init_params,
@@ -107,6 +107,8 @@ def train_pipeline(
     micro_batches: int = 4,
     on_step: Callable[[StepLog], None] | None = None,
     start_step: int = 0,
+    initial: Any = None,
+    checkpoint: CheckpointHook | None = None,
 ) -> TrainOutcome:
     """Train `model` for `steps` steps with the layers split into pipeline stages by `weights` (one per rank).
     Collective: every rank calls it with the same arguments. See the module docstring for the schedule and the
@@ -116,6 +118,10 @@ def train_pipeline(
     Raises ValueError, on every rank alike and before any communication, for a weights list of the wrong length,
     a weight that is negative or not finite, weights summing to 0, fewer layers than ranks with a weight above 0,
     micro_batches outside 1..batch, or an optimizer or learning rate make_optimizer refuses.
+
+    `initial` (an hetbench.train.InitialState, e.g. a checkpoint of any layout) gives each stage its layers'
+    parameters and optimizer state instead of init_params and fresh state; after each step
+    `checkpoint(steps_done, pieces)` is called if given (a rank's pieces: its stage's layers, whole).
     """
     comm = world.comm
     rank, size = world.rank, world.size
@@ -133,10 +139,14 @@ def train_pipeline(
     # this stage's layers: one flat vector each (W row-major, then b), with (W, b) views of it, and its optimizer,
     # one per layer as the reference has (elementwise, so the same numbers as one over the stage)
     lo = sum(counts[:rank])
-    vecs = [flatten(W, b).copy() for W, b in init_params(model)[lo:lo + counts[rank]]]
+    layer_elems = hidden * hidden + hidden
+    opts = [make_optimizer(optimizer, lr, layer_elems) for _ in range(counts[rank])]
+    if initial is None:
+        vecs = [flatten(W, b).copy() for W, b in init_params(model)[lo:lo + counts[rank]]]
+    else:
+        vecs = [load_layer_state(initial, opt, lo + j, 0, layer_elems) for j, opt in enumerate(opts)]
     params = [unflatten(v, hidden) for v in vecs]
     grads = [np.zeros_like(v) for v in vecs]
-    opts = [make_optimizer(optimizer, lr, v.size) for v in vecs]
     teacher = teacher_params(model) if (first or last) else None
     param_bytes = sum(v.nbytes for v in vecs)
     grad_bytes = sum(g.nbytes for g in grads)
@@ -223,9 +233,11 @@ def train_pipeline(
         logs.append(log)
         if on_step is not None:
             on_step(log)
+        if checkpoint is not None:
+            checkpoint(step + 1, lambda: [layer_piece(lo + j, 0, vec, opt)
+                                          for j, (vec, opt) in enumerate(zip(vecs, opts))])
 
     # rank 0 gathers every stage's layers
-    layer_elems = hidden * hidden + hidden
     mine = np.concatenate(vecs) if vecs else np.zeros(0, np.float32)
     full = gatherv(comm, mine, [c * layer_elems for c in counts], root=0)
     final = None
