@@ -60,6 +60,21 @@ def shape_options(product: str, suffix: str = "") -> list[click.Parameter]:
     ]
 
 
+def shape_sources(params: dict[str, Any]) -> list[str]:
+    """The shape options given on the command line (--size, --m, --n, --k), after checking that --a and --b come
+    together and that no shape option is given beside them (the files' shapes rule). Raises click.UsageError."""
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context()
+    a_path, b_path = params["a_path"], params["b_path"]
+    if (a_path is None) != (b_path is None):
+        raise click.UsageError("--a and --b go together: give both .npy paths, or neither")
+    sized = [f"--{p}" for p in ("size", "m", "n", "k") if ctx.get_parameter_source(p) != ParameterSource.DEFAULT]
+    if a_path is not None and sized:
+        raise click.UsageError(f"{', '.join(sized)} cannot be combined with --a/--b: the shapes come from the files")
+    return sized
+
+
 class SizeList(click.ParamType):
     """A sweep of sizes: a comma-separated list (256,512,1024) or MIN:MAX[:FACTOR], every size from MIN multiplied
     by FACTOR (default 2) up to MAX, as nccl-tests' -b/-e/-f. Gives the sizes in increasing order."""

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import click
-from click.core import ParameterSource
 
 from hetbench.benchmarks.base import (
     MODELLED_WITH_DEVICE,
@@ -31,6 +30,7 @@ from hetbench.options import (
     int_range,
     parse_backends,
     shape_options,
+    shape_sources,
 )
 
 _M = MODELLED_WITH_DEVICE
@@ -107,12 +107,7 @@ class Matmul:
     def configure(self, params: dict[str, Any], world: Any, output: OutputConfig) -> MatmulConfig:
         ctx = click.get_current_context()
         a_path, b_path = params["a_path"], params["b_path"]
-        if (a_path is None) != (b_path is None):
-            raise click.UsageError("--a and --b go together: give both .npy paths, or neither")
-        sized = [f"--{p}" for p in ("size", "m", "n", "k") if ctx.get_parameter_source(p) != ParameterSource.DEFAULT]
-        if a_path is not None and sized:
-            raise click.UsageError(f"{', '.join(sized)} cannot be combined with --a/--b: the shapes come from the "
-                                   "files")
+        sized = shape_sources(params)
         sizes = params["sizes"] or ()
         if sizes:
             given = sized + (["--a/--b"] if a_path is not None else []) + \

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import click
-from click.core import ParameterSource
 
 from hetbench.benchmarks import split_plan as plan
 from hetbench.benchmarks.base import (
@@ -24,7 +23,15 @@ from hetbench.benchmarks.base import (
     register,
 )
 from hetbench.config import DTYPE_NAMES, SPLIT_STRATEGIES, OutputConfig, SplitConfig, parse_dtype
-from hetbench.options import MAX_REPEAT, MAX_SEED, MAX_WARMUP, int_range, parse_backends, shape_options
+from hetbench.options import (
+    MAX_REPEAT,
+    MAX_SEED,
+    MAX_WARMUP,
+    int_range,
+    parse_backends,
+    shape_options,
+    shape_sources,
+)
 
 MAX_REBALANCE = 100
 DEFAULT_LINK_GBIT = 100.0  # --plan's link: 100 Gb/s, as AWS EFA
@@ -119,12 +126,7 @@ class Split:
     def configure(self, params: dict[str, Any], world: Any, output: OutputConfig) -> SplitConfig:
         ctx = click.get_current_context()
         a_path, b_path = params["a_path"], params["b_path"]
-        if (a_path is None) != (b_path is None):
-            raise click.UsageError("--a and --b go together: give both .npy paths, or neither")
-        sized = [f"--{p}" for p in ("size", "m", "n", "k") if ctx.get_parameter_source(p) != ParameterSource.DEFAULT]
-        if a_path is not None and sized:
-            raise click.UsageError(f"{', '.join(sized)} cannot be combined with --a/--b: the shapes come from the "
-                                   "files")
+        sized = shape_sources(params)
         linked = [o for o, p in (("--link-gbps", "link_gbit_per_s"), ("--link-latency-us", "link_latency_us"))
                   if params[p] is not None]
         if linked and not params["plan"]:
