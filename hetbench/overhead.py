@@ -78,6 +78,7 @@ def bench_allreduce(sizes_mib: tuple[int, ...] = (1, 16, 64), warmup: int = 3, i
     from hetbench.config import CollectivesConfig
     from hetbench.dtypes import DTYPES
     from hetbench.harness import collectives as run
+    from hetbench.harness.devices import open_rank_device
 
     world = World()
     results = []
@@ -89,7 +90,9 @@ def bench_allreduce(sizes_mib: tuple[int, ...] = (1, 16, 64), warmup: int = 3, i
         cfg = CollectivesConfig(ops=("allreduce",), min_bytes=size, max_bytes=size, factor=2, dtype=DTYPES["fp32"],
                                 backends=(BackendSpec("host"),) * world.size, paths=("device", "host"),
                                 warmup=warmup, iters=iters)
-        prepared, errors = run.prepare(cfg, world)
+        opened, errors = open_rank_device(cfg.backends[world.rank], cfg.dtype, world)
+        assert opened is not None and not errors, errors
+        prepared, errors = run.prepare(cfg, world, opened)
         assert prepared is not None and not errors, errors
         send = np.ones(size // 4, dtype=np.float32)
         recv = np.empty_like(send)

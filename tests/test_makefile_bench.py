@@ -4,6 +4,7 @@ names exists, and every part it asks for is one the script accepts."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -52,3 +53,28 @@ def test_split_figures_are_the_runs_and_unmet_goals_fail(tmp_path):
     met = [s[k] is not None and s[k] >= goal for k, goal in (("efficiency_compute", 0.95), ("efficiency_end_to_end", 0.90),
                                         ("speedup_over_even", 3.0))]
     assert shown.stdout.count("NOT met") == met.count(False) and shown.returncode == (0 if all(met) else 1)
+
+
+def test_gemm_and_opencl_benches_run_small():
+    """Each part `make bench` runs, made small, runs through and gives positive figures and their ratio."""
+    from hetbench import overhead
+
+    (row,) = overhead.bench_gemm(sizes=(64,), repeat=2)
+    assert row["n"] == 64 and row["hetbench_gflops"] > 0 and row["numpy_gflops"] > 0
+    assert row["ratio"] == pytest.approx(row["hetbench_gflops"] / row["numpy_gflops"])
+    if HAVE_OPENCL:
+        r = overhead.bench_opencl(n=64, repeat=1)
+        assert r is not None and r["n"] == 64 and (r.get("hetbench_kernel_gflops") or 0) > 0
+
+
+@needs_mpi
+def test_allreduce_bench_runs_small(tmp_path):
+    from conftest import run_python
+
+    run = run_python(["-c", "from hetbench import overhead as o; import json; "
+                            "r = o.bench_allreduce(sizes_mib=(1,), warmup=1, iters=2); print(json.dumps(r)) if r else None"],
+                     nprocs=2, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    (row,) = json.loads(run.stdout)
+    assert row["size_mib"] == 1 and row["ratio"] == pytest.approx(row["hetbench_algbw_gbps"] / row["mpi4py_algbw_gbps"])
+    assert row["staged_ratio"] > 0
