@@ -64,6 +64,18 @@ class Column:
         return self.show == SHOW_ALWAYS or (wide and self.show == SHOW_WIDE)
 
 
+# The columns that say which rank computed a row, on which device, and whether its time was measured or modelled:
+# the same in every benchmark with one row per rank
+RANK_COLUMNS: tuple[Column, ...] = (
+    Column("rank", "Rank", text=True),
+    Column("host", "Host", text=True, show=SHOW_WIDE),
+    Column("backend", "Backend", text=True),
+    Column("vendor", "Vendor", text=True, show=SHOW_FILES),
+    Column("device", "Device", text=True),
+    Column("device_timing", "Timing", text=True, show=SHOW_WIDE),
+)
+
+
 @dataclass
 class RankResult:
     """What one rank's timed run hands to the driver: its part for the rows (gathered to rank 0), and the files

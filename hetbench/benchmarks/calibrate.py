@@ -20,6 +20,7 @@ from typing import Any, Sequence
 import click
 
 from hetbench.benchmarks.base import (
+    RANK_COLUMNS,
     MODELLED_WITH_DEVICE,
     SHOW_FILES,
     SHOW_WIDE,
@@ -42,12 +43,7 @@ ROOT = 0  # the links are measured to rank 0, split's root
 
 _M = MODELLED_WITH_DEVICE
 COLUMNS: tuple[Column, ...] = (
-    Column("rank", "Rank", text=True),
-    Column("host", "Host", text=True, show=SHOW_WIDE),
-    Column("backend", "Backend", text=True),
-    Column("vendor", "Vendor", text=True, show=SHOW_FILES),
-    Column("device", "Device", text=True),
-    Column("device_timing", "Timing", text=True, show=SHOW_WIDE),
+    *RANK_COLUMNS,
     Column("dtype", "Dtype", text=True),
     Column("strategy", "Strategy", text=True),
     Column("shape", "m x n x k", text=True, show=SHOW_WIDE, derived=True),

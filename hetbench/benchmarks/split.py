@@ -15,6 +15,7 @@ import click
 
 from hetbench.benchmarks import split_plan as plan
 from hetbench.benchmarks.base import (
+    RANK_COLUMNS,
     MODELLED_WITH_DEVICE,
     SHOW_FILES,
     SHOW_WIDE,
@@ -40,12 +41,7 @@ DEFAULT_LINK_LATENCY_US = 10.0
 _M = MODELLED_WITH_DEVICE
 COLUMNS: tuple[Column, ...] = (
     Column("split", "Split", text=True),
-    Column("rank", "Rank", text=True),
-    Column("host", "Host", text=True, show=SHOW_WIDE),
-    Column("backend", "Backend", text=True),
-    Column("vendor", "Vendor", text=True, show=SHOW_FILES),
-    Column("device", "Device", text=True),
-    Column("device_timing", "Timing", text=True, show=SHOW_WIDE),
+    *RANK_COLUMNS,
     Column("strategy", "Strategy", text=True, show=SHOW_WIDE),
     Column("dtype", "Dtype", text=True, show=SHOW_FILES),
     Column("m", "m", text=True, show=SHOW_FILES),
@@ -126,7 +122,7 @@ class Split:
     def configure(self, params: dict[str, Any], world: Any, output: OutputConfig) -> SplitConfig:
         ctx = click.get_current_context()
         a_path, b_path = params["a_path"], params["b_path"]
-        sized = shape_sources(params)
+        shape_sources(params)  # --a/--b together, and no shape option beside them
         linked = [o for o, p in (("--link-gbps", "link_gbit_per_s"), ("--link-latency-us", "link_latency_us"))
                   if params[p] is not None]
         if linked and not params["plan"]:
@@ -136,8 +132,6 @@ class Split:
         size = params["size"]
         ranks = plan_ranks(ctx.params["backend"], world.size) if params["plan"] else world.size
         weights = _parse_weights(params["weights"], ranks)
-        if params["rebalance"] and weights.kind not in ("even", "auto", "list", "profile"):
-            raise click.UsageError("--rebalance needs weights to start from")
         if params["plan"]:
             from hetbench.config import parse_backend_map
 

@@ -410,6 +410,11 @@ def predict(
     )
 
 
+def fastest(predictions: dict[str, Prediction]) -> str:
+    """The strategy whose prediction takes the fewest seconds; a tie goes to the earlier one in STRATEGIES."""
+    return min(predictions, key=lambda s: (predictions[s].seconds, STRATEGIES.index(s)))
+
+
 def choose_strategy(
     m: int,
     n: int,
@@ -436,8 +441,7 @@ def choose_strategy(
         predictions[strategy] = predict(strategy, m, n, k, itemsize, parts, rates, links, root=root)
     if not predictions:
         raise PlacementError("; ".join(failures))
-    best = min(predictions, key=lambda s: (predictions[s].seconds, STRATEGIES.index(s)))
-    return best, predictions
+    return fastest(predictions), predictions
 
 
 def best_root_share(strategy: str, m: int, n: int, k: int, itemsize: int, rates: Sequence[float],

@@ -15,7 +15,15 @@ from typing import Any, Sequence
 import click
 
 from hetbench.benchmarks import split_plan as plan
-from hetbench.benchmarks.base import MODELLED_WITH_DEVICE, SHOW_FILES, SHOW_WIDE, Column, RankResult, register
+from hetbench.benchmarks.base import (
+    MODELLED_WITH_DEVICE,
+    RANK_COLUMNS,
+    SHOW_FILES,
+    SHOW_WIDE,
+    Column,
+    RankResult,
+    register,
+)
 from hetbench.config import OutputConfig, TrainConfig, parse_dtype
 from hetbench.options import MAX_SEED, int_range, parse_backends
 
@@ -28,12 +36,7 @@ MAX_STEPS = 10_000_000
 
 _M = MODELLED_WITH_DEVICE
 COLUMNS: tuple[Column, ...] = (
-    Column("rank", "Rank", text=True),
-    Column("host", "Host", text=True, show=SHOW_WIDE),
-    Column("backend", "Backend", text=True),
-    Column("vendor", "Vendor", text=True, show=SHOW_FILES),
-    Column("device", "Device", text=True),
-    Column("device_timing", "Timing", text=True, show=SHOW_WIDE),
+    *RANK_COLUMNS,
     Column("strategy", "Strategy", text=True, show=SHOW_FILES),
     Column("weight_percent", "Share", "%", digits=3),
     Column("samples_per_step", "Samples", text=True, short_label="Samples\n/step"),

@@ -255,12 +255,16 @@ def run_sweep(cfg: MatmulConfig, world: World, sweep: Sweep,
     reduce). Collective. `on_step` hears of every GEMM and reduce of every size, counted across the sweep."""
     per_size = (cfg.warmup + cfg.repeat) * (2 if cfg.reduce == "sum" else 1)
     total = per_size * len(sweep.plans)
+
+    def size_step(offset: int, size: int) -> Callable[[int, int, str], None] | None:
+        """This size's steps, counted on from the sizes before it."""
+        if on_step is None:
+            return None
+        return lambda done, _total, label: on_step(offset + done, total, f"size {size}: {label}")
+
     outcomes = []
     for i, ((m, n, k), planned) in enumerate(sweep.plans):
-        step = None
-        if on_step is not None:
-            def step(done: int, _total: int, label: str, offset: int = i * per_size, size: str = f"{m}") -> None:
-                on_step(offset + done, total, f"size {size}: {label}")
+        step = size_step(i * per_size, m)
         reset_peak_rss()
         rss_at_start = rss_bytes()
         a, b = gemm.generate_inputs(cfg.seed, world.rank, m, n, k, cfg.dtype)

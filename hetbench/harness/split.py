@@ -196,9 +196,6 @@ class Splitter:
         return phases
 
 
-def gathered_phases(world: World, phases: list[Phases]) -> list[list[Phases]] | None:
-    """Every rank's phases of every iteration, at the root: [rank][iteration]."""
-    return world.gather(phases)
 
 
 @dataclass
@@ -253,12 +250,8 @@ def verify_at_root(state: SplitState, c: np.ndarray, dtype: DType, strategy: str
     return verify.check(c, x, terms, dtype, sum_dtype=sum_dtype, addends=addends)
 
 
-def phase_stats(values: list[float], prefix: str) -> dict[str, float]:
-    return summarize(values, prefix)
 
 
-def modelled(info: DeviceInfo, backend: Backend) -> bool:
-    return backend.timing == TIMING_MODELLED
 
 
 def flops_of(strategy: str, m: int, n: int, k: int, part: int) -> int:
@@ -337,7 +330,7 @@ def measure(cfg: Any, world: World, state: SplitState,
     for s in strategies:
         parts_s = plan.shares(weights_for(s), plan.dim_of(s, m, n, k), state.caps[s])
         predictions[s] = plan.predict(s, m, n, k, dtype.itemsize, parts_s, rates[s], links, ROOT)
-    strategy = min(strategies, key=lambda s: (predictions[s].seconds, strategies.index(s)))
+    strategy = plan.fastest(predictions)
     dim = plan.dim_of(strategy, m, n, k)
     parts = list(predictions[strategy].parts)
     caps = state.caps[strategy]
@@ -719,10 +712,10 @@ def plan_only(cfg: Any, world: World, state: SplitState) -> RankRun:
                                       links, ROOT)
         even[s] = plan.predict(s, m, n, k, itemsize, plan.shares([1.0] * ranks, dim, caps[s]), rates[s], links,
                                ROOT)
-    strategy = min(strategies, key=lambda s: (predictions[s].seconds, strategies.index(s)))
+    strategy = plan.fastest(predictions)
     chosen, even_chosen = predictions[strategy], even[strategy]
     best = {s: plan.best_root_share(s, m, n, k, itemsize, rates[s], links, caps[s], ROOT) for s in strategies}
-    best_strategy = min(strategies, key=lambda s: (best[s].seconds, strategies.index(s)))
+    best_strategy = plan.fastest(best)
     total = gemm.flops(m, n, k)
     dim = plan.dim_of(strategy, m, n, k)
     slowest = max(chosen.compute_seconds)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence

@@ -203,7 +203,7 @@ def train_fsdp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: flo
             caches[layer] = None
             full_grad = flatten(dW, db)
             del dW, db
-            grad_shard = clock.comm(lambda: reduce_scatterv(comm, full_grad, param_counts))
+            grad_shard = clock.comm(lambda v=full_grad: reduce_scatterv(comm, v, param_counts))
             grad_peak = max(grad_peak, full_grad.nbytes + grad_shard.nbytes)
             del full_grad
             opts[layer].step(shards[layer], grad_shard, step)
