@@ -28,7 +28,7 @@ VENV_OPENMPI ?= .venv-openmpi
 EXTRAS_OPENMPI ?= opencl,report,dev$(if $(HAVE_CLBLAST),$(comma)clblast)
 OPENMPI_MPIRUN ?= /usr/bin/mpirun
 
-.PHONY: demo test test-openmpi bench bench-split env env-openmpi clean
+.PHONY: demo test test-openmpi bench bench-split bench-train env env-openmpi clean
 
 env: $(VENV)/.installed
 
@@ -93,8 +93,8 @@ bench: env
 	$(PY) -m hetbench.overhead gemm
 	$(MPIEXEC) -n 2 $(PY) -m hetbench.overhead allreduce
 	$(PY) -m hetbench.overhead opencl
-	@if $(HAVE_OPENCL_DEVICE); then $(MAKE) --no-print-directory bench-split; else \
-		echo "split: no OpenCL device (apt-get install pocl-opencl-icd): nothing measured"; fi
+	@if $(HAVE_OPENCL_DEVICE); then $(MAKE) --no-print-directory bench-split bench-train; else \
+		echo "split, train: no OpenCL device (apt-get install pocl-opencl-icd): nothing measured"; fi
 
 # Issue 9's split bench: two ranks with a real speed gap, host BLAS on one thread beside PoCL on one thread, one
 # GEMM split by auto weights (and, measured in the same run, evenly); then rebalancing from even weights
@@ -110,6 +110,19 @@ bench-split: env
 		--out $(BENCH_SPLIT_DIR)/split-rebalance-4096.json >/dev/null
 	$(PY) -m hetbench.overhead split $(BENCH_SPLIT_DIR)/split-2048.json $(BENCH_SPLIT_DIR)/split-4096.json \
 		$(BENCH_SPLIT_DIR)/split-rebalance-4096.json
+
+# Issue 10's train bench: fsdp on the same pair; each rank alone (one process, the whole batch), then the two with
+# auto weights and with even weights, all in this run; the goal is auto >= 0.90 of the summed solo samples/s
+BENCH_TRAIN_DIR ?= results/bench-train-$(shell date -u +%Y%m%dT%H%M%SZ)
+BENCH_TRAIN_ARGS ?= --strategy fsdp --layers 4 --hidden 512 --batch 1024 --steps 12
+bench-train: env
+	@mkdir -p $(BENCH_TRAIN_DIR)
+	for b in host opencl; do $(BENCH_SPLIT_ENV) $(MPIEXEC) -n 1 $(HETBENCH) train $(BENCH_TRAIN_ARGS) --backend $$b \
+		--out $(BENCH_TRAIN_DIR)/solo-$$b.json >/dev/null || exit 1; done
+	for w in auto even; do $(BENCH_SPLIT_ENV) $(MPIEXEC) -n 2 $(HETBENCH) train $(BENCH_TRAIN_ARGS) \
+		--backend 0=host,1=opencl --weights $$w --out $(BENCH_TRAIN_DIR)/pair-$$w.json >/dev/null || exit 1; done
+	$(PY) -m hetbench.overhead train $(BENCH_TRAIN_DIR)/solo-host.json $(BENCH_TRAIN_DIR)/solo-opencl.json \
+		$(BENCH_TRAIN_DIR)/pair-auto.json $(BENCH_TRAIN_DIR)/pair-even.json
 
 clean:
 	rm -rf $(VENV) $(VENV_OPENMPI) build dist *.egg-info

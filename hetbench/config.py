@@ -275,6 +275,7 @@ class TrainConfig:
     backends: tuple[BackendSpec, ...]
     micro_batches: int = 4
     path: str = "host"
+    prefetch: bool = True  # fsdp: start the next layer's gather while this one computes
     check: bool = True
     log: Path | None = None
     checkpoint: Path | None = None  # save the state here (at the end, and every checkpoint_every steps if > 0)

@@ -232,7 +232,9 @@ def main(argv: list[str]) -> int:
         return 0
     if what == "split":
         return split_figures(argv[1:])
-    print(f"unknown benchmark {what!r}; accepted: gemm, allreduce, opencl, split", file=sys.stderr)
+    if what == "train":
+        return train_figures(argv[1:])
+    print(f"unknown benchmark {what!r}; accepted: gemm, allreduce, opencl, split, train", file=sys.stderr)
     return 2
 
 
@@ -278,6 +280,45 @@ def split_figures(paths: list[str]) -> int:
                 shown = "-" if value is None else f"{value:.3f}"
                 print(f"  goal {key} >= {goal}: {shown} {'met' if ok else 'NOT met'}")
     return 0 if not failed else 1
+
+
+TRAIN_GOAL = 0.90  # auto weights' samples/s over the sum of the ranks' solo samples/s
+
+
+def train_figures(paths: list[str]) -> int:
+    """The train bench's figures from `hetbench train` runs made by `make bench-train`, every one measured in that
+    run: the solo runs (one rank each, the whole batch; any number), then a run with auto weights and one with even
+    weights of the same model on all of those devices. Prints each run's samples/s (the global batch over the
+    median step), auto's over the summed solo samples/s (goal >= 0.90) and over even's, and the share of fsdp's
+    gathers the prefetch hid. Exits 1 where the goal is missed or a run's check failed."""
+    from hetbench.results import load_results
+
+    *solo_paths, auto_path, even_path = paths
+    if not solo_paths:
+        print("train: give the solo runs' files, then the auto and the even run's", file=sys.stderr)
+        return 2
+    solos, auto, even = [load_results(p) for p in solo_paths], load_results(auto_path), load_results(even_path)
+    c = auto["config"]
+    print(f"train {auto['summary']['strategy']}, {c['layers']} layers x {c['hidden']}, batch {c['batch']}, "
+          f"{c['steps']} steps, {c['dtype']}: samples/s = batch / median step (wall time), every run in this bench")
+    failed = False
+    for d in [*solos, auto, even]:
+        s = d["summary"]
+        devices = " + ".join(f"{r['backend']}" for r in d["rows"])
+        verified = {True: "verified", False: "CHECK FAILED", None: "not checked"}[s.get("verified")]
+        failed |= s.get("verified") is False
+        shares = f", shares {s['shares']}" if len(d["rows"]) > 1 else ""
+        hidden = s.get("comm_hidden_percent")
+        hidden_text = "" if hidden is None else f", prefetch hid {hidden:.1f} % of the gathers' time"
+        print(f"  {devices:<16} weights {s['weights_kind']:<5}{shares}: {s['samples_per_second']:.0f} samples/s, "
+              f"step {1e3 * s['step_seconds_median']:.1f} ms{hidden_text}; loss curve {verified}")
+    solo_sum = sum(d["summary"]["samples_per_second"] for d in solos)
+    ratio = auto["summary"]["samples_per_second"] / solo_sum
+    over_even = auto["summary"]["samples_per_second"] / even["summary"]["samples_per_second"]
+    print(f"  sum of solo samples/s: {solo_sum:.0f}; auto / sum: {ratio:.3f}; auto / even: {over_even:.2f}x")
+    ok = ratio >= TRAIN_GOAL
+    print(f"  goal auto / sum of solo >= {TRAIN_GOAL}: {ratio:.3f} {'met' if ok else 'NOT met'}")
+    return 0 if ok and not failed else 1
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ and rank 0's final parameters, for tests/test_train_parallel.py to check against
     python -m mpi4py tests/mpi_train.py LAYERS HIDDEN BATCH STEPS BACKENDS CASE...
 
 BACKENDS: one per rank, comma separated: host or sim:MODEL (e.g. host,sim:mi300x). CASE: STRATEGY:OPTIMIZER:LR:WEIGHTS
-with WEIGHTS "even" or w0/w1/... (e.g. fsdp:adamw:0.01:0.5/0.3/0.2); STRATEGY ddp@BYTES sets ddp's bucket size. `python -m mpi4py` aborts every rank when one
+with WEIGHTS "even" or w0/w1/... (e.g. fsdp:adamw:0.01:0.5/0.3/0.2); STRATEGY ddp@BYTES sets ddp's bucket size;
+STRATEGY!noprefetch turns fsdp's prefetch off, STRATEGY!rebalance=N measures the batch shares again N times. `python -m mpi4py` aborts every rank when one
 raises, so a failure ends the job instead of leaving the other ranks waiting.
 """
 
@@ -48,12 +49,21 @@ def main(argv: list[str]) -> None:
     default_bucket = data_parallel.BUCKET_BYTES
     for case in argv[5:]:
         strategy, optimizer, lr, weights = case.split(":")
+        strategy, *flags = strategy.split("!")
+        extra = {}
+        for flag in flags:
+            if flag == "noprefetch":
+                extra["prefetch"] = False
+            elif flag.startswith("rebalance="):
+                extra["rebalance_steps"] = int(flag.split("=")[1])
+            else:
+                raise SystemExit(f"unknown flag {flag}")
         strategy, _, bucket = strategy.partition("@")  # ddp@BYTES: ddp with buckets of BYTES
         data_parallel.BUCKET_BYTES = int(bucket) if bucket else default_bucket
         w = [1.0] * world.size if weights == "even" else [float(v) for v in weights.split("/")]
         seen = []
         outcome = STRATEGIES[strategy](world, ops, model, optimizer, float(lr), steps, w,
-                                       on_step=seen.append)
+                                       on_step=seen.append, **extra)
         assert seen == outcome.logs
         logs = world.gather([log.to_dict() for log in outcome.logs])
         if world.rank == 0:

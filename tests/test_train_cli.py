@@ -7,8 +7,9 @@ import importlib.util
 import json
 
 import pytest
-
 from conftest import HAVE_OPENCL, assert_usage_error, needs_mpi, run_cli
+
+from hetbench.benchmarks.split_plan import shares
 
 SECOND = "opencl" if HAVE_OPENCL else "sim:h100"
 SMALL = ["--layers", "4", "--hidden", "16", "--batch", "24", "--steps", "40"]
@@ -57,7 +58,9 @@ def test_three_mixed_ranks_with_uneven_weights(tmp_path, strategy):
     elif strategy == "pipeline":
         assert params == [n * layer for n in doc["summary"]["shares"]]  # its stage's layers
     else:
-        assert all(p < 4 * layer for p in params)  # shards, and one layer gathered at a time
+        # shards, and two layers gathered at a time (the one computing and, prefetched, the next)
+        counts = shares([0.5, 0.3, 0.2], layer // 4)
+        assert params == [4 * (4 * c) + 2 * layer for c in counts]
 
 
 def test_the_default_task_learns(tmp_path):

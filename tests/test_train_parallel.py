@@ -28,11 +28,14 @@ needs_mpi = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec")
 LAUNCHES = {
     "1-host": (None, "host", ["ddp:adamw:0.01:even", "fsdp:adamw:0.01:even"]),
     "2-host": (2, "host,host", ["ddp:adamw:0.01:even", "fsdp:adamw:0.01:even", "ddp:adamw:0.01:3/1",
-                                "fsdp:adamw:0.01:3/1", "fsdp:sgd:0.01:3/1"]),
+                                "fsdp:adamw:0.01:3/1", "fsdp:sgd:0.01:3/1", "fsdp!noprefetch:adamw:0.01:3/1"]),
     "3-host": (3, "host,host,host", ["ddp:adamw:0.01:even", "fsdp:adamw:0.01:even", "ddp:adamw:0.01:0.5/0.3/0.2",
                                      "fsdp:adamw:0.01:0.5/0.3/0.2", "ddp:adamw:0.01:1/0/1",
                                      "fsdp:adamw:0.01:1/0/1", "ddp@1000:adamw:0.01:0.5/0.3/0.2"]),
     "3-sim": (3, "host,host,sim:mi300x", ["ddp:adamw:0.01:0.5/0.3/0.2", "fsdp:adamw:0.01:0.5/0.3/0.2"]),
+    # auto weights' rebalancing from even shares: the simulated rank's modelled speed moves its share
+    "3-sim-rebalance": (3, "host,host,sim:mi300x", ["ddp!rebalance=3:adamw:0.01:1/1/1",
+                                                    "fsdp!rebalance=3:adamw:0.01:1/1/1"]),
     "3-opencl-sim": (3, "host,opencl,sim:mi300x", ["ddp:adamw:0.01:0.5/0.3/0.2", "fsdp:adamw:0.01:0.5/0.3/0.2"]),
 }
 
@@ -76,6 +79,9 @@ def test_strategy_matches_the_reference_and_the_formulas(name, index):
     size, backends = out["size"], out["backends"]
     result = out["results"][index]
     strategy, optimizer, lr, wtext = result["case"].split(":")
+    strategy, *flags = strategy.split("!")
+    prefetch = strategy == "fsdp" and "noprefetch" not in flags and size > 1
+    rebalance = next((int(f.split("=")[1]) for f in flags if f.startswith("rebalance=")), 0)
     strategy, _, bucket = strategy.partition("@")
     if strategy == "ddp":  # the whole gradient, in buckets of at most that many bytes
         bucket_bytes = int(bucket) if bucket else BUCKET_BYTES
@@ -85,18 +91,29 @@ def test_strategy_matches_the_reference_and_the_formulas(name, index):
     ref_losses, ref_params = expected(optimizer, float(lr))
     batch_counts = shares(weights, BATCH)
     param_counts = shares(weights, P)
-    assert result["details"]["batch_counts"] == batch_counts
+    # the shares of each step: the weights', then (rebalancing) each measured anew after one of the first steps
+    history = result["details"]["batch_counts_rebalanced"]
+    assert len(history) <= rebalance and (rebalance == 0 or size == 1 or history), history
+    per_step = [batch_counts] + history + [history[-1] if history else batch_counts] * (STEPS - 1 - len(history))
+    assert result["details"]["batch_counts_first"] == batch_counts
+    assert result["details"]["batch_counts"] == per_step[-1]
+    assert all(sum(counts) == BATCH for counts in per_step)
+    assert result["details"].get("prefetch", False) == prefetch
     assert len(result["logs"]) == size
 
     for rank, logs in enumerate(result["logs"]):
         assert [log["step"] for log in logs] == list(range(STEPS))
         # the global loss, on every rank, is the single process's
         np.testing.assert_allclose([log["loss"] for log in logs], ref_losses, rtol=1e-4, err_msg=f"rank {rank}")
+        assert [log["samples"] for log in logs] == [counts[rank] for counts in per_step]
         for log in logs:
-            assert log["samples"] == batch_counts[rank]
             if strategy == "fsdp":
-                # its shard of every layer + one gathered layer; one layer's full gradient + its reduced shard
-                assert log["param_bytes"] == 4 * (LAYERS * param_counts[rank] + P)
+                # its shard of every layer + the gathered layer (and the next one, arriving, with prefetch); one
+                # layer's full gradient + its reduced shard
+                assert log["param_bytes"] == 4 * (LAYERS * param_counts[rank] + (2 if prefetch else 1) * P)
+                # with prefetch, what each of a step's 2 * LAYERS - 2 prefetched gathers cost this rank
+                exposed = log["gather_exposed_seconds"]
+                assert (exposed is None) if not prefetch else (len(exposed) == 2 * LAYERS - 2 and min(exposed) >= 0)
                 assert log["grad_bytes"] == 4 * (P + param_counts[rank])
                 per_element = 8 if optimizer == "adamw" else 0
                 assert log["optimizer_bytes"] == per_element * LAYERS * param_counts[rank]
@@ -126,12 +143,12 @@ def test_fsdp_shards_follow_the_weights():
     assert result["details"]["batch_counts"] == [10, 6, 4]
     held = [logs[0]["param_bytes"] for logs in result["logs"]]
     opt = [logs[0]["optimizer_bytes"] for logs in result["logs"]]
-    assert held == [4 * (4 * 136 + 272), 4 * (4 * 82 + 272), 4 * (4 * 54 + 272)]
+    assert held == [4 * (4 * 136 + 2 * 272), 4 * (4 * 82 + 2 * 272), 4 * (4 * 54 + 2 * 272)]  # prefetch: 2 layers
     assert opt == [8 * 4 * 136, 8 * 4 * 82, 8 * 4 * 54]
-    # a zero weight: no rows, no shard, only the gathered layer; it still took part in every collective
+    # a zero weight: no rows, no shard, only the gathered layers; it still took part in every collective
     zero = launch("3-host")["results"][5]["logs"][1]
     assert {log["samples"] for log in zero} == {0}
-    assert {log["param_bytes"] for log in zero} == {4 * 272}
+    assert {log["param_bytes"] for log in zero} == {2 * 4 * 272}
     assert {log["optimizer_bytes"] for log in zero} == {0}
 
 

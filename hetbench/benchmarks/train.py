@@ -86,6 +86,10 @@ class Train:
                          help="pipeline: micro-batches per step."),
             click.Option(["--path"], type=click.Choice(["host"]), default="host", show_default=True,
                          help="How gradients and parameters move: host-staged (device-direct is not built yet)."),
+            click.Option(["--prefetch/--no-prefetch"], default=True, show_default=True,
+                         help="fsdp: start gathering the next layer's parameters while this layer computes "
+                              "(nonblocking MPI, tested after every GEMM); the summary says how much of the "
+                              "gathers' time that hid."),
             click.Option(["--check/--no-check"], default=True, show_default=True,
                          help="Train the same run in one process at rank 0 afterwards and check the loss curve "
                               "against it (fp32 tolerance)."),
@@ -131,7 +135,7 @@ class Train:
             strategy=params["strategy"], layers=params["layers"], hidden=params["hidden"], batch=params["batch"],
             steps=params["steps"], lr=params["lr"], optimizer=params["optimizer"], seed=params["seed"],
             dtype=parse_dtype(params["dtype"]), weights=weights, micro_batches=params["micro_batches"],
-            path=params["path"], check=params["check"], log=params["log_path"],
+            path=params["path"], prefetch=params["prefetch"], check=params["check"], log=params["log_path"],
             checkpoint=params["checkpoint"], checkpoint_every=params["checkpoint_every"], resume=params["resume"],
             backends=parse_backends(world, ctx.params["backend"]), output=output,
         )

@@ -1,7 +1,7 @@
 """Uneven ("v") collectives: gather, allgather and reduce_scatter where each rank has its own count.
 
-They are for splitting one computation unequally between ranks, in proportion to each device's speed (a planned
-split GEMM); no command calls them yet, only the tests do. Buffers are 1-D and contiguous: NumPy arrays, or device
+They split one computation unequally between ranks, in proportion to each device's speed: `hetbench split`'s
+parts and `hetbench train`'s fsdp shards (which start the next layer's allgatherv early with iallgatherv). Buffers are 1-D and contiguous: NumPy arrays, or device
 arrays for a GPU-aware MPI.
 Every rank passes the same `counts` (elements per rank).
 """
@@ -52,6 +52,13 @@ def allgatherv(comm: Any, send: np.ndarray, counts: Sequence[int], recv: Any = N
         recv = np.empty(sum(counts), dtype=send.dtype)
     comm.Allgatherv(send, [recv, (counts, displacements(counts))])
     return recv
+
+
+def iallgatherv(comm: Any, send: np.ndarray, counts: Sequence[int], recv: np.ndarray) -> Any:
+    """allgatherv started (MPI Iallgatherv, MPI-3): returns the request; `recv` is filled once it completes
+    (request.Wait()). `send` and `recv` must not be touched until then."""
+    counts = _check_counts(comm, counts, len(send), "iallgatherv")
+    return comm.Iallgatherv(send, [recv, (counts, displacements(counts))])
 
 
 def reduce_scatterv(comm: Any, send: np.ndarray, counts: Sequence[int], recv: Any = None, op: Any = None) -> Any:

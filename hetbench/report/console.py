@@ -441,13 +441,22 @@ def train_report(rows: list[dict[str, Any]], summary: dict[str, Any], config: di
     step_ms = fmt(summary["step_seconds_median"], scale=1e3)
     out.print(f"throughput: {fmt(summary['samples_per_second'])} samples/s, step {step_ms} ms median "
               f"({summary['step_timing']})", markup=False)
+    if summary.get("comm_hidden_percent") is not None:
+        out.print(f"prefetch: {fmt(summary['comm_hidden_percent'])} % of the layer gathers' time hidden behind "
+                  f"compute (a gather alone takes {fmt(summary['gather_seconds_blocking'], scale=1e3)} ms)",
+                  markup=False)
     check = summary.get("check")
     if check is None:
         out.print("loss curve not checked (--no-check)")
     else:
         state = "[green]matches[/]" if check["ok"] else "[bold red]DIFFERS from[/]"
-        out.print(f"loss curve and final parameters: {state} one process's (largest relative difference "
-                  f"{fmt(max(check['max_loss_relative_difference'], check['max_param_relative_difference']))}, "
-                  f"tolerance {check['rtol']:g})")
+        params = ""
+        if "max_param_norm_relative_difference" in check:
+            params = (f"; final parameters' norms within {fmt(check['max_param_norm_relative_difference'])} "
+                      f"(tolerance {check['param_rtol']:g})")
+        else:  # results written before the parameters were checked by norm
+            params = f"; final parameters within {fmt(check['max_param_relative_difference'])}"
+        out.print(f"loss curve and final parameters: {state} one process's (losses within "
+                  f"{fmt(check['max_loss_relative_difference'])}, tolerance {check['rtol']:g}{params})")
     if summary.get("verified") is not None:
         out.print("result: " + ("[green]all checks passed[/]" if summary["verified"] else "[bold red]a check FAILED[/]"))

@@ -32,6 +32,8 @@ class StepLog:
     grad_bytes: int  # gradients held at the peak
     optimizer_bytes: int  # optimizer state held
     modelled: bool = False  # True where compute (and so step) seconds come from a simulated device's model
+    gather_exposed_seconds: list[float] | None = None  # fsdp with prefetch: per prefetched gather, in the order
+    #                         started, the time this rank spent starting, testing and waiting for it
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -109,13 +111,21 @@ class StepClock:
         self.start()
 
     def start(self) -> None:
+        """Start a step's clock. Where the ranks wait for each other (wait_first), they first meet at a barrier, so
+        that what a rank did before the step (making its part of the batch, which takes longer for more rows) is
+        not counted as another rank's idle time in the step."""
+        if self.wait_first:
+            self.mpi.Barrier()
         self.ops.reset()
         self.wait_seconds = 0.0
         self.mpi_seconds = 0.0
         self._t0 = time.perf_counter()
 
-    def comm(self, fn: Callable[[], Any]) -> Any:
-        if self.wait_first:
+    def comm(self, fn: Callable[[], Any], wait_first: bool = True) -> Any:
+        """Run the MPI call `fn`, its time counted as communication; first wait for the others at a barrier
+        (idle) unless `wait_first` is False (a nonblocking call's start, test or wait: waiting for a slower rank
+        then shows up inside the call, as communication)."""
+        if self.wait_first and wait_first:
             t0 = time.perf_counter()
             self.mpi.Barrier()
             self.wait_seconds += time.perf_counter() - t0
@@ -137,4 +147,50 @@ class StepClock:
             # everything but waiting, MPI and copies: the device's GEMMs and the host's own work around them
             compute = max(0.0, wall - self.wait_seconds - self.mpi_seconds - ops.copy_seconds)
         step = compute + comm + idle
+        # the work that grows with the rank's samples: its compute and its host<->device copies
+        self.busy_seconds = compute + ops.copy_seconds
         return step, compute, comm, idle
+
+
+class BatchShares:
+    """The rows of the global batch each rank takes, from weights; with `rebalance_steps` > 0 (auto weights) the
+    shares are measured again after each of the run's first rebalance_steps steps: every rank's rate is its
+    samples over its busy seconds (compute and host<->device copies, StepClock.busy_seconds) in that step, and the
+    next step's shares follow those rates. The first guess (a GEMM probe) can be far off: a device's speed at one
+    GEMM shape says little about a whole layer's forward and backward at another. Any shares give the same training
+    run (gradients are scaled by the global batch), so the shares may change between steps; the parameter shards
+    of fsdp stay as first set. Collective: after_step is called by every rank after every step."""
+
+    def __init__(self, comm: Any, weights: list[float], batch: int, rebalance_steps: int = 0) -> None:
+        from hetbench.benchmarks.split_plan import shares
+
+        self.comm, self.batch = comm, batch
+        self.weights = list(weights)
+        self.counts = shares(self.weights, batch)
+        self.first_counts = list(self.counts)
+        self.remaining = int(rebalance_steps) if comm is not None and comm.Get_size() > 1 else 0
+        self.history: list[list[int]] = []
+
+    def after_step(self, samples: int, busy_seconds: float) -> None:
+        if self.remaining <= 0:
+            return
+        from hetbench.benchmarks.split_plan import shares
+
+        self.remaining -= 1
+        rates = self.comm.allgather(samples / busy_seconds if samples > 0 and busy_seconds > 0 else None)
+        # a rank without samples (or without a measurable time) keeps its weight, scaled as the others' moved
+        known = [(w, r) for w, r in zip(self.weights, rates) if r is not None and w > 0]
+        if not known:
+            return
+        scale = sum(r for _, r in known) / sum(w for w, _ in known)
+        weights = [r if r is not None else w * scale for w, r in zip(self.weights, rates)]
+        counts = shares(weights, self.batch)
+        if min(c for c, w in zip(counts, self.weights) if w > 0) < 1:
+            return  # a working rank would be left without a sample: keep the shares
+        self.weights, self.counts = weights, counts
+        self.history.append(list(counts))
+
+    def details(self) -> dict[str, Any]:
+        """The shares for TrainOutcome.details: the last (batch_counts), the first, and each rebalancing's."""
+        return {"batch_counts": list(self.counts), "batch_counts_first": self.first_counts,
+                "batch_counts_rebalanced": self.history}

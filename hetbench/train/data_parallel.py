@@ -32,13 +32,15 @@ batch is generated before a step's clock starts: data generation is not part of 
 from __future__ import annotations
 
 import math
+import statistics
+import time
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from hetbench.benchmarks.split_plan import shares
-from hetbench.comm.vcollectives import allgatherv, gatherv, reduce_scatterv
-from hetbench.train import CheckpointHook, StepClock, StepLog, TrainOutcome, layer_piece, load_layer_state
+from hetbench.comm.vcollectives import allgatherv, gatherv, iallgatherv, reduce_scatterv
+from hetbench.train import BatchShares, CheckpointHook, StepClock, StepLog, TrainOutcome, layer_piece, load_layer_state
 from hetbench.train.model import (
     ModelConfig,
     batch_slice,
@@ -97,9 +99,11 @@ def _log(clock: StepClock, ops: Any, step: int, loss: float, samples: int, param
 def train_ddp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: float, steps: int,
               weights: Sequence[float], path: str = "host", micro_batches: int = 4,
               on_step: Callable[[StepLog], None] | None = None, start_step: int = 0,
-              initial: Any = None, checkpoint: CheckpointHook | None = None) -> TrainOutcome:
+              initial: Any = None, checkpoint: CheckpointHook | None = None, rebalance_steps: int = 0
+              ) -> TrainOutcome:
     """Full replicas; gradients summed by bucketed Allreduce. Collective: every rank calls it. `path` and
-    `micro_batches` are ignored (host path only; no micro-batches in data parallelism). `initial` (an
+    `micro_batches` are ignored (host path only; no micro-batches in data parallelism). With `rebalance_steps` the
+    batch shares are measured again after each of the first steps (BatchShares). `initial` (an
     hetbench.train.InitialState, e.g. a checkpoint) replaces the initial parameters and optimizer state; after each
     step `checkpoint(steps_done, pieces)` is called if given (rank 0's pieces are the full replicas; the others
     hand none, their replicas being the same)."""
@@ -107,8 +111,7 @@ def train_ddp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: floa
 
     comm, rank = world.comm, world.rank
     weights = check_weights(weights, world.size)
-    batch_counts = shares(weights, model.batch)
-    first, count = batch_slice(batch_counts, rank)
+    balance = BatchShares(comm, weights, model.batch, rebalance_steps)
     hidden, P, L = model.hidden, model.layer_size, model.layers
     opts = [make_optimizer(optimizer, lr, P) for _ in range(L)]
     if initial is None:
@@ -123,6 +126,7 @@ def train_ddp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: floa
     clock = StepClock(ops, comm)
     logs: list[StepLog] = []
     for step in range(start_step, start_step + steps):
+        first, count = batch_slice(balance.counts, rank)
         x, y = make_batch(model, step, first, count, teacher)
         clock.start()
         h, caches = x, []
@@ -145,6 +149,7 @@ def train_ddp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: floa
             opts[layer].step(layers[layer], grads[layer * P:(layer + 1) * P], step)
         log = _log(clock, ops, step, loss, count, flat.nbytes, grads.nbytes, sum(o.state_bytes for o in opts))
         logs.append(log)
+        balance.after_step(count, clock.busy_seconds)
         if on_step is not None:
             on_step(log)
         if checkpoint is not None:
@@ -153,7 +158,7 @@ def train_ddp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: floa
     params = None
     if rank == 0:
         params = [tuple(a.copy() for a in unflatten(vec, hidden)) for vec in layers]
-    details = {"strategy": "ddp", "batch_counts": batch_counts, "bucket_bytes": BUCKET_BYTES,
+    details = {"strategy": "ddp", **balance.details(), "bucket_bytes": BUCKET_BYTES,
                "buckets": len(buckets)}
     return TrainOutcome(logs=logs, params=params, details=details)  # type: ignore[arg-type]
 
@@ -161,16 +166,16 @@ def train_ddp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: floa
 def train_fsdp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: float, steps: int,
                weights: Sequence[float], path: str = "host", micro_batches: int = 4,
                on_step: Callable[[StepLog], None] | None = None, start_step: int = 0,
-               initial: Any = None, checkpoint: CheckpointHook | None = None) -> TrainOutcome:
-    """Parameters, gradients and optimizer state sharded by `weights`; layers gathered one at a time.
-    Collective: every rank calls it. `path` and `micro_batches` are ignored. `initial` (an
-    hetbench.train.InitialState, e.g. a checkpoint of any layout) gives each rank its shard of the parameters and
-    optimizer state (re-sharding); after each step `checkpoint(steps_done, pieces)` is called if given (a rank's
-    pieces: its shard of every layer)."""
+               initial: Any = None, checkpoint: CheckpointHook | None = None, prefetch: bool = True,
+               rebalance_steps: int = 0) -> TrainOutcome:
+    """Parameters, gradients and optimizer state sharded by `weights`; layers gathered one at a time (with
+    `prefetch`, the next layer's gather runs while this one computes). Collective: every rank calls it. `path` and
+    `micro_batches` are ignored. `initial` (an hetbench.train.InitialState, e.g. a checkpoint of any layout) gives
+    each rank its shard of the parameters and optimizer state (re-sharding); after each step
+    `checkpoint(steps_done, pieces)` is called if given (a rank's pieces: its shard of every layer)."""
     comm, rank = world.comm, world.rank
     weights = check_weights(weights, world.size)
-    batch_counts = shares(weights, model.batch)
-    first, count = batch_slice(batch_counts, rank)
+    balance = BatchShares(comm, weights, model.batch, rebalance_steps)
     hidden, P, L = model.hidden, model.layer_size, model.layers
     param_counts = shares(weights, P)
     offset, mine = batch_slice(param_counts, rank)
@@ -179,26 +184,43 @@ def train_fsdp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: flo
         shards = [flatten(W, b)[offset:offset + mine].copy() for W, b in init_params(model)]
     else:
         shards = [load_layer_state(initial, opts[layer], layer, offset, offset + mine) for layer in range(L)]
-    gathered = np.empty(P, dtype=np.float32)  # the one full layer held at a time, reused for every gather
+    prefetch = bool(prefetch) and world.size > 1 and L > 1
+    # the full layers held at a time, reused for every gather: one, or two with prefetch (the layer computing and
+    # the next one arriving); layer l always lands in buffers[l % len(buffers)]
+    buffers = [np.empty(P, dtype=np.float32) for _ in range(2 if prefetch else 1)]
+    gather_blocking = _blocking_gather_seconds(comm, shards[0], param_counts, buffers[0]) if prefetch else None
     teacher = teacher_params(model)
     clock = StepClock(ops, comm)
     logs: list[StepLog] = []
     shard_bytes = sum(s.nbytes for s in shards)
+    held_bytes = shard_bytes + sum(b.nbytes for b in buffers)
+    fetch = _Prefetcher(clock, ops, comm, shards, param_counts, buffers)
     for step in range(start_step, start_step + steps):
+        first, count = batch_slice(balance.counts, rank)
         x, y = make_batch(model, step, first, count, teacher)
         clock.start()
+        fetch.reset()
         h, caches = x, []
         for layer in range(L):
-            clock.comm(lambda: allgatherv(comm, shards[layer], param_counts, recv=gathered))
-            W, b = unflatten(gathered, hidden)
+            if layer == 0 or not prefetch:
+                fetch.gather(layer)
+            params = fetch.wait(layer)
+            if prefetch and layer + 1 < L:
+                fetch.start(layer + 1)
+            W, b = unflatten(params, hidden)
             h, cache = layer_forward(ops, W, b, h)
             caches.append(cache)
         loss_part, g = loss_and_grad(h, y, model.batch)
         grad_peak = 0
         for layer in reversed(range(L)):
-            if layer != L - 1:  # the last layer is still gathered from the forward
-                clock.comm(lambda: allgatherv(comm, shards[layer], param_counts, recv=gathered))
-            W, _ = unflatten(gathered, hidden)
+            # the last layer is still gathered from the forward; with prefetch every other one was started
+            # while the layer after it computed its backward
+            if layer != L - 1 and not prefetch:
+                fetch.gather(layer)
+            params = fetch.wait(layer) if layer != L - 1 else buffers[layer % len(buffers)]
+            if prefetch and layer > 0:
+                fetch.start(layer - 1)
+            W, _ = unflatten(params, hidden)
             g, dW, db = layer_backward(ops, W, caches[layer], g)
             caches[layer] = None
             full_grad = flatten(dW, db)
@@ -208,14 +230,16 @@ def train_fsdp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: flo
             del full_grad
             opts[layer].step(shards[layer], grad_shard, step)
         loss = _loss_sum(clock, comm, loss_part)
-        log = _log(clock, ops, step, loss, count, shard_bytes + gathered.nbytes, grad_peak,
-                   sum(o.state_bytes for o in opts))
+        log = _log(clock, ops, step, loss, count, held_bytes, grad_peak, sum(o.state_bytes for o in opts))
+        log.gather_exposed_seconds = list(fetch.exposed_seconds) if prefetch else None
         logs.append(log)
+        balance.after_step(count, clock.busy_seconds)
         if on_step is not None:
             on_step(log)
         if checkpoint is not None:
             checkpoint(step + 1, lambda: [layer_piece(layer, offset, shards[layer], opts[layer])
                                           for layer in range(L) if mine > 0])
+    ops.poll = None
     params = None
     for shard in shards:
         full = gatherv(comm, shard, param_counts, root=0)
@@ -223,5 +247,75 @@ def train_fsdp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: flo
             if params is None:
                 params = []
             params.append(tuple(a.copy() for a in unflatten(full, hidden)))
-    details = {"strategy": "fsdp", "batch_counts": batch_counts, "param_counts": param_counts}
+    details = {"strategy": "fsdp", **balance.details(), "param_counts": param_counts,
+               "prefetch": prefetch, "gather_seconds_blocking": gather_blocking,
+               "prefetched_gathers_per_step": 2 * L - 2 if prefetch else 0}
     return TrainOutcome(logs=logs, params=params, details=details)  # type: ignore[arg-type]
+
+
+GATHER_PROBES = 5
+
+
+def _blocking_gather_seconds(comm: Any, shard: np.ndarray, counts: list[int], buf: np.ndarray) -> float:
+    """What one layer's allgatherv takes when nothing else runs: the median of GATHER_PROBES blocking gathers, each
+    after a barrier, the slowest rank's (the same on every rank). Collective. The yardstick of how much of a
+    prefetched gather was hidden (as OSU's nonblocking-collective benchmarks measure overlap)."""
+    from mpi4py import MPI
+
+    times = []
+    for _ in range(GATHER_PROBES + 1):  # the first one warms the path up and is not counted
+        comm.Barrier()
+        t0 = time.perf_counter()
+        allgatherv(comm, shard, counts, recv=buf)
+        times.append(time.perf_counter() - t0)
+    mine = np.array([statistics.median(times[1:])], dtype=np.float64)
+    comm.Allreduce(MPI.IN_PLACE, mine, op=MPI.MAX)
+    return float(mine[0])
+
+
+class _Prefetcher:
+    """fsdp's layer gathers, blocking or started early. A started gather (start) is tested after every GEMM
+    (ops.poll) so that MPI moves it while the layer before it computes; wait() then counts only what is left as
+    communication. exposed_seconds lists, per prefetched gather of the step, the time this rank spent starting,
+    testing and waiting for it; the harness compares the least of the ranks' (the rank that arrived last waited
+    for nobody) with a blocking gather's time to tell how much was hidden (harness.train.gathers_hidden)."""
+
+    def __init__(self, clock: StepClock, ops: Any, comm: Any, shards: list[np.ndarray], counts: list[int],
+                 buffers: list[np.ndarray]) -> None:
+        self.clock, self.ops, self.comm = clock, ops, comm
+        self.shards, self.counts, self.buffers = shards, counts, buffers
+        self.pending: dict[int, Any] = {}
+        self.exposed: dict[int, float] = {}
+        self.exposed_seconds: list[float] = []
+
+    def reset(self) -> None:
+        self.exposed_seconds = []
+
+    def _buffer(self, layer: int) -> np.ndarray:
+        return self.buffers[layer % len(self.buffers)]
+
+    def gather(self, layer: int) -> None:
+        """Gather `layer` now (blocking; after a barrier, as every collective of a step)."""
+        self.clock.comm(lambda: allgatherv(self.comm, self.shards[layer], self.counts, recv=self._buffer(layer)))
+
+    def _timed(self, layer: int, fn: Callable[[], Any]) -> Any:
+        t0 = time.perf_counter()
+        out = self.clock.comm(fn, wait_first=False)
+        self.exposed[layer] = self.exposed.get(layer, 0.0) + time.perf_counter() - t0
+        return out
+
+    def start(self, layer: int) -> None:
+        """Start gathering `layer`; every GEMM until wait(layer) tests it."""
+        request = self._timed(layer, lambda: iallgatherv(self.comm, self.shards[layer], self.counts,
+                                                         self._buffer(layer)))
+        self.pending[layer] = request
+        self.ops.poll = lambda: self._timed(layer, request.Test)
+
+    def wait(self, layer: int) -> np.ndarray:
+        """`layer`'s full parameters, once its gather (if started) is done."""
+        request = self.pending.pop(layer, None)
+        if request is not None:
+            self.ops.poll = None
+            self._timed(layer, request.Wait)
+            self.exposed_seconds.append(self.exposed.pop(layer))
+        return self._buffer(layer)

@@ -11,7 +11,7 @@ only the GEMMs go to the device. Ops keeps three clocks, reset at every step:
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -35,6 +35,10 @@ class Ops:
         self.wall_seconds = 0.0
         self.gemms = 0
         self.flops = 0
+        # called after every GEMM when set: fsdp's prefetch tests its pending gather there, so that MPI moves the
+        # next layer's parameters between the GEMMs of this one (an MPI library without a progress thread moves
+        # data only inside MPI calls)
+        self.poll: Callable[[], Any] | None = None
 
     def reset(self) -> None:
         self.compute_seconds = 0.0
@@ -77,6 +81,8 @@ class Ops:
         self.gemms += 1
         self.flops += 2 * m * n * k
         self.wall_seconds += time.perf_counter() - t0
+        if self.poll is not None:  # outside the GEMM's clocks: the caller's MPI progress (fsdp's prefetch)
+            self.poll()
         return out
 
 

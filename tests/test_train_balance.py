@@ -1,0 +1,114 @@
+"""fsdp's prefetch (the next layer's gather started while this one computes) and what it reports as hidden; auto
+weights' rebalancing of the batch shares in the first steps; and `make bench-train`'s figures (hetbench/overhead.py
+train) read from the runs it made."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, needs_mpi, run_cli
+
+from hetbench.harness.train import AUTO_REBALANCE_STEPS, gathers_hidden
+from hetbench.train import StepLog
+
+SMALL = ["--layers", "4", "--hidden", "16", "--batch", "24", "--steps", "12"]
+
+
+def _log(exposed):
+    return StepLog(step=0, loss=1.0, step_seconds=1.0, compute_seconds=1.0, comm_seconds=0.0, idle_seconds=0.0,
+                   samples=1, param_bytes=0, grad_bytes=0, optimizer_bytes=0, gather_exposed_seconds=exposed)
+
+
+def test_hidden_is_what_the_last_rank_to_arrive_did_not_wait():
+    """Per gather the least of the ranks' exposed times (the rank that came last waited for nobody) against a
+    blocking gather's time: 2 ms blocking; gather 1 cost the ranks 3 and 0.5 ms (0.5 exposed: 1.5 hidden), gather 2
+    cost 4 and 2.5 ms (2.5 exposed: nothing hidden, never below zero)."""
+    exposed, hidden = gathers_hidden([_log([3e-3, 4e-3]), _log([0.5e-3, 2.5e-3])], blocking=2e-3)
+    assert exposed == pytest.approx(3e-3) and hidden == pytest.approx(1.5e-3)
+    assert gathers_hidden([_log(None), _log(None)], blocking=2e-3) is None  # no prefetch
+    assert gathers_hidden([_log([1e-3])], blocking=None) is None
+
+
+def _train(tmp_path, name, *args):
+    out = tmp_path / f"{name}.json"
+    run = run_cli(["train", *SMALL, "--out", str(out), "--log", str(tmp_path / f"{name}.jsonl"), *args], nprocs=2,
+                  cwd=tmp_path, timeout=240)
+    assert run.returncode == 0, run.stdout + run.stderr
+    return run, json.loads(out.read_text())
+
+
+@needs_mpi
+def test_prefetch_reports_what_it_hid_and_trains_the_same_run(tmp_path):
+    run, on = _train(tmp_path, "on", "--backend", "0=host,1=sim:h100", "--weights", "3,1")
+    _, off = _train(tmp_path, "off", "--backend", "0=host,1=sim:h100", "--weights", "3,1", "--no-prefetch")
+    s = on["summary"]
+    assert s["prefetch"] is True and s["gather_seconds_blocking"] > 0
+    assert 0 <= s["comm_hidden_percent"] <= 100
+    gathers = 2 * 4 - 2
+    for line in on["steps"]:
+        # the exposed time is measured; what was hidden is at most every gather's blocking time
+        assert line["gather_exposed_seconds"] >= 0
+        assert 0 <= line["comm_hidden_seconds"] <= gathers * s["gather_seconds_blocking"] + 1e-12
+    hidden = sum(line["comm_hidden_seconds"] for line in on["steps"])
+    assert s["comm_hidden_percent"] == pytest.approx(100 * hidden / (12 * gathers * s["gather_seconds_blocking"]))
+    assert f"prefetch: {s['comm_hidden_percent']:.3g} % of the layer gathers' time hidden" in run.stdout
+    # without prefetch: nothing to report, and the same arithmetic (the same losses, bit for bit)
+    assert off["summary"]["prefetch"] is False and "comm_hidden_percent" not in off["summary"]
+    assert all("comm_hidden_seconds" not in line for line in off["steps"])
+    assert [x["loss"] for x in on["steps"]] == [x["loss"] for x in off["steps"]]
+    assert on["summary"]["verified"] is True and off["summary"]["verified"] is True
+
+
+@needs_mpi
+@pytest.mark.parametrize("strategy", ["fsdp", "ddp"])
+def test_auto_weights_rebalance_the_batch_in_the_first_steps(tmp_path, strategy):
+    """auto: the shares from the GEMM probe, then measured again after each of the first AUTO_REBALANCE_STEPS
+    steps; every step's samples follow them, and the run is still the single process's."""
+    _, doc = _train(tmp_path, "auto", "--strategy", strategy, "--backend", "0=host,1=sim:mi300x", "--weights", "auto")
+    s = doc["summary"]
+    assert s["verified"] is True
+    history = s["shares_rebalanced"]
+    assert 1 <= len(history) <= AUTO_REBALANCE_STEPS
+    per_step = [s["shares_first"], *history] + [history[-1]] * (12 - 1 - len(history))
+    assert [[r["samples"] for r in line["ranks"]] for line in doc["steps"]] == per_step
+    assert s["shares"] == history[-1] and all(sum(c) == 24 for c in per_step)
+    assert [r["samples_per_step"] for r in doc["rows"]] == history[-1]
+
+
+def _overhead_train(tmp_path, *names):
+    return subprocess.run([sys.executable, "-m", "hetbench.overhead", "train", *(f"{n}.json" for n in names)],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)))
+
+
+@needs_mpi
+def test_bench_train_figures_are_the_runs(tmp_path):
+    """`overhead train` prints each run's samples/s as its JSON has it, auto's over the summed solo runs' (and over
+    even's), and exits 1 exactly when auto / sum is below 0.90."""
+    for name, backend in (("solo-host", "host"), ("solo-sim", "sim:mi300x")):
+        out = tmp_path / f"{name}.json"
+        run = run_cli(["train", *SMALL, "--backend", backend, "--out", str(out)], cwd=tmp_path, timeout=240)
+        assert run.returncode == 0, run.stderr
+    for w in ("auto", "even"):
+        _train(tmp_path, f"pair-{w}", "--backend", "0=host,1=sim:mi300x", "--weights", w)
+    shown = _overhead_train(tmp_path, "solo-host", "solo-sim", "pair-auto", "pair-even")
+    docs = {n: json.loads((tmp_path / f"{n}.json").read_text())["summary"]
+            for n in ("solo-host", "solo-sim", "pair-auto", "pair-even")}
+    solo = docs["solo-host"]["samples_per_second"] + docs["solo-sim"]["samples_per_second"]
+    ratio = docs["pair-auto"]["samples_per_second"] / solo
+    for summary in docs.values():
+        assert f"{summary['samples_per_second']:.0f} samples/s" in shown.stdout
+    assert f"sum of solo samples/s: {solo:.0f}; auto / sum: {ratio:.3f}" in shown.stdout
+    assert shown.returncode == (0 if ratio >= 0.90 else 1), shown.stdout + shown.stderr
+    assert ("NOT met" in shown.stdout) == (ratio < 0.90)
+    # a failed check fails the bench, whatever the ratio
+    doc = json.loads((tmp_path / "pair-even.json").read_text())
+    doc["summary"]["verified"] = False
+    (tmp_path / "pair-even.json").write_text(json.dumps(doc))
+    failed = _overhead_train(tmp_path, "solo-host", "solo-sim", "pair-auto", "pair-even")
+    assert failed.returncode == 1 and "CHECK FAILED" in failed.stdout
+    assert _overhead_train(tmp_path, "pair-auto", "pair-even").returncode == 2  # no solo run given
