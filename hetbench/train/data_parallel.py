@@ -13,20 +13,28 @@ default 25 MiB buckets do), then every rank applies the same optimizer step to i
 
 fsdp: each layer's flat vector (hidden*hidden + hidden elements) is sharded by shares(weights, layer size): rank r
 owns elements [sum(counts[:r]), sum(counts[:r+1])) of every layer, and only their optimizer state. The forward
-gathers each layer (MPI Allgatherv into one reused buffer: one full layer held at a time) just before using it;
-the backward gathers it again (except the last layer, still held from the forward, as FSDP keeps its root), and
-the layer's full gradient is reduce-scattered (MPI Reduce_scatter) so each rank receives the summed gradient of its
-shard and updates it at once. Bytes held at the step's peak, per rank r, with P = hidden*hidden + hidden,
-s_r = shares(weights, P)[r] and L layers, all float32:
-    param_bytes     = 4 * (L * s_r + P)    its shards + the one gathered layer
+gathers each layer (MPI Allgatherv into a reused buffer) just before using it; the backward gathers it again
+(except the last layer, still held from the forward, as FSDP keeps its root), and the layer's full gradient is
+reduce-scattered (MPI Reduce_scatter) so each rank receives the summed gradient of its shard and updates it at once.
+With prefetch (the default on more than one rank), the next layer's gather (forward: layer l+1, backward: l-1) is
+started (MPI Iallgatherv) before this layer computes, into a second buffer, and tested after every GEMM so that an
+MPI library without a progress thread moves it between them; what it still costs is counted when it is waited for
+(_Prefetcher). Bytes held at the step's peak, per rank r, with P = hidden*hidden + hidden, s_r = shares(weights,
+P)[r], G = 2 gathered layers with prefetch, else 1, and L layers, all float32:
+    param_bytes     = 4 * (L * s_r + G * P)    its shards + the gathered layers
     grad_bytes      = 4 * (P + s_r)        one layer's full gradient + its reduced shard
     optimizer_bytes = 8 * L * s_r (adamw: m and v per element), 0 (sgd)
 and for ddp: param_bytes = grad_bytes = 4 * L * P, optimizer_bytes = 8 * L * P (adamw), 0 (sgd).
 
-Times (StepClock): every MPI call is preceded by a barrier whose wait counts as idle, so comm_seconds is the data
-movement once all ranks have arrived (plus host<->device copies) and idle_seconds is the wait for slower ranks;
+Times (StepClock): every blocking MPI call is preceded by a barrier whose wait counts as idle, so comm_seconds is
+the data movement once all ranks have arrived (plus host<->device copies) and idle_seconds is the wait for slower
+ranks; a prefetched gather takes no barrier, so the wait for a slower rank to start it counts as communication.
 compute_seconds is the rest: the device GEMM time (modelled on a sim device) and the host's elementwise work. The
-batch is generated before a step's clock starts: data generation is not part of a step.
+batch is generated before a step's clock starts, and the ranks meet at a barrier before it starts: data generation
+is not part of a step.
+
+Shares of the batch: with `rebalance_steps` (auto weights) they are measured again after each of the first steps
+(hetbench.train.BatchShares); fsdp's parameter shards stay as the first weights set them.
 """
 
 from __future__ import annotations
