@@ -32,7 +32,7 @@ from hetbench.backends.base import (
 )
 from hetbench.comm import gpu
 from hetbench.dtypes import DTYPES, DType, round_to_bf16, to_host_dtype
-from hetbench.harness import collectives as collectives_harness
+from hetbench.harness.devices import device_path_error
 
 KINDS = ("gpu", "cpu", "accelerator")
 
@@ -322,10 +322,10 @@ class _KindOnly:
 def test_device_path_asks_the_backend_not_the_vendor(monkeypatch, model, kind, support, needles):
     """--path device goes by the backend's memory kind: an Intel device whose buffers are Level Zero memory runs
     where the MPI reports ZE support (the vendor map refused every Intel device)."""
-    monkeypatch.setattr(collectives_harness, "gpu_support", lambda: support)
+    monkeypatch.setattr(gpu, "gpu_support", lambda: support)
     backend = _KindOnly(model, kind)
     world = SimpleNamespace(mpi_library=lambda: "MPICH 4.2.0 (stub)")
-    error = collectives_harness._device_path_error(backend, backend.info(), DTYPES["fp32"], world)
+    error = device_path_error(backend, backend.info(), DTYPES["fp32"], world)
     if needles is None:
         assert error is None
     else:
@@ -337,8 +337,8 @@ def test_device_path_asks_the_backend_not_the_vendor(monkeypatch, model, kind, s
 def test_device_path_refuses_a_simulated_opencl_device(monkeypatch):
     backend = sim.SimBackend(sim.get_model("arc-a770"))
     world = SimpleNamespace(mpi_library=lambda: "MPICH 4.2.0 (stub)")
-    monkeypatch.setattr(collectives_harness, "gpu_support", lambda: {"cuda": True, "hip": True, "ze": True})
-    error = collectives_harness._device_path_error(backend, backend.info(), DTYPES["fp32"], world)
+    monkeypatch.setattr(gpu, "gpu_support", lambda: {"cuda": True, "hip": True, "ze": True})
+    error = device_path_error(backend, backend.info(), DTYPES["fp32"], world)
     assert error == ("--path device: sim device Intel Arc A770 16GB (simulated) has no buffer MPI can take directly "
                      "(OpenCL buffers have none); use --path host")
 

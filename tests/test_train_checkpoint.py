@@ -217,3 +217,16 @@ def test_sgd_with_a_rank_holding_nothing_resumes_as_a_pipeline(tmp_path):
     losses, _ = reference(CFG, "sgd", 0.05, 10)
     np.testing.assert_allclose([line["loss"] for line in lines], losses[6:10], rtol=1e-4)
     assert doc["summary"]["verified"] is True
+
+
+@needs_mpi
+def test_a_checkpoint_folder_that_cannot_be_made_is_refused_before_training(tmp_path):
+    """/proc takes no new folder (whoever runs, root included): refused with exit 2 before any step, not at the
+    first save. A folder the check could make is removed again when the run is refused for another reason."""
+    run = run_cli(["train", *MODEL, "--steps", "4", "--checkpoint", "/proc/nope/ck", "--backend", "host"], nprocs=2,
+                  cwd=tmp_path)
+    assert_usage_error(run, tmp_path, "--checkpoint '/proc/nope/ck' cannot be")
+    run = run_cli(["train", *MODEL, "--steps", "4", "--checkpoint", "new/deeper/ck", "--weights",
+                   "missing-profile.json", "--backend", "host"], nprocs=2, cwd=tmp_path)
+    assert_usage_error(run, tmp_path, "missing-profile.json")
+    assert not (tmp_path / "new").exists()

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from hetbench.backends.base import MPI_MEMORY_HOST, MPI_MEMORY_NONE, TIMING_MODELLED, Backend, DeviceInfo
+from hetbench.backends.base import TIMING_MODELLED
 from hetbench.backends.host import (
     RUNTIME_SCRATCH_BYTES,
     host_memory_share_bytes,
@@ -25,11 +25,9 @@ from hetbench.backends.host import (
     rss_bytes,
 )
 from hetbench.benchmarks import collectives as ops
-from hetbench.comm.gpu import HOW_TO_GET_GPU_AWARE_MPI, gpu_support
 from hetbench.comm.world import World
 from hetbench.config import CollectivesConfig
-from hetbench.dtypes import DType
-from hetbench.harness.devices import OpenDevice
+from hetbench.harness.devices import OpenDevice, device_path_error
 from hetbench.harness.matmul import approx_bytes, device_in_host_memory
 
 STRAGGLER_RATIO = 1.2  # a rank whose median time is 20% above the median rank's is flagged
@@ -47,25 +45,6 @@ class PreparedDevice(OpenDevice):
 
     host_memory_planned_bytes: int = 0
     rss_at_start_bytes: int | None = None
-
-
-def _device_path_error(backend: Backend, info: DeviceInfo, dtype: DType, world: World) -> str | None:
-    # no device index in the message: ranks with the same kind of device then report one line
-    label = f"{info.backend} device {info.name}"
-    kind = backend.mpi_memory_kind()
-    if kind == MPI_MEMORY_NONE:
-        return f"--path device: {label} has no buffer MPI can take directly (OpenCL buffers have none); use --path host"
-    if kind == MPI_MEMORY_HOST:
-        return None  # host memory is what every MPI takes
-    support = gpu_support()
-    if kind not in support:
-        return f"--path device: no GPU-aware MPI path exists for {info.vendor} device {label}; use --path host"
-    answer = support[kind]
-    if answer:
-        return None
-    said = "reports no" if answer is False else "has no query for"
-    return (f"--path device hands {label}'s buffers to MPI directly, but this MPI library ({world.mpi_library()}) "
-            f"{said} {kind.upper()} support; {HOW_TO_GET_GPU_AWARE_MPI}")
 
 
 def point_host_bytes(op: ops.Op, size: int, itemsize: int, rank: int, nranks: int, root: int, path: str,
@@ -132,7 +111,7 @@ def prepare(cfg: CollectivesConfig, world: World, opened: OpenDevice) -> tuple[P
             "process's RLIMIT_AS/RLIMIT_DATA); lower --max-bytes"
         )
     if "device" in cfg.paths and not errors:
-        error = _device_path_error(backend, info, cfg.dtype, world)
+        error = device_path_error(backend, info, cfg.dtype, world)
         if error:
             errors.append(error)
     return prepared, errors

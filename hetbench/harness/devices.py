@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hetbench.backends.base import (
+    MPI_MEMORY_HOST,
+    MPI_MEMORY_NONE,
     Backend,
     BackendSpec,
     BackendUnavailable,
@@ -44,3 +46,26 @@ def open_rank_device(spec: BackendSpec, dtype: DType, world: World) -> tuple[Ope
         backend.close()
         return None, [str(e)]
     return OpenDevice(backend, info, spec_label(spec, info)), []
+
+
+def device_path_error(backend: Backend, info: DeviceInfo, dtype: DType, world: World) -> str | None:
+    """Why this rank's device cannot hand its buffers to MPI directly (`--path device`), or None when it can:
+    host memory, or GPU memory with an MPI library built for that GPU."""
+    from hetbench.comm.gpu import HOW_TO_GET_GPU_AWARE_MPI, gpu_support
+
+    # no device index in the message: ranks with the same kind of device then report one line
+    label = f"{info.backend} device {info.name}"
+    kind = backend.mpi_memory_kind()
+    if kind == MPI_MEMORY_NONE:
+        return f"--path device: {label} has no buffer MPI can take directly (OpenCL buffers have none); use --path host"
+    if kind == MPI_MEMORY_HOST:
+        return None  # host memory is what every MPI takes
+    support = gpu_support()
+    if kind not in support:
+        return f"--path device: no GPU-aware MPI path exists for {info.vendor} device {label}; use --path host"
+    answer = support[kind]
+    if answer:
+        return None
+    said = "reports no" if answer is False else "has no query for"
+    return (f"--path device hands {label}'s buffers to MPI directly, but this MPI library ({world.mpi_library()}) "
+            f"{said} {kind.upper()} support; {HOW_TO_GET_GPU_AWARE_MPI}")

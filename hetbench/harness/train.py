@@ -66,6 +66,12 @@ def check(cfg: Any, world: World, state: TrainState) -> list[str]:
     strategy needs it."""
     state.devices = [tuple(d) for d in world.allgather((state.opened.spec, state.opened.info.name))]
     errors = checkpoint_errors(cfg, state)
+    if cfg.path == "device":
+        from hetbench.harness.devices import device_path_error
+
+        error = device_path_error(state.opened.backend, state.opened.info, cfg.dtype, world)
+        if error:
+            errors.append(error)
     if cfg.weights.kind != "profile":
         return errors
     from hetbench.results.profile import ProfileError, load_profile
@@ -107,7 +113,33 @@ def checkpoint_errors(cfg: Any, state: TrainState) -> list[str]:
             if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
                 errors.append(f"--checkpoint {str(folder)!r} cannot be written: no write permission in "
                               f"{str(existing)!r}")
+            elif not folder.exists():
+                reason = _uncreatable(folder)
+                if reason:
+                    errors.append(f"--checkpoint {str(folder)!r} cannot be created: {reason}")
     return errors
+
+
+def _uncreatable(folder: Any) -> str | None:
+    """Why `folder` (missing) cannot be made, found by making it and its missing parents and removing them again
+    (permissions alone miss a read-only or virtual file system, and root passes every permission check), so
+    that the run is refused before it trains instead of failing at its first save."""
+    missing = []
+    for p in [folder, *folder.absolute().parents]:
+        if p.exists():
+            break
+        missing.append(p)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        return e.strerror or str(e)
+    finally:
+        for p in missing:  # the deepest first
+            try:
+                p.rmdir()
+            except OSError:
+                pass  # another rank's check removed it, or made something in it
+    return None
 
 
 def _weights(cfg: Any, world: World, state: TrainState) -> list[float]:
