@@ -20,6 +20,8 @@ ROOT = 0
 # The check: the distributed run sums in another order than the single process, so its fp32 losses and parameters
 # drift apart by rounding; over the default 300 steps the losses stay within this relative difference
 CHECK_RTOL = 1e-3
+# Mixed precision: MEASURED_LATER
+CHECK_RTOL_BY_DTYPE = {"fp32": CHECK_RTOL, "fp16": 1e-1, "bf16": 1e-1}
 
 
 @dataclass
@@ -29,6 +31,7 @@ class TrainState:
     devices: list[tuple[str, str]] = field(default_factory=list)
     profile: Any = None
     resume: Any = None  # hetbench.train.checkpoint.Checkpoint with --resume
+    scaler: Any = None  # hetbench.train.precision.LossScaler: the run's loss scale (restored with --resume)
 
 
 @dataclass
@@ -80,7 +83,7 @@ def checkpoint_errors(cfg: Any, state: TrainState) -> list[str]:
         try:
             state.resume = Checkpoint(cfg.resume)
             errors += state.resume.mismatches(cfg.layers, cfg.hidden, cfg.batch, cfg.seed, cfg.optimizer, cfg.lr,
-                                              cfg.steps)
+                                              cfg.steps, dtype=cfg.dtype.name)
             start = state.resume.steps_done
         except CheckpointError as e:
             errors.append(str(e))
@@ -114,7 +117,8 @@ def _weights(cfg: Any, world: World, state: TrainState) -> list[float]:
     # auto: each rank's GEMM rate at a layer's shape (its even share of the batch x hidden x hidden), all at once
     limit = -(-cfg.batch // world.size)
     world.barrier()
-    rate, _ = probe.gemm_rate(state.opened.backend, cfg.dtype, "rows", cfg.batch, cfg.hidden, cfg.hidden,
+    # the dtype the rank's GEMM really runs in: the reduced one where native, fp32 where mixed precision emulates
+    rate, _ = probe.gemm_rate(state.opened.backend, state.ops.gemm_dtype, "rows", cfg.batch, cfg.hidden, cfg.hidden,
                               max_part=limit, min_seconds=0.02, seed=cfg.seed)
     return world.allgather(rate)
 
@@ -123,33 +127,38 @@ def run_rank(cfg: Any, world: World, state: TrainState,
              on_step: Callable[[int, int, str], None] | None = None) -> RankOutcome:
     """Collective. Train with the strategy; rank 0 gathers every rank's step logs and checks the curve."""
     from hetbench.train.model import ModelConfig
+    from hetbench.train.precision import LossScaler
 
     weights = _weights(cfg, world, state)
     total = cfg.layers if cfg.strategy == "pipeline" else cfg.batch
     shares = plan.shares(weights, total)
     model = ModelConfig(layers=cfg.layers, hidden=cfg.hidden, batch=cfg.batch, seed=cfg.seed)
     facts = {"host": world.host, "backend": state.opened.spec, "vendor": state.opened.info.vendor,
-             "device": state.opened.info.name, "device_timing": state.opened.backend.timing}
+             "device": state.opened.info.name, "device_timing": state.opened.backend.timing,
+             # mixed precision: the GEMMs in the dtype on the device itself, or emulated (fp32 GEMM on rounded
+             # operands, timed at fp32's rate): see hetbench/train/ops.py
+             "compute_dtype": cfg.dtype.name, "compute_path": state.ops.compute_path}
     resume = state.resume
     start = resume.steps_done if resume is not None else 0
-    saver = _saver(cfg, world, facts, weights, shares, start, resume)
-    extra = {"start_step": start, "initial": resume, "checkpoint": saver.hook if saver is not None else None}
+    scaler = LossScaler.for_dtype(cfg.dtype, resume.loss_scaler if resume is not None else None)
+    state.scaler = scaler
+    saver = _saver(cfg, world, facts, weights, shares, start, resume, scaler)
+    extra = {"start_step": start, "initial": resume, "checkpoint": saver.hook if saver is not None else None,
+             "scaler": scaler}
 
     def step_done(log: Any) -> None:
         if on_step is not None:
             on_step(log.step + 1, cfg.steps, f"step {log.step + 1}/{cfg.steps} loss {log.loss:.4g}")
 
     if cfg.strategy == "pipeline":
-        from hetbench.train.pipeline import train_pipeline
-
-        outcome = train_pipeline(world, state.ops, model, cfg.optimizer, cfg.lr, cfg.steps - start, weights,
-                                 path=cfg.path, micro_batches=cfg.micro_batches, on_step=step_done, **extra)
+        from hetbench.train.pipeline import train_pipeline as train
     else:
         from hetbench.train.data_parallel import train_ddp, train_fsdp
 
         train = train_fsdp if cfg.strategy == "fsdp" else train_ddp
+    with scaler.quiet():  # mixed precision: overflows are expected, and the scaler handles them
         outcome = train(world, state.ops, model, cfg.optimizer, cfg.lr, cfg.steps - start, weights, path=cfg.path,
-                        on_step=step_done, **extra)
+                        micro_batches=cfg.micro_batches, on_step=step_done, **extra)
     result = RankOutcome(list(outcome.logs), facts, list(weights), shares, start_step=start,
                          resumed_from=str(resume.folder) if resume is not None else None,
                          checkpoints=list(saver.saved) if saver is not None else [])
@@ -161,13 +170,15 @@ def run_rank(cfg: Any, world: World, state: TrainState,
         if cfg.log is not None:
             result.log_text = "".join(json.dumps(line) + "\n" for line in result.steps)
         if cfg.check:
-            result.check = _check(cfg, model, [log.loss for log in outcome.logs], outcome.params, start)
+            result.check = _check(cfg, model, [log.loss for log in outcome.logs], outcome.params, start,
+                                  [log.step_skipped for log in outcome.logs])
     return result
 
 
 def _saver(cfg: Any, world: World, facts: dict[str, Any], weights: list[float], shares: list[int], start: int,
-           resume: Any) -> Any:
-    """Collective (with --checkpoint): the checkpoint saver, its manifest's run facts and every rank's device."""
+           resume: Any, scaler: Any = None) -> Any:
+    """Collective (with --checkpoint): the checkpoint saver, its manifest's run facts and every rank's device; each
+    save also records the loss scaler's state then (the same on every rank), which a resume restores."""
     if cfg.checkpoint is None:
         return None
     import click
@@ -185,22 +196,28 @@ def _saver(cfg: Any, world: World, facts: dict[str, Any], weights: list[float], 
                               for r in m["ranks"]]}]
     manifest = {
         "model": {"layers": cfg.layers, "hidden": cfg.hidden, "batch": cfg.batch, "seed": cfg.seed},
-        "optimizer": cfg.optimizer, "lr": cfg.lr, "dtype": cfg.dtype.name,
+        "optimizer": cfg.optimizer, "lr": cfg.lr, "dtype": cfg.dtype.name, "master_dtype": "fp32",
         "strategy": cfg.strategy, "weights": list(weights), "shares": list(shares),
         "shares_of": "layers" if cfg.strategy == "pipeline" else "samples",
         "first_step": start, "history": history,
     }
     return Saver(world, cfg.checkpoint, cfg.checkpoint_every, cfg.steps, manifest, every_facts,
-                 error=click.ClickException)
+                 error=click.ClickException,
+                 live=(lambda: {"loss_scaler": scaler.state()}) if scaler is not None else None)
 
 
-def _check(cfg: Any, model: Any, losses: list[float], params: Any, start: int = 0) -> dict[str, Any]:
-    """The same training in one process (NumPy on the host), from step 0: the loss curve (a resumed run's steps
-    against the reference's same steps) and the final parameters."""
+def _check(cfg: Any, model: Any, losses: list[float], params: Any, start: int = 0,
+           skipped: list[bool] | None = None) -> dict[str, Any]:
+    """The same training in one process (NumPy on the host), from step 0, in the run's dtype with the same loss
+    scaler: the loss curve (a resumed run's steps against the reference's same steps) and the final parameters,
+    within CHECK_RTOL_BY_DTYPE. The steps each skipped (mixed precision) are reported beside."""
     from hetbench.train.reference import reference
 
-    ref_losses, ref_params = reference(model, cfg.optimizer, cfg.lr, cfg.steps)
+    trace: list[dict[str, Any]] = []
+    ref_losses, ref_params = reference(model, cfg.optimizer, cfg.lr, cfg.steps, dtype=cfg.dtype.name, trace=trace)
     ref_losses = ref_losses[start:]
+    ref_skipped = [t["step_skipped"] for t in trace][start:]
+    rtol = CHECK_RTOL_BY_DTYPE[cfg.dtype.name]
     loss_diff = max(abs(a - b) / max(abs(b), 1e-30) for a, b in zip(losses, ref_losses))
     param_diff = 0.0
     if params is not None:
@@ -208,9 +225,11 @@ def _check(cfg: Any, model: Any, losses: list[float], params: Any, start: int = 
             for got, want in ((w, rw), (b, rb)):
                 scale = max(float(abs(want).max()), 1e-30)
                 param_diff = max(param_diff, float(abs(got - want).max()) / scale)
-    ok = bool(loss_diff <= CHECK_RTOL and param_diff <= CHECK_RTOL and len(losses) == len(ref_losses))
+    ok = bool(loss_diff <= rtol and param_diff <= rtol and len(losses) == len(ref_losses))
     return {"ok": ok, "max_loss_relative_difference": loss_diff, "max_param_relative_difference": param_diff,
-            "rtol": CHECK_RTOL, "reference_loss_first": ref_losses[0], "reference_loss_last": ref_losses[-1]}
+            "rtol": rtol, "dtype": cfg.dtype.name, "reference_loss_first": ref_losses[0],
+            "reference_loss_last": ref_losses[-1],
+            "skipped_steps": sum(bool(s) for s in (skipped or [])), "reference_skipped_steps": sum(ref_skipped)}
 
 
 def _step_lines(cfg: Any, every: list[list[Any]], facts: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -226,6 +245,8 @@ def _step_lines(cfg: Any, every: list[list[Any]], facts: list[dict[str, Any]]) -
             "step_seconds": step_seconds,
             "samples_per_second": cfg.batch / step_seconds if step_seconds > 0 else None,
             "timing": "modelled" if modelled else "measured",
+            "loss_scale": logs[0].loss_scale,  # the same on every rank: the scaler's verdicts are global
+            "step_skipped": logs[0].step_skipped,
             "ranks": [{"rank": r, "compute_seconds": log.compute_seconds, "comm_seconds": log.comm_seconds,
                        "idle_seconds": log.idle_seconds, "samples": log.samples, "param_bytes": log.param_bytes,
                        "grad_bytes": log.grad_bytes, "optimizer_bytes": log.optimizer_bytes}
@@ -264,6 +285,13 @@ def rows(cfg: Any, gathered: list[RankOutcome]) -> list[dict[str, Any]]:
     return out
 
 
+def state_scaling(cfg: Any) -> str:
+    """The loss scaling kind of a run: "dynamic" (fp16), "none" (bf16: non-finite steps still skipped; fp32)."""
+    from hetbench.train.precision import LossScaler
+
+    return LossScaler.for_dtype(cfg.dtype).kind
+
+
 def summarize_job(cfg: Any, rows_: list[dict[str, Any]], gathered: list[RankOutcome]) -> dict[str, Any]:
     root = gathered[ROOT]
     steps = root.steps or []
@@ -290,6 +318,13 @@ def summarize_job(cfg: Any, rows_: list[dict[str, Any]], gathered: list[RankOutc
         # a simulated rank's compute is modelled; the step's wall time is measured, and in it such a rank computes
         # on the host with NumPy: the figure of this machine, not of the GPU simulated
         "step_timing": "wall time; simulated ranks compute on the host" if modelled else "wall time",
+        "dtype": cfg.dtype.name,
+        "master_dtype": "fp32",
+        # per rank: its GEMMs native in the dtype, or emulated (fp32 GEMMs on rounded operands, fp32 speed)
+        "compute_paths": [r.get("compute_path") for r in rows_],
+        "loss_scaling": state_scaling(cfg),
+        "skipped_steps": sum(1 for s in steps if s.get("step_skipped")),
+        "loss_scale_last": steps[-1]["loss_scale"] if steps else None,
         "check": check,
         "verified": None if check is None else check["ok"],
     }

@@ -32,6 +32,8 @@ class StepLog:
     grad_bytes: int  # gradients held at the peak
     optimizer_bytes: int  # optimizer state held
     modelled: bool = False  # True where compute (and so step) seconds come from a simulated device's model
+    loss_scale: float = 1.0  # the scale this step's backward ran with (fp16's dynamic loss scaling; else 1)
+    step_skipped: bool = False  # the update was skipped: non-finite gradients somewhere (mixed precision only)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
