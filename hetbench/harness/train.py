@@ -20,8 +20,31 @@ ROOT = 0
 # The check: the distributed run sums in another order than the single process, so its fp32 losses and parameters
 # drift apart by rounding; over the default 300 steps the losses stay within this relative difference
 CHECK_RTOL = 1e-3
-# Mixed precision: MEASURED_LATER
-CHECK_RTOL_BY_DTYPE = {"fp32": CHECK_RTOL, "fp16": 1e-1, "bf16": 1e-1}
+# Mixed precision (--dtype fp16/bf16). Each GEMM's result is rounded to the dtype where it falls, and a rank's
+# part of a weight gradient (its rows) is rounded before the ranks' parts are summed in fp32, where one process
+# rounds the whole batch's: the distributed run and the reference differ by the dtype's rounding (2**-11, 2**-8),
+# not fp32's, and the difference grows as the curves go on. Measured (hetbench train, adamw lr 0.01, fsdp, ddp and
+# pipeline on 2 ranks host,opencl weights 3,1 and 3 ranks host,opencl,sim:mi300x weights 0.5,0.3,0.2), largest
+# relative difference from the reference:
+#   4 layers x 16, batch 24, 40 steps:   losses fp16 2.2e-3, bf16 8.3e-3; parameters fp16 0.042, bf16 0.053
+#   same, 300 steps:                     losses fp16 0.070, bf16 0.092;  parameters fp16 0.13, bf16 0.24;
+#                                        mean of the last 10 losses fp16 0.019, bf16 0.032
+#   4 x 32, batch 64 (default), 300:     bf16: losses in the first 40 steps 4.9e-3, all 0.13, parameters 0.93-1.25
+#                                        (other minima: the curves wander apart), last-10 mean 0.064;
+#                                        fp16: the reference's step 0 overflowed (the whole batch's weight gradient
+#                                        beyond 65504 at scale 2**16) where no rank's part did, so the runs skip
+#                                        different steps and differ by one whole update: first 40 steps 0.14, the
+#                                        last-10 mean 0.18-0.24.
+# So under mixed precision the check is what holds: the losses step by step in the first MIXED_EARLY_STEPS steps,
+# up to the first step that the run and the reference decide differently (skip or not), within
+# CHECK_RTOL_BY_DTYPE; the final parameters within PARAM_RTOL_BY_DTYPE only when the whole run lies in that window
+# with the same verdicts; and the mean of the last MIXED_FINAL_STEPS losses within MIXED_FINAL_BAND of the
+# reference's (the run learns as far as one process does). Tolerances: the measured figures with a margin of 3-5x.
+CHECK_RTOL_BY_DTYPE = {"fp32": CHECK_RTOL, "fp16": 1e-2, "bf16": 3e-2}
+PARAM_RTOL_BY_DTYPE = {"fp32": CHECK_RTOL, "fp16": 0.15, "bf16": 0.2}
+MIXED_EARLY_STEPS = 40
+MIXED_FINAL_STEPS = 10
+MIXED_FINAL_BAND = 0.5
 
 
 @dataclass
@@ -217,19 +240,41 @@ def _check(cfg: Any, model: Any, losses: list[float], params: Any, start: int = 
     ref_losses, ref_params = reference(model, cfg.optimizer, cfg.lr, cfg.steps, dtype=cfg.dtype.name, trace=trace)
     ref_losses = ref_losses[start:]
     ref_skipped = [t["step_skipped"] for t in trace][start:]
-    rtol = CHECK_RTOL_BY_DTYPE[cfg.dtype.name]
-    loss_diff = max(abs(a - b) / max(abs(b), 1e-30) for a, b in zip(losses, ref_losses))
+    skipped = list(skipped) if skipped is not None else [False] * len(losses)
+    rtol, param_rtol = CHECK_RTOL_BY_DTYPE[cfg.dtype.name], PARAM_RTOL_BY_DTYPE[cfg.dtype.name]
+    mixed = cfg.dtype.name != "fp32"
+    rel = [abs(a - b) / max(abs(b), 1e-30) for a, b in zip(losses, ref_losses)]
     param_diff = 0.0
     if params is not None:
         for (w, b), (rw, rb) in zip(params, ref_params):
             for got, want in ((w, rw), (b, rb)):
                 scale = max(float(abs(want).max()), 1e-30)
                 param_diff = max(param_diff, float(abs(got - want).max()) / scale)
-    ok = bool(loss_diff <= rtol and param_diff <= rtol and len(losses) == len(ref_losses))
+    same_length = len(losses) == len(ref_losses)
+    if not mixed:
+        loss_diff = max(rel)
+        ok = bool(loss_diff <= rtol and param_diff <= rtol and same_length)
+        return {"ok": ok, "max_loss_relative_difference": loss_diff, "max_param_relative_difference": param_diff,
+                "rtol": rtol, "dtype": cfg.dtype.name, "reference_loss_first": ref_losses[0],
+                "reference_loss_last": ref_losses[-1], "skipped_steps": 0, "reference_skipped_steps": 0}
+    # mixed precision: see CHECK_RTOL_BY_DTYPE's comment
+    differ = next((i for i, (a, b) in enumerate(zip(skipped, ref_skipped)) if a != b), len(rel))
+    window = [i for i in range(min(differ, len(rel))) if start + i < MIXED_EARLY_STEPS]
+    loss_diff = max((rel[i] for i in window), default=0.0)
+    tail = min(MIXED_FINAL_STEPS, len(losses))
+    ref_tail = sum(ref_losses[-tail:]) / tail
+    final_diff = abs(sum(losses[-tail:]) / tail - ref_tail) / max(abs(ref_tail), 1e-30)
+    params_checked = params is not None and differ >= len(rel) and cfg.steps <= MIXED_EARLY_STEPS
+    ok = bool(same_length and loss_diff <= rtol and final_diff <= MIXED_FINAL_BAND
+              and (param_diff <= param_rtol or not params_checked))
     return {"ok": ok, "max_loss_relative_difference": loss_diff, "max_param_relative_difference": param_diff,
-            "rtol": rtol, "dtype": cfg.dtype.name, "reference_loss_first": ref_losses[0],
-            "reference_loss_last": ref_losses[-1],
-            "skipped_steps": sum(bool(s) for s in (skipped or [])), "reference_skipped_steps": sum(ref_skipped)}
+            "rtol": rtol, "param_rtol": param_rtol, "dtype": cfg.dtype.name,
+            "compared_steps": len(window), "params_checked": params_checked,
+            "max_loss_relative_difference_all_steps": max(rel),
+            "final_loss_relative_difference": final_diff, "final_band": MIXED_FINAL_BAND,
+            "verdicts_agree": differ >= len(rel),
+            "reference_loss_first": ref_losses[0], "reference_loss_last": ref_losses[-1],
+            "skipped_steps": sum(bool(s) for s in skipped), "reference_skipped_steps": sum(ref_skipped)}
 
 
 def _step_lines(cfg: Any, every: list[list[Any]], facts: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -451,6 +451,15 @@ def train_report(rows: list[dict[str, Any]], summary: dict[str, Any], config: di
     check = summary.get("check")
     if check is None:
         out.print("loss curve not checked (--no-check)")
+    elif check.get("dtype", "fp32") != "fp32":
+        state = "[green]matches[/]" if check["ok"] else "[bold red]DIFFERS from[/]"
+        params = (f", final parameters {fmt(check['max_param_relative_difference'])} (tolerance "
+                  f"{check['param_rtol']:g})" if check.get("params_checked") else "")
+        out.print(f"loss curve ({check['dtype']}): {state} one process's in the same dtype: first "
+                  f"{check['compared_steps']} steps within {fmt(check['max_loss_relative_difference'])} (tolerance "
+                  f"{check['rtol']:g}){params}, last losses' mean within "
+                  f"{fmt(check['final_loss_relative_difference'])} (band {check['final_band']:g}); skipped steps "
+                  f"{check['skipped_steps']}, one process's {check['reference_skipped_steps']}")
     else:
         state = "[green]matches[/]" if check["ok"] else "[bold red]DIFFERS from[/]"
         out.print(f"loss curve and final parameters: {state} one process's (largest relative difference "
