@@ -40,15 +40,36 @@ def get_dtype(name: str) -> DType:
 
 
 def round_to_bf16(x: np.ndarray) -> np.ndarray:
-    """Round float32 values to the nearest bf16 value (ties to even), returned as float32."""
-    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    """Round float32 values to the nearest bf16 value (ties to even), returned as float32. Values beyond bf16's
+    largest finite value (about 3.39e38) round to infinity; a NaN stays a NaN (the carry of the rounding would
+    otherwise turn a NaN whose top bits are all ones into zero, hiding an overflow from a loss scaler)."""
+    x32 = np.ascontiguousarray(x, dtype=np.float32)
+    bits = x32.view(np.uint32)
     rounding = ((bits >> 16) & 1) + np.uint32(0x7FFF)
-    return ((bits + rounding) & np.uint32(0xFFFF0000)).view(np.float32)
+    out = ((bits + rounding) & np.uint32(0xFFFF0000)).view(np.float32)
+    nan = np.isnan(x32)
+    if nan.any():
+        out = np.where(nan, np.float32(np.nan), out)
+    return out
+
+
+def round_to_dtype(x: np.ndarray, dtype: DType) -> np.ndarray:
+    """float32 values rounded to the nearest value of `dtype` (fp16: IEEE half, round to nearest even, beyond
+    65504 to infinity; bf16: round_to_bf16), returned as float32: the compute dtype's values held for float32
+    arithmetic. fp32 and fp64 data is returned as float32 unrounded further. Overflow to infinity is expected
+    (mixed precision's loss scaler looks for it), so NumPy's overflow warning is silenced here."""
+    if dtype.name == "bf16":
+        return round_to_bf16(x)
+    if dtype.name == "fp16":
+        with np.errstate(over="ignore", invalid="ignore"):
+            return np.asarray(x, dtype=np.float32).astype(np.float16).astype(np.float32)
+    return np.asarray(x, dtype=np.float32)
 
 
 def to_host_dtype(x: np.ndarray, dtype: DType) -> np.ndarray:
     """Cast (and for bf16, round) host data into the dtype's host representation."""
-    out = np.ascontiguousarray(x, dtype=dtype.host)
+    with np.errstate(over="ignore", invalid="ignore"):  # beyond fp16's range is infinity, as on a device
+        out = np.ascontiguousarray(x, dtype=dtype.host)
     if dtype.name == "bf16":
         out = round_to_bf16(out)
     return out

@@ -92,7 +92,7 @@ def test_report_plots_the_logged_steps(tmp_path):
     (["--strategy", "pipeline", "--layers", "1"], "1 layers are fewer than the 2 ranks"),
     (["--strategy", "pipeline", "--micro-batches", "99", "--batch", "8"], "99 micro-batches"),
     (["--strategy", "zero3"], "zero3"),
-    (["--dtype", "fp16"], "fp16"),
+    (["--dtype", "fp8"], "fp8"),
 ])
 def test_bad_input(tmp_path, args, needle):
     run = run_cli(["train", "--backend", "host", *args], nprocs=2, cwd=tmp_path)

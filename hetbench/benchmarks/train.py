@@ -26,6 +26,7 @@ from hetbench.benchmarks.base import (
 )
 from hetbench.config import OutputConfig, TrainConfig, parse_dtype
 from hetbench.options import MAX_SEED, int_range, parse_backends
+from hetbench.train.precision import TRAIN_DTYPES
 
 STRATEGIES = ("fsdp", "ddp", "pipeline")
 OPTIMIZERS = ("adamw", "sgd")
@@ -76,8 +77,11 @@ class Train:
                          help="AdamW (decoupled weight decay) or plain SGD; state sharded with the parameters."),
             click.Option(["--seed"], type=int_range(0, MAX_SEED), default=0, show_default=True,
                          help="Seeds the parameters, the teacher and the data."),
-            click.Option(["--dtype"], type=click.Choice(["fp32"]), default="fp32", show_default=True,
-                         help="Element type (mixed precision is not built yet)."),
+            click.Option(["--dtype"], type=click.Choice(list(TRAIN_DTYPES)), default="fp32", show_default=True,
+                         help="What the GEMMs compute in. fp16/bf16: mixed precision: fp32 master weights, "
+                              "gradients and optimizer state; GEMM operands and results rounded to the dtype "
+                              "(natively where the device offers it, else emulated); fp16 with dynamic loss "
+                              "scaling."),
             click.Option(["--weights"], default="even", show_default=True, metavar="even|auto|PROFILE|W0,W1,..",
                          help="Each rank's share of the batch (fsdp, ddp) or of the layers (pipeline): even; auto "
                               "(each rank's GEMM rate at a layer's shape, measured beside the others); a profile "
@@ -92,7 +96,7 @@ class Train:
                               "gathers' time that hid."),
             click.Option(["--check/--no-check"], default=True, show_default=True,
                          help="Train the same run in one process at rank 0 afterwards and check the loss curve "
-                              "against it (fp32 tolerance)."),
+                              "against it (fp32 tolerance; mixed precision: the dtype's)."),
             click.Option(["--log", "log_path"], type=click.Path(dir_okay=False, path_type=Path), default=None,
                          help="Write one JSON line per step here (rank 0), with the results."),
             click.Option(["--checkpoint", "checkpoint"], type=click.Path(file_okay=False, path_type=Path),
@@ -144,7 +148,10 @@ class Train:
         return {"--log": (cfg.log, 0)}
 
     def dtype(self, cfg: TrainConfig) -> Any:
-        return cfg.dtype
+        """What every rank's device must compute in: fp32. Mixed precision computes fp16/bf16 natively where the
+        device offers it and emulates it with fp32 GEMMs elsewhere (hetbench/train/ops.py), so no device is
+        refused for lacking the reduced dtype."""
+        return parse_dtype("fp32")
 
     def prepare(self, cfg: TrainConfig, world: Any, device: Any) -> tuple[Any, list[str]]:
         from hetbench.harness import train as run

@@ -438,6 +438,13 @@ def train_report(rows: list[dict[str, Any]], summary: dict[str, Any], config: di
               f"{summary['steps'] - 1}" + (f" (fell {fmt(fell)}x)" if fell else ""), markup=False)
     if summary.get("checkpoints"):
         out.print("checkpoints saved: " + ", ".join(summary["checkpoints"]), markup=False)
+    if summary.get("dtype") not in (None, "fp32"):
+        paths = summary.get("compute_paths") or []
+        per_rank = ", ".join(f"rank {r} {p}" for r, p in enumerate(paths))
+        scaling = ("dynamic loss scaling, last scale " + fmt(summary.get("loss_scale_last"))
+                   if summary.get("loss_scaling") == "dynamic" else "no loss scaling")
+        out.print(f"precision: {summary['dtype']} compute ({per_rank}), {summary.get('master_dtype')} master weights, "
+                  f"{scaling}, {summary.get('skipped_steps', 0)} steps skipped (non-finite gradients)", markup=False)
     step_ms = fmt(summary["step_seconds_median"], scale=1e3)
     out.print(f"throughput: {fmt(summary['samples_per_second'])} samples/s, step {step_ms} ms median "
               f"({summary['step_timing']})", markup=False)
@@ -448,6 +455,15 @@ def train_report(rows: list[dict[str, Any]], summary: dict[str, Any], config: di
     check = summary.get("check")
     if check is None:
         out.print("loss curve not checked (--no-check)")
+    elif check.get("dtype", "fp32") != "fp32":
+        state = "[green]matches[/]" if check["ok"] else "[bold red]DIFFERS from[/]"
+        params = (f", final parameters' norms within {fmt(check['max_param_norm_relative_difference'])} (tolerance "
+                  f"{check['param_rtol']:g})" if check.get("params_checked") else "")
+        out.print(f"loss curve ({check['dtype']}): {state} one process's in the same dtype: first "
+                  f"{check['compared_steps']} steps within {fmt(check['max_loss_relative_difference'])} (tolerance "
+                  f"{check['rtol']:g}){params}, last losses' mean within "
+                  f"{fmt(check['final_loss_relative_difference'])} (band {check['final_band']:g}); skipped steps "
+                  f"{check['skipped_steps']}, one process's {check['reference_skipped_steps']}")
     else:
         state = "[green]matches[/]" if check["ok"] else "[bold red]DIFFERS from[/]"
         params = ""

@@ -34,6 +34,8 @@ class StepLog:
     modelled: bool = False  # True where compute (and so step) seconds come from a simulated device's model
     gather_exposed_seconds: list[float] | None = None  # fsdp with prefetch: per prefetched gather, in the order
     #                         started, the time this rank spent starting, testing and waiting for it
+    loss_scale: float = 1.0  # the scale this step's backward ran with (fp16's dynamic loss scaling; else 1)
+    step_skipped: bool = False  # the update was skipped: non-finite gradients somewhere (mixed precision only)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

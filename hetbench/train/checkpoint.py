@@ -10,8 +10,10 @@ Layout of DIR:
 A piece is a slice [start, stop) of one layer's flat vector (W row-major, then b) that a rank held: fsdp's shard
 of every layer, ddp's full replicas (rank 0 alone: the replicas are the same), pipeline's stage's layers whole. The
 manifest lists each rank's pieces ([layer, start, stop, offset in its file]) with the device, vendor and backend
-it was trained on, the model (layers, hidden, batch, seed), the optimizer and lr, the strategy and the steps done,
-and the earlier runs the state went through ("history").
+it was trained on, the model (layers, hidden, batch, seed), the optimizer and lr, the dtype (fp32, or the compute
+dtype of mixed precision: the saved vectors are the float32 masters either way) and the loss scaler's state at the
+save ("loss_scaler": scale and consecutive good steps, so a resumed fp16 run continues the same curve), the strategy
+and the steps done, and the earlier runs the state went through ("history").
 
 Saving (collective): rank 0 makes DIR/step-<N>.tmp-<unique>/, every rank writes its files there (each fsynced),
 and only when all have succeeded does rank 0 write the manifest, rename the folder to step-<N> and then replace
@@ -99,6 +101,10 @@ class Checkpoint:
             self.optimizer = str(m["optimizer"])
             self.lr = float(m["lr"])
             self.steps_done = int(m["steps_done"])
+            self.dtype = str(m.get("dtype", "fp32"))
+            scaler = m.get("loss_scaler")
+            self.loss_scaler = ({"scale": float(scaler["scale"]), "good_steps": int(scaler["good_steps"])}
+                                if scaler else None)
             self.ranks = list(m["ranks"])
             self._pieces: list[tuple[int, int, int, int, int]] = [  # (layer, start, stop, rank, offset)
                 (int(layer), int(start), int(stop), int(r["rank"]), int(offset))
@@ -144,7 +150,7 @@ class Checkpoint:
                                       "by the saved pieces")
 
     def mismatches(self, layers: int, hidden: int, batch: int, seed: int, optimizer: str, lr: float,
-                   steps: int) -> list[str]:
+                   steps: int, dtype: str = "fp32") -> list[str]:
         """What stops this run (its options) from continuing this checkpoint, one message each."""
         errors = []
         want = {"layers": layers, "hidden": hidden, "batch": batch, "seed": seed}
@@ -153,6 +159,8 @@ class Checkpoint:
             differ.append(f"--optimizer {optimizer} (the checkpoint's: {self.optimizer})")
         if float(lr) != self.lr:
             differ.append(f"--lr {lr:g} (the checkpoint's: {self.lr:g})")
+        if dtype != self.dtype:
+            differ.append(f"--dtype {dtype} (the checkpoint's: {self.dtype})")
         if differ:
             errors.append(f"checkpoint {str(self.folder)!r} is of another run: " + ", ".join(differ))
         if steps <= self.steps_done:
@@ -180,7 +188,8 @@ class Saver:
     saves after every `every` steps (0: never in between) and after the last one (`final`)."""
 
     def __init__(self, world: Any, folder: Path, every: int, final: int, manifest: dict[str, Any],
-                 rank_facts: list[dict[str, Any]], error: Callable[[str], Exception]) -> None:
+                 rank_facts: list[dict[str, Any]], error: Callable[[str], Exception],
+                 live: Callable[[], dict[str, Any]] | None = None) -> None:
         self.world = world
         self.folder = Path(folder)
         self.every = int(every)
@@ -188,6 +197,7 @@ class Saver:
         self.manifest = manifest  # model, optimizer, lr, strategy, weights, history
         self.rank_facts = rank_facts  # every rank's host, backend, vendor, device
         self.error = error  # makes the exception every rank raises when a save fails
+        self.live = live  # manifest entries read at each save (the loss scaler's state then)
         self.saved: list[str] = []
 
     def due(self, steps_done: int) -> bool:
@@ -242,7 +252,8 @@ class Saver:
             ranks = [{**self.rank_facts[r], "rank": r, "pieces": index_r,
                       "files": {name: f"rank-{r}.{name}.npy" for name in names} if index_r else {}}
                      for r, (index_r, _) in enumerate(everyone)]
-            document = {"format": FORMAT, "steps_done": steps_done, **self.manifest, "ranks": ranks}
+            live = self.live() if self.live is not None else {}
+            document = {"format": FORMAT, "steps_done": steps_done, **self.manifest, **live, "ranks": ranks}
             try:
                 write_json_atomic(tmp / MANIFEST, document)
                 if final.exists():

@@ -26,6 +26,17 @@ P)[r], G = 2 gathered layers with prefetch, else 1, and L layers, all float32:
     optimizer_bytes = 8 * L * s_r (adamw: m and v per element), 0 (sgd)
 and for ddp: param_bytes = grad_bytes = 4 * L * P, optimizer_bytes = 8 * L * P (adamw), 0 (sgd).
 
+Mixed precision (--dtype fp16/bf16; precision.py): parameters, gradients and optimizer state stay float32 as above;
+the GEMMs compute in the dtype (ops.py). The backward runs on the scaled loss (fp16); a step whose reduced
+gradients hold an inf or NaN on any rank is skipped by every rank. ddp's gradients are the same on every rank after
+the Allreduce, so each decides alone; fsdp's ranks each see only their shard, so their verdicts travel in the
+loss's Allreduce (one more float64), and fsdp can no longer update a shard right after its reduce-scatter: each
+layer's reduced shard is held until the verdict at the end of the backward, then unscaled and applied. So, with
+c = hidden * hidden * 2 (the compute-dtype copy of the weight matrix a GEMM reads):
+    fsdp: param_bytes = 4 * (L * s_r + G * P) + c,  grad_bytes = 4 * (P + L * s_r)  (every layer's shard held)
+    ddp:  param_bytes = 4 * L * P + c,              grad_bytes = 4 * L * P
+The activations a layer keeps for its backward are held in the compute dtype (not counted in these figures).
+
 Times (StepClock): every blocking MPI call is preceded by a barrier whose wait counts as idle, so comm_seconds is
 the data movement once all ranks have arrived (plus host<->device copies) and idle_seconds is the wait for slower
 ranks; a prefetched gather takes no barrier, so the wait for a slower rank to start it counts as communication.
@@ -88,33 +99,53 @@ def bucket_ranges(total: int, bucket_elements: int) -> list[tuple[int, int]]:
     return out
 
 
-def _loss_sum(clock: StepClock, comm: Any, part: float) -> float:
+def _loss_sum(clock: StepClock, comm: Any, part: float, nonfinite: bool | None = None) -> Any:
+    """The global loss (Allreduce of the parts). With `nonfinite` (mixed precision: whether this rank's reduced
+    gradients hold an inf or NaN) the same call also sums the ranks' verdicts: (loss, whether any rank saw one)."""
     from mpi4py import MPI
 
-    buf = np.array([part], dtype=np.float64)
+    buf = np.array([part] if nonfinite is None else [part, float(nonfinite)], dtype=np.float64)
     clock.comm(lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM))
-    return float(buf[0])
+    return float(buf[0]) if nonfinite is None else (float(buf[0]), bool(buf[1] > 0))
 
 
 def _log(clock: StepClock, ops: Any, step: int, loss: float, samples: int, param_bytes: int, grad_bytes: int,
-         optimizer_bytes: int) -> StepLog:
+         optimizer_bytes: int, loss_scale: float = 1.0, skipped: bool = False) -> StepLog:
     step_s, compute, comm, idle = clock.finish()
     return StepLog(step=step, loss=loss, step_seconds=step_s, compute_seconds=compute, comm_seconds=comm,
                    idle_seconds=idle, samples=samples, param_bytes=param_bytes, grad_bytes=grad_bytes,
-                   optimizer_bytes=optimizer_bytes, modelled=bool(ops.modelled))
+                   optimizer_bytes=optimizer_bytes, modelled=bool(ops.modelled), loss_scale=loss_scale,
+                   step_skipped=skipped)
+
+
+def compute_copy_bytes(ops: Any, hidden: int) -> int:
+    """Under mixed precision, the compute-dtype copy of the one weight matrix a GEMM reads (hidden*hidden at the
+    dtype's device size, 2 bytes; the host's emulation of bf16 holds it in float32, not counted); 0 under fp32,
+    whose GEMMs read the float32 parameters themselves."""
+    return hidden * hidden * ops.dtype.itemsize if getattr(ops, "mixed", False) else 0
+
+
+def make_scaler(ops: Any, scaler: Any) -> Any:
+    from hetbench.train.precision import LossScaler
+
+    if scaler is not None:
+        return scaler
+    dtype = getattr(ops, "dtype", None)
+    return LossScaler.for_dtype(dtype.name if dtype is not None else "fp32")
 
 
 def train_ddp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: float, steps: int,
               weights: Sequence[float], path: str = "host", micro_batches: int = 4,
               on_step: Callable[[StepLog], None] | None = None, start_step: int = 0,
-              initial: Any = None, checkpoint: CheckpointHook | None = None, rebalance_steps: int = 0
-              ) -> TrainOutcome:
+              initial: Any = None, checkpoint: CheckpointHook | None = None, rebalance_steps: int = 0,
+              scaler: Any = None) -> TrainOutcome:
     """Full replicas; gradients summed by bucketed Allreduce. Collective: every rank calls it. `path` and
     `micro_batches` are ignored (host path only; no micro-batches in data parallelism). With `rebalance_steps` the
     batch shares are measured again after each of the first steps (BatchShares). `initial` (an
     hetbench.train.InitialState, e.g. a checkpoint) replaces the initial parameters and optimizer state; after each
     step `checkpoint(steps_done, pieces)` is called if given (rank 0's pieces are the full replicas; the others
-    hand none, their replicas being the same)."""
+    hand none, their replicas being the same). `scaler` (a precision.LossScaler, e.g. restored from a checkpoint;
+    default a fresh one for ops.dtype) scales the loss and skips steps with non-finite gradients."""
     from mpi4py import MPI
 
     comm, rank = world.comm, world.rank
@@ -131,6 +162,8 @@ def train_ddp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: floa
     bucket_elements = BUCKET_BYTES // FLOAT_BYTES
     buckets = bucket_ranges(L * P, bucket_elements)
     teacher = teacher_params(model)
+    scaler = make_scaler(ops, scaler)
+    copy_bytes = compute_copy_bytes(ops, hidden)
     clock = StepClock(ops, comm)
     logs: list[StepLog] = []
     for step in range(start_step, start_step + steps):
@@ -143,6 +176,8 @@ def train_ddp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: floa
             h, cache = layer_forward(ops, W, b, h)
             caches.append(cache)
         loss_part, g = loss_and_grad(h, y, model.batch)
+        scale = scaler.scale
+        g = scaler.scale_loss_grad(g)
         for layer in reversed(range(L)):
             g, dW, db = layer_backward(ops, unflatten(layers[layer], hidden)[0], caches[layer], g)
             caches[layer] = None
@@ -153,9 +188,14 @@ def train_ddp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: floa
             bucket = grads[a:b_]
             clock.comm(lambda: comm.Allreduce(MPI.IN_PLACE, bucket, op=MPI.SUM))
         loss = _loss_sum(clock, comm, loss_part)
-        for layer in range(L):
-            opts[layer].step(layers[layer], grads[layer * P:(layer + 1) * P], step)
-        log = _log(clock, ops, step, loss, count, flat.nbytes, grads.nbytes, sum(o.state_bytes for o in opts))
+        # the summed gradients are the same on every rank: each reaches the same verdict alone
+        skipped = scaler.update(scaler.nonfinite([grads]))
+        if not skipped:
+            scaler.unscale(grads)
+            for layer in range(L):
+                opts[layer].step(layers[layer], grads[layer * P:(layer + 1) * P], step)
+        log = _log(clock, ops, step, loss, count, flat.nbytes + copy_bytes, grads.nbytes,
+                   sum(o.state_bytes for o in opts), scale, skipped)
         logs.append(log)
         balance.after_step(count, clock.busy_seconds)
         if on_step is not None:
@@ -175,12 +215,14 @@ def train_fsdp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: flo
                weights: Sequence[float], path: str = "host", micro_batches: int = 4,
                on_step: Callable[[StepLog], None] | None = None, start_step: int = 0,
                initial: Any = None, checkpoint: CheckpointHook | None = None, prefetch: bool = True,
-               rebalance_steps: int = 0) -> TrainOutcome:
+               rebalance_steps: int = 0, scaler: Any = None) -> TrainOutcome:
     """Parameters, gradients and optimizer state sharded by `weights`; layers gathered one at a time (with
     `prefetch`, the next layer's gather runs while this one computes). Collective: every rank calls it. `path` and
     `micro_batches` are ignored. `initial` (an hetbench.train.InitialState, e.g. a checkpoint of any layout) gives
     each rank its shard of the parameters and optimizer state (re-sharding); after each step
-    `checkpoint(steps_done, pieces)` is called if given (a rank's pieces: its shard of every layer)."""
+    `checkpoint(steps_done, pieces)` is called if given (a rank's pieces: its shard of every layer). `scaler` as
+    train_ddp's; under mixed precision the shards' updates wait for the global verdict on the gradients (module
+    docstring). `rebalance_steps` as train_ddp's."""
     comm, rank = world.comm, world.rank
     weights = check_weights(weights, world.size)
     balance = BatchShares(comm, weights, model.batch, rebalance_steps)
@@ -198,6 +240,9 @@ def train_fsdp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: flo
     buffers = [np.empty(P, dtype=np.float32) for _ in range(2 if prefetch else 1)]
     gather_blocking = _blocking_gather_seconds(comm, shards[0], param_counts, buffers[0]) if prefetch else None
     teacher = teacher_params(model)
+    scaler = make_scaler(ops, scaler)
+    copy_bytes = compute_copy_bytes(ops, hidden)
+    held: list[Any] = [None] * L  # mixed precision: each layer's reduced gradient shard, until the verdict
     clock = StepClock(ops, comm)
     logs: list[StepLog] = []
     shard_bytes = sum(s.nbytes for s in shards)
@@ -219,6 +264,8 @@ def train_fsdp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: flo
             h, cache = layer_forward(ops, W, b, h)
             caches.append(cache)
         loss_part, g = loss_and_grad(h, y, model.batch)
+        scale = scaler.scale
+        g = scaler.scale_loss_grad(g)
         grad_peak = 0
         for layer in reversed(range(L)):
             # the last layer is still gathered from the forward; with prefetch every other one was started
@@ -234,11 +281,26 @@ def train_fsdp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: flo
             full_grad = flatten(dW, db)
             del dW, db
             grad_shard = clock.comm(lambda v=full_grad: reduce_scatterv(comm, v, param_counts))
-            grad_peak = max(grad_peak, full_grad.nbytes + grad_shard.nbytes)
+            if scaler.checks:
+                held[layer] = grad_shard
+            grad_peak = max(grad_peak, full_grad.nbytes + sum(s.nbytes for s in held if s is not None)
+                            + (0 if scaler.checks else grad_shard.nbytes))
             del full_grad
-            opts[layer].step(shards[layer], grad_shard, step)
-        loss = _loss_sum(clock, comm, loss_part)
-        log = _log(clock, ops, step, loss, count, held_bytes, grad_peak, sum(o.state_bytes for o in opts))
+            if not scaler.checks:
+                opts[layer].step(shards[layer], grad_shard, step)
+        skipped = False
+        if scaler.checks:
+            loss, any_nonfinite = _loss_sum(clock, comm, loss_part, scaler.nonfinite(held))
+            skipped = scaler.update(any_nonfinite)
+            for layer in range(L):
+                if not skipped:
+                    scaler.unscale(held[layer])
+                    opts[layer].step(shards[layer], held[layer], step)
+                held[layer] = None
+        else:
+            loss = _loss_sum(clock, comm, loss_part)
+        log = _log(clock, ops, step, loss, count, held_bytes + copy_bytes, grad_peak,
+                   sum(o.state_bytes for o in opts), scale, skipped)
         log.gather_exposed_seconds = list(fetch.exposed_seconds) if prefetch else None
         logs.append(log)
         balance.after_step(count, clock.busy_seconds)

@@ -1,6 +1,7 @@
 """The model: a deep residual MLP, h_{l+1} = h_l + relu(h_l @ W_l + b_l), trained to imitate a fixed random teacher.
 
-Everything is float32 host NumPy; the GEMMs go through an Ops (the rank's device). The forward and backward are
+Everything is float32 host NumPy; the GEMMs go through an Ops (the rank's device), which under mixed precision
+(precision.py) rounds their operands and results to the compute dtype. The forward and backward are
 written out by hand, one layer at a time, so that every strategy (ddp, fsdp, pipeline) runs the same arithmetic.
 
 The task. x ~ N(0, 1) of shape (batch, hidden), fresh every step from (seed, step). The target is
@@ -114,12 +115,14 @@ def batch_slice(counts: Sequence[int], rank: int) -> tuple[int, int]:
 
 def layer_forward(ops: Any, W: np.ndarray, b: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, Any]:
     """h_next = h + relu(h @ W + b); the cache (h, where the pre-activation was positive) is what the backward
-    needs besides W. The cache does not hold W, so a gathered layer can be freed after its forward."""
+    needs besides W. The cache does not hold W, so a gathered layer can be freed after its forward. Under mixed
+    precision the cache keeps h in the compute dtype (ops.keep) and the residual stream h_next stays float32."""
     z = ops.matmul(h, W)
     z += b
     active = z > 0
     h_next = h + np.where(active, z, np.float32(0.0))
-    return h_next, (h, active)
+    keep = getattr(ops, "keep", None)
+    return h_next, (keep(h) if keep is not None else h, active)
 
 
 def layer_backward(ops: Any, W: np.ndarray, cache: Any, grad_out: np.ndarray

@@ -35,6 +35,14 @@ bubble (a stage has nothing to do before its first micro-batch arrives and after
 it is counted as idle, not communication.
 
 At the end rank 0 gathers every stage's parameters (gatherv of the flat vectors) into TrainOutcome.params.
+
+Mixed precision (--dtype fp16/bf16; precision.py): the stages' parameters, gradients and optimizer state stay
+float32, activations and gradients travel between stages as float32 (MPI has no half types), the GEMMs compute in
+the dtype. The last stage starts the backward from the scaled loss (fp16). Each stage sees only its own layers'
+gradients, so the step's verdict (an inf or NaN in any stage's gradients: skip) travels with the loss: instead of
+step 6's Bcast, one Allreduce (sum) of [the loss (0 but at the last rank), this stage's verdict], and the stages'
+updates (step 5) wait for it. param_bytes adds the compute-dtype copy of the weight matrix a GEMM reads
+(hidden * hidden * 2) on a rank with layers.
 """
 
 from __future__ import annotations
@@ -58,6 +66,7 @@ from hetbench.train.model import (
     unflatten,
 )
 from hetbench.train.optim import make_optimizer
+from hetbench.train.precision import LossScaler
 
 
 def stage_layers(weights: Sequence[float], layers: int) -> list[int]:
@@ -109,6 +118,7 @@ def train_pipeline(
     start_step: int = 0,
     initial: Any = None,
     checkpoint: CheckpointHook | None = None,
+    scaler: Any = None,
 ) -> TrainOutcome:
     """Train `model` for `steps` steps with the layers split into pipeline stages by `weights` (one per rank).
     Collective: every rank calls it with the same arguments. See the module docstring for the schedule and the
@@ -121,7 +131,9 @@ def train_pipeline(
 
     `initial` (an hetbench.train.InitialState, e.g. a checkpoint of any layout) gives each stage its layers'
     parameters and optimizer state instead of init_params and fresh state; after each step
-    `checkpoint(steps_done, pieces)` is called if given (a rank's pieces: its stage's layers, whole).
+    `checkpoint(steps_done, pieces)` is called if given (a rank's pieces: its stage's layers, whole). `scaler` (a
+    precision.LossScaler; default a fresh one for ops.dtype) scales the loss and skips steps with non-finite
+    gradients (module docstring).
     """
     comm = world.comm
     rank, size = world.rank, world.size
@@ -148,7 +160,11 @@ def train_pipeline(
     params = [unflatten(v, hidden) for v in vecs]
     grads = [np.zeros_like(v) for v in vecs]
     teacher = teacher_params(model) if (first or last) else None
+    dtype = getattr(ops, "dtype", None)
+    scaler = scaler if scaler is not None else LossScaler.for_dtype(dtype.name if dtype is not None else "fp32")
     param_bytes = sum(v.nbytes for v in vecs)
+    if vecs and getattr(ops, "mixed", False):
+        param_bytes += hidden * hidden * ops.dtype.itemsize  # the compute-dtype copy of the W a GEMM reads
     grad_bytes = sum(g.nbytes for g in grads)
     optimizer_bytes = sum(o.state_bytes for o in opts)
     logs: list[StepLog] = []
@@ -166,6 +182,7 @@ def train_pipeline(
         outputs: list[np.ndarray | None] = []
         pending: list[tuple[np.ndarray, Any]] = []  # Isend requests with their buffers, kept alive until done
         loss_sum = 0.0
+        scale = scaler.scale
 
         # forward, every micro-batch in order
         for m in range(m_count):
@@ -189,6 +206,7 @@ def train_pipeline(
         for m in reversed(range(m_count)):
             if last:
                 part, g = loss_and_grad(outputs[m], y[row_start[m]:row_start[m] + rows[m]], batch)
+                g = scaler.scale_loss_grad(g)
                 loss_sum += part
                 outputs[m] = None
             else:
@@ -203,18 +221,31 @@ def train_pipeline(
                 pending.append((out, clock.comm(
                     lambda out=out, m=m: comm.Isend(out, dest=rank - 1, tag=m_count + m))))
 
-        # this stage's update (the views in `params` follow the vectors)
-        for vec, grad, opt in zip(vecs, grads, opts):
-            opt.step(vec, grad, step)
+        # this stage's update (the views in `params` follow the vectors); under mixed precision after the verdict
+        if not scaler.checks:
+            for vec, grad, opt in zip(vecs, grads, opts):
+                opt.step(vec, grad, step)
 
         # every send of the step completed, then the loss from the last stage to all
         if pending:
             requests = [req for _, req in pending]
             clock.comm(lambda: world.MPI.Request.Waitall(requests))
             pending.clear()
-        loss_buf = np.array([loss_sum if last else 0.0], dtype=np.float64)
-        if size > 1:
-            clock.comm(lambda: comm.Bcast(loss_buf, root=size - 1))
+        skipped = False
+        if scaler.checks:
+            # the loss and every stage's verdict in one sum (the loss is 0 but at the last rank: the sum is exact)
+            loss_buf = np.array([loss_sum if last else 0.0, float(scaler.nonfinite(grads))], dtype=np.float64)
+            if size > 1:
+                clock.comm(lambda: comm.Allreduce(world.MPI.IN_PLACE, loss_buf, op=world.MPI.SUM))
+            skipped = scaler.update(bool(loss_buf[1] > 0))
+            if not skipped:
+                for vec, grad, opt in zip(vecs, grads, opts):
+                    scaler.unscale(grad)
+                    opt.step(vec, grad, step)
+        else:
+            loss_buf = np.array([loss_sum if last else 0.0], dtype=np.float64)
+            if size > 1:
+                clock.comm(lambda: comm.Bcast(loss_buf, root=size - 1))
 
         step_seconds, compute, comm_seconds, idle = clock.finish()
         log = StepLog(
@@ -229,6 +260,8 @@ def train_pipeline(
             grad_bytes=grad_bytes,
             optimizer_bytes=optimizer_bytes,
             modelled=bool(getattr(ops, "modelled", False)),
+            loss_scale=scale,
+            step_skipped=skipped,
         )
         logs.append(log)
         if on_step is not None:

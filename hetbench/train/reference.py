@@ -1,4 +1,5 @@
-"""The single-process training run every strategy must reproduce (to fp32 tolerance: only sums' order differs)."""
+"""The single-process training run every strategy must reproduce (to fp32 tolerance: only sums' order differs;
+under mixed precision also where a GEMM's fp16/bf16 rounding falls, see harness/train.py's CHECK_RTOL)."""
 
 from __future__ import annotations
 
@@ -19,14 +20,19 @@ from hetbench.train.model import (
 )
 from hetbench.train.ops import HostOps
 from hetbench.train.optim import make_optimizer
+from hetbench.train.precision import LossScaler
 
 
-def reference(model: ModelConfig, optimizer: str, lr: float, steps: int, ops: Any = None
+def reference(model: ModelConfig, optimizer: str, lr: float, steps: int, ops: Any = None, dtype: str = "fp32",
+              trace: list[dict[str, Any]] | None = None
               ) -> tuple[list[float], list[tuple[np.ndarray, np.ndarray]]]:
     """Train `model` from its initial parameters for `steps` steps (step indices 0...) in one
-    process on `ops` (default HostOps()). Returns (the loss of every step, before its update; the final
-    [(W_l, b_l)]). One optimizer per layer's flat vector, as the strategies have."""
-    ops = ops if ops is not None else HostOps()
+    process on `ops` (default HostOps(dtype)). Returns (the loss of every step, before its update; the final
+    [(W_l, b_l)]). One optimizer per layer's flat vector, as the strategies have. `dtype` fp16/bf16: mixed
+    precision with the strategies' loss scaler (precision.py); `trace`, if given, receives per step
+    {"loss_scale", "step_skipped"} as the strategies log them."""
+    ops = ops if ops is not None else HostOps(dtype)
+    scaler = LossScaler.for_dtype(ops.dtype.name if hasattr(ops, "dtype") else dtype)
     hidden = model.hidden
     vecs = [flatten(W, b).copy() for W, b in init_params(model)]
     opts = [make_optimizer(optimizer, lr, v.size) for v in vecs]
@@ -35,10 +41,18 @@ def reference(model: ModelConfig, optimizer: str, lr: float, steps: int, ops: An
     for step in range(steps):
         x, y = make_batch(model, step, teacher=teacher)
         params = [unflatten(v, hidden) for v in vecs]
-        h, caches = forward(ops, params, x)
-        loss, grad = loss_and_grad(h, y, model.batch)
-        grads = backward(ops, params, caches, grad)
-        for vec, opt, (dW, db) in zip(vecs, opts, grads):
-            opt.step(vec, flatten(dW, db), step)
+        scale = scaler.scale
+        with scaler.quiet():
+            h, caches = forward(ops, params, x)
+            loss, grad = loss_and_grad(h, y, model.batch)
+            grads = backward(ops, params, caches, scaler.scale_loss_grad(grad))
+            flat = [flatten(dW, db) for dW, db in grads]
+        skipped = scaler.update(scaler.nonfinite(flat))
+        if not skipped:
+            for vec, opt, g in zip(vecs, opts, flat):
+                scaler.unscale(g)
+                opt.step(vec, g, step)
+        if trace is not None:
+            trace.append({"loss_scale": scale, "step_skipped": skipped})
         losses.append(loss)
     return losses, [tuple(a.copy() for a in unflatten(v, hidden)) for v in vecs]  # type: ignore[misc]
