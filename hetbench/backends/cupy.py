@@ -209,6 +209,12 @@ class CupyBackend:
         return self._index
 
     @property
+    def array_module(self) -> Any:
+        """The cupy module: this device's arrays support NumPy's API, so `hetbench train` keeps a rank's training
+        state on the GPU and computes its elementwise work there too (hetbench/train/ops.py)."""
+        return self._cupy
+
+    @property
     def stream(self) -> Any:
         """The stream all of this backend's work goes to."""
         return self._stream

@@ -88,8 +88,10 @@ class Train:
                               "from `hetbench calibrate`; or one weight >= 0 per rank."),
             click.Option(["--micro-batches"], type=int_range(1, MAX_BATCH), default=4, show_default=True,
                          help="pipeline: micro-batches per step."),
-            click.Option(["--path"], type=click.Choice(["host"]), default="host", show_default=True,
-                         help="How gradients and parameters move: host-staged (device-direct is not built yet)."),
+            click.Option(["--path"], type=click.Choice(["host", "device"]), default="host", show_default=True,
+                         help="How a GPU rank's parameters, gradients and activations reach MPI: through host copies "
+                              "(host), or as GPU memory (device: needs a GPU-aware MPI; refused for OpenCL ranks). "
+                              "Ranks whose training state is in host memory hand it to MPI directly either way."),
             click.Option(["--prefetch/--no-prefetch"], default=True, show_default=True,
                          help="fsdp: start gathering the next layer's parameters while this layer computes "
                               "(nonblocking MPI, tested after every GEMM); the summary says how much of the "

@@ -11,7 +11,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from hetbench.backends.base import TIMING_MODELLED
+from hetbench.backends.base import MPI_MEMORY_NONE, TIMING_MODELLED
 from hetbench.benchmarks import split_plan as plan
 from hetbench.comm.world import World
 from hetbench.harness.devices import OpenDevice
@@ -85,10 +85,17 @@ class RankOutcome:
     details: dict[str, Any] = field(default_factory=dict)  # the strategy's facts (TrainOutcome.details)
 
 
+# A test hook: "1" makes a host-backend rank keep its training state as a GPU rank does (Ops(resident=True)),
+# its arrays standing for device arrays and every move between host and "device" a real copy, so that the
+# staging of `--path host` and the direct hand-over of `--path device` run where there is no GPU
+RESIDENT_ENV = "HETBENCH_TRAIN_RESIDENT"
+
+
 def prepare(cfg: Any, world: World, opened: OpenDevice) -> tuple[TrainState, list[str]]:
     from hetbench.train.ops import Ops
 
-    return TrainState(opened, Ops(opened.backend, cfg.dtype)), []
+    resident = True if os.environ.get(RESIDENT_ENV) == "1" and opened.backend.name == "host" else None
+    return TrainState(opened, Ops(opened.backend, cfg.dtype, resident=resident)), []
 
 
 def check(cfg: Any, world: World, state: TrainState) -> list[str]:
@@ -96,7 +103,9 @@ def check(cfg: Any, world: World, state: TrainState) -> list[str]:
     strategy needs it."""
     state.devices = [tuple(d) for d in world.allgather((state.opened.spec, state.opened.info.name))]
     errors = checkpoint_errors(cfg, state)
-    if cfg.path == "device":
+    # --path device: a rank whose state would live in GPU memory (a CuPy GPU, or a simulated one) needs an MPI that
+    # takes GPU buffers, as in collectives; an OpenCL rank keeps its state in host memory, which MPI takes anyway
+    if cfg.path == "device" and state.opened.backend.mpi_memory_kind() != MPI_MEMORY_NONE:
         from hetbench.harness.devices import device_path_error
 
         error = device_path_error(state.opened.backend, state.opened.info, cfg.dtype, world)
@@ -206,7 +215,9 @@ def run_rank(cfg: Any, world: World, state: TrainState,
              "device": state.opened.info.name, "device_timing": state.opened.backend.timing,
              # mixed precision: the GEMMs in the dtype on the device itself, or emulated (fp32 GEMM on rounded
              # operands, timed at fp32's rate): see hetbench/train/ops.py
-             "compute_dtype": cfg.dtype.name, "compute_path": state.ops.compute_path}
+             "compute_dtype": cfg.dtype.name, "compute_path": state.ops.compute_path,
+             # where the rank's training state lives: "device" (a GPU's array library), "host" (NumPy)
+             "state_memory": "device" if state.ops.resident else "host"}
     resume = state.resume
     start = resume.steps_done if resume is not None else 0
     scaler = LossScaler.for_dtype(cfg.dtype, resume.loss_scaler if resume is not None else None)
@@ -441,6 +452,8 @@ def summarize_job(cfg: Any, rows_: list[dict[str, Any]], gathered: list[RankOutc
         # on the host with NumPy: the figure of this machine, not of the GPU simulated
         "step_timing": "wall time; simulated ranks compute on the host" if modelled else "wall time",
         **_prefetch_summary(root),
+        "path": cfg.path,
+        "state_memory": [r.get("state_memory") for r in rows_],
         "dtype": cfg.dtype.name,
         "master_dtype": "fp32",
         # per rank: its GEMMs native in the dtype, or emulated (fp32 GEMMs on rounded operands, fp32 speed)

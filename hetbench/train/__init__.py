@@ -91,8 +91,14 @@ def load_layer_state(initial: Any, opt: Any, layer: int, start: int, stop: int) 
     return initial.read("param", layer, start, stop)
 
 
-def layer_piece(layer: int, start: int, param: np.ndarray, opt: Any) -> Piece:
-    return Piece(layer, start, start + param.size, {"param": param, **opt.state()})
+def layer_piece(layer: int, start: int, param: np.ndarray, opt: Any, to_host: Callable[[Any], Any] | None = None
+                ) -> Piece:
+    """This rank's piece of `layer` for a checkpoint: the parameters and optimizer state, as host arrays
+    (`to_host`, e.g. Ops.to_host, copies a GPU rank's)."""
+    arrays = {"param": param, **opt.state()}
+    if to_host is not None:
+        arrays = {name: to_host(a) for name, a in arrays.items()}
+    return Piece(layer, start, start + param.size, arrays)
 
 
 class StepClock:

@@ -58,7 +58,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from hetbench.benchmarks.split_plan import shares
-from hetbench.comm.vcollectives import allgatherv, gatherv, iallgatherv, reduce_scatterv
+from hetbench.comm.vcollectives import gatherv
 from hetbench.train import BatchShares, CheckpointHook, StepClock, StepLog, TrainOutcome, layer_piece, load_layer_state
 from hetbench.train.model import (
     ModelConfig,
@@ -73,6 +73,7 @@ from hetbench.train.model import (
     unflatten,
 )
 from hetbench.train.optim import make_optimizer
+from hetbench.train.transport import Transport
 
 BUCKET_BYTES = 4 * 1024**2
 FLOAT_BYTES = 4
@@ -140,25 +141,27 @@ def train_ddp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: floa
               initial: Any = None, checkpoint: CheckpointHook | None = None, rebalance_steps: int = 0,
               scaler: Any = None) -> TrainOutcome:
     """Full replicas; gradients summed by bucketed Allreduce. Collective: every rank calls it. `path` and
-    `micro_batches` are ignored (host path only; no micro-batches in data parallelism). With `rebalance_steps` the
+    `micro_batches` is ignored (no micro-batches in data parallelism). With `rebalance_steps` the
     batch shares are measured again after each of the first steps (BatchShares). `initial` (an
     hetbench.train.InitialState, e.g. a checkpoint) replaces the initial parameters and optimizer state; after each
     step `checkpoint(steps_done, pieces)` is called if given (rank 0's pieces are the full replicas; the others
     hand none, their replicas being the same). `scaler` (a precision.LossScaler, e.g. restored from a checkpoint;
-    default a fresh one for ops.dtype) scales the loss and skips steps with non-finite gradients."""
-    from mpi4py import MPI
-
+    default a fresh one for ops.dtype) scales the loss and skips steps with non-finite gradients. `path` moves a
+    GPU rank's arrays through host copies ("host") or hands them to MPI ("device"; transport.py)."""
     comm, rank = world.comm, world.rank
     weights = check_weights(weights, world.size)
     balance = BatchShares(comm, weights, model.batch, rebalance_steps)
     hidden, P, L = model.hidden, model.layer_size, model.layers
-    opts = [make_optimizer(optimizer, lr, P) for _ in range(L)]
+    move = Transport(ops, path)
+    xp = getattr(ops, "xp", np)
+    opts = [make_optimizer(optimizer, lr, P, xp=xp) for _ in range(L)]
     if initial is None:
         flat = np.concatenate([flatten(W, b) for W, b in init_params(model)])
     else:
         flat = np.concatenate([load_layer_state(initial, opts[layer], layer, 0, P) for layer in range(L)])
+    flat = _on_device(ops, flat)
     layers = [flat[layer * P:(layer + 1) * P] for layer in range(L)]  # views into flat
-    grads = np.zeros(L * P, dtype=np.float32)
+    grads = xp.zeros(L * P, dtype=np.float32)
     bucket_elements = BUCKET_BYTES // FLOAT_BYTES
     buckets = bucket_ranges(L * P, bucket_elements)
     teacher = teacher_params(model)
@@ -168,7 +171,7 @@ def train_ddp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: floa
     logs: list[StepLog] = []
     for step in range(start_step, start_step + steps):
         first, count = batch_slice(balance.counts, rank)
-        x, y = make_batch(model, step, first, count, teacher)
+        x, y = (_on_device(ops, a) for a in make_batch(model, step, first, count, teacher))
         clock.start()
         h, caches = x, []
         for vec in layers:
@@ -185,8 +188,7 @@ def train_ddp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: floa
             grads[base:base + hidden * hidden] = dW.ravel()
             grads[base + hidden * hidden:base + P] = db
         for a, b_ in buckets:
-            bucket = grads[a:b_]
-            clock.comm(lambda: comm.Allreduce(MPI.IN_PLACE, bucket, op=MPI.SUM))
+            move.allreduce_sum(clock, grads[a:b_])
         loss = _loss_sum(clock, comm, loss_part)
         # the summed gradients are the same on every rank: each reaches the same verdict alone
         skipped = scaler.update(scaler.nonfinite([grads]))
@@ -201,11 +203,11 @@ def train_ddp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: floa
         if on_step is not None:
             on_step(log)
         if checkpoint is not None:
-            checkpoint(step + 1, lambda: [layer_piece(layer, 0, layers[layer], opts[layer])
+            checkpoint(step + 1, lambda: [layer_piece(layer, 0, layers[layer], opts[layer], _host(ops))
                                           for layer in range(L)] if rank == 0 else [])
     params = None
     if rank == 0:
-        params = [tuple(a.copy() for a in unflatten(vec, hidden)) for vec in layers]
+        params = [tuple(a.copy() for a in unflatten(_host(ops)(vec), hidden)) for vec in layers]
     details = {"strategy": "ddp", **balance.details(), "bucket_bytes": BUCKET_BYTES,
                "buckets": len(buckets)}
     return TrainOutcome(logs=logs, params=params, details=details)  # type: ignore[arg-type]
@@ -217,8 +219,8 @@ def train_fsdp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: flo
                initial: Any = None, checkpoint: CheckpointHook | None = None, prefetch: bool = True,
                rebalance_steps: int = 0, scaler: Any = None) -> TrainOutcome:
     """Parameters, gradients and optimizer state sharded by `weights`; layers gathered one at a time (with
-    `prefetch`, the next layer's gather runs while this one computes). Collective: every rank calls it. `path` and
-    `micro_batches` are ignored. `initial` (an hetbench.train.InitialState, e.g. a checkpoint of any layout) gives
+    `prefetch`, the next layer's gather runs while this one computes). Collective: every rank calls it.
+    `micro_batches` is ignored; `path` as train_ddp's. `initial` (an hetbench.train.InitialState, e.g. a checkpoint of any layout) gives
     each rank its shard of the parameters and optimizer state (re-sharding); after each step
     `checkpoint(steps_done, pieces)` is called if given (a rank's pieces: its shard of every layer). `scaler` as
     train_ddp's; under mixed precision the shards' updates wait for the global verdict on the gradients (module
@@ -229,16 +231,19 @@ def train_fsdp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: flo
     hidden, P, L = model.hidden, model.layer_size, model.layers
     param_counts = shares(weights, P)
     offset, mine = batch_slice(param_counts, rank)
-    opts = [make_optimizer(optimizer, lr, mine) for _ in range(L)]
+    move = Transport(ops, path)
+    xp = getattr(ops, "xp", np)
+    opts = [make_optimizer(optimizer, lr, mine, xp=xp) for _ in range(L)]
     if initial is None:
         shards = [flatten(W, b)[offset:offset + mine].copy() for W, b in init_params(model)]
     else:
         shards = [load_layer_state(initial, opts[layer], layer, offset, offset + mine) for layer in range(L)]
+    shards = [_on_device(ops, shard) for shard in shards]
     prefetch = bool(prefetch) and world.size > 1 and L > 1
     # the full layers held at a time, reused for every gather: one, or two with prefetch (the layer computing and
     # the next one arriving); layer l always lands in buffers[l % len(buffers)]
-    buffers = [np.empty(P, dtype=np.float32) for _ in range(2 if prefetch else 1)]
-    gather_blocking = _blocking_gather_seconds(comm, shards[0], param_counts, buffers[0]) if prefetch else None
+    buffers = [xp.empty(P, dtype=np.float32) for _ in range(2 if prefetch else 1)]
+    gather_blocking = _blocking_gather_seconds(move, comm, shards[0], param_counts, buffers[0]) if prefetch else None
     teacher = teacher_params(model)
     scaler = make_scaler(ops, scaler)
     copy_bytes = compute_copy_bytes(ops, hidden)
@@ -247,10 +252,10 @@ def train_fsdp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: flo
     logs: list[StepLog] = []
     shard_bytes = sum(s.nbytes for s in shards)
     held_bytes = shard_bytes + sum(b.nbytes for b in buffers)
-    fetch = _Prefetcher(clock, ops, comm, shards, param_counts, buffers)
+    fetch = _Prefetcher(clock, ops, move, shards, param_counts, buffers)
     for step in range(start_step, start_step + steps):
         first, count = batch_slice(balance.counts, rank)
-        x, y = make_batch(model, step, first, count, teacher)
+        x, y = (_on_device(ops, a) for a in make_batch(model, step, first, count, teacher))
         clock.start()
         fetch.reset()
         h, caches = x, []
@@ -280,7 +285,7 @@ def train_fsdp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: flo
             caches[layer] = None
             full_grad = flatten(dW, db)
             del dW, db
-            grad_shard = clock.comm(lambda v=full_grad: reduce_scatterv(comm, v, param_counts))
+            grad_shard = move.reduce_scatterv(clock, full_grad, param_counts)
             if scaler.checks:
                 held[layer] = grad_shard
             grad_peak = max(grad_peak, full_grad.nbytes + sum(s.nbytes for s in held if s is not None)
@@ -307,12 +312,12 @@ def train_fsdp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: flo
         if on_step is not None:
             on_step(log)
         if checkpoint is not None:
-            checkpoint(step + 1, lambda: [layer_piece(layer, offset, shards[layer], opts[layer])
+            checkpoint(step + 1, lambda: [layer_piece(layer, offset, shards[layer], opts[layer], _host(ops))
                                           for layer in range(L) if mine > 0])
     ops.poll = None
     params = None
     for shard in shards:
-        full = gatherv(comm, shard, param_counts, root=0)
+        full = gatherv(comm, _host(ops)(shard), param_counts, root=0)
         if rank == 0:
             if params is None:
                 params = []
@@ -326,17 +331,33 @@ def train_fsdp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: flo
 GATHER_PROBES = 5
 
 
-def _blocking_gather_seconds(comm: Any, shard: np.ndarray, counts: list[int], buf: np.ndarray) -> float:
+def _on_device(ops: Any, host: np.ndarray) -> Any:
+    """A host array where the rank's training state lives (Ops.to_device; the array itself without an Ops)."""
+    to_device = getattr(ops, "to_device", None)
+    return to_device(host) if to_device is not None else host
+
+
+def _host(ops: Any) -> Callable[[Any], np.ndarray]:
+    return getattr(ops, "to_host", None) or (lambda a: a)
+
+
+def _blocking_gather_seconds(move: Transport, comm: Any, shard: Any, counts: list[int], buf: Any) -> float:
     """What one layer's allgatherv takes when nothing else runs: the median of GATHER_PROBES blocking gathers, each
     after a barrier, the slowest rank's (the same on every rank). Collective. The yardstick of how much of a
-    prefetched gather was hidden (as OSU's nonblocking-collective benchmarks measure overlap)."""
+    prefetched gather was hidden (as OSU's nonblocking-collective benchmarks measure overlap). On a staged path
+    the host copies are part of a gather's time, as they are in the training."""
     from mpi4py import MPI
+
+    from types import SimpleNamespace
+
+    # a clock that only runs the call: the gather and its copies are timed together here
+    wall = SimpleNamespace(mpi=comm, comm=lambda fn, wait_first=True: fn())
 
     times = []
     for _ in range(GATHER_PROBES + 1):  # the first one warms the path up and is not counted
         comm.Barrier()
         t0 = time.perf_counter()
-        allgatherv(comm, shard, counts, recv=buf)
+        move.allgatherv(wall, shard, counts, buf)
         times.append(time.perf_counter() - t0)
     mine = np.array([statistics.median(times[1:])], dtype=np.float64)
     comm.Allreduce(MPI.IN_PLACE, mine, op=MPI.MAX)
@@ -347,12 +368,13 @@ class _Prefetcher:
     """fsdp's layer gathers, blocking or started early. A started gather (start) is tested after every GEMM
     (ops.poll) so that MPI moves it while the layer before it computes; wait() then counts only what is left as
     communication. exposed_seconds lists, per prefetched gather of the step, the time this rank spent starting,
-    testing and waiting for it; the harness compares the least of the ranks' (the rank that arrived last waited
-    for nobody) with a blocking gather's time to tell how much was hidden (harness.train.gathers_hidden)."""
+    testing and waiting for it (and, on a staged path, copying it); the harness compares the least of the ranks'
+    (the rank that arrived last waited for nobody) with a blocking gather's time to tell how much was hidden
+    (harness.train.gathers_hidden)."""
 
-    def __init__(self, clock: StepClock, ops: Any, comm: Any, shards: list[np.ndarray], counts: list[int],
-                 buffers: list[np.ndarray]) -> None:
-        self.clock, self.ops, self.comm = clock, ops, comm
+    def __init__(self, clock: StepClock, ops: Any, move: Transport, shards: list[Any], counts: list[int],
+                 buffers: list[Any]) -> None:
+        self.clock, self.ops, self.move = clock, ops, move
         self.shards, self.counts, self.buffers = shards, counts, buffers
         self.pending: dict[int, Any] = {}
         self.exposed: dict[int, float] = {}
@@ -361,31 +383,32 @@ class _Prefetcher:
     def reset(self) -> None:
         self.exposed_seconds = []
 
-    def _buffer(self, layer: int) -> np.ndarray:
+    def _buffer(self, layer: int) -> Any:
         return self.buffers[layer % len(self.buffers)]
 
     def gather(self, layer: int) -> None:
         """Gather `layer` now (blocking; after a barrier, as every collective of a step)."""
-        self.clock.comm(lambda: allgatherv(self.comm, self.shards[layer], self.counts, recv=self._buffer(layer)))
+        self.move.allgatherv(self.clock, self.shards[layer], self.counts, self._buffer(layer))
 
     def _timed(self, layer: int, fn: Callable[[], Any]) -> Any:
         t0 = time.perf_counter()
-        out = self.clock.comm(fn, wait_first=False)
+        out = fn()
         self.exposed[layer] = self.exposed.get(layer, 0.0) + time.perf_counter() - t0
         return out
 
     def start(self, layer: int) -> None:
         """Start gathering `layer`; every GEMM until wait(layer) tests it."""
-        request = self._timed(layer, lambda: iallgatherv(self.comm, self.shards[layer], self.counts,
-                                                         self._buffer(layer)))
-        self.pending[layer] = request
-        self.ops.poll = lambda: self._timed(layer, request.Test)
+        pending = self._timed(layer, lambda: self.move.iallgatherv(self.clock, self.shards[layer], self.counts,
+                                                                   self._buffer(layer)))
+        self.pending[layer] = pending
+        self.ops.poll = lambda: self._timed(layer, lambda: self.clock.comm(pending.test, wait_first=False))
 
-    def wait(self, layer: int) -> np.ndarray:
+    def wait(self, layer: int) -> Any:
         """`layer`'s full parameters, once its gather (if started) is done."""
-        request = self.pending.pop(layer, None)
-        if request is not None:
+        pending = self.pending.pop(layer, None)
+        if pending is not None:
             self.ops.poll = None
-            self._timed(layer, request.Wait)
-            self.exposed_seconds.append(self.exposed.pop(layer))
+            self._timed(layer, lambda: self.clock.comm(pending.wait, wait_first=False))
+            self._timed(layer, pending.land)
+            self.exposed_seconds.append(self.exposed.pop(layer))  # starting, testing, waiting, copying
         return self._buffer(layer)

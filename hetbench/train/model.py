@@ -1,6 +1,8 @@
 """The model: a deep residual MLP, h_{l+1} = h_l + relu(h_l @ W_l + b_l), trained to imitate a fixed random teacher.
 
-Everything is float32 host NumPy; the GEMMs go through an Ops (the rank's device), which under mixed precision
+Everything is float32, in the arrays' own library (NumPy; CuPy on a GPU rank, which keeps its training state there:
+hetbench.dtypes.array_module; the batch is made on the host); the GEMMs go through an Ops (the rank's device), which
+under mixed precision
 (precision.py) rounds their operands and results to the compute dtype. The forward and backward are
 written out by hand, one layer at a time, so that every strategy (ddp, fsdp, pipeline) runs the same arithmetic.
 
@@ -23,6 +25,8 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
+
+from hetbench.dtypes import array_module
 
 TEACHER_LAYERS = 2
 INIT_STD = 0.5  # student weights and biases: INIT_STD / sqrt(hidden)
@@ -120,7 +124,7 @@ def layer_forward(ops: Any, W: np.ndarray, b: np.ndarray, h: np.ndarray) -> tupl
     z = ops.matmul(h, W)
     z += b
     active = z > 0
-    h_next = h + np.where(active, z, np.float32(0.0))
+    h_next = h + array_module(z).where(active, z, np.float32(0.0))
     keep = getattr(ops, "keep", None)
     return h_next, (keep(h) if keep is not None else h, active)
 
@@ -129,7 +133,7 @@ def layer_backward(ops: Any, W: np.ndarray, cache: Any, grad_out: np.ndarray
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(dL/dh, dL/dW, dL/db) of one layer, given dL/dh_next."""
     h, active = cache
-    gz = np.where(active, grad_out, np.float32(0.0))
+    gz = array_module(grad_out).where(active, grad_out, np.float32(0.0))
     dW = ops.matmul(h.T, gz)
     db = gz.sum(axis=0, dtype=np.float32)
     grad_in = grad_out + ops.matmul(gz, W.T)
@@ -140,13 +144,15 @@ def loss_and_grad(h_out: np.ndarray, y: np.ndarray, global_batch: int) -> tuple[
     """This part's share of the global loss, sum(0.5 * ||h_out - y||^2) / global_batch, and its gradient
     (h_out - y) / global_batch."""
     diff = h_out - y
-    loss = 0.5 * float(np.sum(np.square(diff, dtype=np.float64))) / global_batch
+    xp = array_module(diff)
+    loss = 0.5 * float(xp.sum(xp.square(diff, dtype=xp.float64))) / global_batch
     return loss, diff / np.float32(global_batch)
 
 
 def flatten(W: np.ndarray, b: np.ndarray) -> np.ndarray:
     """One layer's parameters (or gradients) as one flat float32 vector: W row-major, then b."""
-    return np.concatenate([np.ravel(W), np.ravel(b)]).astype(np.float32, copy=False)
+    xp = array_module(W)
+    return xp.concatenate([xp.ravel(W), xp.ravel(b)]).astype(xp.float32, copy=False)
 
 
 def unflatten(vec: np.ndarray, hidden: int) -> tuple[np.ndarray, np.ndarray]:

@@ -9,6 +9,7 @@ optimizer state unevenly and still compute the single-process run.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -53,14 +54,15 @@ class AdamW:
     state_names: tuple[str, ...] = ("m", "v")
 
     def __init__(self, lr: float, size: int, weight_decay: float = ADAMW_WEIGHT_DECAY,
-                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> None:
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, xp: Any = None) -> None:
         self.lr = float(lr)
         self.size = int(size)
         self.weight_decay = float(weight_decay)
         self.beta1, self.beta2 = (float(b) for b in betas)
         self.eps = np.float32(eps)
-        self.m = np.zeros(self.size, dtype=np.float32)
-        self.v = np.zeros(self.size, dtype=np.float32)
+        self.xp = xp if xp is not None else np
+        self.m = self.xp.zeros(self.size, dtype=np.float32)
+        self.v = self.xp.zeros(self.size, dtype=np.float32)
 
     @property
     def state_bytes(self) -> int:
@@ -83,11 +85,11 @@ class AdamW:
         self.m *= np.float32(b1)
         self.m += np.float32(1.0 - b1) * grad
         self.v *= np.float32(b2)
-        self.v += np.float32(1.0 - b2) * np.square(grad)
+        self.v += np.float32(1.0 - b2) * self.xp.square(grad)
         # the scalars folded in float64 once, then applied in float32 elementwise
         step_size = np.float32(self.lr / (1.0 - b1**t))
         root_correction = np.float32(math.sqrt(1.0 - b2**t))
-        denom = np.sqrt(self.v) / root_correction + self.eps
+        denom = self.xp.sqrt(self.v) / root_correction + self.eps
         param -= step_size * (self.m / denom)
 
 
@@ -95,10 +97,10 @@ def _load(opt: SGD | AdamW, state: dict[str, np.ndarray]) -> None:
     if set(state) != set(opt.state_names):
         raise ValueError(f"optimizer state {sorted(state)} given where {sorted(opt.state_names)} is kept")
     for name in opt.state_names:
-        value = np.asarray(state[name], dtype=np.float32)
+        value = np.asarray(state[name], dtype=np.float32)  # a checkpoint's slice: host memory
         if value.shape != (opt.size,):
             raise ValueError(f"optimizer state {name!r} of shape {value.shape} for size {opt.size}")
-        getattr(opt, name)[...] = value
+        getattr(opt, name)[...] = opt.xp.asarray(value)  # AdamW (SGD keeps no state)
 
 
 def _check(param: np.ndarray, grad: np.ndarray, size: int) -> None:
@@ -109,12 +111,13 @@ def _check(param: np.ndarray, grad: np.ndarray, size: int) -> None:
 
 
 def make_optimizer(name: str, lr: float, size: int, weight_decay: float | None = None,
-                   betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> SGD | AdamW:
-    """An optimizer for a flat vector of `size` elements. weight_decay None: 0 for sgd, 0.01 for adamw."""
+                   betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, xp: Any = None) -> SGD | AdamW:
+    """An optimizer for a flat vector of `size` elements. weight_decay None: 0 for sgd, 0.01 for adamw. `xp` is
+    the array library of the vectors it will update (NumPy by default; CuPy on a GPU rank): its state lives there."""
     if not (math.isfinite(lr) and lr > 0):
         raise ValueError(f"the learning rate must be a number > 0, not {lr!r}")
     if name == "sgd":
         return SGD(lr, size, 0.0 if weight_decay is None else weight_decay)
     if name == "adamw":
-        return AdamW(lr, size, ADAMW_WEIGHT_DECAY if weight_decay is None else weight_decay, betas, eps)
+        return AdamW(lr, size, ADAMW_WEIGHT_DECAY if weight_decay is None else weight_decay, betas, eps, xp)
     raise ValueError(f"unknown optimizer {name!r}; accepted: {', '.join(OPTIMIZERS)}")

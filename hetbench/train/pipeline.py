@@ -66,6 +66,7 @@ from hetbench.train.model import (
     unflatten,
 )
 from hetbench.train.optim import make_optimizer
+from hetbench.train.transport import Transport
 from hetbench.train.precision import LossScaler
 
 
@@ -122,8 +123,8 @@ def train_pipeline(
 ) -> TrainOutcome:
     """Train `model` for `steps` steps with the layers split into pipeline stages by `weights` (one per rank).
     Collective: every rank calls it with the same arguments. See the module docstring for the schedule and the
-    figures logged. `path` is accepted for the common strategy signature; activations always travel through
-    host memory here.
+    figures logged. `path` moves a GPU rank's activations and gradients through host copies ("host") or hands them
+    to MPI ("device"; transport.py).
 
     Raises ValueError, on every rank alike and before any communication, for a weights list of the wrong length,
     a weight that is negative or not finite, weights summing to 0, fewer layers than ranks with a weight above 0,
@@ -152,13 +153,18 @@ def train_pipeline(
     # one per layer as the reference has (elementwise, so the same numbers as one over the stage)
     lo = sum(counts[:rank])
     layer_elems = hidden * hidden + hidden
-    opts = [make_optimizer(optimizer, lr, layer_elems) for _ in range(counts[rank])]
+    move = Transport(ops, path)
+    xp = getattr(ops, "xp", np)
+    to_device = getattr(ops, "to_device", lambda a: a)
+    to_host = getattr(ops, "to_host", lambda a: a)
+    opts = [make_optimizer(optimizer, lr, layer_elems, xp=xp) for _ in range(counts[rank])]
     if initial is None:
         vecs = [flatten(W, b).copy() for W, b in init_params(model)[lo:lo + counts[rank]]]
     else:
         vecs = [load_layer_state(initial, opt, lo + j, 0, layer_elems) for j, opt in enumerate(opts)]
+    vecs = [to_device(v) for v in vecs]
     params = [unflatten(v, hidden) for v in vecs]
-    grads = [np.zeros_like(v) for v in vecs]
+    grads = [xp.zeros_like(v) for v in vecs]
     teacher = teacher_params(model) if (first or last) else None
     dtype = getattr(ops, "dtype", None)
     scaler = scaler if scaler is not None else LossScaler.for_dtype(dtype.name if dtype is not None else "fp32")
@@ -175,7 +181,7 @@ def train_pipeline(
         clock = StepClock(ops, comm, wait_first=False)
         x = y = None
         if first or last:
-            x, y = make_batch(model, step, teacher=teacher)
+            x, y = (to_device(a) for a in make_batch(model, step, teacher=teacher))
         for g in grads:
             g.fill(0.0)
         caches: list[list[Any]] = []
@@ -189,8 +195,10 @@ def train_pipeline(
             if first:
                 h = x[row_start[m]:row_start[m] + rows[m]]
             else:
-                h = np.empty((rows[m], hidden), np.float32)
-                _receive(clock, comm, h, rank - 1, m)
+                h = xp.empty((rows[m], hidden), np.float32)
+                into = move.incoming(h)
+                _receive(clock, comm, into, rank - 1, m)
+                move.landed(h, into)
             layer_caches = []
             for W, b in params:
                 h, cache = layer_forward(ops, W, b, h)
@@ -199,7 +207,7 @@ def train_pipeline(
             if last:
                 outputs.append(h)
             else:
-                out = np.ascontiguousarray(h, dtype=np.float32)
+                out = move.outgoing(xp.ascontiguousarray(h, dtype=np.float32))
                 pending.append((out, clock.comm(lambda out=out, m=m: comm.Isend(out, dest=rank + 1, tag=m))))
 
         # backward, micro-batches in reverse order
@@ -210,14 +218,16 @@ def train_pipeline(
                 loss_sum += part
                 outputs[m] = None
             else:
-                g = np.empty((rows[m], hidden), np.float32)
-                _receive(clock, comm, g, rank + 1, m_count + m)
+                g = xp.empty((rows[m], hidden), np.float32)
+                into = move.incoming(g)
+                _receive(clock, comm, into, rank + 1, m_count + m)
+                move.landed(g, into)
             for j in reversed(range(len(params))):
                 g, dW, db = layer_backward(ops, params[j][0], caches[m][j], g)
                 grads[j] += flatten(dW, db)
             caches[m] = []
             if not first:
-                out = np.ascontiguousarray(g, dtype=np.float32)
+                out = move.outgoing(xp.ascontiguousarray(g, dtype=np.float32))
                 pending.append((out, clock.comm(
                     lambda out=out, m=m: comm.Isend(out, dest=rank - 1, tag=m_count + m))))
 
@@ -267,11 +277,11 @@ def train_pipeline(
         if on_step is not None:
             on_step(log)
         if checkpoint is not None:
-            checkpoint(step + 1, lambda: [layer_piece(lo + j, 0, vec, opt)
+            checkpoint(step + 1, lambda: [layer_piece(lo + j, 0, vec, opt, to_host)
                                           for j, (vec, opt) in enumerate(zip(vecs, opts))])
 
     # rank 0 gathers every stage's layers
-    mine = np.concatenate(vecs) if vecs else np.zeros(0, np.float32)
+    mine = np.concatenate([to_host(v) for v in vecs]) if vecs else np.zeros(0, np.float32)
     full = gatherv(comm, mine, [c * layer_elems for c in counts], root=0)
     final = None
     if rank == 0:

@@ -35,7 +35,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from hetbench.dtypes import DType, get_dtype
+from hetbench.dtypes import DType, array_module, get_dtype
 
 TRAIN_DTYPES = ("fp32", "fp16", "bf16")
 MIXED_DTYPES = ("fp16", "bf16")
@@ -112,7 +112,7 @@ class LossScaler:
 
     def nonfinite(self, arrays: Iterable[np.ndarray]) -> bool:
         """Whether any of `arrays` (this rank's summed gradients) holds an inf or NaN; False when not checking."""
-        return self.checks and not all(bool(np.isfinite(a).all()) for a in arrays)
+        return self.checks and not all(bool(array_module(a).isfinite(a).all()) for a in arrays)
 
     def update(self, nonfinite: bool) -> bool:
         """After a step's global verdict: returns whether the step is skipped, and moves the scale."""

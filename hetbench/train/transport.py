@@ -1,0 +1,110 @@
+"""How a rank's training arrays reach MPI: `--path host|device`, as in `hetbench collectives`.
+
+A rank whose training state lives in host memory (NumPy: the host backend, a simulated GPU, an OpenCL rank) hands
+its arrays to MPI as they are on either path. A rank whose state lives on a GPU (ops.resident: CuPy) either hands
+MPI the device arrays (`--path device`: a GPU-aware MPI reads and writes GPU memory; the harness refuses the path
+where the MPI library says it cannot) or goes through host copies (`--path host`): a copy down before MPI reads,
+a copy up after MPI wrote. The copies are Ops' (timed as copy_seconds, so a step counts them as communication)
+and happen outside the MPI call, which StepClock.comm times.
+
+Every function takes the strategy's StepClock and calls MPI inside clock.comm(fn, wait_first).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from hetbench.comm.vcollectives import allgatherv, iallgatherv, reduce_scatterv
+
+PATHS = ("host", "device")
+
+
+class Transport:
+    def __init__(self, ops: Any, path: str = "host") -> None:
+        if path not in PATHS:
+            raise ValueError(f"unknown path {path!r}; accepted: {', '.join(PATHS)}")
+        self.ops = ops
+        self.path = path
+        self.staged = bool(getattr(ops, "resident", False)) and path == "host"
+
+    # the buffers MPI sees
+
+    def outgoing(self, array: Any) -> Any:
+        """What MPI reads for `array`: a host copy (staged), or the array once the device is done with it."""
+        if self.staged:
+            return self.ops.to_host(array)
+        _ready(self.ops)
+        return array
+
+    def incoming(self, array: Any) -> Any:
+        """Where MPI writes what belongs in `array`: a host buffer (staged; landed()), or the array itself."""
+        if self.staged:
+            return np.empty(array.shape, dtype=np.float32)
+        _ready(self.ops)
+        return array
+
+    def landed(self, array: Any, buffer: Any) -> None:
+        """After MPI wrote `buffer` (from incoming(array)): its values go into `array`."""
+        if buffer is not array:
+            self.ops.copy_into(array, buffer)
+
+    # the collectives the strategies use
+
+    def allgatherv(self, clock: Any, send: Any, counts: Sequence[int], recv: Any, wait_first: bool = True) -> None:
+        out, into = self.outgoing(send), self.incoming(recv)
+        clock.comm(lambda: allgatherv(clock.mpi, out, counts, recv=into), wait_first=wait_first)
+        self.landed(recv, into)
+
+    def iallgatherv(self, clock: Any, send: Any, counts: Sequence[int], recv: Any) -> "Pending":
+        """Start an allgatherv (no barrier first); Pending.wait() completes it and lands the data."""
+        out, into = self.outgoing(send), self.incoming(recv)
+        request = clock.comm(lambda: iallgatherv(clock.mpi, out, counts, into), wait_first=False)
+        return Pending(self, request, recv, into, keep=out)
+
+    def reduce_scatterv(self, clock: Any, send: Any, counts: Sequence[int]) -> Any:
+        """The summed `send` of every rank, this rank's counts[rank] elements of it, where its arrays live."""
+        out = self.outgoing(send)
+        mine = counts[clock.mpi.Get_rank()]
+        if self.staged or not getattr(self.ops, "resident", False):
+            result = clock.comm(lambda: reduce_scatterv(clock.mpi, out, counts))
+            return self.ops.to_device(result) if self.staged else result
+        recv = self.ops.empty(mine)
+        _ready(self.ops)
+        clock.comm(lambda: reduce_scatterv(clock.mpi, out, counts, recv=recv))
+        return recv
+
+    def allreduce_sum(self, clock: Any, array: Any) -> None:
+        """array = the sum over the ranks of `array`, in place."""
+        from mpi4py import MPI
+
+        into = self.incoming(array)
+        if into is not array:
+            into[...] = self.ops.to_host(array)
+        clock.comm(lambda: clock.mpi.Allreduce(MPI.IN_PLACE, into, op=MPI.SUM))
+        self.landed(array, into)
+
+
+class Pending:
+    """A started allgatherv: test() moves it on, wait() completes it and puts the data in place."""
+
+    def __init__(self, transport: Transport, request: Any, target: Any, buffer: Any, keep: Any) -> None:
+        self.transport, self.request, self.target, self.buffer = transport, request, target, buffer
+        self._keep = keep  # the send buffer (a host copy when staged) must outlive the operation
+
+    def test(self) -> Any:
+        return self.request.Test()
+
+    def wait(self) -> None:
+        self.request.Wait()
+
+    def land(self) -> None:
+        self.transport.landed(self.target, self.buffer)
+        self._keep = None
+
+
+def _ready(ops: Any) -> None:
+    ready = getattr(ops, "mpi_ready", None)
+    if ready is not None:
+        ready()
