@@ -276,6 +276,7 @@ class TrainConfig:
     micro_batches: int = 4
     path: str = "host"
     prefetch: bool = True  # fsdp: start the next layer's gather while this one computes
+    warmup_steps: int = 0  # the run's first steps, left out of the timing figures (still logged and checked)
     check: bool = True
     log: Path | None = None
     checkpoint: Path | None = None  # save the state here (at the end, and every checkpoint_every steps if > 0)

@@ -92,6 +92,10 @@ class Train:
                          help="How a GPU rank's parameters, gradients and activations reach MPI: through host copies "
                               "(host), or as GPU memory (device: needs a GPU-aware MPI; refused for OpenCL ranks). "
                               "Ranks whose training state is in host memory hand it to MPI directly either way."),
+            click.Option(["--warmup-steps"], type=int_range(0, MAX_STEPS), default=0, show_default=True,
+                         help="Leave the run's first N steps out of the timing figures (the medians and samples/s): "
+                              "warm-up, and auto weights' rebalancing in the first 4. They are still logged and "
+                              "checked."),
             click.Option(["--prefetch/--no-prefetch"], default=True, show_default=True,
                          help="fsdp: start gathering the next layer's parameters while this layer computes "
                               "(nonblocking MPI, tested after every GEMM); the summary says how much of the "
@@ -141,7 +145,8 @@ class Train:
             strategy=params["strategy"], layers=params["layers"], hidden=params["hidden"], batch=params["batch"],
             steps=params["steps"], lr=params["lr"], optimizer=params["optimizer"], seed=params["seed"],
             dtype=parse_dtype(params["dtype"]), weights=weights, micro_batches=params["micro_batches"],
-            path=params["path"], prefetch=params["prefetch"], check=params["check"], log=params["log_path"],
+            path=params["path"], prefetch=params["prefetch"], warmup_steps=params["warmup_steps"],
+            check=params["check"], log=params["log_path"],
             checkpoint=params["checkpoint"], checkpoint_every=params["checkpoint_every"], resume=params["resume"],
             backends=parse_backends(world, ctx.params["backend"]), output=output,
         )

@@ -103,6 +103,10 @@ def check(cfg: Any, world: World, state: TrainState) -> list[str]:
     strategy needs it."""
     state.devices = [tuple(d) for d in world.allgather((state.opened.spec, state.opened.info.name))]
     errors = checkpoint_errors(cfg, state)
+    run_steps = cfg.steps - (state.resume.steps_done if state.resume is not None else 0)
+    if not errors and _warmup(cfg) >= run_steps:
+        errors.append(f"--warmup-steps {_warmup(cfg)} leaves none of this run's {run_steps} steps to time; "
+                      f"accepted: 0 to {run_steps - 1}")
     # --path device: a rank whose state would live in GPU memory (a CuPy GPU, or a simulated one) needs an MPI that
     # takes GPU buffers, as in collectives; an OpenCL rank keeps its state in host memory, which MPI takes anyway
     if cfg.path == "device" and state.opened.backend.mpi_memory_kind() != MPI_MEMORY_NONE:
@@ -389,17 +393,23 @@ def step_lines(cfg: Any, gathered: list[RankOutcome]) -> list[dict[str, Any]]:
     return gathered[ROOT].steps or []
 
 
+def _warmup(cfg: Any) -> int:
+    """The steps at the start of this run left out of its timing figures (--warmup-steps)."""
+    return int(getattr(cfg, "warmup_steps", 0) or 0)
+
+
 def _median(values: list[float]) -> float:
     return statistics.median(values) if values else math.nan
 
 
 def rows(cfg: Any, gathered: list[RankOutcome]) -> list[dict[str, Any]]:
-    """One row per rank: its share, its step's compute, communication and idle seconds (medians over the steps;
-    every step's in the --log file and the document's "steps") and the bytes it held at most."""
+    """One row per rank: its share, its step's compute, communication and idle seconds (medians over the steps
+    after the --warmup-steps; every step's in the --log file and the document's "steps") and the bytes it held at
+    most."""
     total = sum(gathered[ROOT].shares)
     out = []
     for r, outcome in enumerate(gathered):
-        logs = outcome.logs
+        logs = outcome.logs[_warmup(cfg):]
         out.append({
             "rank": r, **outcome.facts, "strategy": cfg.strategy,
             "weight_percent": 100.0 * gathered[ROOT].shares[r] / total if total else 0.0,
@@ -425,7 +435,7 @@ def state_scaling(cfg: Any) -> str:
 def summarize_job(cfg: Any, rows_: list[dict[str, Any]], gathered: list[RankOutcome]) -> dict[str, Any]:
     root = gathered[ROOT]
     steps = root.steps or []
-    step_seconds = [s["step_seconds"] for s in steps]
+    step_seconds = [s["step_seconds"] for s in steps[_warmup(cfg):]]
     median = _median(step_seconds)
     check = root.check
     modelled = any(r["device_timing"] == TIMING_MODELLED for r in rows_)
@@ -445,6 +455,7 @@ def summarize_job(cfg: Any, rows_: list[dict[str, Any]], gathered: list[RankOutc
         "loss_first": steps[0]["loss"] if steps else None,
         "loss_last": steps[-1]["loss"] if steps else None,
         "loss_fell_by": steps[0]["loss"] / steps[-1]["loss"] if steps and steps[-1]["loss"] > 0 else None,
+        "warmup_steps": _warmup(cfg),  # the run's first steps, left out of the timing figures
         "step_seconds_median": median,
         "samples_per_second": cfg.batch / median if median > 0 else None,
         "timing": "modelled" if modelled else "measured",
