@@ -203,10 +203,11 @@ def for_benchmark(name: str) -> BenchmarkFigures | None:
 
 
 def numeric_series_keys(steps: Sequence[dict[str, Any]]) -> list[str]:
-    """The numeric fields logged over steps (besides `step` itself), in first-seen order."""
-    keys: dict[str, None] = {}
+    """The numeric fields logged over steps (besides `step` itself), in first-seen order; a field that holds one
+    value at every step of a run of several steps (train's loss_scale without fp16) is left out: nothing to draw."""
+    keys: dict[str, set[float]] = {}
     for s in steps:
         for k, v in s.items():
             if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
-                keys.setdefault(k, None)
-    return list(keys)
+                keys.setdefault(k, set()).add(v)
+    return [k for k, values in keys.items() if len(values) > 1 or len(steps) < 2]
