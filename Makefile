@@ -56,6 +56,7 @@ DEMO_DIR ?= results/demo-$(shell date -u +%Y%m%dT%H%M%SZ)
 DEMO_SWEEP ?= 256:2048
 DEMO_MAX_BYTES ?= 4M
 DEMO_REPORT ?= results/report.html
+DEMO_TRAIN_STEPS ?= 300
 demo: env
 	$(HETBENCH) devices
 	@mkdir -p $(DEMO_DIR)
@@ -73,6 +74,10 @@ demo: env
 		$(MPIEXEC) -n 2 $(HETBENCH) split --size $(DEMO_SIZE) --backend 0=host,1=opencl --strategy rows \
 			$(DEMO_REAL_RUNS) --out $(DEMO_DIR)/split-real.json; \
 	fi
+	@second=$$(if $(HAVE_OPENCL_DEVICE); then echo opencl; else echo sim:mi300x; fi); \
+		echo "$(MPIEXEC) -n 2 $(HETBENCH) train --strategy fsdp --steps $(DEMO_TRAIN_STEPS) --weights auto --backend 0=host,1=$$second"; \
+		$(MPIEXEC) -n 2 $(HETBENCH) train --strategy fsdp --steps $(DEMO_TRAIN_STEPS) --weights auto \
+			--backend 0=host,1=$$second $(DEMO_PROGRESS) --out $(DEMO_DIR)/train.json
 	$(MPIEXEC) -n 2 $(HETBENCH) matmul --sizes $(DEMO_SWEEP) --backend 0=sim:h100,1=sim:mi300x \
 		--out $(DEMO_DIR)/matmul-sim-sweep.json
 	$(MPIEXEC) -n 2 $(HETBENCH) collectives $(DEMO_PROGRESS) --op allreduce,allgather --max-bytes $(DEMO_MAX_BYTES) \

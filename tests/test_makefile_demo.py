@@ -3,6 +3,7 @@ falls back to `auto` where there is no OpenCL device."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -39,17 +40,22 @@ def test_demo_ends_with_one_page_of_the_runs_it_made(tmp_path):
     """The whole demo, made small: every run lands in its folder and the page holds each run's plots."""
     runs, page = tmp_path / "runs", tmp_path / "report.html"
     proc = subprocess.run(["make", "-C", str(REPO), "-o", ".venv/.installed", "demo", "DEMO_SIZE=48",
-                           "DEMO_SWEEP=16:64", "DEMO_MAX_BYTES=1K", f"DEMO_DIR={runs}", f"DEMO_REPORT={page}"],
+                           "DEMO_SWEEP=16:64", "DEMO_MAX_BYTES=1K", "DEMO_TRAIN_STEPS=20", f"DEMO_DIR={runs}",
+                           f"DEMO_REPORT={page}"],
                           capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
                           env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert sorted(p.name for p in runs.glob("*.json")) == ["collectives-sim.json", "matmul-real.json",
                                                           "matmul-sim-sweep.json"] + (
-                                                              ["split-real.json"] if HAVE_OPENCL else [])
+                                                              ["split-real.json"] if HAVE_OPENCL else []) + [
+                                                              "train.json"]
     assert f"\ndemo report: {page} (open it in a browser; the runs are in {runs})\n" in proc.stdout
     html = page.read_text(encoding="utf-8")
     assert html.count("<figure") >= 6 and 'data-plot="matmul-size"' in html
     assert 'data-plot="collectives-allreduce"' in html and 'data-plot="collectives-allgather"' in html
+    assert 'data-plot="steps-' in html  # the training run's loss and throughput over its steps
+    train = json.loads((runs / "train.json").read_text())
+    assert train["summary"]["verified"] is True and len(train["steps"]) == 20
 
 
 def test_demo_detects_the_opencl_device_as_the_tests_do():

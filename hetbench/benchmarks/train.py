@@ -84,7 +84,8 @@ class Train:
                               "scaling."),
             click.Option(["--weights"], default="even", show_default=True, metavar="even|auto|PROFILE|W0,W1,..",
                          help="Each rank's share of the batch (fsdp, ddp) or of the layers (pipeline): even; auto "
-                              "(each rank's GEMM rate at a layer's shape, measured beside the others); a profile "
+                              "(each rank's GEMM rate at a layer's shape, measured beside the others; fsdp and ddp "
+                              "then rebalance the batch by each rank's measured step in the first 4 steps); a profile "
                               "from `hetbench calibrate`; or one weight >= 0 per rank."),
             click.Option(["--micro-batches"], type=int_range(1, MAX_BATCH), default=4, show_default=True,
                          help="pipeline: micro-batches per step."),
