@@ -98,7 +98,7 @@ bench: env
 	$(PY) -m hetbench.overhead gemm
 	$(MPIEXEC) -n 2 $(PY) -m hetbench.overhead allreduce
 	$(PY) -m hetbench.overhead opencl
-	@if $(HAVE_OPENCL_DEVICE); then $(MAKE) --no-print-directory bench-split bench-train; else \
+	@if $(HAVE_OPENCL_DEVICE); then $(MAKE) -k --no-print-directory bench-split bench-train; else \
 		echo "split, train: no OpenCL device (apt-get install pocl-opencl-icd): nothing measured"; fi
 
 # Issue 9's split bench: two ranks with a real speed gap, host BLAS on one thread beside PoCL on one thread, one

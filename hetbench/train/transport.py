@@ -79,11 +79,9 @@ class Transport:
         """array = the sum over the ranks of `array`, in place."""
         from mpi4py import MPI
 
-        into = self.incoming(array)
-        if into is not array:
-            into[...] = self.ops.to_host(array)
-        clock.comm(lambda: clock.mpi.Allreduce(MPI.IN_PLACE, into, op=MPI.SUM))
-        self.landed(array, into)
+        buffer = self.outgoing(array)  # a host copy (staged), summed in place, then copied back
+        clock.comm(lambda: clock.mpi.Allreduce(MPI.IN_PLACE, buffer, op=MPI.SUM))
+        self.landed(array, buffer)
 
 
 class Pending:
