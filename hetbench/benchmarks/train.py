@@ -91,8 +91,8 @@ class Train:
                          help="pipeline: micro-batches per step."),
             click.Option(["--path"], type=click.Choice(["host", "device"]), default="host", show_default=True,
                          help="How a GPU rank's parameters, gradients and activations reach MPI: through host copies "
-                              "(host), or as GPU memory (device: needs a GPU-aware MPI; refused for OpenCL ranks). "
-                              "Ranks whose training state is in host memory hand it to MPI directly either way."),
+                              "(host), or as GPU memory (device: needs a GPU-aware MPI). Ranks whose training "
+                              "state is in host memory (host, OpenCL) hand it to MPI directly either way."),
             click.Option(["--warmup-steps"], type=int_range(0, MAX_STEPS), default=0, show_default=True,
                          help="Leave the run's first N steps out of the timing figures (the medians and samples/s): "
                               "warm-up, and auto weights' rebalancing in the first 4. They are still logged and "
