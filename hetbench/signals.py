@@ -25,6 +25,10 @@ SINGLE_GRACE_SECONDS = 2.0
 # ranks other than 0 wait this long before aborting: when the launcher forwards a signal to every rank, rank 0's
 # abort ends the others first and the job prints one line, not one per rank
 NONROOT_DELAY_SECONDS = 0.5
+# between a rank's last line and its MPI_Abort: the launcher forwards a rank's output through a pipe, and an abort can
+# end the launcher before the line has gone through (seen once: MPICH's hydra, a rank's "failed" line lost, exit 1
+# with nothing said)
+ABORT_FLUSH_SECONDS = 0.25
 
 _ending = threading.Lock()  # taken by whoever announces the end; never released (the process is ending)
 _first_signal: int | None = None
@@ -74,6 +78,7 @@ def _abort_job(signum: int, rank: int) -> None:
     _ending.acquire()  # a second caller (the main thread, or the watchdog) waits here until the process ends
     _say(f"Error: rank {rank} ({socket.gethostname()}) interrupted by {signal.Signals(signum).name}")
     code = exit_code(signum)
+    time.sleep(ABORT_FLUSH_SECONDS)
     try:
         sys.modules["mpi4py.MPI"].COMM_WORLD.Abort(code)
     finally:  # MPI_Abort does not return; should it fail, the launcher still sees this rank die

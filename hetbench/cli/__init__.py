@@ -84,8 +84,11 @@ def main(argv: list[str] | None = None) -> None:
 
             traceback.print_exc()
         if _mpi_world_size() > 1:
+            import time
+
             from mpi4py import MPI
 
+            time.sleep(signals.ABORT_FLUSH_SECONDS)  # let the launcher forward the line before the abort
             MPI.COMM_WORLD.Abort(1)
         code = 1
     sys.exit(code if isinstance(code, int) else 0)
