@@ -101,6 +101,34 @@ def layer_piece(layer: int, start: int, param: np.ndarray, opt: Any, to_host: Ca
     return Piece(layer, start, start + param.size, arrays)
 
 
+def on_device(ops: Any, host: np.ndarray) -> Any:
+    """A host array where the rank's training state lives (Ops.to_device; the array itself without an Ops)."""
+    to_device = getattr(ops, "to_device", None)
+    return to_device(host) if to_device is not None else host
+
+
+def host_copier(ops: Any) -> Callable[[Any], np.ndarray]:
+    """The rank's arrays as host arrays: Ops.to_host (a copy on a GPU rank), or the array itself without an Ops."""
+    return getattr(ops, "to_host", None) or (lambda a: a)
+
+
+def compute_copy_bytes(ops: Any, hidden: int) -> int:
+    """Under mixed precision, the compute-dtype copy of the one weight matrix a GEMM reads (hidden*hidden at the
+    dtype's device size, 2 bytes; the host's emulation of bf16 holds it in float32, not counted); 0 under fp32,
+    whose GEMMs read the float32 parameters themselves."""
+    return hidden * hidden * ops.dtype.itemsize if getattr(ops, "mixed", False) else 0
+
+
+def make_scaler(ops: Any, scaler: Any) -> Any:
+    """`scaler` if given (e.g. restored from a checkpoint), else a fresh precision.LossScaler for ops' dtype."""
+    from hetbench.train.precision import LossScaler
+
+    if scaler is not None:
+        return scaler
+    dtype = getattr(ops, "dtype", None)
+    return LossScaler.for_dtype(dtype.name if dtype is not None else "fp32")
+
+
 class StepClock:
     """Times one rank's step. Wrap each MPI call in `comm(fn)`, which first waits at a barrier (counted as idle:
     the time this rank waits for the slowest one to arrive) and then runs the call (communication, with the

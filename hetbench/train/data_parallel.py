@@ -59,7 +59,19 @@ import numpy as np
 
 from hetbench.benchmarks.split_plan import shares
 from hetbench.comm.vcollectives import gatherv
-from hetbench.train import BatchShares, CheckpointHook, StepClock, StepLog, TrainOutcome, layer_piece, load_layer_state
+from hetbench.train import (
+    BatchShares,
+    CheckpointHook,
+    StepClock,
+    StepLog,
+    TrainOutcome,
+    compute_copy_bytes,
+    host_copier,
+    layer_piece,
+    load_layer_state,
+    make_scaler,
+    on_device,
+)
 from hetbench.train.model import (
     ModelConfig,
     batch_slice,
@@ -119,22 +131,6 @@ def _log(clock: StepClock, ops: Any, step: int, loss: float, samples: int, param
                    step_skipped=skipped)
 
 
-def compute_copy_bytes(ops: Any, hidden: int) -> int:
-    """Under mixed precision, the compute-dtype copy of the one weight matrix a GEMM reads (hidden*hidden at the
-    dtype's device size, 2 bytes; the host's emulation of bf16 holds it in float32, not counted); 0 under fp32,
-    whose GEMMs read the float32 parameters themselves."""
-    return hidden * hidden * ops.dtype.itemsize if getattr(ops, "mixed", False) else 0
-
-
-def make_scaler(ops: Any, scaler: Any) -> Any:
-    from hetbench.train.precision import LossScaler
-
-    if scaler is not None:
-        return scaler
-    dtype = getattr(ops, "dtype", None)
-    return LossScaler.for_dtype(dtype.name if dtype is not None else "fp32")
-
-
 def train_ddp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: float, steps: int,
               weights: Sequence[float], path: str = "host", micro_batches: int = 4,
               on_step: Callable[[StepLog], None] | None = None, start_step: int = 0,
@@ -159,7 +155,7 @@ def train_ddp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: floa
         flat = np.concatenate([flatten(W, b) for W, b in init_params(model)])
     else:
         flat = np.concatenate([load_layer_state(initial, opts[layer], layer, 0, P) for layer in range(L)])
-    flat = _on_device(ops, flat)
+    flat = on_device(ops, flat)
     layers = [flat[layer * P:(layer + 1) * P] for layer in range(L)]  # views into flat
     grads = xp.zeros(L * P, dtype=np.float32)
     bucket_elements = BUCKET_BYTES // FLOAT_BYTES
@@ -171,7 +167,7 @@ def train_ddp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: floa
     logs: list[StepLog] = []
     for step in range(start_step, start_step + steps):
         first, count = batch_slice(balance.counts, rank)
-        x, y = (_on_device(ops, a) for a in make_batch(model, step, first, count, teacher))
+        x, y = (on_device(ops, a) for a in make_batch(model, step, first, count, teacher))
         clock.start()
         h, caches = x, []
         for vec in layers:
@@ -203,11 +199,11 @@ def train_ddp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: floa
         if on_step is not None:
             on_step(log)
         if checkpoint is not None:
-            checkpoint(step + 1, lambda: [layer_piece(layer, 0, layers[layer], opts[layer], _host(ops))
+            checkpoint(step + 1, lambda: [layer_piece(layer, 0, layers[layer], opts[layer], host_copier(ops))
                                           for layer in range(L)] if rank == 0 else [])
     params = None
     if rank == 0:
-        params = [tuple(a.copy() for a in unflatten(_host(ops)(vec), hidden)) for vec in layers]
+        params = [tuple(a.copy() for a in unflatten(host_copier(ops)(vec), hidden)) for vec in layers]
     details = {"strategy": "ddp", **balance.details(), "bucket_bytes": BUCKET_BYTES,
                "buckets": len(buckets)}
     return TrainOutcome(logs=logs, params=params, details=details)  # type: ignore[arg-type]
@@ -238,7 +234,7 @@ def train_fsdp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: flo
         shards = [flatten(W, b)[offset:offset + mine].copy() for W, b in init_params(model)]
     else:
         shards = [load_layer_state(initial, opts[layer], layer, offset, offset + mine) for layer in range(L)]
-    shards = [_on_device(ops, shard) for shard in shards]
+    shards = [on_device(ops, shard) for shard in shards]
     prefetch = bool(prefetch) and world.size > 1 and L > 1
     # the full layers held at a time, reused for every gather: one, or two with prefetch (the layer computing and
     # the next one arriving); layer l always lands in buffers[l % len(buffers)]
@@ -255,7 +251,7 @@ def train_fsdp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: flo
     fetch = _Prefetcher(clock, ops, move, shards, param_counts, buffers)
     for step in range(start_step, start_step + steps):
         first, count = batch_slice(balance.counts, rank)
-        x, y = (_on_device(ops, a) for a in make_batch(model, step, first, count, teacher))
+        x, y = (on_device(ops, a) for a in make_batch(model, step, first, count, teacher))
         clock.start()
         fetch.reset()
         h, caches = x, []
@@ -312,12 +308,12 @@ def train_fsdp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: flo
         if on_step is not None:
             on_step(log)
         if checkpoint is not None:
-            checkpoint(step + 1, lambda: [layer_piece(layer, offset, shards[layer], opts[layer], _host(ops))
+            checkpoint(step + 1, lambda: [layer_piece(layer, offset, shards[layer], opts[layer], host_copier(ops))
                                           for layer in range(L) if mine > 0])
     ops.poll = None
     params = None
     for shard in shards:
-        full = gatherv(comm, _host(ops)(shard), param_counts, root=0)
+        full = gatherv(comm, host_copier(ops)(shard), param_counts, root=0)
         if rank == 0:
             if params is None:
                 params = []
@@ -329,16 +325,6 @@ def train_fsdp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: flo
 
 
 GATHER_PROBES = 5
-
-
-def _on_device(ops: Any, host: np.ndarray) -> Any:
-    """A host array where the rank's training state lives (Ops.to_device; the array itself without an Ops)."""
-    to_device = getattr(ops, "to_device", None)
-    return to_device(host) if to_device is not None else host
-
-
-def _host(ops: Any) -> Callable[[Any], np.ndarray]:
-    return getattr(ops, "to_host", None) or (lambda a: a)
 
 
 def _blocking_gather_seconds(move: Transport, comm: Any, shard: Any, counts: list[int], buf: Any) -> float:

@@ -121,11 +121,8 @@ class Ops:
             array[...] = self.backend.upload(np.ascontiguousarray(host, dtype=np.float32), _FP32)
         self.copy_seconds += t.seconds
 
-    def zeros(self, shape: Any) -> Any:
-        """float32 zeros where the training state lives."""
-        return self.xp.zeros(shape, dtype=self.xp.float32)
-
     def empty(self, shape: Any) -> Any:
+        """A float32 array where the training state lives."""
         return self.xp.empty(shape, dtype=self.xp.float32)
 
     def mpi_ready(self) -> None:

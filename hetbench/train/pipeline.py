@@ -54,7 +54,18 @@ import numpy as np
 
 from hetbench.benchmarks.split_plan import shares
 from hetbench.comm.vcollectives import gatherv
-from hetbench.train import CheckpointHook, StepClock, StepLog, TrainOutcome, layer_piece, load_layer_state
+from hetbench.train import (
+    CheckpointHook,
+    StepClock,
+    StepLog,
+    TrainOutcome,
+    compute_copy_bytes,
+    host_copier,
+    layer_piece,
+    load_layer_state,
+    make_scaler,
+    on_device,
+)
 from hetbench.train.model import (
     flatten,
     init_params,
@@ -67,7 +78,6 @@ from hetbench.train.model import (
 )
 from hetbench.train.optim import make_optimizer
 from hetbench.train.transport import Transport
-from hetbench.train.precision import LossScaler
 
 
 def stage_layers(weights: Sequence[float], layers: int) -> list[int]:
@@ -155,22 +165,19 @@ def train_pipeline(
     layer_elems = hidden * hidden + hidden
     move = Transport(ops, path)
     xp = getattr(ops, "xp", np)
-    to_device = getattr(ops, "to_device", lambda a: a)
-    to_host = getattr(ops, "to_host", lambda a: a)
+    to_host = host_copier(ops)
     opts = [make_optimizer(optimizer, lr, layer_elems, xp=xp) for _ in range(counts[rank])]
     if initial is None:
         vecs = [flatten(W, b).copy() for W, b in init_params(model)[lo:lo + counts[rank]]]
     else:
         vecs = [load_layer_state(initial, opt, lo + j, 0, layer_elems) for j, opt in enumerate(opts)]
-    vecs = [to_device(v) for v in vecs]
+    vecs = [on_device(ops, v) for v in vecs]
     params = [unflatten(v, hidden) for v in vecs]
     grads = [xp.zeros_like(v) for v in vecs]
     teacher = teacher_params(model) if (first or last) else None
-    dtype = getattr(ops, "dtype", None)
-    scaler = scaler if scaler is not None else LossScaler.for_dtype(dtype.name if dtype is not None else "fp32")
-    param_bytes = sum(v.nbytes for v in vecs)
-    if vecs and getattr(ops, "mixed", False):
-        param_bytes += hidden * hidden * ops.dtype.itemsize  # the compute-dtype copy of the W a GEMM reads
+    scaler = make_scaler(ops, scaler)
+    # its layers, and (mixed precision) the compute-dtype copy of the W a GEMM reads
+    param_bytes = sum(v.nbytes for v in vecs) + (compute_copy_bytes(ops, hidden) if vecs else 0)
     grad_bytes = sum(g.nbytes for g in grads)
     optimizer_bytes = sum(o.state_bytes for o in opts)
     logs: list[StepLog] = []
@@ -181,7 +188,7 @@ def train_pipeline(
         clock = StepClock(ops, comm, wait_first=False)
         x = y = None
         if first or last:
-            x, y = (to_device(a) for a in make_batch(model, step, teacher=teacher))
+            x, y = (on_device(ops, a) for a in make_batch(model, step, teacher=teacher))
         for g in grads:
             g.fill(0.0)
         caches: list[list[Any]] = []
