@@ -1,0 +1,57 @@
+"""hetbench's PyTorch front end: `import hetbench.pytorch` registers the torch.distributed backend "hetbench" (MPI
+underneath, so one job can span NVIDIA, AMD, OpenCL, simulated and CPU ranks), and gives a user's own script what
+it needs to train across unequal devices: the rank's device, batch rows by weights, DDP and FSDP2 made exact under
+uneven batch shares, and a per-step metrics logger. Needs torch (the `torch` extra); hetbench without it works.
+"""
+
+from __future__ import annotations
+
+from hetbench.pytorch.availability import torch_problem
+
+_problem = torch_problem()
+if _problem is not None:
+    raise ImportError(_problem)
+
+from hetbench.pytorch import backend as _backend  # noqa: E402
+from hetbench.pytorch import rendezvous as _rendezvous  # noqa: E402
+from hetbench.pytorch.backend import BACKEND_NAME, BackendError, HetbenchProcessGroup, set_path  # noqa: E402
+from hetbench.pytorch.device import RankDevice, rank_device  # noqa: E402
+from hetbench.pytorch.logger import StepLogger, hetbench_group  # noqa: E402
+from hetbench.pytorch.uneven import (  # noqa: E402
+    batch_rows,
+    exact_ddp,
+    exact_fully_shard,
+    matmul_rate,
+    part_of_mean,
+    resolve_weights,
+    row_range,
+    sum_gradients,
+)
+
+_backend.register()
+_rendezvous.install()
+
+
+def init(path: str | None = None) -> None:
+    """init_process_group("hetbench") unless a default group exists; `path` host or device (default: the
+    HETBENCH_TORCH_PATH variable, else host). Rank and world size come from MPI."""
+    import torch.distributed as dist
+
+    if path is not None:
+        set_path(path)
+    if not dist.is_initialized():
+        dist.init_process_group(BACKEND_NAME)
+
+
+def collective_metrics(group: object = None) -> dict:
+    """The hetbench backend's figures per collective since the group was made (this rank's), {} under another
+    backend."""
+    pg = hetbench_group(group)
+    return pg.metrics.totals() if pg is not None else {}
+
+
+__all__ = [
+    "BACKEND_NAME", "BackendError", "HetbenchProcessGroup", "RankDevice", "StepLogger", "batch_rows",
+    "collective_metrics", "exact_ddp", "exact_fully_shard", "hetbench_group", "init", "matmul_rate",
+    "part_of_mean", "rank_device", "resolve_weights", "row_range", "set_path", "sum_gradients",
+]

@@ -1,0 +1,86 @@
+"""The rank's torch device, from the rank map's backend: a CUDA or ROCm build's GPU (both show as device type
+"cuda"; torch.version.hip tells them apart) for a GPU backend torch can drive, else the CPU. Where torch has no
+device for the rank's backend (an OpenCL device, a simulated GPU) the model runs on the CPU, and the RankDevice
+says so (`torch_has_device` False); hetbench's backend still runs that rank's collectives."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from hetbench.backends.base import MPI_MEMORY_KINDS, TIMING_MODELLED
+
+GPU_KINDS = tuple(k for k in MPI_MEMORY_KINDS if k in ("cuda", "hip"))
+
+
+@dataclass(frozen=True)
+class RankDevice:
+    torch_device: str  # "cuda:0", "cpu"
+    vendor: str  # of the device torch computes on: nvidia, amd, or cpu
+    name: str  # torch's name of it
+    backend: str  # the rank map's backend for this rank (host, cupy, opencl, sim:mi300x, auto)
+    torch_has_device: bool  # False where the rank's backend names a device torch cannot drive
+    note: str = ""
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device(self.torch_device)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def gpu_vendor() -> str:
+    return "amd" if getattr(torch.version, "hip", None) else "nvidia"
+
+
+def _gpu(local_rank: int, backend: str) -> RankDevice:
+    index = local_rank % torch.cuda.device_count()
+    return RankDevice(f"cuda:{index}", gpu_vendor(), torch.cuda.get_device_name(index), backend, True)
+
+
+def _cpu(backend: str, has: bool, note: str = "") -> RankDevice:
+    return RankDevice("cpu", "cpu", "cpu", backend, has, note)
+
+
+def for_backend(backend: Any, spec: str, local_rank: int) -> RankDevice:
+    """The torch device for a rank whose hetbench backend is open (`hetbench train --frontend torch`): the GPU of a
+    GPU backend whose device is real and that torch sees; the CPU for the host backend; else the CPU, noted."""
+    kind = backend.mpi_memory_kind()
+    simulated = getattr(backend, "timing", "") == TIMING_MODELLED
+    if kind in GPU_KINDS and not simulated and torch.cuda.is_available():
+        return _gpu(local_rank, spec)
+    if kind == "host":
+        return _cpu(spec, True)
+    why = "a simulated GPU" if simulated else f"a {spec} device"
+    return _cpu(spec, False, f"torch cannot compute on {why}: this rank's model runs on the CPU")
+
+
+def rank_device(backend: str | None = None, local_rank: int | None = None) -> RankDevice:
+    """The rank's torch device for a user's script. `backend` is this rank's entry of a rank map (host, cupy,
+    opencl, sim:MODEL, auto; default auto): auto and cupy take the GPU torch sees (the local rank's, round robin),
+    host the CPU; opencl and sim ranks compute on the CPU in torch."""
+    name = (backend or "auto").strip().lower()
+    if local_rank is None:
+        local_rank = _local_rank()
+    family = name.split(":")[0]
+    if family in ("auto", "cupy") and torch.cuda.is_available():
+        return _gpu(local_rank, name)
+    if family in ("auto", "host"):
+        return _cpu(name, True)
+    if family == "cupy":
+        return _cpu(name, False, "torch sees no GPU here (a CPU build of torch, or no device): the CPU computes")
+    if family in ("opencl", "sim"):
+        return _cpu(name, False, f"torch cannot compute on {name}: this rank's model runs on the CPU")
+    raise ValueError(f"backend {backend!r} is not one of auto, host, cupy, opencl, sim:MODEL")
+
+
+def _local_rank() -> int:
+    import os
+
+    for var in ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "LOCAL_RANK", "SLURM_LOCALID"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 0

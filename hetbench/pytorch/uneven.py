@@ -1,0 +1,143 @@
+"""Training across unequal ranks with torch's own DDP and FSDP2, exact under uneven batch shares.
+
+The rule that makes uneven shares exact: each rank's loss is its rows' part of the GLOBAL mean (the sum of its
+rows' losses over the global batch), and the ranks' gradients are SUMMED, not averaged. Then any split of the batch,
+a zero share included, gives the gradient of the whole batch. DDP averages by default (wrong with uneven rows, and
+silently so): `exact_ddp` registers a SUM comm hook. FSDP2 divides by the world size: `exact_fully_shard` sets a
+divide factor of 1 and sum-only reductions on EVERY fully_shard'ed module (set on the root alone, the others still
+average).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hetbench.benchmarks import split_plan as plan
+
+PROBE_SHAPE = 256  # auto weights: each rank's torch matmul rate at PROBE_SHAPE^3, fp32
+PROBE_REPEATS = 5
+
+
+def matmul_rate(device: torch.device | str = "cpu", n: int = PROBE_SHAPE, repeats: int = PROBE_REPEATS) -> float:
+    """This rank's torch fp32 matmul rate (flop/s) at n x n x n on `device`: the median of `repeats` timed runs
+    after one warm-up."""
+    device = torch.device(device)
+    a = torch.randn(n, n, device=device)
+    b = torch.randn(n, n, device=device)
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    torch.matmul(a, b)
+    sync()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.matmul(a, b)
+        sync()
+        times.append(time.perf_counter() - start)
+    return 2.0 * n**3 / statistics.median(times)
+
+
+def _world(group: Any) -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(group), dist.get_world_size(group)
+    return 0, 1
+
+
+def resolve_weights(weights: str | Sequence[float], group: Any = None, device: torch.device | str = "cpu",
+                    rate: Callable[[], float] | None = None) -> list[float]:
+    """One weight per rank of `group` (default: the world) from `weights`: "even", "auto" (each rank's
+    matmul_rate on `device`, or `rate()`, gathered: collective), a profile path from `hetbench calibrate` (its rows
+    rates), a list of numbers, or the same as text "3,1". Raises plan.WeightsError with a one-line message."""
+    _, size = _world(group)
+    if not isinstance(weights, str):
+        weights = ",".join(repr(float(w)) for w in weights)
+    parsed = plan.parse_weights(weights, size)
+    if parsed.kind == "even":
+        return [1.0] * size
+    if parsed.kind == "list":
+        return list(parsed.values)
+    if parsed.kind == "profile":
+        from hetbench.results.profile import ProfileError, load_profile
+
+        try:
+            return list(load_profile(parsed.path, size, "fp32", "rows", None).rates)
+        except ProfileError as e:
+            raise plan.WeightsError(str(e)) from None
+    mine = rate() if rate is not None else matmul_rate(device)
+    if size == 1:
+        return [mine]
+    rates: list[Any] = [None] * size
+    dist.all_gather_object(rates, mine, group=group)
+    return [float(r) for r in rates]
+
+
+def batch_rows(batch: int, weights: str | Sequence[float] = "even", group: Any = None,
+               device: torch.device | str = "cpu", rate: Callable[[], float] | None = None) -> list[int]:
+    """Rows of a global batch of `batch` for every rank, in proportion to the weights (see resolve_weights),
+    summing to `batch` (largest remainder; a zero weight gets zero rows)."""
+    return plan.shares(resolve_weights(weights, group, device, rate), batch)
+
+
+def row_range(rows: Sequence[int], rank: int | None = None) -> tuple[int, int]:
+    """[start, stop) of `rank`'s rows (default: this rank) in the global batch split into `rows`."""
+    if rank is None:
+        rank = _world(None)[0]
+    start = int(sum(rows[:rank]))
+    return start, start + int(rows[rank])
+
+
+def part_of_mean(losses: torch.Tensor, global_batch: int) -> torch.Tensor:
+    """This rank's part of the global mean loss: the sum of its rows' losses over the global batch. Summed over
+    the ranks (which exact_ddp and exact_fully_shard do with the gradients), it is the whole batch's mean."""
+    return losses.sum() / global_batch
+
+
+def _sum_hook(group, bucket):  # type: ignore[no-untyped-def]
+    """DDP comm hook: the bucket's gradients summed over the ranks (DDP's own hook averages). Unannotated: DDP
+    refuses a hook whose annotations are not dist.GradBucket and torch.futures.Future, and this module's
+    annotations are strings."""
+    work = dist.all_reduce(bucket.buffer(), group=group, async_op=True)
+    return work.get_future().then(lambda fut: fut.value()[0])
+
+
+def exact_ddp(module: nn.Module, process_group: Any = None, **kwargs: Any) -> nn.parallel.DistributedDataParallel:
+    """torch's DistributedDataParallel with gradients summed over the ranks: exact for any batch shares when each
+    rank's loss is part_of_mean."""
+    model = nn.parallel.DistributedDataParallel(module, process_group=process_group, **kwargs)
+    model.register_comm_hook(process_group, _sum_hook)
+    return model
+
+
+def exact_fully_shard(model: nn.Module, units: Iterable[nn.Module] = (), **kwargs: Any) -> nn.Module:
+    """FSDP2 (`fully_shard`) over each of `units` (in the order given), then the root `model`, with every
+    FSDPModule summing its gradients (divide factor 1, sum-only reductions): exact for any batch shares when each
+    rank's loss is part_of_mean. kwargs go to every fully_shard call (mesh, reshard_after_forward, ...)."""
+    from torch.distributed.fsdp import fully_shard
+
+    for unit in units:
+        fully_shard(unit, **kwargs)
+    fully_shard(model, **kwargs)
+    sum_gradients(model)
+    return model
+
+
+def sum_gradients(model: nn.Module) -> int:
+    """Make every FSDPModule in `model` sum its gradients over the ranks; returns how many were set."""
+    from torch.distributed.fsdp import FSDPModule
+
+    count = 0
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.set_gradient_divide_factor(1.0)
+            m.set_force_sum_reduction_for_comms(True)
+            count += 1
+    return count
