@@ -14,7 +14,11 @@ MPIEXEC := $(VENV)/bin/mpiexec
 HETBENCH := $(VENV)/bin/hetbench
 # pyclblast has no wheel: it builds from source against libclblast (apt-get install libclblast-dev)
 HAVE_CLBLAST := $(shell (ldconfig -p 2>/dev/null | grep -q libclblast) && echo 1)
-EXTRAS ?= opencl,mpich,report,dev$(if $(HAVE_CLBLAST),$(comma)clblast)
+EXTRAS ?= opencl,mpich,report,dev,torch$(if $(HAVE_CLBLAST),$(comma)clblast)
+# The torch extra's range admits CUDA builds of several GB: the main virtualenv takes this build first (on these
+# machines a CPU build of 2.13.0 lies on disk). `make TORCH_PIN= ...` leaves the choice to pip (a GPU node's own
+# build); the Open MPI virtualenv has no torch at all, so its suite shows hetbench working without it.
+TORCH_PIN ?= torch==2.13.0
 comma := ,
 DEMO_SIZE ?= 2048
 # the real pair's OpenCL rank is PoCL on 2 CPU cores here (1.3 s per 2048^3 GEMM, 4 s while the host rank computes
@@ -34,19 +38,20 @@ env: $(VENV)/.installed
 
 env-openmpi: $(VENV_OPENMPI)/.installed
 
-# $(1): the virtualenv, $(2): the extras
+# $(1): the virtualenv, $(2): the extras, $(3): packages installed before them (pins)
 define make_venv
 	$(PYTHON) -m venv $(1)
 	$(1)/bin/python -m pip install --quiet --upgrade pip
+	$(if $(3),$(1)/bin/python -m pip install --quiet $(3))
 	$(1)/bin/python -m pip install --quiet -e '.[$(2)]'
 	touch $(1)/.installed
 endef
 
 $(VENV)/.installed: pyproject.toml
-	$(call make_venv,$(VENV),$(EXTRAS))
+	$(call make_venv,$(VENV),$(EXTRAS),$(if $(findstring torch,$(EXTRAS)),$(TORCH_PIN)))
 
 $(VENV_OPENMPI)/.installed: pyproject.toml
-	$(call make_venv,$(VENV_OPENMPI),$(EXTRAS_OPENMPI))
+	$(call make_venv,$(VENV_OPENMPI),$(EXTRAS_OPENMPI),)
 
 # A real heterogeneous pair first (the CPU through NumPy/BLAS beside an OpenCL device; where there is no OpenCL
 # device, the devices `auto` picks), then one GEMM split across that pair by measured speed, then a simulated

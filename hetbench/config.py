@@ -282,6 +282,10 @@ class TrainConfig:
     checkpoint: Path | None = None  # save the state here (at the end, and every checkpoint_every steps if > 0)
     checkpoint_every: int = 0
     resume: Path | None = None  # a checkpoint folder (or one step folder in it) to continue from
+    frontend: str = "numpy"  # numpy (hetbench's own trainer) | torch (a torch model over the hetbench backend)
+    model: str = "mlp"  # torch: mlp (the residual MLP teacher task) | gpt (a char-level decoder-only transformer)
+    seq_len: int = 64  # gpt: tokens per sequence
+    heads: int = 4  # gpt: attention heads
     output: OutputConfig = field(default_factory=OutputConfig)
 
     def to_dict(self) -> dict[str, Any]:

@@ -29,6 +29,12 @@ from hetbench.options import MAX_SEED, int_range, parse_backends
 from hetbench.train.precision import TRAIN_DTYPES
 
 STRATEGIES = ("fsdp", "ddp", "pipeline")
+FRONTENDS = ("numpy", "torch")
+# --frontend torch: torch's own DDP and FSDP2 (fully_shard) over the hetbench backend (hetbench/pytorch/)
+TORCH_STRATEGIES = ("ddp", "fsdp2")
+DEFAULT_STRATEGY = {"numpy": "fsdp", "torch": "fsdp2"}
+MODELS = ("mlp", "gpt")
+MAX_SEQ_LEN = 1 << 16
 OPTIMIZERS = ("adamw", "sgd")
 MAX_LAYERS = 10_000
 MAX_HIDDEN = 1 << 16
@@ -59,10 +65,25 @@ class Train:
 
     def options(self) -> list[click.Parameter]:
         return [
-            click.Option(["--strategy"], type=click.Choice(STRATEGIES), default="fsdp", show_default=True,
-                         help="fsdp: each layer's parameters sharded by the weights, gathered for use, gradients "
-                              "reduce-scattered; ddp: replicas, gradients allreduced; pipeline: stages of layers "
-                              "by the weights, micro-batches (GPipe)."),
+            click.Option(["--frontend"], type=click.Choice(FRONTENDS), default="numpy", show_default=True,
+                         help="numpy: hetbench's own trainer (every rank's GEMMs on its hetbench device); torch: a "
+                              "PyTorch model trained by torch's DDP or FSDP2 over the hetbench torch.distributed "
+                              "backend (needs torch: pip install 'hetbench[torch]')."),
+            click.Option(["--strategy"], type=click.Choice(STRATEGIES + ("fsdp2",)), default=None,
+                         show_default="fsdp; fsdp2 with --frontend torch",
+                         help="numpy: fsdp (each layer's parameters sharded by the weights, gathered for use, "
+                              "gradients reduce-scattered), ddp (replicas, gradients allreduced) or pipeline "
+                              "(stages of layers by the weights, micro-batches, GPipe). torch: ddp (torch's "
+                              "DistributedDataParallel) or fsdp2 (torch's fully_shard), gradients summed so that "
+                              "uneven batch shares are exact."),
+            click.Option(["--model"], type=click.Choice(MODELS), default="mlp", show_default=True,
+                         help="What --frontend torch trains: mlp (the residual MLP teacher task of the numpy "
+                              "trainer) or gpt (a small char-level decoder-only transformer on a text shipped with "
+                              "hetbench; --layers blocks of width --hidden)."),
+            click.Option(["--seq-len"], type=int_range(1, MAX_SEQ_LEN), default=64, show_default=True,
+                         help="--model gpt: characters of context per sequence (a row of the batch)."),
+            click.Option(["--heads"], type=int_range(1, MAX_HIDDEN), default=4, show_default=True,
+                         help="--model gpt: attention heads (must divide --hidden)."),
             click.Option(["--layers"], type=int_range(1, MAX_LAYERS), default=4, show_default=True,
                          help="Residual layers: h + relu(h W + b)."),
             click.Option(["--hidden"], type=int_range(1, MAX_HIDDEN), default=32, show_default=True,
@@ -119,6 +140,7 @@ class Train:
 
     def configure(self, params: dict[str, Any], world: Any, output: OutputConfig) -> TrainConfig:
         ctx = click.get_current_context()
+        _check_frontend(params, world)
         try:
             weights = plan.parse_weights(params["weights"], world.size)
         except plan.WeightsError as e:
@@ -150,6 +172,7 @@ class Train:
             check=params["check"], log=params["log_path"],
             checkpoint=params["checkpoint"], checkpoint_every=params["checkpoint_every"], resume=params["resume"],
             backends=parse_backends(world, ctx.params["backend"]), output=output,
+            frontend=params["frontend"], model=params["model"], seq_len=params["seq_len"], heads=params["heads"],
         )
 
     def output_paths(self, cfg: TrainConfig) -> dict[str, tuple[Any, int]]:
@@ -162,19 +185,13 @@ class Train:
         return parse_dtype("fp32")
 
     def prepare(self, cfg: TrainConfig, world: Any, device: Any) -> tuple[Any, list[str]]:
-        from hetbench.harness import train as run
-
-        return run.prepare(cfg, world, device)
+        return _harness(cfg).prepare(cfg, world, device)
 
     def check(self, cfg: TrainConfig, world: Any, state: Any) -> list[str]:
-        from hetbench.harness import train as run
-
-        return run.check(cfg, world, state)
+        return _harness(cfg).check(cfg, world, state)
 
     def run(self, cfg: TrainConfig, world: Any, state: Any, on_step: Any) -> RankResult:
-        from hetbench.harness import train as run
-
-        outcome = run.run_rank(cfg, world, state, on_step)
+        outcome = _harness(cfg).run_rank(cfg, world, state, on_step)
         files = [("--log", cfg.log, outcome.log_text)] if world.rank == 0 and cfg.log is not None else []
         outcome.log_text = None
         return RankResult(outcome, files)
@@ -187,12 +204,65 @@ class Train:
     def summarize(self, cfg: TrainConfig, rows: list[dict[str, Any]], gathered: Sequence[Any]) -> dict[str, Any]:
         from hetbench.harness import train as run
 
-        return run.summarize_job(cfg, rows, gathered)
+        summary = run.summarize_job(cfg, rows, gathered)
+        if cfg.frontend == "torch":
+            summary.update(_harness(cfg).summary_extra(cfg, list(gathered)))
+        return summary
 
     def document_extra(self, cfg: TrainConfig, gathered: Sequence[Any]) -> dict[str, Any]:
         from hetbench.harness import train as run
 
         return {"steps": run.step_lines(cfg, gathered)}
+
+
+def _harness(cfg: TrainConfig) -> Any:
+    """The run on each rank: hetbench's own trainer, or the torch front end's."""
+    if cfg.frontend == "torch":
+        from hetbench.pytorch import trainer
+
+        return trainer
+    from hetbench.harness import train as run
+
+    return run
+
+
+def _check_frontend(params: dict[str, Any], world: Any) -> None:
+    """The front end's strategy, model and options agree, and torch is here on every rank (agreed: a rank
+    without torch must not leave the others waiting); fills in the front end's default strategy."""
+    frontend = params["frontend"]
+    if params["strategy"] is None:
+        params["strategy"] = DEFAULT_STRATEGY[frontend]
+    strategy = params["strategy"]
+    if frontend == "numpy":
+        if strategy not in STRATEGIES:
+            raise click.BadParameter(f"{strategy} is a strategy of --frontend torch; accepted with --frontend "
+                                     f"numpy: {', '.join(STRATEGIES)}", param_hint="'--strategy'")
+        if params["model"] != "mlp":
+            raise click.BadParameter(f"{params['model']} is trained by --frontend torch; the numpy trainer trains "
+                                     "mlp", param_hint="'--model'")
+        return
+    if strategy not in TORCH_STRATEGIES:
+        raise click.BadParameter(f"{strategy} is a strategy of --frontend numpy; accepted with --frontend torch: "
+                                 f"{', '.join(TORCH_STRATEGIES)}", param_hint="'--strategy'")
+    unsupported = [(opt, shown) for opt, value, default, shown in (
+        ("--dtype", params["dtype"], "fp32", params["dtype"]),
+        ("--checkpoint", params["checkpoint"], None, params["checkpoint"]),
+        ("--resume", params["resume"], None, params["resume"]),
+    ) if value != default]
+    if unsupported:
+        opt, shown = unsupported[0]
+        raise click.BadParameter(f"{shown} is not built for --frontend torch yet (fp32, no checkpoints); use "
+                                 "--frontend numpy for it", param_hint=f"'{opt}'")
+    if params["model"] == "gpt" and params["hidden"] % params["heads"]:
+        raise click.BadParameter(f"--heads {params['heads']} does not divide --hidden {params['hidden']}",
+                                 param_hint="'--heads'")
+    from hetbench.pytorch.availability import torch_problem
+
+    errors = world.agree(torch_problem())
+    if errors:
+        e = errors[0]
+        where = f"rank {e.rank} ({e.host}): " if world.size > 1 else ""
+        raise click.UsageError(f"--frontend torch: {where}{e.message}")
 
 
 register(Train())

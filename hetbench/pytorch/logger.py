@@ -81,7 +81,8 @@ class StepLogger:
             self.pg.split_idle = True
             self.pg.metrics.take()  # the steps' figures start here
         self.next_step = first_step
-        self.lines: list[dict[str, Any]] = []
+        self.lines: list[dict[str, Any]] = []  # rank 0: every step's line
+        self.mine: list[dict[str, Any]] = []  # this rank's own figures, step by step
         self.path = Path(path) if path is not None else None
         self._file = open(self.path, "w", encoding="utf-8") if self.path is not None and self.rank == 0 else None
 
@@ -123,6 +124,7 @@ class StepLogger:
                 "idle_seconds": idle, "copy_seconds": copies, "samples": rec.samples, "param_bytes": params,
                 "grad_bytes": grads, "optimizer_bytes": state, "step_seconds": seconds, "loss_part": loss,
                 "collectives": ops}
+        self.mine.append({"step": rec.step, **mine})
         every = self._gather(mine)
         if every is None:
             return None

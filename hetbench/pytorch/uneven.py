@@ -24,12 +24,15 @@ PROBE_SHAPE = 256  # auto weights: each rank's torch matmul rate at PROBE_SHAPE^
 PROBE_REPEATS = 5
 
 
-def matmul_rate(device: torch.device | str = "cpu", n: int = PROBE_SHAPE, repeats: int = PROBE_REPEATS) -> float:
-    """This rank's torch fp32 matmul rate (flop/s) at n x n x n on `device`: the median of `repeats` timed runs
-    after one warm-up."""
+def matmul_rate(device: torch.device | str = "cpu", n: int = PROBE_SHAPE, repeats: int = PROBE_REPEATS,
+                m: int | None = None, k: int | None = None) -> float:
+    """This rank's torch fp32 matmul rate (flop/s) at m x n x k (default n x n x n) on `device`: the median of
+    `repeats` timed runs after one warm-up."""
     device = torch.device(device)
-    a = torch.randn(n, n, device=device)
-    b = torch.randn(n, n, device=device)
+    m = n if m is None else m
+    k = n if k is None else k
+    a = torch.randn(m, k, device=device)
+    b = torch.randn(k, n, device=device)
 
     def sync() -> None:
         if device.type == "cuda":
@@ -43,7 +46,7 @@ def matmul_rate(device: torch.device | str = "cpu", n: int = PROBE_SHAPE, repeat
         torch.matmul(a, b)
         sync()
         times.append(time.perf_counter() - start)
-    return 2.0 * n**3 / statistics.median(times)
+    return 2.0 * m * n * k / statistics.median(times)
 
 
 def _world(group: Any) -> tuple[int, int]:

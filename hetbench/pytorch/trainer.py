@@ -1,0 +1,242 @@
+"""`hetbench train --frontend torch` on each rank: a real PyTorch model (the residual MLP teacher task, or a small
+char-level GPT) trained by torch's own DDP or FSDP2 over the "hetbench" backend, the batch shared by the weights
+(exact under uneven shares: hetbench/pytorch/uneven.py), every step logged with the backend's figures, and the loss
+curve and final parameters checked at rank 0 against the same training in one process.
+
+It returns the NumPy trainer's RankOutcome (hetbench/harness/train.py), so that rows, summary, the --log lines and
+`report` read both front ends alike.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+import hetbench.pytorch  # noqa: F401  registers the backend
+from hetbench.benchmarks import split_plan as plan
+from hetbench.comm.world import World
+from hetbench.harness.devices import OpenDevice
+from hetbench.harness.train import CHECK_RTOL, PARAM_RTOL, ROOT, RankOutcome
+from hetbench.pytorch import backend as hb_backend
+from hetbench.pytorch.device import RankDevice, for_backend
+from hetbench.pytorch.logger import StepLogger
+from hetbench.pytorch.models import TaskConfig, build_model, describe, make_batch, row_losses, units
+from hetbench.pytorch.uneven import exact_ddp, exact_fully_shard, matmul_rate
+from hetbench.train import StepLog
+from hetbench.train.optim import ADAMW_WEIGHT_DECAY
+
+TORCH_STRATEGIES = ("ddp", "fsdp2")
+
+
+@dataclass
+class TorchTrainState:
+    opened: OpenDevice
+    device: RankDevice
+    task: TaskConfig
+    profile: Any = None
+    owns_group: bool = False
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+def task_config(cfg: Any) -> TaskConfig:
+    return TaskConfig(task=cfg.model, layers=cfg.layers, hidden=cfg.hidden, batch=cfg.batch, seed=cfg.seed,
+                      seq_len=cfg.seq_len, heads=cfg.heads)
+
+
+def prepare(cfg: Any, world: World, opened: OpenDevice) -> tuple[TorchTrainState, list[str]]:
+    device = for_backend(opened.backend, opened.spec, world.local_rank)
+    try:
+        task = task_config(cfg)
+    except ValueError as e:
+        return TorchTrainState(opened, device, TaskConfig()), [str(e)]
+    return TorchTrainState(opened, device, task), []
+
+
+def check(cfg: Any, world: World, state: TorchTrainState) -> list[str]:
+    """Collective: what must hold on every rank before the process group is made."""
+    errors = []
+    if cfg.warmup_steps >= cfg.steps:
+        errors.append(f"--warmup-steps {cfg.warmup_steps} leaves none of the {cfg.steps} steps to time; "
+                      f"accepted: 0 to {cfg.steps - 1}")
+    if cfg.path == "device":
+        problem = hb_backend.device_path_problem(world.comm)
+        if problem:
+            errors.append(f"--path device: {problem}")
+    if cfg.weights.kind == "profile":
+        from hetbench.results.profile import ProfileError, load_profile
+
+        devices = [tuple(d) for d in world.allgather((state.opened.spec, state.opened.info.name))]
+        try:
+            state.profile = load_profile(cfg.weights.path, world.size, "fp32", "rows", devices)
+        except ProfileError as e:
+            errors.append(str(e))
+    return errors
+
+
+def _weights(cfg: Any, world: World, state: TorchTrainState) -> list[float]:
+    """Each rank's weight: even, given, a profile's rates, or (auto) each rank's torch matmul rate at a layer's
+    shape (its part of the batch x hidden x hidden), measured beside the others."""
+    if cfg.weights.kind == "even":
+        return [1.0] * world.size
+    if cfg.weights.kind == "list":
+        return list(cfg.weights.values)
+    if cfg.weights.kind == "profile":
+        return list(state.profile.rates)
+    world.barrier()
+    rows = max(1, -(-cfg.batch // world.size)) * (cfg.seq_len if cfg.model == "gpt" else 1)
+    rate = matmul_rate(state.device.device, n=cfg.hidden, m=min(rows, 4096), k=cfg.hidden)
+    return [float(r) for r in world.allgather(rate)]
+
+
+def _optimizer(cfg: Any, params: Any) -> torch.optim.Optimizer:
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr)
+    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=ADAMW_WEIGHT_DECAY)
+
+
+def _init_group(cfg: Any) -> bool:
+    """The default process group over the hetbench backend on the run's path; True when this call made it."""
+    if dist.is_initialized():
+        return False
+    hb_backend.set_path(cfg.path)
+    dist.init_process_group(hb_backend.BACKEND_NAME)
+    return True
+
+
+def _full_state(cfg: Any, model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
+    """Collective: the model's full parameters (CPU) at rank 0, None elsewhere."""
+    if cfg.strategy == "ddp":
+        module = model.module if hasattr(model, "module") else model
+        return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()} if dist.get_rank() == ROOT \
+            else None
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {k: v.detach().cpu().clone() for k, v in full.items()} if dist.get_rank() == ROOT else None
+
+
+def run_rank(cfg: Any, world: World, state: TorchTrainState,
+             on_step: Callable[[int, int, str], None] | None = None) -> RankOutcome:
+    """Collective. Train; rank 0 gathers the step lines and checks the run against one process."""
+    state.owns_group = _init_group(cfg)
+    try:
+        return _train(cfg, world, state, on_step)
+    finally:
+        if state.owns_group:
+            dist.destroy_process_group()
+
+
+def _train(cfg: Any, world: World, state: TorchTrainState, on_step: Any) -> RankOutcome:
+    weights = _weights(cfg, world, state)
+    shares = plan.shares(weights, cfg.batch)
+    start_row = sum(shares[:world.rank])
+    stop_row = start_row + shares[world.rank]
+    device = state.device.device
+    torch.manual_seed(cfg.seed)
+    model = build_model(state.task).to(device)
+    if cfg.strategy == "ddp":
+        model = exact_ddp(model)
+    else:
+        exact_fully_shard(model, units(model))
+    opt = _optimizer(cfg, model.parameters())
+    logger = StepLogger(None, cfg.batch, model=model, optimizer=opt)
+    for step in range(cfg.steps):
+        x, y = make_batch(state.task, step, start_row, stop_row)
+        x, y = x.to(device), y.to(device)
+        with logger.step(samples=stop_row - start_row) as rec:
+            loss = row_losses(model, x, y).sum() / cfg.batch
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=False)  # gradients stay held: the bytes a step holds at its peak
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            rec.loss = loss
+        if on_step is not None and logger.lines:
+            on_step(step + 1, cfg.steps, f"step {step + 1}/{cfg.steps} loss {logger.lines[-1]['loss']:.4g}")
+    full = _full_state(cfg, model)
+    collectives = logger.pg.metrics.totals() if logger.pg is not None else {}
+    facts = {"host": world.host, "backend": state.opened.spec, "vendor": state.device.vendor,
+             "device": state.device.name, "device_timing": "measured", "torch_device": state.device.torch_device,
+             "torch_has_device": state.device.torch_has_device, "hetbench_device": state.opened.info.name,
+             "compute_dtype": "fp32", "compute_path": "torch", "state_memory": "device"
+             if state.device.torch_device != "cpu" else "host"}
+    logs = [StepLog(step=m["step"], loss=float("nan"), step_seconds=m["step_seconds"],
+                    compute_seconds=m["compute_seconds"], comm_seconds=m["comm_seconds"] or 0.0,
+                    idle_seconds=m["idle_seconds"] or 0.0, samples=m["samples"], param_bytes=m["param_bytes"],
+                    grad_bytes=m["grad_bytes"], optimizer_bytes=m["optimizer_bytes"]) for m in logger.mine]
+    details = {"strategy": cfg.strategy, "frontend": "torch", "collectives": collectives,
+               "torch_version": str(torch.__version__), "note": state.device.note}
+    result = RankOutcome(logs, facts, list(weights), list(shares), details=details)
+    if world.rank == ROOT:
+        result.steps = [dict(line) for line in logger.lines]
+        for log, line in zip(logs, result.steps):
+            log.loss = line["loss"]
+        if cfg.log is not None:
+            import json
+
+            result.log_text = "".join(json.dumps(line) + "\n" for line in result.steps)
+        if cfg.check:
+            result.check = check_against_one_process(cfg, state.task, [s["loss"] for s in result.steps], full)
+    return result
+
+
+def reference(cfg: Any, task: TaskConfig) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """The same training in one process on the CPU: the whole batch each step, the plain module."""
+    torch.manual_seed(cfg.seed)
+    model = build_model(task)
+    opt = _optimizer(cfg, model.parameters())
+    losses = []
+    for step in range(cfg.steps):
+        x, y = make_batch(task, step, 0, cfg.batch)
+        loss = row_losses(model, x, y).sum() / cfg.batch
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(float(loss.item()))
+    return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def check_against_one_process(cfg: Any, task: TaskConfig, losses: list[float],
+                              params: dict[str, torch.Tensor] | None) -> dict[str, Any]:
+    """The loss curve within CHECK_RTOL of the one-process run's, step by step, and every parameter tensor within
+    PARAM_RTOL of its norm (||p - p_ref|| / ||p_ref||): the same tolerances as the NumPy trainer's fp32 check, for
+    the same reason (only the order of the sums differs)."""
+    ref_losses, ref_params = reference(cfg, task)
+    rel = [abs(a - b) / max(abs(b), 1e-30) for a, b in zip(losses, ref_losses)]
+    norm_diff = param_diff = 0.0
+    missing: list[str] = []
+    if params is not None:
+        for name, want in ref_params.items():
+            got = params.get(name)
+            if got is None or got.shape != want.shape:
+                missing.append(name)
+                continue
+            d = (got.double() - want.double())
+            norm_diff = max(norm_diff, float(d.norm()) / max(float(want.double().norm()), 1e-30))
+            param_diff = max(param_diff, float(d.abs().max()) / max(float(want.abs().max()), 1e-30))
+    loss_diff = max(rel) if rel else math.inf
+    ok = bool(len(losses) == len(ref_losses) and loss_diff <= CHECK_RTOL and norm_diff <= PARAM_RTOL
+              and not missing and params is not None)
+    return {"ok": ok, "max_loss_relative_difference": loss_diff, "rtol": CHECK_RTOL,
+            "max_param_norm_relative_difference": norm_diff, "param_rtol": PARAM_RTOL,
+            "max_param_relative_difference": param_diff, "params_missing": missing, "dtype": "fp32",
+            "reference_loss_first": ref_losses[0], "reference_loss_last": ref_losses[-1],
+            "skipped_steps": 0, "reference_skipped_steps": 0, "reference": "torch, one process, CPU"}
+
+
+def summary_extra(cfg: Any, gathered: list[RankOutcome]) -> dict[str, Any]:
+    """The torch front end's own summary figures: the task, torch's version, where each rank computed, and the
+    backend's collective figures per rank over the whole run (nccl-tests algbw/busbw)."""
+    root = gathered[ROOT]
+    return {
+        "frontend": "torch",
+        "task": describe(task_config(cfg)),
+        "torch_version": root.details.get("torch_version"),
+        "torch_devices": [g.facts.get("torch_device") for g in gathered],
+        "torch_notes": [g.details.get("note", "") for g in gathered],
+        "collectives_per_rank": [g.details.get("collectives", {}) for g in gathered],
+    }
