@@ -256,7 +256,7 @@ def _check_frontend(params: dict[str, Any], world: Any) -> None:
     if params["model"] == "gpt" and params["hidden"] % params["heads"]:
         raise click.BadParameter(f"--heads {params['heads']} does not divide --hidden {params['hidden']}",
                                  param_hint="'--heads'")
-    from hetbench.pytorch.availability import torch_problem
+    from hetbench.pytorch_support import torch_problem
 
     errors = world.agree(torch_problem())
     if errors:

@@ -6,7 +6,7 @@ uneven batch shares, and a per-step metrics logger. Needs torch (the `torch` ext
 
 from __future__ import annotations
 
-from hetbench.pytorch.availability import torch_problem
+from hetbench.pytorch_support import torch_problem
 
 _problem = torch_problem()
 if _problem is not None:

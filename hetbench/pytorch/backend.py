@@ -98,6 +98,19 @@ class _DoneWork(dist.distributed_c10d.Work):
         return self._future
 
 
+class _RecvAnyWork(_DoneWork):
+    """A completed receive from any rank: torch asks it which rank sent (dist.recv without src)."""
+
+    def __init__(self, result: Any, source: int) -> None:
+        super().__init__(result)
+        self._source = source
+
+    def _source_rank(self) -> int:
+        return self._source
+
+    sourceRank = _source_rank
+
+
 class _DeviceBuffer:
     """A device (or, under the test hook, a stand-in) tensor's memory as MPI takes it directly:
     __cuda_array_interface__ v3 over the tensor's storage."""
@@ -417,6 +430,8 @@ class HetbenchProcessGroup(dist.ProcessGroup):
         def body() -> list[torch.Tensor]:
             for t in tensors:
                 s = _Staged(self, t, reduce=True)
+                if me != root and _op_name(op) == "PREMUL_SUM" and not s.copied:  # scale a copy, not the input
+                    s = _Staged(self, t.detach().clone(), reduce=True)
                 self._pre(s, op)
                 if me == root:
                     self.comm.Reduce(self.MPI.IN_PLACE, s.buf, op=mpi_op, root=root)
@@ -553,15 +568,20 @@ class HetbenchProcessGroup(dist.ProcessGroup):
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> _DoneWork:
         status = self.MPI.Status()
         self._check_dtype("recv", tensors)
+        source = self.MPI.ANY_SOURCE
 
         def body() -> list[torch.Tensor]:
+            nonlocal source
             for t in tensors:
                 s = _Staged(self, t, reduce=False)
-                self.comm.Recv(s.buf, source=self.MPI.ANY_SOURCE, tag=tag, status=status)
+                # the first tensor may come from any rank; the rest of the list from the same one
+                self.comm.Recv(s.buf, source=source, tag=tag, status=status)
+                source = status.Get_source()
                 s.finish()
             return tensors
 
-        return self._run("recv", sum(t.numel() * t.element_size() for t in tensors), body)
+        done = self._run("recv", sum(t.numel() * t.element_size() for t in tensors), body)
+        return _RecvAnyWork(done.get_future().value(), int(source))
 
     def barrier(self, opts: Any = None) -> _DoneWork:
         return self._run("barrier", 0, lambda: self.comm.Barrier())

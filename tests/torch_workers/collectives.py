@@ -605,10 +605,8 @@ def p2p_checks(b: Battery, label: str, group: Any) -> None:
 
     b.check(f"{label} send/recv ring", group, ring_blocking)
     b.check(f"{label} isend/irecv ring", group, ring_async)
-    # hetbench/pytorch/backend.py: recv_anysource returns a _DoneWork without _source_rank(), so torch's
-    # dist.recv(tensor) with no src raises after the data arrived
-    b.check(f"{label} recv from any source", group, any_source,
-            xfail="recv_anysource's Work has no source rank: dist.recv(t) without src raises")
+    # dist.recv(tensor) with no src asks the Work which rank sent
+    b.check(f"{label} recv from any source", group, any_source)
 
     def barrier(c: Ctx) -> str | None:
         dist.barrier(group=c.group)
@@ -668,11 +666,8 @@ def rooted_checks(b: Battery, label: str, group: Any) -> None:
             return close(t, ref, torch.float32, scale)
         return exact(t, inputs[ME]) and f"a non-root rank's tensor changed: {exact(t, inputs[ME])}"
 
-    # hetbench/pytorch/backend.py reduce(): _pre scales the staged tensor in place, and for an fp32/fp64 contiguous
-    # tensor on the host path with CPU tensors, or on the device path, that is the caller's own tensor: a non-root
-    # rank's input comes back multiplied by the factor (as it does not for SUM, for bf16/fp16, or when staged)
-    b.check(f"{label} reduce PREMUL_SUM float32 leaves a non-root input unchanged", group, reduce_premul_nonroot,
-            xfail="reduce with PREMUL_SUM scales a non-root rank's fp32 tensor in place")
+    # a non-root rank's input must not come back scaled by the factor (reduce scales a copy)
+    b.check(f"{label} reduce PREMUL_SUM float32 leaves a non-root input unchanged", group, reduce_premul_nonroot)
 
 
 def sub_group_checks(b: Battery, label: str, group: Any) -> None:

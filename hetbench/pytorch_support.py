@@ -1,5 +1,5 @@
-"""Whether PyTorch is here, in a version the front end supports: importable without torch, so that a command can
-refuse the torch front end in one line (exit 2) on a machine that lacks it."""
+"""Whether PyTorch is here, in a version the front end supports. It lives outside hetbench/pytorch/, whose import
+needs torch, so that a command can refuse the torch front end in one line (exit 2) on a machine that lacks it."""
 
 from __future__ import annotations
 

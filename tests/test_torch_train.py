@@ -1,0 +1,225 @@
+"""The torch front end trains: torch's DDP and FSDP2 over the hetbench backend match one process under uneven batch
+shares (the library's wrappers), `hetbench train --frontend torch` passes its own check for both tasks on a mixed
+rank map, on both paths; the example script runs under mpiexec and in MPMD form; bad input is refused in one line;
+hetbench says so in one line where torch is missing."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import HAVE_OPENCL, MPIEXEC_KIND, REPO, assert_usage_error, needs_mpi, run_cli, run_python
+
+torch = pytest.importorskip("torch")
+
+SECOND = "opencl" if HAVE_OPENCL else "sim:h100"
+WORKERS = Path(__file__).parent / "torch_workers"
+SMALL_MLP = ["--layers", "3", "--hidden", "16", "--batch", "24", "--steps", "12"]
+SMALL_GPT = ["--model", "gpt", "--layers", "1", "--hidden", "32", "--heads", "2", "--seq-len", "16", "--batch", "12",
+             "--steps", "10", "--lr", "3e-3"]
+
+
+@needs_mpi
+@pytest.mark.parametrize("nprocs,weights", [(2, ["even", "3,1"]), (3, ["even", "3,2,1", "2,1,0"])])
+def test_ddp_and_fsdp2_match_one_process_under_uneven_shares(nprocs, weights):
+    run = run_python([str(WORKERS / "exact.py"), *weights], nprocs=nprocs, timeout=240)
+    assert run.returncode == 0, run.stdout + run.stderr
+    cases = re.findall(r"CASE (\S+) (\S+) rows=(\S+) loss=(\S+) param=(\S+) (\S+)", run.stdout)
+    exact = [c for c in cases if c[0] != "plain-ddp"]
+    assert sorted((c[0], c[1]) for c in exact) == sorted((s, w) for s in ("ddp", "fsdp2") for w in weights)
+    for strategy, w, rows, loss, param, verdict in exact:
+        assert verdict == "ok" and float(loss) <= 1e-5 and float(param) <= 1e-5, (strategy, w)
+        assert sum(map(int, rows.split(","))) == 12
+    # the control: torch's DDP as it comes, each rank's mean loss, is wrong exactly where the rows are uneven
+    for strategy, w, rows, loss, param, verdict in cases:
+        if strategy == "plain-ddp":
+            assert verdict == ("ok" if len(set(rows.split(","))) == 1 else "differs"), (w, rows)
+
+
+def _train(tmp_path, nprocs, *args, env=None):
+    out, log = tmp_path / "t.json", tmp_path / "t.jsonl"
+    run = run_cli(["train", "--frontend", "torch", "--out", str(out), "--log", str(log), *args], nprocs=nprocs,
+                  cwd=tmp_path, timeout=300, env=env)
+    assert run.returncode == 0, run.stdout + run.stderr
+    return run, json.loads(out.read_text()), [json.loads(line) for line in log.read_text().splitlines()]
+
+
+def _check_figures(doc, lines, batch):
+    """Every derived figure of a torch run, recomputed from the raw values in the same document."""
+    s = doc["summary"]
+    assert lines == doc["steps"]
+    for line in lines:
+        ranks = line["ranks"]
+        step = max(r["compute_seconds"] + r["comm_seconds"] + r["idle_seconds"] for r in ranks)
+        assert line["step_seconds"] == pytest.approx(step, rel=1e-9)
+        assert line["samples_per_second"] == pytest.approx(batch / line["step_seconds"], rel=1e-12)
+        for r in ranks:
+            assert r["comm_seconds"] == pytest.approx(sum(o["seconds"] for o in r["collectives"].values()))
+            assert r["idle_seconds"] == pytest.approx(sum(o["idle_seconds"] for o in r["collectives"].values()))
+            for op, o in r["collectives"].items():
+                if o["seconds"] > 0:
+                    assert o["algbw_gbps"] == pytest.approx(o["bytes"] / o["seconds"] / 1e9)
+    n = len(doc["rows"])
+    factors = {"allreduce": 2 * (n - 1) / n, "allgather": (n - 1) / n, "reduce_scatter": (n - 1) / n,
+               "broadcast": 1.0}
+    for per_rank in s["collectives_per_rank"]:
+        for op, o in per_rank.items():
+            if op in factors and o["algbw_gbps"]:
+                assert o["busbw_gbps"] == pytest.approx(o["algbw_gbps"] * factors[op])
+    assert s["loss_first"] == lines[0]["loss"] and s["loss_last"] == lines[-1]["loss"]
+    assert s["samples_per_second"] == pytest.approx(batch / s["step_seconds_median"])
+
+
+@needs_mpi
+def test_fsdp2_mlp_on_a_mixed_rank_map(tmp_path):
+    run, doc, lines = _train(tmp_path, 3, *SMALL_MLP, "--strategy", "fsdp2", "--weights", "3,2,1",
+                             "--backend", f"0=host,1={SECOND},2=sim:mi300x")
+    s = doc["summary"]
+    assert s["verified"] is True and s["check"]["ok"] is True and s["frontend"] == "torch"
+    assert s["check"]["max_loss_relative_difference"] <= 1e-3 and s["check"]["params_missing"] == []
+    assert s["shares"] == [12, 8, 4] and [r["samples"] for r in lines[0]["ranks"]] == [12, 8, 4]
+    # the same task and initial weights as the numpy trainer: the same first loss
+    numpy_run = run_cli(["train", *SMALL_MLP, "--steps", "1", "--no-check", "--json"], timeout=120)
+    assert numpy_run.returncode == 0, numpy_run.stderr
+    assert s["loss_first"] == pytest.approx(numpy_run.json()["summary"]["loss_first"], rel=1e-5)
+    # FSDP2 shards the parameters: each rank holds about a third, all together the whole model
+    whole = (3 * (16 * 16 + 16)) * 4
+    held = [r["param_bytes"] for r in lines[-1]["ranks"]]
+    assert sum(held) >= whole and max(held) < whole
+    assert {"allgather", "reduce_scatter"} <= set(lines[-1]["ranks"][0]["collectives"])
+    assert s["torch_devices"] == ["cpu", "cpu", "cpu"] and "simulated" in s["torch_notes"][2]
+    _check_figures(doc, lines, 24)
+    assert "result: all checks passed" in run.stdout
+
+
+@needs_mpi
+def test_ddp_gpt_with_a_zero_share(tmp_path):
+    _, doc, lines = _train(tmp_path, 3, *SMALL_GPT, "--strategy", "ddp", "--weights", "2,1,0",
+                           "--backend", f"0=host,1={SECOND},2=sim:mi300x")
+    s = doc["summary"]
+    assert s["verified"] is True and s["shares"] == [8, 4, 0] and s["task"]["task"] == "gpt"
+    assert s["loss_last"] < s["loss_first"]
+    held = [r["param_bytes"] for r in lines[-1]["ranks"]]
+    assert held[0] == held[1] == held[2] == s["task"]["parameters"] * 4  # replicas
+    assert "allreduce" in lines[-1]["ranks"][2]["collectives"]  # the empty rank still sums its zero gradients
+    _check_figures(doc, lines, 12)
+
+
+@needs_mpi
+@pytest.mark.parametrize("path", ["host", "device"])
+def test_both_paths_with_a_stand_in_device(tmp_path, path):
+    """HETBENCH_TORCH_FAKE_DEVICE=1: CPU tensors stand for GPU tensors; the host path stages them through timed
+    copies, the device path hands them to MPI as device memory (__cuda_array_interface__), no copies."""
+    _, doc, lines = _train(tmp_path, 2, *SMALL_MLP, "--strategy", "ddp", "--weights", "3,1", "--path", path,
+                           "--backend", f"0=host,1={SECOND}", env={"HETBENCH_TORCH_FAKE_DEVICE": "1"})
+    assert doc["summary"]["verified"] is True and doc["summary"]["path"] == path
+    copies = sum(r["copy_seconds"] for line in lines for r in line["ranks"])
+    assert (copies > 0) if path == "host" else (copies == 0)
+
+
+@pytest.mark.parametrize("args,needles", [
+    (["--strategy", "pipeline"], ["--strategy", "accepted with --frontend torch: ddp, fsdp2"]),
+    (["--strategy", "fsdp", "--dtype", "bf16"], ["--strategy", "fsdp is a strategy of --frontend numpy"]),
+    (["--dtype", "bf16"], ["--dtype", "bf16 is not built for --frontend torch"]),
+    (["--model", "gpt", "--hidden", "32", "--heads", "3"], ["--heads 3 does not divide --hidden 32"]),
+    (["--warmup-steps", "5", "--steps", "5"], ["--warmup-steps 5"]),
+])
+def test_bad_input_one_line(tmp_path, args, needles):
+    run = run_cli(["train", "--frontend", "torch", *args, "--out", str(tmp_path / "t.json")], cwd=tmp_path)
+    assert_usage_error(run, tmp_path, *needles)
+
+
+@needs_mpi
+def test_bad_input_on_every_rank(tmp_path):
+    run = run_cli(["train", "--frontend", "numpy", "--model", "gpt", "--out", str(tmp_path / "t.json")], nprocs=2,
+                  cwd=tmp_path)
+    assert_usage_error(run, tmp_path, "--model", "gpt is trained by --frontend torch")
+    run = run_cli(["train", "--strategy", "fsdp2", "--out", str(tmp_path / "t.json")], nprocs=2, cwd=tmp_path)
+    assert_usage_error(run, tmp_path, "fsdp2 is a strategy of --frontend torch")
+
+
+def _without_torch(tmp_path: Path) -> dict[str, str]:
+    """A PYTHONPATH whose `torch` cannot be imported, as on a machine without torch."""
+    fake = tmp_path / "no-torch" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('No module named torch')\n")
+    import os
+
+    return {"PYTHONPATH": f"{REPO}{os.pathsep}{fake.parent}"}
+
+
+@pytest.mark.parametrize("nprocs", [None, 2])
+def test_torch_missing_is_one_line(tmp_path, nprocs):
+    if nprocs is not None and MPIEXEC_KIND is None:
+        pytest.skip("no mpiexec")
+    env = _without_torch(tmp_path)
+    run = run_cli(["train", "--frontend", "torch", "--out", str(tmp_path / "t.json")], nprocs=nprocs, cwd=tmp_path,
+                  env=env)
+    assert_usage_error(run, tmp_path, "--frontend torch", "needs PyTorch, which is not installed")
+    # and the rest of hetbench works without it
+    run = run_cli(["train", "--steps", "3", "--no-check", "--json"], cwd=tmp_path, env=env)
+    assert run.returncode == 0, run.stderr
+    probe = run_python(["-c", "import hetbench.pytorch"], env=env)
+    assert probe.returncode == 1 and "ImportError: the torch front end needs PyTorch" in probe.stderr
+
+
+def test_the_check_fails_on_a_curve_one_percent_off():
+    from hetbench.pytorch import trainer
+    from hetbench.pytorch.models import TaskConfig
+
+    class Cfg:
+        model, layers, hidden, batch, seed, seq_len, heads = "mlp", 2, 8, 8, 0, 4, 2
+        steps, lr, optimizer = 5, 1e-2, "adamw"
+
+    task = TaskConfig(task="mlp", layers=2, hidden=8, batch=8, seed=0)
+    losses, params = trainer.reference(Cfg, task)
+    assert trainer.check_against_one_process(Cfg, task, losses, params)["ok"] is True
+    off = trainer.check_against_one_process(Cfg, task, [x * 1.01 for x in losses], params)
+    assert off["ok"] is False and off["max_loss_relative_difference"] == pytest.approx(0.01, rel=1e-6)
+    nudged = {k: v * 1.1 for k, v in params.items()}
+    assert trainer.check_against_one_process(Cfg, task, losses, nudged)["ok"] is False
+    assert trainer.check_against_one_process(Cfg, task, losses[:-1], params)["ok"] is False
+    assert trainer.check_against_one_process(Cfg, task, losses, None)["ok"] is False
+
+
+@needs_mpi
+def test_the_example_script_and_its_log(tmp_path):
+    log = tmp_path / "ex.jsonl"
+    run = run_python([str(REPO / "examples" / "torch_uneven.py"), "--strategy", "fsdp2", "--weights", "3,1",
+                      "--steps", "6", "--log", str(log)], nprocs=2, cwd=tmp_path, timeout=240)
+    assert run.returncode == 0, run.stdout + run.stderr
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [line["step"] for line in lines] == list(range(6))
+    assert [r["samples"] for r in lines[0]["ranks"]] == [48, 16]
+    assert lines[-1]["loss"] < lines[0]["loss"]
+    assert "rows [48, 16]" in run.stdout
+
+
+@needs_mpi
+def test_mpmd_form_with_two_interpreters(tmp_path):
+    """As with a CUDA build on one node and a ROCm build on the other: one interpreter per rank, MPMD form. Here
+    two interpreter paths of the same build (the virtualenv's python and python3); `-m mpi4py` aborts the job
+    when one rank fails."""
+    import os
+
+    from conftest import MPIEXEC
+
+    first = Path(sys.executable)
+    second = first.with_name("python3" if first.name != "python3" else "python")
+    if not second.exists():
+        pytest.skip(f"no second interpreter name beside {first}")
+    script = str(REPO / "examples" / "torch_uneven.py")
+    args = ["--strategy", "ddp", "--weights", "1,3", "--steps", "4"]
+    cmd = [MPIEXEC,
+           "-n", "1", str(first), "-m", "mpi4py", script, *args,
+           ":", "-n", "1", str(second), "-m", "mpi4py", script, *args]
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    import subprocess
+
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "rows [16, 48]" in proc.stdout
