@@ -26,13 +26,14 @@ DEMO_SIZE ?= 2048
 DEMO_REAL_RUNS ?= --warmup 1 --repeat 3
 # a progress bar only where make's stderr is a terminal: under mpiexec a rank cannot tell
 DEMO_PROGRESS := $(shell [ -t 2 ] && echo --progress)
+HAVE_TORCH = $(PY) -c 'import hetbench.pytorch' 2>/dev/null
 HAVE_OPENCL_DEVICE = $(PY) -c 'import sys; from hetbench.backends import opencl as cl; \
 	sys.exit(cl.unavailable_reason() is not None or not cl.list_devices())' 2>/dev/null
 VENV_OPENMPI ?= .venv-openmpi
 EXTRAS_OPENMPI ?= opencl,report,dev$(if $(HAVE_CLBLAST),$(comma)clblast)
 OPENMPI_MPIRUN ?= /usr/bin/mpirun
 
-.PHONY: demo test test-openmpi bench bench-split bench-train env env-openmpi clean
+.PHONY: demo test test-openmpi bench bench-torch bench-split bench-train env env-openmpi clean
 
 env: $(VENV)/.installed
 
@@ -103,8 +104,16 @@ bench: env
 	$(PY) -m hetbench.overhead gemm
 	$(MPIEXEC) -n 2 $(PY) -m hetbench.overhead allreduce
 	$(PY) -m hetbench.overhead opencl
-	@if $(HAVE_OPENCL_DEVICE); then $(MAKE) -k --no-print-directory bench-split bench-train; else \
-		echo "split, train: no OpenCL device (apt-get install pocl-opencl-icd): nothing measured"; fi
+	@parts=; if $(HAVE_TORCH); then parts=bench-torch; else \
+		echo "torch front end: no torch (pip install 'hetbench[torch]'): nothing measured"; fi; \
+	if $(HAVE_OPENCL_DEVICE); then parts="$$parts bench-split bench-train"; else \
+		echo "split, train: no OpenCL device (apt-get install pocl-opencl-icd): nothing measured"; fi; \
+	[ -z "$$parts" ] || $(MAKE) -k --no-print-directory $$parts
+
+# Issue 15's torch bench: the hetbench torch.distributed backend's 16 MiB allreduce vs a bare mpi4py loop, and DDP
+# and FSDP2 training steps over it vs over Gloo, on the same model and ranks (hetbench/pytorch/bench.py)
+bench-torch: env
+	$(MPIEXEC) -n 2 $(PY) -m hetbench.overhead torch
 
 # Issue 9's split bench: two ranks with a real speed gap, host BLAS on one thread beside PoCL on one thread, one
 # GEMM split by auto weights (and, measured in the same run, evenly); then rebalancing from even weights

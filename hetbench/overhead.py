@@ -5,6 +5,8 @@ library call it wraps, both measured in the same run.
     mpiexec -n 2 python -m hetbench.overhead allreduce  hetbench's allreduce vs a bare mpi4py `Allreduce` loop
     python -m hetbench.overhead opencl                  OpenCL GEMM (CLBlast path, own kernel) vs a bare
                                                         pyclblast.gemm loop, and clpeak's fp32 peak as a ceiling
+    mpiexec -n 2 python -m hetbench.overhead torch      the torch backend's allreduce vs bare mpi4py, and DDP/FSDP2
+                                                        steps over it vs over Gloo (hetbench/pytorch/bench.py)
 
 The two are measured in alternating rounds so that drifts of clock speed or load hit both alike; each round's
 figure is a median, and the ratio is of the medians over the rounds.
@@ -230,11 +232,15 @@ def main(argv: list[str]) -> int:
             print(f"{label:<22} {value:>9.2f} {ratio:>18} {ceiling:>20}")
         print(f"clpeak fp32 peak: {peak:.2f} GFLOP/s" if peak else "clpeak not found (apt-get install clpeak): no ceiling")
         return 0
+    if what == "torch":  # under mpiexec -n 2: the torch front end's bench (needs torch)
+        from hetbench.pytorch.bench import main as torch_bench
+
+        return torch_bench()
     if what == "split":
         return split_figures(argv[1:])
     if what == "train":
         return train_figures(argv[1:])
-    print(f"unknown benchmark {what!r}; accepted: gemm, allreduce, opencl, split, train", file=sys.stderr)
+    print(f"unknown benchmark {what!r}; accepted: gemm, allreduce, opencl, torch, split, train", file=sys.stderr)
     return 2
 
 

@@ -93,6 +93,11 @@ def test_fsdp2_mlp_on_a_mixed_rank_map(tmp_path):
     assert s["torch_devices"] == ["cpu", "cpu", "cpu"] and "simulated" in s["torch_notes"][2]
     _check_figures(doc, lines, 24)
     assert "result: all checks passed" in run.stdout
+    # `report` plots the torch run's steps as it does the numpy trainer's
+    page = tmp_path / "r.html"
+    report = run_cli(["report", str(tmp_path / "t.json"), "--html", str(page)], cwd=tmp_path)
+    assert report.returncode == 0, report.stderr
+    assert '<img alt="logged over steps' in page.read_text()
 
 
 @needs_mpi
