@@ -228,3 +228,37 @@ def test_mpmd_form_with_two_interpreters(tmp_path):
                           stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "rows [16, 48]" in proc.stdout
+
+
+@needs_mpi
+def test_checkpoint_resumes_on_another_strategy_and_rank_count(tmp_path):
+    ck = tmp_path / "ck"
+    first = tmp_path / "first"
+    first.mkdir()
+    _, doc1, lines1 = _train(first, 2, *SMALL_MLP, "--steps", "8", "--strategy", "fsdp2", "--weights", "3,1",
+                             "--checkpoint", str(ck), "--checkpoint-every", "4")
+    assert doc1["summary"]["checkpoints"] == [str(ck / "step-4"), str(ck / "step-8")]
+    assert (ck / "latest").read_text().strip() == "step-8"
+    manifest = json.loads((ck / "step-4" / "manifest.json").read_text())
+    assert manifest["format"] == "hetbench-torch-checkpoint/1" and manifest["steps_done"] == 4
+    assert manifest["strategy"] == "fsdp2" and manifest["model"]["hidden"] == 16 and len(manifest["ranks"]) == 2
+    # resumed from step 4 as ddp on 3 ranks: the same curve as the first run's steps 4..7, checked against one
+    # process's same steps
+    second = tmp_path / "second"
+    second.mkdir()
+    _, doc2, lines2 = _train(second, 3, *SMALL_MLP, "--steps", "12", "--strategy", "ddp", "--weights", "1,1,1",
+                             "--resume", str(ck / "step-4"), "--backend", f"0=host,1={SECOND},2=sim:mi300x")
+    s = doc2["summary"]
+    assert s["verified"] is True and s["first_step"] == 4 and s["resumed_from"] == str(ck / "step-4")
+    assert [line["step"] for line in lines2] == list(range(4, 12))
+    for a, b in zip(lines1[4:], lines2[:4]):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
+    # the numpy trainer refuses it in one line, and so does a torch run of another shape
+    refused = tmp_path / "refused"
+    refused.mkdir()
+    run = run_cli(["train", "--resume", str(ck), "--steps", "12", "--out", str(refused / "n.json")], nprocs=2,
+                  cwd=refused)
+    assert_usage_error(run, refused, "was saved by --frontend torch")
+    run = run_cli(["train", "--frontend", "torch", *SMALL_MLP, "--hidden", "8", "--steps", "12", "--resume", str(ck),
+                   "--out", str(refused / "n.json")], cwd=refused)
+    assert_usage_error(run, refused, "holds hidden 16", "--hidden 8")

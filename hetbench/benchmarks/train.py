@@ -244,15 +244,9 @@ def _check_frontend(params: dict[str, Any], world: Any) -> None:
     if strategy not in TORCH_STRATEGIES:
         raise click.BadParameter(f"{strategy} is a strategy of --frontend numpy; accepted with --frontend torch: "
                                  f"{', '.join(TORCH_STRATEGIES)}", param_hint="'--strategy'")
-    unsupported = [(opt, shown) for opt, value, default, shown in (
-        ("--dtype", params["dtype"], "fp32", params["dtype"]),
-        ("--checkpoint", params["checkpoint"], None, params["checkpoint"]),
-        ("--resume", params["resume"], None, params["resume"]),
-    ) if value != default]
-    if unsupported:
-        opt, shown = unsupported[0]
-        raise click.BadParameter(f"{shown} is not built for --frontend torch yet (fp32, no checkpoints); use "
-                                 "--frontend numpy for it", param_hint=f"'{opt}'")
+    if params["dtype"] != "fp32":
+        raise click.BadParameter(f"{params['dtype']} is not built for --frontend torch yet (fp32 only); use "
+                                 "--frontend numpy for mixed precision", param_hint="'--dtype'")
     if params["model"] == "gpt" and params["hidden"] % params["heads"]:
         raise click.BadParameter(f"--heads {params['heads']} does not divide --hidden {params['hidden']}",
                                  param_hint="'--heads'")

@@ -131,7 +131,7 @@ def checkpoint_errors(cfg: Any, state: TrainState) -> list[str]:
     """--resume: the checkpoint is complete and of this run (model, optimizer, lr) and --steps goes beyond it;
     --checkpoint: a folder (or none yet) that holds none of the step folders this run would save. Every rank
     checks for itself (the folders must be on a file system every rank sees), so every rank finds the same."""
-    from hetbench.train.checkpoint import Checkpoint, CheckpointError, planned_collisions
+    from hetbench.train.checkpoint import Checkpoint, CheckpointError
 
     errors: list[str] = []
     start = 0
@@ -143,12 +143,22 @@ def checkpoint_errors(cfg: Any, state: TrainState) -> list[str]:
             start = state.resume.steps_done
         except CheckpointError as e:
             errors.append(str(e))
-    folder = getattr(cfg, "checkpoint", None)
-    if folder is not None and not errors:
+    if not errors:
+        errors += checkpoint_folder_errors(getattr(cfg, "checkpoint", None), cfg.checkpoint_every, start, cfg.steps)
+    return errors
+
+
+def checkpoint_folder_errors(folder: Any, every: int, start: int, steps: int) -> list[str]:
+    """--checkpoint: a folder (or none yet, that can be made) that holds none of the step folders this run would
+    save."""
+    from hetbench.train.checkpoint import planned_collisions
+
+    errors: list[str] = []
+    if folder is not None:
         if folder.exists() and not folder.is_dir():
             errors.append(f"--checkpoint {str(folder)!r} is not a folder")
         else:
-            taken = planned_collisions(folder, cfg.checkpoint_every, start, cfg.steps)
+            taken = planned_collisions(folder, every, start, steps)
             if taken:
                 errors.append(f"checkpoint folder {str(folder)!r} already holds {', '.join(taken)}: a checkpoint is "
                               "never overwritten; choose another --checkpoint folder")

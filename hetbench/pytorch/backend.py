@@ -213,6 +213,12 @@ class HetbenchProcessGroup(dist.ProcessGroup):
     def group_name(self) -> str:
         return self._group_name
 
+    @property
+    def _device_types(self) -> list[torch.device]:
+        """The device types this group serves (torch's C++ groups answer from their registered backends, which a
+        Python group has none of; set_state_dict's broadcast asks)."""
+        return [torch.device("cpu"), *([torch.device("cuda")] if torch.cuda.is_available() else [])]
+
     def abort(self) -> None:
         self.comm.Abort(1)
 

@@ -38,6 +38,7 @@ class TorchTrainState:
     device: RankDevice
     task: TaskConfig
     profile: Any = None
+    resume: Any = None  # hetbench.pytorch.checkpoint.TorchCheckpoint with --resume
     owns_group: bool = False
     details: dict[str, Any] = field(default_factory=dict)
 
@@ -57,11 +58,27 @@ def prepare(cfg: Any, world: World, opened: OpenDevice) -> tuple[TorchTrainState
 
 
 def check(cfg: Any, world: World, state: TorchTrainState) -> list[str]:
-    """Collective: what must hold on every rank before the process group is made."""
+    """Collective: what must hold on every rank before the process group is made. Every rank reads --resume's
+    manifest itself (a folder every rank sees), so all find the same."""
+    from hetbench.harness.train import checkpoint_folder_errors
+    from hetbench.pytorch.checkpoint import TorchCheckpoint
+    from hetbench.train.checkpoint import CheckpointError
+
     errors = []
-    if cfg.warmup_steps >= cfg.steps:
-        errors.append(f"--warmup-steps {cfg.warmup_steps} leaves none of the {cfg.steps} steps to time; "
-                      f"accepted: 0 to {cfg.steps - 1}")
+    start = 0
+    if cfg.resume is not None:
+        try:
+            state.resume = TorchCheckpoint(cfg.resume)
+            errors += state.resume.mismatches(cfg)
+            start = state.resume.steps_done
+        except CheckpointError as e:
+            errors.append(str(e))
+    if not errors:
+        errors += checkpoint_folder_errors(cfg.checkpoint, cfg.checkpoint_every, start, cfg.steps)
+    run_steps = cfg.steps - start
+    if not errors and cfg.warmup_steps >= run_steps:
+        errors.append(f"--warmup-steps {cfg.warmup_steps} leaves none of this run's {run_steps} steps to time; "
+                      f"accepted: 0 to {run_steps - 1}")
     if cfg.path == "device":
         problem = hb_backend.device_path_problem(world.comm)
         if problem:
@@ -143,8 +160,13 @@ def _train(cfg: Any, world: World, state: TorchTrainState, on_step: Any) -> Rank
     else:
         exact_fully_shard(model, units(model))
     opt = _optimizer(cfg, model.parameters())
-    logger = StepLogger(None, cfg.batch, model=model, optimizer=opt)
-    for step in range(cfg.steps):
+    start = 0
+    if state.resume is not None:
+        state.resume.load_into(model, opt)
+        start = state.resume.steps_done
+    saver = _saver(cfg, world, state, weights, shares, start)
+    logger = StepLogger(None, cfg.batch, model=model, optimizer=opt, first_step=start)
+    for step in range(start, cfg.steps):
         x, y = make_batch(state.task, step, start_row, stop_row)
         x, y = x.to(device), y.to(device)
         with logger.step(samples=stop_row - start_row) as rec:
@@ -157,6 +179,11 @@ def _train(cfg: Any, world: World, state: TorchTrainState, on_step: Any) -> Rank
             rec.loss = loss
         if on_step is not None and logger.lines:
             on_step(step + 1, cfg.steps, f"step {step + 1}/{cfg.steps} loss {logger.lines[-1]['loss']:.4g}")
+        if saver is not None and saver.due(step + 1):
+            from hetbench.pytorch.checkpoint import full_state, writer
+
+            full_now = full_state(model, opt)  # collective: every rank takes part in the gather
+            saver.save(step + 1, [], root_files=writer(full_now) if world.rank == ROOT else None)
     full = _full_state(cfg, model)
     collectives = logger.pg.metrics.totals() if logger.pg is not None else {}
     facts = {"host": world.host, "backend": state.opened.spec, "vendor": state.device.vendor,
@@ -170,7 +197,9 @@ def _train(cfg: Any, world: World, state: TorchTrainState, on_step: Any) -> Rank
                     grad_bytes=m["grad_bytes"], optimizer_bytes=m["optimizer_bytes"]) for m in logger.mine]
     details = {"strategy": cfg.strategy, "frontend": "torch", "collectives": collectives,
                "torch_version": str(torch.__version__), "note": state.device.note}
-    result = RankOutcome(logs, facts, list(weights), list(shares), details=details)
+    result = RankOutcome(logs, facts, list(weights), list(shares), details=details, start_step=start,
+                         resumed_from=str(state.resume.folder) if state.resume is not None else None,
+                         checkpoints=list(saver.saved) if saver is not None else [])
     if world.rank == ROOT:
         result.steps = [dict(line) for line in logger.lines]
         for log, line in zip(logs, result.steps):
@@ -180,7 +209,7 @@ def _train(cfg: Any, world: World, state: TorchTrainState, on_step: Any) -> Rank
 
             result.log_text = "".join(json.dumps(line) + "\n" for line in result.steps)
         if cfg.check:
-            result.check = check_against_one_process(cfg, state.task, [s["loss"] for s in result.steps], full)
+            result.check = check_against_one_process(cfg, state.task, [s["loss"] for s in result.steps], full, start)
     return result
 
 
@@ -201,11 +230,13 @@ def reference(cfg: Any, task: TaskConfig) -> tuple[list[float], dict[str, torch.
 
 
 def check_against_one_process(cfg: Any, task: TaskConfig, losses: list[float],
-                              params: dict[str, torch.Tensor] | None) -> dict[str, Any]:
-    """The loss curve within CHECK_RTOL of the one-process run's, step by step, and every parameter tensor within
-    PARAM_RTOL of its norm (||p - p_ref|| / ||p_ref||): the same tolerances as the NumPy trainer's fp32 check, for
-    the same reason (only the order of the sums differs)."""
+                              params: dict[str, torch.Tensor] | None, start: int = 0) -> dict[str, Any]:
+    """The loss curve within CHECK_RTOL of the one-process run's, step by step (a resumed run's steps against the
+    reference's same steps, the reference trained from step 0), and every parameter tensor within PARAM_RTOL of
+    its norm (||p - p_ref|| / ||p_ref||): the same tolerances as the NumPy trainer's fp32 check, for the same reason
+    (only the order of the sums differs)."""
     ref_losses, ref_params = reference(cfg, task)
+    ref_losses = ref_losses[start:]
     rel = [abs(a - b) / max(abs(b), 1e-30) for a, b in zip(losses, ref_losses)]
     norm_diff = param_diff = 0.0
     missing: list[str] = []
@@ -226,6 +257,34 @@ def check_against_one_process(cfg: Any, task: TaskConfig, losses: list[float],
             "max_param_relative_difference": param_diff, "params_missing": missing, "dtype": "fp32",
             "reference_loss_first": ref_losses[0], "reference_loss_last": ref_losses[-1],
             "skipped_steps": 0, "reference_skipped_steps": 0, "reference": "torch, one process, CPU"}
+
+
+def _saver(cfg: Any, world: World, state: TorchTrainState, weights: list[float], shares: list[int],
+           start: int) -> Any:
+    """Collective (with --checkpoint): the numpy trainer's Saver (layout, atomic saves, manifest last) writing the
+    torch state; the manifest records the task, the run and every rank's device."""
+    if cfg.checkpoint is None:
+        return None
+    import click
+
+    from hetbench.pytorch.checkpoint import task_facts
+    from hetbench.train.checkpoint import TORCH_FORMAT, Saver
+
+    facts = {"host": world.host, "backend": state.opened.spec, "vendor": state.device.vendor,
+             "device": state.device.name, "torch_device": state.device.torch_device}
+    every_facts = world.allgather(facts)
+    history = []
+    if state.resume is not None:
+        m = state.resume.manifest
+        history = [*m.get("history", []), {"strategy": m.get("strategy"), "first_step": m.get("first_step"),
+                                           "steps_done": m["steps_done"], "weights": m.get("weights"),
+                                           "checkpoint": str(state.resume.folder), "ranks": m.get("ranks")}]
+    manifest = {"frontend": "torch", "model": task_facts(cfg), "optimizer": cfg.optimizer, "lr": cfg.lr,
+                "dtype": "fp32", "strategy": cfg.strategy, "weights": list(weights), "shares": list(shares),
+                "shares_of": "samples", "first_step": start, "history": history,
+                "torch_version": str(torch.__version__)}
+    return Saver(world, cfg.checkpoint, cfg.checkpoint_every, cfg.steps, manifest, every_facts,
+                 error=click.ClickException, fmt=TORCH_FORMAT)
 
 
 def summary_extra(cfg: Any, gathered: list[RankOutcome]) -> dict[str, Any]:

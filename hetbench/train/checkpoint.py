@@ -39,6 +39,8 @@ from hetbench.results.io import write_json_atomic, write_npy_atomic, write_text_
 from hetbench.train import Piece
 
 FORMAT = "hetbench-train-checkpoint/1"
+TORCH_FORMAT = "hetbench-torch-checkpoint/1"  # --frontend torch's: hetbench/pytorch/checkpoint.py
+FRONTEND_OF = {FORMAT: "numpy", TORCH_FORMAT: "torch"}
 MANIFEST = "manifest.json"
 LATEST = "latest"
 # a test hook: "before-manifest" fails every save after the ranks' files are written, before the manifest
@@ -54,7 +56,7 @@ def step_folder_name(steps_done: int) -> str:
     return f"step-{steps_done}"
 
 
-def _load_manifest(folder: Path) -> dict[str, Any]:
+def _load_manifest(folder: Path, fmt: str = FORMAT) -> dict[str, Any]:
     path = folder / MANIFEST
     if not path.is_file():
         raise CheckpointError(f"checkpoint {str(folder)!r} is incomplete: it has no {MANIFEST} (a save that did not "
@@ -63,8 +65,11 @@ def _load_manifest(folder: Path) -> dict[str, Any]:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise CheckpointError(f"checkpoint {str(folder)!r}: cannot read {MANIFEST}: {e}") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise CheckpointError(f"{str(path)!r} is not a hetbench train checkpoint ({FORMAT})")
+    if isinstance(manifest, dict) and manifest.get("format") in FRONTEND_OF and manifest.get("format") != fmt:
+        raise CheckpointError(f"checkpoint {str(folder)!r} was saved by --frontend {FRONTEND_OF[manifest['format']]}; "
+                              f"resume it with --frontend {FRONTEND_OF[manifest['format']]}")
+    if not isinstance(manifest, dict) or manifest.get("format") != fmt:
+        raise CheckpointError(f"{str(path)!r} is not a hetbench train checkpoint ({fmt})")
     return manifest
 
 
@@ -189,7 +194,7 @@ class Saver:
 
     def __init__(self, world: Any, folder: Path, every: int, final: int, manifest: dict[str, Any],
                  rank_facts: list[dict[str, Any]], error: Callable[[str], Exception],
-                 live: Callable[[], dict[str, Any]] | None = None) -> None:
+                 live: Callable[[], dict[str, Any]] | None = None, fmt: str = FORMAT) -> None:
         self.world = world
         self.folder = Path(folder)
         self.every = int(every)
@@ -198,6 +203,7 @@ class Saver:
         self.rank_facts = rank_facts  # every rank's host, backend, vendor, device
         self.error = error  # makes the exception every rank raises when a save fails
         self.live = live  # manifest entries read at each save (the loss scaler's state then)
+        self.fmt = fmt
         self.saved: list[str] = []
 
     def due(self, steps_done: int) -> bool:
@@ -207,7 +213,9 @@ class Saver:
         if self.due(steps_done):
             self.save(steps_done, pieces())
 
-    def save(self, steps_done: int, pieces: list[Piece]) -> None:
+    def save(self, steps_done: int, pieces: list[Piece], root_files: Callable[[Path], None] | None = None) -> None:
+        """Save (collective): every rank its pieces; `root_files(folder)`, at rank 0, writes files of its own into
+        the step folder before the manifest (the torch front end's state.pt)."""
         world, rank = self.world, self.world.rank
         final = self.folder / step_folder_name(steps_done)
         tmp = None
@@ -253,8 +261,10 @@ class Saver:
                       "files": {name: f"rank-{r}.{name}.npy" for name in names} if index_r else {}}
                      for r, (index_r, _) in enumerate(everyone)]
             live = self.live() if self.live is not None else {}
-            document = {"format": FORMAT, "steps_done": steps_done, **self.manifest, **live, "ranks": ranks}
+            document = {"format": self.fmt, "steps_done": steps_done, **self.manifest, **live, "ranks": ranks}
             try:
+                if root_files is not None:
+                    root_files(tmp)
                 write_json_atomic(tmp / MANIFEST, document)
                 if final.exists():
                     raise OSError(17, "it already exists", str(final))
