@@ -8,7 +8,7 @@ import re
 # torch.distributed's Python ProcessGroup trampoline forwards what this front end needs from 2.11 on; 2.14 renamed
 # some of the forwarded methods (the backend answers to both names, hetbench/pytorch/backend.py)
 SUPPORTED = ((2, 11), (2, 14))
-INSTALL = "pip install 'hetbench[torch]' (or, for the CPU build, pip install torch==2.13.0)"
+INSTALL = "pip install 'hetbench[torch]' (on a machine without a GPU, install torch's CPU build first)"
 
 
 def _version_tuple(text: str) -> tuple[int, int] | None:

@@ -65,10 +65,14 @@ def _check_figures(doc, lines, batch):
     n = len(doc["rows"])
     factors = {"allreduce": 2 * (n - 1) / n, "allgather": (n - 1) / n, "reduce_scatter": (n - 1) / n,
                "broadcast": 1.0}
-    for per_rank in s["collectives_per_rank"]:
+    for rank, per_rank in enumerate(s["collectives_per_rank"]):
         for op, o in per_rank.items():
             if op in factors and o["algbw_gbps"]:
                 assert o["busbw_gbps"] == pytest.approx(o["algbw_gbps"] * factors[op])
+            # the run's figures are the steps' summed
+            steps = [line["ranks"][rank]["collectives"].get(op) for line in lines]
+            assert o["count"] == sum(x["count"] for x in steps if x) and o["bytes"] == sum(x["bytes"] for x in steps if x)
+            assert o["seconds"] == pytest.approx(sum(x["seconds"] for x in steps if x))
     assert s["loss_first"] == lines[0]["loss"] and s["loss_last"] == lines[-1]["loss"]
     assert s["samples_per_second"] == pytest.approx(batch / s["step_seconds_median"])
 
@@ -144,6 +148,18 @@ def test_bad_input_on_every_rank(tmp_path):
     assert_usage_error(run, tmp_path, "--model", "gpt is trained by --frontend torch")
     run = run_cli(["train", "--strategy", "fsdp2", "--out", str(tmp_path / "t.json")], nprocs=2, cwd=tmp_path)
     assert_usage_error(run, tmp_path, "fsdp2 is a strategy of --frontend torch")
+
+
+def test_gpt_takes_its_own_defaults_where_not_given(tmp_path):
+    run = run_cli(["train", "--frontend", "torch", "--model", "gpt", "--steps", "1", "--no-check", "--json"],
+                  cwd=tmp_path, timeout=120)
+    assert run.returncode == 0, run.stderr
+    c = run.json()["config"]
+    assert (c["layers"], c["hidden"], c["heads"], c["seq_len"], c["batch"], c["lr"]) == (2, 64, 4, 64, 32, 3e-3)
+    run = run_cli(["train", "--frontend", "torch", "--model", "gpt", "--layers", "1", "--lr", "0.01", "--steps", "1",
+                   "--no-check", "--json"], cwd=tmp_path, timeout=120)
+    c = run.json()["config"]
+    assert (c["layers"], c["hidden"], c["lr"]) == (1, 64, 0.01)
 
 
 def _without_torch(tmp_path: Path) -> dict[str, str]:

@@ -59,8 +59,9 @@ COLUMNS: tuple[Column, ...] = (
 
 class Train:
     name = "train"
-    summary = ("A small MLP trained across the ranks' devices (fsdp, ddp or pipeline, shares by weights), every "
-               "step logged, the loss curve checked against one process.")
+    summary = ("A model trained across the ranks' devices, every step logged, the loss curve checked against one "
+               "process: hetbench's MLP (fsdp, ddp, pipeline) or, with --frontend torch, a PyTorch MLP or GPT (torch's "
+               "ddp, fsdp2) over the hetbench backend; shares by weights.")
     columns = COLUMNS
 
     def options(self) -> list[click.Parameter]:
@@ -85,9 +86,9 @@ class Train:
             click.Option(["--heads"], type=int_range(1, MAX_HIDDEN), default=4, show_default=True,
                          help="--model gpt: attention heads (must divide --hidden)."),
             click.Option(["--layers"], type=int_range(1, MAX_LAYERS), default=4, show_default=True,
-                         help="Residual layers: h + relu(h W + b)."),
+                         help="Residual layers: h + relu(h W + b); --model gpt: transformer blocks (gpt default 2)."),
             click.Option(["--hidden"], type=int_range(1, MAX_HIDDEN), default=32, show_default=True,
-                         help="Width of every layer."),
+                         help="Width of every layer (--model gpt: the embedding width, default 64)."),
             click.Option(["--batch"], type=int_range(1, MAX_BATCH), default=64, show_default=True,
                          help="The global batch, shared by the weights (fsdp, ddp) or cut into micro-batches."),
             click.Option(["--steps"], type=int_range(1, MAX_STEPS), default=300, show_default=True,
@@ -106,10 +107,11 @@ class Train:
             click.Option(["--weights"], default="even", show_default=True, metavar="even|auto|PROFILE|W0,W1,..",
                          help="Each rank's share of the batch (fsdp, ddp) or of the layers (pipeline): even; auto "
                               "(each rank's GEMM rate at a layer's shape, measured beside the others; fsdp and ddp "
-                              "then rebalance the batch by each rank's measured step in the first 4 steps); a profile "
+                              "then rebalance the batch by each rank's measured step in the first 4 steps; --frontend "
+                              "torch: each rank's torch matmul rate, no rebalancing); a profile "
                               "from `hetbench calibrate`; or one weight >= 0 per rank."),
             click.Option(["--micro-batches"], type=int_range(1, MAX_BATCH), default=4, show_default=True,
-                         help="pipeline: micro-batches per step."),
+                         help="pipeline (numpy): micro-batches per step."),
             click.Option(["--path"], type=click.Choice(["host", "device"]), default="host", show_default=True,
                          help="How a GPU rank's parameters, gradients and activations reach MPI: through host copies "
                               "(host), or as GPU memory (device: needs a GPU-aware MPI). Ranks whose training "
@@ -119,7 +121,7 @@ class Train:
                               "warm-up, and auto weights' rebalancing in the first 4. They are still logged and "
                               "checked."),
             click.Option(["--prefetch/--no-prefetch"], default=True, show_default=True,
-                         help="fsdp: start gathering the next layer's parameters while this layer computes "
+                         help="fsdp (numpy): start gathering the next layer's parameters while this layer computes "
                               "(nonblocking MPI, tested after every GEMM); the summary says how much of the "
                               "gathers' time that hid."),
             click.Option(["--check/--no-check"], default=True, show_default=True,
@@ -247,9 +249,6 @@ def _check_frontend(params: dict[str, Any], world: Any) -> None:
     if params["dtype"] != "fp32":
         raise click.BadParameter(f"{params['dtype']} is not built for --frontend torch yet (fp32 only); use "
                                  "--frontend numpy for mixed precision", param_hint="'--dtype'")
-    if params["model"] == "gpt" and params["hidden"] % params["heads"]:
-        raise click.BadParameter(f"--heads {params['heads']} does not divide --hidden {params['hidden']}",
-                                 param_hint="'--heads'")
     from hetbench.pytorch_support import torch_problem
 
     errors = world.agree(torch_problem())
@@ -257,6 +256,24 @@ def _check_frontend(params: dict[str, Any], world: Any) -> None:
         e = errors[0]
         where = f"rank {e.rank} ({e.host}): " if world.size > 1 else ""
         raise click.UsageError(f"--frontend torch: {where}{e.message}")
+    if params["model"] == "gpt":
+        _gpt_defaults(params)
+        if params["hidden"] % params["heads"]:
+            raise click.BadParameter(f"--heads {params['heads']} does not divide --hidden {params['hidden']}",
+                                     param_hint="'--heads'")
+
+
+def _gpt_defaults(params: dict[str, Any]) -> None:
+    """--model gpt: the options left at their defaults (the mlp's) take the gpt's (hetbench.pytorch.models
+    GPT_DEFAULTS, GPT_LR: a loss that falls visibly in a few hundred CPU steps)."""
+    from click.core import ParameterSource
+
+    from hetbench.pytorch.models import GPT_DEFAULTS, GPT_LR
+
+    ctx = click.get_current_context()
+    for name, value in {**GPT_DEFAULTS, "lr": GPT_LR}.items():
+        if ctx.get_parameter_source(name) in (None, ParameterSource.DEFAULT):
+            params[name] = value
 
 
 register(Train())

@@ -12,11 +12,12 @@ A tensor reaches MPI by one of two paths, chosen per job (HETBENCH_TORCH_PATH or
 Reductions of fp16 and bf16 run in fp32 (MPI has no half-precision sum) and are rounded once, at the end.
 
 torch's Python ProcessGroup trampoline (torch/csrc/distributed/c10d/PyProcessGroup.hpp) forwards allreduce,
-allreduce_coalesced, allgather, broadcast, barrier, reduce_scatter, send and recv in every supported version; the
-single-tensor forms go by new names from 2.14 (all_gather_single, reduce_scatter_single, all_to_all_single and
-their _coalesced forms) where 2.11-2.13 reach `_allgather_base`, `_reduce_scatter_base`, `alltoall_base`,
-`allgather_into_tensor_coalesced` and `reduce_scatter_tensor_coalesced`, and gather, scatter and reduce are looked
-up as Python attributes by distributed_c10d.py: this class answers to every one of those names.
+allreduce_coalesced, allgather, broadcast, barrier, reduce_scatter, send and recv. The single-tensor forms have two
+sets of names: all_gather_single, reduce_scatter_single, all_to_all_single and their _coalesced forms (what torch
+2.13, tested here, calls), and the older `_allgather_base`, `_reduce_scatter_base`, `alltoall_base`,
+`allgather_into_tensor_coalesced` and `reduce_scatter_tensor_coalesced` (which the trampoline still looks up when
+the new name is missing); gather, scatter and reduce are looked up as Python attributes by distributed_c10d.py.
+This class answers to every one of those names; only 2.13 has been run.
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ def for_backend(backend: Any, spec: str, local_rank: int) -> RankDevice:
         return _gpu(local_rank, spec)
     if kind == "host":
         return _cpu(spec, True)
-    why = "a simulated GPU" if simulated else f"a {spec} device"
+    why = "a simulated GPU" if simulated else f"the {spec} device"
     return _cpu(spec, False, f"torch cannot compute on {why}: this rank's model runs on the CPU")
 
 

@@ -13,7 +13,8 @@ Each line: the step, the global loss (the ranks' parts summed), the step's time 
 parameters, gradients and optimizer state it holds at the step's end (FSDP2: its shards), its host<->device copy
 seconds and per collective the hetbench backend's figures (hetbench/pytorch/metrics.py). Communication and idle
 seconds are the hetbench backend's (idle: waiting for the slowest rank before each collective); under another
-backend (Gloo) they are null and compute is the whole step. Lines are appended and flushed as steps end, by rank 0.
+backend (Gloo) they are null and compute is the whole step. Rank 0 writes the file anew (truncating it) and adds
+each line, flushed, as its step ends.
 """
 
 from __future__ import annotations

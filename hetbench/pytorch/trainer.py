@@ -184,8 +184,10 @@ def _train(cfg: Any, world: World, state: TorchTrainState, on_step: Any) -> Rank
 
             full_now = full_state(model, opt)  # collective: every rank takes part in the gather
             saver.save(step + 1, [], root_files=writer(full_now) if world.rank == ROOT else None)
+            if logger.pg is not None:
+                logger.pg.metrics.take()  # the save's gathers are not the next step's communication
     full = _full_state(cfg, model)
-    collectives = logger.pg.metrics.totals() if logger.pg is not None else {}
+    collectives = _steps_collectives(logger.mine, world.size)
     facts = {"host": world.host, "backend": state.opened.spec, "vendor": state.device.vendor,
              "device": state.device.name, "device_timing": "measured", "torch_device": state.device.torch_device,
              "torch_has_device": state.device.torch_has_device, "hetbench_device": state.opened.info.name,
@@ -211,6 +213,23 @@ def _train(cfg: Any, world: World, state: TorchTrainState, on_step: Any) -> Rank
         if cfg.check:
             result.check = check_against_one_process(cfg, state.task, [s["loss"] for s in result.steps], full, start)
     return result
+
+
+def _steps_collectives(mine: list[dict[str, Any]], ranks: int) -> dict[str, dict[str, Any]]:
+    """This rank's collective figures summed over the training steps (not the checkpoint saves' and final state's
+    gathers, which happen between steps)."""
+    from hetbench.pytorch.metrics import OpTotals, figures
+
+    totals: dict[str, OpTotals] = {}
+    for m in mine:
+        for op, o in (m.get("collectives") or {}).items():
+            t = totals.setdefault(op, OpTotals())
+            t.count += o["count"]
+            t.bytes += o["bytes"]
+            t.seconds += o["seconds"]
+            t.copy_seconds += o["copy_seconds"]
+            t.idle_seconds += o["idle_seconds"]
+    return figures(totals, ranks)
 
 
 def reference(cfg: Any, task: TaskConfig) -> tuple[list[float], dict[str, torch.Tensor]]:
@@ -289,7 +308,7 @@ def _saver(cfg: Any, world: World, state: TorchTrainState, weights: list[float],
 
 def summary_extra(cfg: Any, gathered: list[RankOutcome]) -> dict[str, Any]:
     """The torch front end's own summary figures: the task, torch's version, where each rank computed, and the
-    backend's collective figures per rank over the whole run (nccl-tests algbw/busbw)."""
+    backend's collective figures per rank, summed over the training steps (nccl-tests algbw/busbw)."""
     root = gathered[ROOT]
     return {
         "frontend": "torch",
