@@ -63,6 +63,9 @@ DEMO_SWEEP ?= 256:2048
 DEMO_MAX_BYTES ?= 4M
 DEMO_REPORT ?= results/report.html
 DEMO_TRAIN_STEPS ?= 300
+# the PyTorch front end: a small char-level GPT (hetbench.pytorch.models' defaults) trained by torch's FSDP2 over the
+# hetbench backend on the same pair, where torch is installed
+DEMO_TORCH_STEPS ?= 200
 demo: env
 	$(HETBENCH) devices
 	@mkdir -p $(DEMO_DIR)
@@ -84,6 +87,12 @@ demo: env
 		echo "$(MPIEXEC) -n 2 $(HETBENCH) train --strategy fsdp --steps $(DEMO_TRAIN_STEPS) --weights auto --backend 0=host,1=$$second"; \
 		$(MPIEXEC) -n 2 $(HETBENCH) train --strategy fsdp --steps $(DEMO_TRAIN_STEPS) --weights auto \
 			--backend 0=host,1=$$second $(DEMO_PROGRESS) --out $(DEMO_DIR)/train.json
+	@second=$$(if $(HAVE_OPENCL_DEVICE); then echo opencl; else echo sim:mi300x; fi); \
+	if $(HAVE_TORCH); then \
+		echo "$(MPIEXEC) -n 2 $(HETBENCH) train --frontend torch --model gpt --strategy fsdp2 --steps $(DEMO_TORCH_STEPS) --weights auto --backend 0=host,1=$$second"; \
+		$(MPIEXEC) -n 2 $(HETBENCH) train --frontend torch --model gpt --strategy fsdp2 --steps $(DEMO_TORCH_STEPS) \
+			--weights auto --backend 0=host,1=$$second $(DEMO_PROGRESS) --out $(DEMO_DIR)/train-torch.json; \
+	else echo "no torch here (pip install 'hetbench[torch]'): the PyTorch front end's run is left out"; fi
 	$(MPIEXEC) -n 2 $(HETBENCH) matmul --sizes $(DEMO_SWEEP) --backend 0=sim:h100,1=sim:mi300x \
 		--out $(DEMO_DIR)/matmul-sim-sweep.json
 	$(MPIEXEC) -n 2 $(HETBENCH) collectives $(DEMO_PROGRESS) --op allreduce,allgather --max-bytes $(DEMO_MAX_BYTES) \

@@ -3,6 +3,7 @@ falls back to `auto` where there is no OpenCL device."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -11,6 +12,8 @@ import sys
 
 import pytest
 from conftest import HAVE_OPENCL, REPO
+
+HAVE_TORCH = importlib.util.find_spec("torch") is not None
 
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="no make")
 
@@ -40,7 +43,8 @@ def test_demo_ends_with_one_page_of_the_runs_it_made(tmp_path):
     """The whole demo, made small: every run lands in its folder and the page holds each run's plots."""
     runs, page = tmp_path / "runs", tmp_path / "report.html"
     proc = subprocess.run(["make", "-C", str(REPO), "-o", ".venv/.installed", "demo", "DEMO_SIZE=48",
-                           "DEMO_SWEEP=16:64", "DEMO_MAX_BYTES=1K", "DEMO_TRAIN_STEPS=20", f"DEMO_DIR={runs}",
+                           "DEMO_SWEEP=16:64", "DEMO_MAX_BYTES=1K", "DEMO_TRAIN_STEPS=20", "DEMO_TORCH_STEPS=6",
+                           f"DEMO_DIR={runs}",
                            f"DEMO_REPORT={page}"],
                           capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
                           env=dict(os.environ, OMP_NUM_THREADS="1"))
@@ -48,7 +52,7 @@ def test_demo_ends_with_one_page_of_the_runs_it_made(tmp_path):
     assert sorted(p.name for p in runs.glob("*.json")) == ["collectives-sim.json", "matmul-real.json",
                                                           "matmul-sim-sweep.json"] + (
                                                               ["split-real.json"] if HAVE_OPENCL else []) + [
-                                                              "train.json"]
+                                                              *(["train-torch.json"] if HAVE_TORCH else []), "train.json"]
     assert f"\ndemo report: {page} (open it in a browser; the runs are in {runs})\n" in proc.stdout
     html = page.read_text(encoding="utf-8")
     assert html.count("<figure") >= 6 and 'data-plot="matmul-size"' in html
@@ -56,6 +60,11 @@ def test_demo_ends_with_one_page_of_the_runs_it_made(tmp_path):
     assert 'data-plot="steps-' in html  # the training run's loss and throughput over its steps
     train = json.loads((runs / "train.json").read_text())
     assert train["summary"]["verified"] is True and len(train["steps"]) == 20
+    if HAVE_TORCH:  # the PyTorch front end's gpt, trained by FSDP2 over the hetbench backend
+        torch_run = json.loads((runs / "train-torch.json").read_text())
+        s = torch_run["summary"]
+        assert s["verified"] is True and s["frontend"] == "torch" and s["task"]["task"] == "gpt"
+        assert len(torch_run["steps"]) == 6
 
 
 def test_demo_detects_the_opencl_device_as_the_tests_do():
