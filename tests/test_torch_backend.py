@@ -21,6 +21,7 @@ except ImportError as e:
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from conftest import HAND_FACTOR as NCCL_FACTOR  # noqa: E402
 from conftest import MPIEXEC, REPO, run_python  # noqa: E402
 
 from hetbench.pytorch import BackendError, HetbenchProcessGroup  # noqa: E402
@@ -28,22 +29,13 @@ from hetbench.pytorch_support import version_problem  # noqa: E402
 from hetbench.pytorch.metrics import CollectiveMetrics  # noqa: E402
 
 WORKER = REPO / "tests" / "torch_workers" / "collectives.py"
-# the checks tests/torch_workers/collectives.py passes today, per number of ranks (more once the known backend
-# bugs it reports as XFAIL are fixed)
+# the checks tests/torch_workers/collectives.py passes, per number of ranks
 CHECKS_FLOOR = {2: 288, 3: 300}
-# nccl-tests' busbw factors (its PERFORMANCE.md), written out here rather than taken from hetbench
-HAND_FACTOR = {
-    "allreduce": lambda n: 2 * (n - 1) / n,
-    "allgather": lambda n: (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n,
-    "all_to_all": lambda n: (n - 1) / n,
-    "gather": lambda n: (n - 1) / n,
-    "scatter": lambda n: (n - 1) / n,
-    "broadcast": lambda n: 1.0,
-    "reduce": lambda n: 1.0,
-    "send": lambda n: 1.0,
-    "recv": lambda n: 1.0,
-}
+# nccl-tests' busbw factors as conftest writes them out (not taken from hetbench), under torch's op names
+_NCCL_NAME = {"broadcast": "bcast", "all_to_all": "alltoall", "send": "sendrecv", "recv": "sendrecv"}
+HAND_FACTOR = {op: NCCL_FACTOR[_NCCL_NAME.get(op, op)] for op in (
+    "allreduce", "allgather", "reduce_scatter", "all_to_all", "gather", "scatter", "broadcast", "reduce", "send",
+    "recv")}
 # what a launcher leaves in a rank's environment (hetbench.comm.launcher.RANK_ENV and the rest of their kind)
 LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "OMPI_", "PRTE_", "HYDRA_", "MPIR_", "MV2_", "SLURM_", "I_MPI_")
 TORCH_RENDEZVOUS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")

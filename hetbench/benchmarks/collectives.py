@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 import click
 import numpy as np
 
+from hetbench.comm import busbw
 from hetbench.benchmarks.base import MODELLED_WITH_COPIES, SHOW_FILES, SHOW_WIDE, Column, RankResult
 from hetbench.benchmarks.base import register as register_benchmark
 from hetbench.config import (
@@ -123,16 +124,7 @@ def register(op: Op) -> Op:
 # --- the pieces the records share ---------------------------------------------------------------------------------
 
 
-def _ring(n: int) -> float:
-    return 2.0 * (n - 1) / n
-
-
-def _share(n: int) -> float:
-    return (n - 1) / n
-
-
-def _one(n: int) -> float:
-    return 1.0
+_ring, _share, _one = busbw.ring, busbw.share, busbw.one
 
 
 def _part_each(part: int, n: int) -> tuple[int, int]:

@@ -235,17 +235,16 @@ def _check_frontend(params: dict[str, Any], world: Any) -> None:
     if params["strategy"] is None:
         params["strategy"] = DEFAULT_STRATEGY[frontend]
     strategy = params["strategy"]
+    own = STRATEGIES if frontend == "numpy" else TORCH_STRATEGIES
+    if strategy not in own:
+        other = "torch" if frontend == "numpy" else "numpy"
+        raise click.BadParameter(f"{strategy} is a strategy of --frontend {other}; accepted with --frontend "
+                                 f"{frontend}: {', '.join(own)}", param_hint="'--strategy'")
     if frontend == "numpy":
-        if strategy not in STRATEGIES:
-            raise click.BadParameter(f"{strategy} is a strategy of --frontend torch; accepted with --frontend "
-                                     f"numpy: {', '.join(STRATEGIES)}", param_hint="'--strategy'")
         if params["model"] != "mlp":
             raise click.BadParameter(f"{params['model']} is trained by --frontend torch; the numpy trainer trains "
                                      "mlp", param_hint="'--model'")
         return
-    if strategy not in TORCH_STRATEGIES:
-        raise click.BadParameter(f"{strategy} is a strategy of --frontend numpy; accepted with --frontend torch: "
-                                 f"{', '.join(TORCH_STRATEGIES)}", param_hint="'--strategy'")
     if params["dtype"] != "fp32":
         raise click.BadParameter(f"{params['dtype']} is not built for --frontend torch yet (fp32 only); use "
                                  "--frontend numpy for mixed precision", param_hint="'--dtype'")

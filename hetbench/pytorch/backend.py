@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 
+from hetbench.comm.vcollectives import displacements as _displs
 from hetbench.pytorch.metrics import CollectiveMetrics
 
 BACKEND_NAME = "hetbench"
@@ -605,14 +606,6 @@ class HetbenchProcessGroup(dist.ProcessGroup):
 
     _start_coalescing = start_coalescing
     _end_coalescing = end_coalescing
-
-
-def _displs(counts: Sequence[int]) -> list[int]:
-    out, start = [], 0
-    for c in counts:
-        out.append(start)
-        start += int(c)
-    return out
 
 
 def _copy_into(pg: HetbenchProcessGroup, part: torch.Tensor, piece: torch.Tensor) -> None:

@@ -16,30 +16,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-
-def _ring(n: int) -> float:
-    return 2.0 * (n - 1) / n
-
-
-def _share(n: int) -> float:
-    return (n - 1) / n
-
-
-def _one(n: int) -> float:
-    return 1.0
+from hetbench.comm import busbw
 
 
 BUSBW_FACTORS = {
-    "allreduce": _ring,
-    "allgather": _share,
-    "reduce_scatter": _share,
-    "all_to_all": _share,
-    "gather": _share,
-    "scatter": _share,
-    "broadcast": _one,
-    "reduce": _one,
-    "send": _one,
-    "recv": _one,
+    "allreduce": busbw.ring,
+    "allgather": busbw.share,
+    "reduce_scatter": busbw.share,
+    "all_to_all": busbw.share,
+    "gather": busbw.share,
+    "scatter": busbw.share,
+    "broadcast": busbw.one,
+    "reduce": busbw.one,
+    "send": busbw.one,
+    "recv": busbw.one,
     "barrier": lambda n: 0.0,
 }
 
