@@ -278,3 +278,48 @@ def test_checkpoint_resumes_on_another_strategy_and_rank_count(tmp_path):
     run = run_cli(["train", "--frontend", "torch", *SMALL_MLP, "--hidden", "8", "--steps", "12", "--resume", str(ck),
                    "--out", str(refused / "n.json")], cwd=refused)
     assert_usage_error(run, refused, "holds hidden 16", "--hidden 8")
+
+
+def test_device_path_is_refused_where_mpi_takes_no_gpu_memory(monkeypatch):
+    """Where torch has a GPU and the MPI library reports no support for it, the device path says why in one line
+    (the MPIX queries of hetbench.comm.gpu, as `collectives --path device` uses); with a GPU-aware MPI it passes."""
+    from mpi4py import MPI
+
+    from hetbench.comm import gpu
+    from hetbench.pytorch import backend
+
+    monkeypatch.delenv(backend.FAKE_DEVICE_ENV, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.version, "hip", None, raising=False)
+    monkeypatch.setattr(gpu, "gpu_support", lambda: {"cuda": False, "hip": None, "ze": None})
+    problem = backend.device_path_problem(MPI.COMM_WORLD)
+    assert problem is not None and "\n" not in problem
+    assert "reports no CUDA support" in problem and "--path host" in problem
+    monkeypatch.setattr(torch.version, "hip", "6.2", raising=False)
+    assert "has no query for HIP support" in backend.device_path_problem(MPI.COMM_WORLD)
+    monkeypatch.setattr(gpu, "gpu_support", lambda: {"cuda": None, "hip": True, "ze": None})
+    assert backend.device_path_problem(MPI.COMM_WORLD) is None
+
+
+def test_batch_rows_from_weights_in_one_process():
+    from hetbench.benchmarks.split_plan import WeightsError
+    from hetbench.pytorch import uneven
+
+    assert uneven.batch_rows(10, "even") == [10] and uneven.batch_rows(10, [2.0]) == [10]
+    assert uneven.row_range([10], 0) == (0, 10) and uneven.row_range([6, 3, 1], 2) == (9, 10)
+    (rate,) = uneven.resolve_weights("auto", rate=lambda: 5e9)
+    assert rate == 5e9
+    assert uneven.matmul_rate("cpu", n=32, repeats=2) > 0
+    with pytest.raises(WeightsError, match="2 weights for 1 rank"):
+        uneven.batch_rows(10, "3,1")
+    with pytest.raises(WeightsError, match="no such profile file"):
+        uneven.batch_rows(10, "nonesuch.json")
+
+
+@needs_mpi
+def test_auto_weights_measure_each_rank(tmp_path):
+    _, doc, lines = _train(tmp_path, 2, *SMALL_MLP, "--steps", "3", "--strategy", "ddp", "--weights", "auto",
+                           "--backend", f"0=host,1={SECOND}")
+    s = doc["summary"]
+    assert s["verified"] is True and s["weights_kind"] == "auto" and all(w > 0 for w in s["weights"])
+    assert sum(s["shares"]) == 24 and [r["samples"] for r in lines[0]["ranks"]] == s["shares"]
