@@ -132,7 +132,6 @@ def test_both_paths_with_a_stand_in_device(tmp_path, path):
 @pytest.mark.parametrize("args,needles", [
     (["--strategy", "pipeline"], ["--strategy", "accepted with --frontend torch: ddp, fsdp2"]),
     (["--strategy", "fsdp", "--dtype", "bf16"], ["--strategy", "fsdp is a strategy of --frontend numpy"]),
-    (["--dtype", "bf16"], ["--dtype", "bf16 is not built for --frontend torch"]),
     (["--model", "gpt", "--hidden", "32", "--heads", "3"], ["--heads 3 does not divide --hidden 32"]),
     (["--warmup-steps", "5", "--steps", "5"], ["--warmup-steps 5"]),
 ])
@@ -191,12 +190,14 @@ def test_the_check_fails_on_a_curve_one_percent_off():
     from hetbench.pytorch import trainer
     from hetbench.pytorch.models import TaskConfig
 
+    from hetbench.dtypes import DTYPES
+
     class Cfg:
         model, layers, hidden, batch, seed, seq_len, heads = "mlp", 2, 8, 8, 0, 4, 2
-        steps, lr, optimizer = 5, 1e-2, "adamw"
+        steps, lr, optimizer, dtype = 5, 1e-2, "adamw", DTYPES["fp32"]
 
     task = TaskConfig(task="mlp", layers=2, hidden=8, batch=8, seed=0)
-    losses, params = trainer.reference(Cfg, task)
+    losses, params, _ = trainer.reference(Cfg, task)
     assert trainer.check_against_one_process(Cfg, task, losses, params)["ok"] is True
     off = trainer.check_against_one_process(Cfg, task, [x * 1.01 for x in losses], params)
     assert off["ok"] is False and off["max_loss_relative_difference"] == pytest.approx(0.01, rel=1e-6)
@@ -323,3 +324,20 @@ def test_auto_weights_measure_each_rank(tmp_path):
     s = doc["summary"]
     assert s["verified"] is True and s["weights_kind"] == "auto" and all(w > 0 for w in s["weights"])
     assert sum(s["shares"]) == 24 and [r["samples"] for r in lines[0]["ranks"]] == s["shares"]
+
+
+@needs_mpi
+@pytest.mark.parametrize("dtype,strategy", [("bf16", "fsdp2"), ("fp16", "ddp")])
+def test_mixed_precision_matches_one_process_in_the_same_dtype(tmp_path, dtype, strategy):
+    """torch's autocast in the dtype with fp32 masters; fp16 with the numpy trainer's dynamic loss scaling, the
+    verdict on non-finite gradients agreed over the ranks; checked by the numpy trainer's mixed-precision rule."""
+    _, doc, lines = _train(tmp_path, 2, *SMALL_MLP, "--steps", "20", "--strategy", strategy, "--dtype", dtype,
+                           "--weights", "3,1", "--backend", f"0=host,1={SECOND}")
+    s = doc["summary"]
+    assert s["verified"] is True and s["check"]["dtype"] == dtype and s["dtype"] == dtype
+    assert s["check"]["compared_steps"] >= 1 and s["check"]["max_loss_relative_difference"] <= s["check"]["rtol"]
+    assert [r["compute_dtype"] for r in doc["rows"]] == [dtype, dtype]
+    scales = {line["loss_scale"] for line in lines}
+    assert scales == ({1.0} if dtype == "bf16" else scales) and (dtype == "bf16" or min(scales) >= 1.0)
+    if dtype == "fp16":
+        assert lines[0]["loss_scale"] == 2.0**16

@@ -103,7 +103,7 @@ class Train:
                          help="What the GEMMs compute in. fp16/bf16: mixed precision: fp32 master weights, "
                               "gradients and optimizer state; GEMM operands and results rounded to the dtype "
                               "(natively where the device offers it, else emulated); fp16 with dynamic loss "
-                              "scaling."),
+                              "scaling. --frontend torch: torch's autocast, the same loss scaling."),
             click.Option(["--weights"], default="even", show_default=True, metavar="even|auto|PROFILE|W0,W1,..",
                          help="Each rank's share of the batch (fsdp, ddp) or of the layers (pipeline): even; auto "
                               "(each rank's GEMM rate at a layer's shape, measured beside the others; fsdp and ddp "
@@ -245,9 +245,6 @@ def _check_frontend(params: dict[str, Any], world: Any) -> None:
             raise click.BadParameter(f"{params['model']} is trained by --frontend torch; the numpy trainer trains "
                                      "mlp", param_hint="'--model'")
         return
-    if params["dtype"] != "fp32":
-        raise click.BadParameter(f"{params['dtype']} is not built for --frontend torch yet (fp32 only); use "
-                                 "--frontend numpy for mixed precision", param_hint="'--dtype'")
     from hetbench.pytorch_support import torch_problem
 
     errors = world.agree(torch_problem())

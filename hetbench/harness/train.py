@@ -174,24 +174,23 @@ def checkpoint_folder_errors(folder: Any, every: int, start: int, steps: int) ->
 
 
 def _uncreatable(folder: Any) -> str | None:
-    """Why `folder` (missing) cannot be made, found by making it and its missing parents and removing them again
-    (permissions alone miss a read-only or virtual file system, and root passes every permission check), so
-    that the run is refused before it trains instead of failing at its first save."""
-    missing = []
-    for p in [folder, *folder.absolute().parents]:
-        if p.exists():
-            break
-        missing.append(p)
+    """Why `folder` (missing) cannot be made, found by making a folder of a unique name in its nearest existing
+    ancestor and removing it again (permissions alone miss a read-only or virtual file system, and root passes
+    every permission check), so that the run is refused before it trains instead of failing at its first save. The
+    probe never takes `folder`'s own name: every rank checks at once, and one rank's probe must not be what another
+    sees (as once, when ranks made and removed `folder` itself: another rank found it half gone)."""
+    import secrets
+
+    base = next(p for p in [folder, *folder.absolute().parents] if p.exists())
+    probe = base / f".hetbench-probe-{os.getpid()}-{secrets.token_hex(4)}"
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        probe.mkdir()
     except OSError as e:
         return e.strerror or str(e)
-    finally:
-        for p in missing:  # the deepest first
-            try:
-                p.rmdir()
-            except OSError:
-                pass  # another rank's check removed it, or made something in it
+    try:
+        probe.rmdir()
+    except OSError:
+        pass
     return None
 
 
@@ -319,9 +318,6 @@ def _check(cfg: Any, model: Any, losses: list[float], params: Any, start: int = 
     ref_losses = ref_losses[start:]
     ref_skipped = [t["step_skipped"] for t in trace][start:]
     skipped = list(skipped) if skipped is not None else [False] * len(losses)
-    rtol, param_rtol = CHECK_RTOL_BY_DTYPE[cfg.dtype.name], PARAM_RTOL_BY_DTYPE[cfg.dtype.name]
-    mixed = cfg.dtype.name != "fp32"
-    rel = [abs(a - b) / max(abs(b), 1e-30) for a, b in zip(losses, ref_losses)]
     param_diff = norm_diff = 0.0
     if params is not None:
         import numpy as np
@@ -331,14 +327,28 @@ def _check(cfg: Any, model: Any, losses: list[float], params: Any, start: int = 
             param_diff = max(param_diff, float(abs(got - want).max()) / max(float(abs(want).max()), 1e-30))
             norm = float(np.linalg.norm(want.astype(np.float64)))
             norm_diff = max(norm_diff, float(np.linalg.norm((got - want).astype(np.float64))) / max(norm, 1e-30))
+    return compare_with_reference(cfg.dtype.name, cfg.steps, start, losses, ref_losses, skipped, ref_skipped,
+                                  norm_diff, param_diff, params is not None)
+
+
+def compare_with_reference(dtype: str, steps: int, start: int, losses: list[float], ref_losses: list[float],
+                           skipped: list[bool], ref_skipped: list[bool], norm_diff: float, param_diff: float,
+                           have_params: bool) -> dict[str, Any]:
+    """The check's verdict and figures from a run's losses (from step `start`), the reference's same steps, the
+    steps each skipped, and the final parameters' largest relative differences (by layer norm, and element-wise,
+    shown only): fp32 step by step within CHECK_RTOL and the parameters within PARAM_RTOL; mixed precision as
+    CHECK_RTOL_BY_DTYPE's comment says. Both front ends' checks (numpy, torch) end here."""
+    rtol, param_rtol = CHECK_RTOL_BY_DTYPE[dtype], PARAM_RTOL_BY_DTYPE[dtype]
+    mixed = dtype != "fp32"
+    rel = [abs(a - b) / max(abs(b), 1e-30) for a, b in zip(losses, ref_losses)]
     same_length = len(losses) == len(ref_losses)
     param_figures = {"max_param_norm_relative_difference": norm_diff, "param_rtol": param_rtol,
               "max_param_relative_difference": param_diff}  # element-wise, of the layer's largest: shown only
     if not mixed:
-        loss_diff = max(rel)
-        ok = bool(loss_diff <= rtol and norm_diff <= param_rtol and same_length)
+        loss_diff = max(rel) if rel else math.inf
+        ok = bool(loss_diff <= rtol and norm_diff <= param_rtol and same_length and have_params)
         return {"ok": ok, "max_loss_relative_difference": loss_diff, **param_figures,
-                "rtol": rtol, "dtype": cfg.dtype.name, "reference_loss_first": ref_losses[0],
+                "rtol": rtol, "dtype": dtype, "reference_loss_first": ref_losses[0],
                 "reference_loss_last": ref_losses[-1], "skipped_steps": 0, "reference_skipped_steps": 0}
     # mixed precision: see CHECK_RTOL_BY_DTYPE's comment
     differ = next((i for i, (a, b) in enumerate(zip(skipped, ref_skipped)) if a != b), len(rel))
@@ -347,11 +357,11 @@ def _check(cfg: Any, model: Any, losses: list[float], params: Any, start: int = 
     tail = min(MIXED_FINAL_STEPS, len(losses))
     ref_tail = sum(ref_losses[-tail:]) / tail
     final_diff = abs(sum(losses[-tail:]) / tail - ref_tail) / max(abs(ref_tail), 1e-30)
-    params_checked = params is not None and differ >= len(rel) and cfg.steps <= MIXED_EARLY_STEPS
+    params_checked = have_params and differ >= len(rel) and steps <= MIXED_EARLY_STEPS
     ok = bool(same_length and loss_diff <= rtol and final_diff <= MIXED_FINAL_BAND
               and (norm_diff <= param_rtol or not params_checked))
     return {"ok": ok, "max_loss_relative_difference": loss_diff, **param_figures,
-            "rtol": rtol, "dtype": cfg.dtype.name,
+            "rtol": rtol, "dtype": dtype,
             "compared_steps": len(window), "params_checked": params_checked,
             "max_loss_relative_difference_all_steps": max(rel),
             "final_loss_relative_difference": final_diff, "final_band": MIXED_FINAL_BAND,

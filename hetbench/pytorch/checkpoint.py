@@ -47,6 +47,10 @@ class TorchCheckpoint:
             self.optimizer = str(m["optimizer"])
             self.lr = float(m["lr"])
             self.steps_done = int(m["steps_done"])
+            self.dtype = str(m.get("dtype", "fp32"))
+            scaler = m.get("loss_scaler")
+            self.loss_scaler = ({"scale": float(scaler["scale"]), "good_steps": int(scaler["good_steps"])}
+                                if scaler else None)
         except (KeyError, TypeError, ValueError) as e:
             raise CheckpointError(f"{str(self.folder / 'manifest.json')!r} lacks {e} or holds it in another form") \
                 from None
@@ -68,6 +72,8 @@ class TorchCheckpoint:
         if self.optimizer != cfg.optimizer:
             out.append(f"--resume {str(self.folder)!r} was trained with --optimizer {self.optimizer}, not "
                        f"{cfg.optimizer}")
+        if self.dtype != cfg.dtype.name:
+            out.append(f"--resume {str(self.folder)!r} was trained with --dtype {self.dtype}, not {cfg.dtype.name}")
         if self.lr != cfg.lr:
             out.append(f"--resume {str(self.folder)!r} was trained with --lr {self.lr!r}, not {cfg.lr!r}")
         if cfg.steps <= self.steps_done:

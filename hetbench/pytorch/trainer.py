@@ -20,7 +20,7 @@ import hetbench.pytorch  # noqa: F401  registers the backend
 from hetbench.benchmarks import split_plan as plan
 from hetbench.comm.world import World
 from hetbench.harness.devices import OpenDevice
-from hetbench.harness.train import CHECK_RTOL, PARAM_RTOL, ROOT, RankOutcome
+from hetbench.harness.train import ROOT, RankOutcome, compare_with_reference
 from hetbench.pytorch import backend as hb_backend
 from hetbench.pytorch.device import RankDevice, for_backend
 from hetbench.pytorch.logger import StepLogger
@@ -28,6 +28,7 @@ from hetbench.pytorch.models import TaskConfig, build_model, describe, make_batc
 from hetbench.pytorch.uneven import exact_ddp, exact_fully_shard, matmul_rate
 from hetbench.train import StepLog
 from hetbench.train.optim import ADAMW_WEIGHT_DECAY
+from hetbench.train.precision import LossScaler
 
 TORCH_STRATEGIES = ("ddp", "fsdp2")
 
@@ -164,19 +165,16 @@ def _train(cfg: Any, world: World, state: TorchTrainState, on_step: Any) -> Rank
     if state.resume is not None:
         state.resume.load_into(model, opt)
         start = state.resume.steps_done
-    saver = _saver(cfg, world, state, weights, shares, start)
+    scaler = LossScaler.for_dtype(cfg.dtype.name, state.resume.loss_scaler if state.resume is not None else None)
+    saver = _saver(cfg, world, state, weights, shares, start, scaler)
     logger = StepLogger(None, cfg.batch, model=model, optimizer=opt, first_step=start)
     for step in range(start, cfg.steps):
         x, y = make_batch(state.task, step, start_row, stop_row)
         x, y = x.to(device), y.to(device)
         with logger.step(samples=stop_row - start_row) as rec:
-            loss = row_losses(model, x, y).sum() / cfg.batch
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=False)  # gradients stay held: the bytes a step holds at its peak
+            rec.loss, rec.loss_scale, rec.step_skipped = one_step(cfg, model, opt, scaler, x, y, distributed=True)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            rec.loss = loss
         if on_step is not None and logger.lines:
             on_step(step + 1, cfg.steps, f"step {step + 1}/{cfg.steps} loss {logger.lines[-1]['loss']:.4g}")
         if saver is not None and saver.due(step + 1):
@@ -191,7 +189,8 @@ def _train(cfg: Any, world: World, state: TorchTrainState, on_step: Any) -> Rank
     facts = {"host": world.host, "backend": state.opened.spec, "vendor": state.device.vendor,
              "device": state.device.name, "device_timing": "measured", "torch_device": state.device.torch_device,
              "torch_has_device": state.device.torch_has_device, "hetbench_device": state.opened.info.name,
-             "compute_dtype": "fp32", "compute_path": "torch", "state_memory": "device"
+             "compute_dtype": cfg.dtype.name,
+             "compute_path": "torch autocast" if cfg.dtype.name != "fp32" else "torch", "state_memory": "device"
              if state.device.torch_device != "cpu" else "host"}
     logs = [StepLog(step=m["step"], loss=float("nan"), step_seconds=m["step_seconds"],
                     compute_seconds=m["compute_seconds"], comm_seconds=m["comm_seconds"] or 0.0,
@@ -211,7 +210,8 @@ def _train(cfg: Any, world: World, state: TorchTrainState, on_step: Any) -> Rank
 
             result.log_text = "".join(json.dumps(line) + "\n" for line in result.steps)
         if cfg.check:
-            result.check = check_against_one_process(cfg, state.task, [s["loss"] for s in result.steps], full, start)
+            result.check = check_against_one_process(cfg, state.task, [s["loss"] for s in result.steps], full, start,
+                                                     [s["step_skipped"] for s in result.steps])
     return result
 
 
@@ -232,31 +232,72 @@ def _steps_collectives(mine: list[dict[str, Any]], ranks: int) -> dict[str, dict
     return figures(totals, ranks)
 
 
-def reference(cfg: Any, task: TaskConfig) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """The same training in one process on the CPU: the whole batch each step, the plain module."""
+def _autocast(cfg: Any, device: torch.device) -> Any:
+    """Mixed precision (--dtype fp16/bf16): torch's autocast on the rank's device (fp32 master parameters,
+    gradients and optimizer state; matmuls in the dtype); fp32: nothing."""
+    import contextlib
+
+    if cfg.dtype.name == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.float16 if cfg.dtype.name == "fp16" else torch.bfloat16)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def one_step(cfg: Any, model: torch.nn.Module, opt: torch.optim.Optimizer, scaler: LossScaler, x: torch.Tensor,
+             y: torch.Tensor, distributed: bool) -> tuple[torch.Tensor, float, bool]:
+    """One training step, the same in the distributed run and the one-process reference: this part of the global
+    mean loss, backward (fp16: at the loss scale), and, under mixed precision, the verdict on non-finite gradients
+    agreed over the ranks (each FSDP2 rank sees only its shards) before the update is taken or skipped, as the
+    numpy trainer's LossScaler does (hetbench/train/precision.py). Returns (loss, the scale used, skipped)."""
+    scale = scaler.scale
+    with _autocast(cfg, x.device):
+        loss = row_losses(model, x, y).float().sum() / cfg.batch
+    (loss * scale if scale != 1.0 else loss).backward()
+    skipped = False
+    if scaler.checks:
+        bad = any(not bool(torch.isfinite(_local(p.grad)).all()) for p in model.parameters() if p.grad is not None)
+        flag = torch.tensor([1.0 if bad else 0.0])
+        if distributed:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        skipped = scaler.update(bool(flag.item() > 0))
+    if not skipped:
+        if scale != 1.0:
+            for p in model.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(1.0 / scale)
+        opt.step()
+    opt.zero_grad(set_to_none=False)  # gradients stay held: the bytes a step holds at its peak
+    return loss.detach(), scale, skipped
+
+
+def reference(cfg: Any, task: TaskConfig) -> tuple[list[float], dict[str, torch.Tensor], list[bool]]:
+    """The same training in one process on the CPU: the whole batch each step, the plain module, the same dtype
+    and loss scaler. Returns (losses, final parameters, the steps skipped)."""
     torch.manual_seed(cfg.seed)
     model = build_model(task)
     opt = _optimizer(cfg, model.parameters())
-    losses = []
+    scaler = LossScaler.for_dtype(cfg.dtype.name)
+    losses, skipped = [], []
     for step in range(cfg.steps):
         x, y = make_batch(task, step, 0, cfg.batch)
-        loss = row_losses(model, x, y).sum() / cfg.batch
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
+        loss, _, skip = one_step(cfg, model, opt, scaler, x, y, distributed=False)
         losses.append(float(loss.item()))
-    return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
+        skipped.append(skip)
+    return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}, skipped
 
 
 def check_against_one_process(cfg: Any, task: TaskConfig, losses: list[float],
-                              params: dict[str, torch.Tensor] | None, start: int = 0) -> dict[str, Any]:
-    """The loss curve within CHECK_RTOL of the one-process run's, step by step (a resumed run's steps against the
-    reference's same steps, the reference trained from step 0), and every parameter tensor within PARAM_RTOL of
-    its norm (||p - p_ref|| / ||p_ref||): the same tolerances as the NumPy trainer's fp32 check, for the same reason
-    (only the order of the sums differs)."""
-    ref_losses, ref_params = reference(cfg, task)
-    ref_losses = ref_losses[start:]
-    rel = [abs(a - b) / max(abs(b), 1e-30) for a, b in zip(losses, ref_losses)]
+                              params: dict[str, torch.Tensor] | None, start: int = 0,
+                              skipped: list[bool] | None = None) -> dict[str, Any]:
+    """The run against the same training in one process (the reference from step 0; a resumed run's steps against
+    its same steps): the numpy trainer's rule and tolerances (hetbench.harness.train.compare_with_reference): fp32
+    losses step by step within CHECK_RTOL and every parameter tensor within PARAM_RTOL of its norm
+    (||p - p_ref|| / ||p_ref||); mixed precision the early steps, the final band and the verdicts on skipped steps.
+    Only the order of the sums (and under mixed precision where the rounding falls) differs."""
+    ref_losses, ref_params, ref_skipped = reference(cfg, task)
     norm_diff = param_diff = 0.0
     missing: list[str] = []
     if params is not None:
@@ -268,18 +309,14 @@ def check_against_one_process(cfg: Any, task: TaskConfig, losses: list[float],
             d = (got.double() - want.double())
             norm_diff = max(norm_diff, float(d.norm()) / max(float(want.double().norm()), 1e-30))
             param_diff = max(param_diff, float(d.abs().max()) / max(float(want.abs().max()), 1e-30))
-    loss_diff = max(rel) if rel else math.inf
-    ok = bool(len(losses) == len(ref_losses) and loss_diff <= CHECK_RTOL and norm_diff <= PARAM_RTOL
-              and not missing and params is not None)
-    return {"ok": ok, "max_loss_relative_difference": loss_diff, "rtol": CHECK_RTOL,
-            "max_param_norm_relative_difference": norm_diff, "param_rtol": PARAM_RTOL,
-            "max_param_relative_difference": param_diff, "params_missing": missing, "dtype": "fp32",
-            "reference_loss_first": ref_losses[0], "reference_loss_last": ref_losses[-1],
-            "skipped_steps": 0, "reference_skipped_steps": 0, "reference": "torch, one process, CPU"}
+    skipped = list(skipped) if skipped is not None else [False] * len(losses)
+    out = compare_with_reference(cfg.dtype.name, cfg.steps, start, losses, ref_losses[start:], skipped,
+                                 ref_skipped[start:], norm_diff, param_diff, params is not None and not missing)
+    return {**out, "params_missing": missing, "reference": "torch, one process, CPU"}
 
 
 def _saver(cfg: Any, world: World, state: TorchTrainState, weights: list[float], shares: list[int],
-           start: int) -> Any:
+           start: int, scaler: LossScaler) -> Any:
     """Collective (with --checkpoint): the numpy trainer's Saver (layout, atomic saves, manifest last) writing the
     torch state; the manifest records the task, the run and every rank's device."""
     if cfg.checkpoint is None:
@@ -299,11 +336,11 @@ def _saver(cfg: Any, world: World, state: TorchTrainState, weights: list[float],
                                            "steps_done": m["steps_done"], "weights": m.get("weights"),
                                            "checkpoint": str(state.resume.folder), "ranks": m.get("ranks")}]
     manifest = {"frontend": "torch", "model": task_facts(cfg), "optimizer": cfg.optimizer, "lr": cfg.lr,
-                "dtype": "fp32", "strategy": cfg.strategy, "weights": list(weights), "shares": list(shares),
+                "dtype": cfg.dtype.name, "master_dtype": "fp32", "strategy": cfg.strategy, "weights": list(weights), "shares": list(shares),
                 "shares_of": "samples", "first_step": start, "history": history,
                 "torch_version": str(torch.__version__)}
     return Saver(world, cfg.checkpoint, cfg.checkpoint_every, cfg.steps, manifest, every_facts,
-                 error=click.ClickException, fmt=TORCH_FORMAT)
+                 error=click.ClickException, fmt=TORCH_FORMAT, live=lambda: {"loss_scaler": scaler.state()})
 
 
 def summary_extra(cfg: Any, gathered: list[RankOutcome]) -> dict[str, Any]:
