@@ -323,11 +323,9 @@ class HetbenchProcessGroup(dist.ProcessGroup):
         receiving = root is None or root == me
         if receiving:
             counts = [p.numel() for p in out_parts]
-            recv = torch.empty(sum(counts), dtype=inp.dtype, device="cpu")
-            rs = _Staged(self, recv, reduce=False) if not (send.on_device and self.path == "device") else None
-            if rs is None:  # device path: a device-side receive buffer
-                recv = torch.empty(sum(counts), dtype=inp.dtype, device=inp.device)
-                rs = _Staged(self, recv, reduce=False)
+            # the receive buffer: on the device where the device path hands MPI device memory, else in host memory
+            where = inp.device if send.on_device and self.path == "device" else torch.device("cpu")
+            rs = _Staged(self, torch.empty(sum(counts), dtype=inp.dtype, device=where), reduce=False)
             spec = [rs.buf, (counts, _displs(counts))]
             if root is None:
                 self.comm.Allgatherv(send.buf, spec)
