@@ -9,8 +9,7 @@ It returns the NumPy trainer's RankOutcome (hetbench/harness/train.py), so that 
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -41,7 +40,6 @@ class TorchTrainState:
     profile: Any = None
     resume: Any = None  # hetbench.pytorch.checkpoint.TorchCheckpoint with --resume
     owns_group: bool = False
-    details: dict[str, Any] = field(default_factory=dict)
 
 
 def task_config(cfg: Any) -> TaskConfig:
