@@ -171,6 +171,8 @@ class CausalSelfAttention(nn.Module):
         self.heads = heads
         self.qkv = nn.Linear(hidden, 3 * hidden)
         self.proj = nn.Linear(hidden, hidden)
+        # attention's two products; hetbench.pytorch.offload puts them on a hetbench device
+        self.matmul = torch.matmul
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
@@ -179,11 +181,11 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, H, C // H).transpose(1, 2)  # (B, H, T, D)
         k = k.view(B, T, H, C // H).transpose(1, 2)
         v = v.view(B, T, H, C // H).transpose(1, 2)
-        att = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(C // H))  # (B, H, T, T)
+        att = self.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(C // H))  # (B, H, T, T)
         causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
         att = att.masked_fill(~causal, float("-inf"))
         att = torch.softmax(att, dim=-1)
-        y = torch.matmul(att, v)  # (B, H, T, D)
+        y = self.matmul(att, v)  # (B, H, T, D)
         y = y.transpose(1, 2).reshape(B, T, C)
         return self.proj(y)
 
