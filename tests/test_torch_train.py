@@ -95,6 +95,15 @@ def test_fsdp2_mlp_on_a_mixed_rank_map(tmp_path):
     assert sum(held) >= whole and max(held) < whole
     assert {"allgather", "reduce_scatter"} <= set(lines[-1]["ranks"][0]["collectives"])
     assert s["torch_devices"] == ["cpu", "cpu", "cpu"] and "simulated" in s["torch_notes"][2]
+    # torch cannot drive the OpenCL device or the simulated GPU: their ranks' matmuls ran there through hetbench
+    # (hetbench.pytorch.offload), the simulated one's GEMM time modelled; the host rank's in torch
+    for line in lines:
+        r0, r1, r2 = line["ranks"]
+        assert "device_gemms" not in r0 and r1["device_gemms"] > 0 and r2["device_gemms"] > 0
+        assert r1["device_timing"] == "measured" and r2["device_timing"] == "modelled"
+        assert r1["device_gemm_seconds"] > 0 and line["timing"] == "modelled"
+    assert [r["device_timing"] for r in doc["rows"]] == ["measured", "measured", "modelled"]
+    assert "run there through hetbench" in s["torch_notes"][1] and s["torch_notes"][0] == ""
     _check_figures(doc, lines, 24)
     assert "result: all checks passed" in run.stdout
     # `report` plots the torch run's steps as it does the numpy trainer's

@@ -108,7 +108,7 @@ class Train:
                          help="Each rank's share of the batch (fsdp, ddp) or of the layers (pipeline): even; auto "
                               "(each rank's GEMM rate at a layer's shape, measured beside the others; fsdp and ddp "
                               "then rebalance the batch by each rank's measured step in the first 4 steps; --frontend "
-                              "torch: each rank's torch matmul rate, no rebalancing); a profile "
+                              "torch: each rank's samples/s through the model, no rebalancing); a profile "
                               "from `hetbench calibrate`; or one weight >= 0 per rank."),
             click.Option(["--micro-batches"], type=int_range(1, MAX_BATCH), default=4, show_default=True,
                          help="pipeline (numpy): micro-batches per step."),

@@ -1,7 +1,8 @@
 """The rank's torch device, from the rank map's backend: a CUDA or ROCm build's GPU (both show as device type
 "cuda"; torch.version.hip tells them apart) for a GPU backend torch can drive, else the CPU. Where torch has no
-device for the rank's backend (an OpenCL device, a simulated GPU) the model runs on the CPU, and the RankDevice
-says so (`torch_has_device` False); hetbench's backend still runs that rank's collectives."""
+device for the rank's backend (an OpenCL device, a simulated GPU) torch computes on the CPU, and the RankDevice
+says so (`torch_has_device` False): `hetbench train --frontend torch` then runs the model's matmuls on that device
+through hetbench (hetbench/pytorch/offload.py); hetbench's backend runs that rank's collectives either way."""
 
 from __future__ import annotations
 

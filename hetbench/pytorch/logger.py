@@ -82,6 +82,10 @@ class StepLogger:
             self.pg.split_idle = True
             self.pg.metrics.take()  # the steps' figures start here
         self.next_step = first_step
+        # hetbench.train.ops.Ops of a rank whose matmuls run on a hetbench device (hetbench.pytorch.offload): its
+        # GEMM and copy clocks go into the step's figures, and on a simulated device the modelled GEMM and copy
+        # time replaces the host's wall time emulating them
+        self.device_ops: Any = None
         self.lines: list[dict[str, Any]] = []  # rank 0: every step's line
         self.mine: list[dict[str, Any]] = []  # this rank's own figures, step by step
         self.path = Path(path) if path is not None else None
@@ -106,6 +110,8 @@ class StepLogger:
     def step(self, samples: int) -> Iterator[StepRecord]:
         rec = StepRecord(self.next_step, int(samples))
         self._barrier()
+        if self.device_ops is not None:
+            self.device_ops.reset()
         start = time.perf_counter()
         yield rec
         seconds = time.perf_counter() - start
@@ -114,6 +120,14 @@ class StepLogger:
     def end(self, rec: StepRecord, seconds: float) -> dict[str, Any] | None:
         """Record one step that took `seconds` on this rank (collective). Returns the line at rank 0."""
         self.next_step = rec.step + 1
+        device: dict[str, Any] = {}
+        d = self.device_ops
+        if d is not None:
+            modelled = bool(d.modelled)
+            if modelled:
+                seconds = seconds - d.wall_seconds + d.compute_seconds + d.copy_seconds
+            device = {"device_gemm_seconds": d.compute_seconds, "device_copy_seconds": d.copy_seconds,
+                      "device_gemms": d.gemms, "device_timing": "modelled" if modelled else "measured"}
         ops = self.pg.metrics.take() if self.pg is not None else {}
         comm = sum(o["seconds"] for o in ops.values()) if self.pg is not None else None
         idle = sum(o["idle_seconds"] for o in ops.values()) if self.pg is not None else None
@@ -124,7 +138,7 @@ class StepLogger:
         mine = {"compute_seconds": seconds - (comm or 0.0) - (idle or 0.0), "comm_seconds": comm,
                 "idle_seconds": idle, "copy_seconds": copies, "samples": rec.samples, "param_bytes": params,
                 "grad_bytes": grads, "optimizer_bytes": state, "step_seconds": seconds, "loss_part": loss,
-                "collectives": ops}
+                "collectives": ops, **device}
         self.mine.append({"step": rec.step, **mine})
         every = self._gather(mine)
         if every is None:
@@ -135,7 +149,7 @@ class StepLogger:
             "loss": sum(r["loss_part"] for r in every),
             "step_seconds": step_seconds,
             "samples_per_second": self.global_batch / step_seconds if step_seconds > 0 else None,
-            "timing": "measured",
+            "timing": "modelled" if any(r.get("device_timing") == "modelled" for r in every) else "measured",
             "loss_scale": rec.loss_scale,
             "step_skipped": rec.step_skipped,
             "ranks": [{"rank": r, **{k: v for k, v in d.items() if k not in ("step_seconds", "loss_part")}}

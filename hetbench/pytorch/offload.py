@@ -7,8 +7,8 @@ simulated device, and the copies' time kept apart), while the rest of the model 
     offload_linears(model, ops)            # every nn.Linear's x @ W^T on the device
     y = device_matmul(a, b, ops)           # any (..., m, k) @ (..., k, n), attention's included
 
-Groundwork of the uneven-FSDP issue (its part 2): `hetbench train --frontend torch` does not use it yet, and every
-operand is uploaded at every product (the issue asks that a weight unchanged within a step go up once).
+`hetbench train --frontend torch` routes the products of every rank whose device torch cannot drive here; every
+operand is still uploaded at every product (a weight unchanged within a step should go up once: not built yet).
 """
 
 from __future__ import annotations
@@ -22,9 +22,15 @@ from torch import nn
 
 
 def _gemm(ops: Any, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a (m, k) @ b (k, n) on the device, float32 in and out (CPU tensors)."""
-    out = ops.matmul(np.ascontiguousarray(a.detach().float().numpy()), np.ascontiguousarray(b.detach().float().numpy()))
-    return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32))
+    """a (m, k) @ b (k, n) on the device, float32 in and out (CPU tensors). Operands and result are copies: FSDP2
+    frees an unsharded parameter or gradient by resizing its storage, and a storage that NumPy has seen cannot be
+    resized."""
+    out = ops.matmul(_host(a), _host(b))
+    return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32)).clone()
+
+
+def _host(t: torch.Tensor) -> np.ndarray:
+    return t.detach().to(torch.float32, copy=True).contiguous().numpy()
 
 
 class DeviceMatmul(torch.autograd.Function):
@@ -46,7 +52,10 @@ class DeviceMatmul(torch.autograd.Function):
 
 
 def device_matmul(a: torch.Tensor, b: torch.Tensor, ops: Any) -> torch.Tensor:
-    """torch.matmul's (..., m, k) @ (..., k, n) (leading dimensions broadcast) with each 2-D product on the device."""
+    """torch.matmul's (..., m, k) @ (..., k, n) (leading dimensions broadcast) with each 2-D product on the device.
+    An empty product (a rank with no rows) is torch's own: nothing to compute."""
+    if a.numel() == 0 or b.numel() == 0:
+        return torch.matmul(a, b)
     if a.dim() == 2 and b.dim() == 2:
         return DeviceMatmul.apply(a, b, ops)
     if b.dim() == 2:  # (..., m, k) @ (k, n): one GEMM over all the rows
@@ -79,3 +88,18 @@ def offload_linears(model: nn.Module, ops: Any) -> int:
         if hasattr(module, "matmul"):
             module.matmul = lambda a, b: device_matmul(a, b, ops)
     return count
+
+
+def device_rate(ops: Any, m: int, n: int, k: int, repeats: int = 3) -> float:
+    """The device's GEMM rate (flop/s) at m x n x k as Ops clocks it (measured, or modelled on a simulated
+    device): auto weights for a rank whose products run here."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((m, k), dtype=np.float32)
+    b = rng.standard_normal((k, n), dtype=np.float32)
+    ops.matmul(a, b)  # warm-up (kernel build, first allocation)
+    ops.reset()
+    for _ in range(repeats):
+        ops.matmul(a, b)
+    seconds = ops.compute_seconds
+    ops.reset()
+    return 2.0 * m * n * k * repeats / seconds if seconds > 0 else float("inf")

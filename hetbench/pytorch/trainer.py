@@ -9,6 +9,7 @@ It returns the NumPy trainer's RankOutcome (hetbench/harness/train.py), so that 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -24,8 +25,10 @@ from hetbench.pytorch import backend as hb_backend
 from hetbench.pytorch.device import RankDevice, for_backend
 from hetbench.pytorch.logger import StepLogger
 from hetbench.pytorch.models import TaskConfig, build_model, describe, make_batch, row_losses, units
-from hetbench.pytorch.uneven import exact_ddp, exact_fully_shard, matmul_rate
+from hetbench.pytorch.offload import offload_linears
+from hetbench.pytorch.uneven import exact_ddp, exact_fully_shard
 from hetbench.train import StepLog
+from hetbench.train.ops import Ops
 from hetbench.train.optim import ADAMW_WEIGHT_DECAY
 from hetbench.train.precision import LossScaler
 
@@ -39,6 +42,8 @@ class TorchTrainState:
     task: TaskConfig
     profile: Any = None
     resume: Any = None  # hetbench.pytorch.checkpoint.TorchCheckpoint with --resume
+    ops: Any = None  # hetbench.train.ops.Ops where the model's products run on the rank's hetbench device
+    world_size: int = 1
     owns_group: bool = False
 
 
@@ -48,12 +53,16 @@ def task_config(cfg: Any) -> TaskConfig:
 
 
 def prepare(cfg: Any, world: World, opened: OpenDevice) -> tuple[TorchTrainState, list[str]]:
+    """The rank's torch device; where torch cannot drive the rank's hetbench device (OpenCL, simulated), an Ops on
+    it for the model's products (hetbench/pytorch/offload.py), in the run's dtype (mixed precision: the operands
+    and results rounded to it, as the numpy trainer's GEMMs)."""
     device = for_backend(opened.backend, opened.spec, world.local_rank)
+    ops = None if device.torch_has_device else Ops(opened.backend, cfg.dtype.name)
     try:
         task = task_config(cfg)
     except ValueError as e:
-        return TorchTrainState(opened, device, TaskConfig()), [str(e)]
-    return TorchTrainState(opened, device, task), []
+        return TorchTrainState(opened, device, TaskConfig(), ops=ops, world_size=world.size), [str(e)]
+    return TorchTrainState(opened, device, task, ops=ops, world_size=world.size), []
 
 
 def check(cfg: Any, world: World, state: TorchTrainState) -> list[str]:
@@ -94,8 +103,8 @@ def check(cfg: Any, world: World, state: TorchTrainState) -> list[str]:
 
 
 def _weights(cfg: Any, world: World, state: TorchTrainState) -> list[float]:
-    """Each rank's weight: even, given, a profile's rates, or (auto) each rank's torch matmul rate at a layer's
-    shape (its part of the batch x hidden x hidden), measured beside the others."""
+    """Each rank's weight: even, given, a profile's rates, or (auto) each rank's training throughput measured
+    beside the others (probe_samples_per_second)."""
     if cfg.weights.kind == "even":
         return [1.0] * world.size
     if cfg.weights.kind == "list":
@@ -103,9 +112,41 @@ def _weights(cfg: Any, world: World, state: TorchTrainState) -> list[float]:
     if cfg.weights.kind == "profile":
         return list(state.profile.rates)
     world.barrier()
-    rows = max(1, -(-cfg.batch // world.size)) * (cfg.seq_len if cfg.model == "gpt" else 1)
-    rate = matmul_rate(state.device.device, n=cfg.hidden, m=min(rows, 4096), k=cfg.hidden)
-    return [float(r) for r in world.allgather(rate)]
+    return [float(r) for r in world.allgather(probe_samples_per_second(cfg, state))]
+
+
+def probe_samples_per_second(cfg: Any, state: TorchTrainState, repeats: int = 2) -> float:
+    """This rank's samples/s through the task's forward and backward on a slice of an even share of the batch, on
+    a throwaway copy of the model placed as the run places it (torch's device, or the products on the hetbench
+    device): the work itself, many small attention products included, not one GEMM's rate. On a simulated device
+    the modelled GEMM and copy time replaces the host's emulating them, as in the step figures."""
+    import time
+
+    rows = max(1, min(-(-cfg.batch // state.world_size), 256))
+    model = build_model(state.task).to(state.device.device)
+    ops = state.ops
+    if ops is not None:
+        offload_linears(model, ops)
+    x, y = make_batch(state.task, 0, 0, rows)
+    x, y = x.to(state.device.device), y.to(state.device.device)
+    best = math.inf
+    for i in range(repeats + 1):  # the first is warm-up (kernel builds, first allocations)
+        if ops is not None:
+            ops.reset()
+        start = time.perf_counter()
+        with _autocast(cfg, state.device.device):
+            loss = row_losses(model, x, y).float().sum()
+        loss.backward()
+        if state.device.device.type == "cuda":
+            torch.cuda.synchronize(state.device.device)
+        seconds = time.perf_counter() - start
+        if ops is not None and ops.modelled:
+            seconds = seconds - ops.wall_seconds + ops.compute_seconds + ops.copy_seconds
+        if i > 0:
+            best = min(best, seconds)
+    if ops is not None:
+        ops.reset()
+    return rows / best if best > 0 else math.inf
 
 
 def _optimizer(cfg: Any, params: Any) -> torch.optim.Optimizer:
@@ -154,6 +195,8 @@ def _train(cfg: Any, world: World, state: TorchTrainState, on_step: Any) -> Rank
     device = state.device.device
     torch.manual_seed(cfg.seed)
     model = build_model(state.task).to(device)
+    if state.ops is not None:  # torch cannot drive this rank's device: its products run there through hetbench
+        offload_linears(model, state.ops)
     if cfg.strategy == "ddp":
         model = exact_ddp(model)
     else:
@@ -166,6 +209,7 @@ def _train(cfg: Any, world: World, state: TorchTrainState, on_step: Any) -> Rank
     scaler = LossScaler.for_dtype(cfg.dtype.name, state.resume.loss_scaler if state.resume is not None else None)
     saver = _saver(cfg, world, state, weights, shares, start, scaler)
     logger = StepLogger(None, cfg.batch, model=model, optimizer=opt, first_step=start)
+    logger.device_ops = state.ops
     for step in range(start, cfg.steps):
         x, y = make_batch(state.task, step, start_row, stop_row)
         x, y = x.to(device), y.to(device)
@@ -184,18 +228,30 @@ def _train(cfg: Any, world: World, state: TorchTrainState, on_step: Any) -> Rank
                 logger.pg.metrics.take()  # the save's gathers are not the next step's communication
     full = _full_state(cfg, model)
     collectives = _steps_collectives(logger.mine, world.size)
-    facts = {"host": world.host, "backend": state.opened.spec, "vendor": state.device.vendor,
-             "device": state.device.name, "device_timing": "measured", "torch_device": state.device.torch_device,
+    offloaded = state.ops is not None
+    facts = {"host": world.host, "backend": state.opened.spec,
+             "vendor": state.opened.info.vendor if offloaded else state.device.vendor,
+             "device": state.opened.info.name if offloaded else state.device.name,
+             "device_timing": "modelled" if offloaded and state.ops.modelled else "measured",
+             "torch_device": state.device.torch_device,
              "torch_has_device": state.device.torch_has_device, "hetbench_device": state.opened.info.name,
              "compute_dtype": cfg.dtype.name,
-             "compute_path": "torch autocast" if cfg.dtype.name != "fp32" else "torch", "state_memory": "device"
-             if state.device.torch_device != "cpu" else "host"}
+             # where the model's matmuls run: torch on its device (autocast under mixed precision), or the rank's
+             # hetbench device through the offload (native or emulated in the dtype, as the numpy trainer's GEMMs)
+             "compute_path": (f"hetbench device, {state.ops.compute_path}" if offloaded else
+                              "torch autocast" if cfg.dtype.name != "fp32" else "torch"),
+             "state_memory": "device" if state.device.torch_device != "cpu" else "host"}
     logs = [StepLog(step=m["step"], loss=float("nan"), step_seconds=m["step_seconds"],
                     compute_seconds=m["compute_seconds"], comm_seconds=m["comm_seconds"] or 0.0,
                     idle_seconds=m["idle_seconds"] or 0.0, samples=m["samples"], param_bytes=m["param_bytes"],
                     grad_bytes=m["grad_bytes"], optimizer_bytes=m["optimizer_bytes"]) for m in logger.mine]
+    note = state.device.note
+    if offloaded:
+        note = (f"torch cannot drive {state.opened.spec} ({state.opened.info.name}): the model's matmuls (nn.Linear's "
+                "and attention's, forward and backward) run there through hetbench"
+                f"{' (GEMM and copy time modelled)' if state.ops.modelled else ''}, the rest in torch on the CPU")
     details = {"strategy": cfg.strategy, "frontend": "torch", "collectives": collectives,
-               "torch_version": str(torch.__version__), "note": state.device.note}
+               "torch_version": str(torch.__version__), "note": note}
     result = RankOutcome(logs, facts, list(weights), list(shares), details=details, start_step=start,
                          resumed_from=str(state.resume.folder) if state.resume is not None else None,
                          checkpoints=list(saver.saved) if saver is not None else [])
