@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-from hetbench.train.checkpoint import TORCH_FORMAT, CheckpointError, _load_manifest, resolve
+from hetbench.train.checkpoint import TORCH_FORMAT, CheckpointError, _load_manifest, resolve, run_facts
 
 STATE_FILE = "state.pt"
 TASK_KEYS = ("task", "layers", "hidden", "batch", "seed", "seq_len", "heads")
@@ -44,13 +44,7 @@ class TorchCheckpoint:
         self.manifest = m
         try:
             self.task = {k: m["model"][k] for k in TASK_KEYS}
-            self.optimizer = str(m["optimizer"])
-            self.lr = float(m["lr"])
-            self.steps_done = int(m["steps_done"])
-            self.dtype = str(m.get("dtype", "fp32"))
-            scaler = m.get("loss_scaler")
-            self.loss_scaler = ({"scale": float(scaler["scale"]), "good_steps": int(scaler["good_steps"])}
-                                if scaler else None)
+            self.optimizer, self.lr, self.steps_done, self.dtype, self.loss_scaler = run_facts(m)
         except (KeyError, TypeError, ValueError) as e:
             raise CheckpointError(f"{str(self.folder / 'manifest.json')!r} lacks {e} or holds it in another form") \
                 from None

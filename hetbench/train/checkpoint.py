@@ -73,6 +73,14 @@ def _load_manifest(folder: Path, fmt: str = FORMAT) -> dict[str, Any]:
     return manifest
 
 
+def run_facts(m: dict[str, Any]) -> tuple[str, float, int, str, dict[str, Any] | None]:
+    """(optimizer, lr, steps done, dtype, loss scaler state or None) of a manifest, as both trainers' checkpoints
+    hold them. KeyError, TypeError or ValueError where one is missing or of another form."""
+    scaler = m.get("loss_scaler")
+    return (str(m["optimizer"]), float(m["lr"]), int(m["steps_done"]), str(m.get("dtype", "fp32")),
+            {"scale": float(scaler["scale"]), "good_steps": int(scaler["good_steps"])} if scaler else None)
+
+
 def resolve(path: Path) -> Path:
     """The step folder `path` names: itself if it holds a manifest, else the one its `latest` file names."""
     path = Path(path)
@@ -103,13 +111,7 @@ class Checkpoint:
         self.manifest = m
         try:
             self.model = {k: int(m["model"][k]) for k in ("layers", "hidden", "batch", "seed")}
-            self.optimizer = str(m["optimizer"])
-            self.lr = float(m["lr"])
-            self.steps_done = int(m["steps_done"])
-            self.dtype = str(m.get("dtype", "fp32"))
-            scaler = m.get("loss_scaler")
-            self.loss_scaler = ({"scale": float(scaler["scale"]), "good_steps": int(scaler["good_steps"])}
-                                if scaler else None)
+            self.optimizer, self.lr, self.steps_done, self.dtype, self.loss_scaler = run_facts(m)
             self.ranks = list(m["ranks"])
             self._pieces: list[tuple[int, int, int, int, int]] = [  # (layer, start, stop, rank, offset)
                 (int(layer), int(start), int(stop), int(r["rank"]), int(offset))
