@@ -123,9 +123,10 @@ class StepLogger:
         device: dict[str, Any] = {}
         d = self.device_ops
         if d is not None:
+            from hetbench.pytorch.offload import step_seconds
+
             modelled = bool(d.modelled)
-            if modelled:
-                seconds = seconds - d.wall_seconds + d.compute_seconds + d.copy_seconds
+            seconds = step_seconds(d, seconds)
             device = {"device_gemm_seconds": d.compute_seconds, "device_copy_seconds": d.copy_seconds,
                       "device_gemms": d.gemms, "device_timing": "modelled" if modelled else "measured"}
         ops = self.pg.metrics.take() if self.pg is not None else {}

@@ -90,16 +90,10 @@ def offload_linears(model: nn.Module, ops: Any) -> int:
     return count
 
 
-def device_rate(ops: Any, m: int, n: int, k: int, repeats: int = 3) -> float:
-    """The device's GEMM rate (flop/s) at m x n x k as Ops clocks it (measured, or modelled on a simulated
-    device): auto weights for a rank whose products run here."""
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal((m, k), dtype=np.float32)
-    b = rng.standard_normal((k, n), dtype=np.float32)
-    ops.matmul(a, b)  # warm-up (kernel build, first allocation)
-    ops.reset()
-    for _ in range(repeats):
-        ops.matmul(a, b)
-    seconds = ops.compute_seconds
-    ops.reset()
-    return 2.0 * m * n * k * repeats / seconds if seconds > 0 else float("inf")
+
+def step_seconds(ops: Any, wall_seconds: float) -> float:
+    """A span's seconds on a rank whose products ran through `ops`: the wall time, except that on a simulated device
+    the modelled GEMM and copy time replaces the host's wall time emulating them (as the numpy trainer's steps)."""
+    if ops is None or not ops.modelled:
+        return wall_seconds
+    return wall_seconds - ops.wall_seconds + ops.compute_seconds + ops.copy_seconds

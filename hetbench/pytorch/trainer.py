@@ -25,7 +25,7 @@ from hetbench.pytorch import backend as hb_backend
 from hetbench.pytorch.device import RankDevice, for_backend
 from hetbench.pytorch.logger import StepLogger
 from hetbench.pytorch.models import TaskConfig, build_model, describe, make_batch, row_losses, units
-from hetbench.pytorch.offload import offload_linears
+from hetbench.pytorch.offload import offload_linears, step_seconds
 from hetbench.pytorch.uneven import exact_ddp, exact_fully_shard
 from hetbench.train import StepLog
 from hetbench.train.ops import Ops
@@ -139,9 +139,7 @@ def probe_samples_per_second(cfg: Any, state: TorchTrainState, repeats: int = 2)
         loss.backward()
         if state.device.device.type == "cuda":
             torch.cuda.synchronize(state.device.device)
-        seconds = time.perf_counter() - start
-        if ops is not None and ops.modelled:
-            seconds = seconds - ops.wall_seconds + ops.compute_seconds + ops.copy_seconds
+        seconds = step_seconds(ops, time.perf_counter() - start)
         if i > 0:
             best = min(best, seconds)
     if ops is not None:
