@@ -31,7 +31,7 @@ from hetbench.train.precision import TRAIN_DTYPES
 STRATEGIES = ("fsdp", "ddp", "pipeline")
 FRONTENDS = ("numpy", "torch")
 # --frontend torch: torch's own DDP and FSDP2 (fully_shard) over the hetbench backend (hetbench/pytorch/)
-TORCH_STRATEGIES = ("ddp", "fsdp2")
+TORCH_STRATEGIES = ("ddp", "fsdp", "fsdp2")
 DEFAULT_STRATEGY = {"numpy": "fsdp", "torch": "fsdp2"}
 MODELS = ("mlp", "gpt")
 MAX_SEQ_LEN = 1 << 16
@@ -61,7 +61,7 @@ class Train:
     name = "train"
     summary = ("A model trained across the ranks' devices, every step logged, the loss curve checked against one "
                "process: hetbench's MLP (fsdp, ddp, pipeline) or, with --frontend torch, a PyTorch MLP or GPT (torch's "
-               "ddp, fsdp2) over the hetbench backend; shares by weights.")
+               "ddp, fsdp2, or hetbench's uneven fsdp) over the hetbench backend; shares by weights.")
     columns = COLUMNS
 
     def options(self) -> list[click.Parameter]:
@@ -75,8 +75,10 @@ class Train:
                          help="numpy: fsdp (each layer's parameters sharded by the weights, gathered for use, "
                               "gradients reduce-scattered), ddp (replicas, gradients allreduced) or pipeline "
                               "(stages of layers by the weights, micro-batches, GPipe). torch: ddp (torch's "
-                              "DistributedDataParallel) or fsdp2 (torch's fully_shard), gradients summed so that "
-                              "uneven batch shares are exact."),
+                              "DistributedDataParallel), fsdp2 (torch's fully_shard: even parameter shards) or fsdp "
+                              "(hetbench's own: each unit's parameters, gradients and optimizer state sharded by "
+                              "the weights, capped by each rank's free memory), gradients summed so that uneven "
+                              "batch shares are exact."),
             click.Option(["--model"], type=click.Choice(MODELS), default="mlp", show_default=True,
                          help="What --frontend torch trains: mlp (the residual MLP teacher task of the numpy "
                               "trainer) or gpt (a small char-level decoder-only transformer on a text shipped with "
@@ -108,7 +110,7 @@ class Train:
                          help="Each rank's share of the batch (fsdp, ddp) or of the layers (pipeline): even; auto "
                               "(each rank's GEMM rate at a layer's shape, measured beside the others; fsdp and ddp "
                               "then rebalance the batch by each rank's measured step in the first 4 steps; --frontend "
-                              "torch: each rank's samples/s through the model, no rebalancing); a profile "
+                              "torch: each rank's samples/s through the model, rebalanced the same way); a profile "
                               "from `hetbench calibrate`; or one weight >= 0 per rank."),
             click.Option(["--micro-batches"], type=int_range(1, MAX_BATCH), default=4, show_default=True,
                          help="pipeline (numpy): micro-batches per step."),
@@ -121,7 +123,7 @@ class Train:
                               "warm-up, and auto weights' rebalancing in the first 4. They are still logged and "
                               "checked."),
             click.Option(["--prefetch/--no-prefetch"], default=True, show_default=True,
-                         help="fsdp (numpy): start gathering the next layer's parameters while this layer computes "
+                         help="fsdp: start gathering the next layer's (unit's) parameters while this one computes "
                               "(nonblocking MPI, tested after every GEMM); the summary says how much of the "
                               "gathers' time that hid."),
             click.Option(["--check/--no-check"], default=True, show_default=True,

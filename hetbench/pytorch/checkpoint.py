@@ -1,16 +1,24 @@
-"""`hetbench train --frontend torch --checkpoint DIR` / `--resume DIR`: the model's and optimizer's full state,
-gathered to rank 0 with torch.distributed.checkpoint.state_dict (full_state_dict), so that any rank count, weights
-or strategy (ddp, fsdp2) resumes from it.
+"""`hetbench train --frontend torch --checkpoint DIR` / `--resume DIR`: the model's and optimizer's state, in a
+form any rank count, weights or strategy (ddp, fsdp, fsdp2) resumes from.
 
 Layout and saving are the numpy trainer's (hetbench/train/checkpoint.py: DIR/step-<N>/, manifest written last by
-rank 0, folder renamed into place, then DIR/latest), with one file of state instead of the ranks' pieces:
+rank 0, folder renamed into place, then DIR/latest). Two kinds of state:
+- ddp and fsdp2: the full state gathered to rank 0 with torch.distributed.checkpoint.state_dict (full_state_dict):
     DIR/step-<N>/state.pt       {"model": ..., "optim": ...}, CPU tensors, torch.save
+- fsdp (hetbench's own, hetbench/pytorch/fsdp.py): sharded, every rank writes its own slices, as the numpy
+  trainer's ranks do:
+    DIR/step-<N>/rank-<r>.param.npy (.m.npy, .v.npy: AdamW's exp_avg, exp_avg_sq)  rank r's slice of every unit's
+                                flat vector, one after another; the manifest's "layout" lists each unit's
+                                parameters (names, shapes) in flat order, "optimizer_steps" AdamW's step count
     DIR/step-<N>/manifest.json  format hetbench-torch-checkpoint/1, the task, optimizer, lr, strategy, weights,
-                                shares, steps done, every rank's device, torch's version, history
-Resuming: every rank reads the manifest and checks it against the run (one line, exit 2, on every rank), then
-loads state.pt, and torch's set_state_dict takes its DDP replica or its FSDP2 shards from it. (Rank 0 alone reading
-and torch broadcasting, broadcast_from_rank0, went out of step between the ranks: rank 0 broadcast optimizer state
-that the other ranks' not yet stepped AdamW did not wait for.)
+                                shares, steps done, every rank's host, backend, vendor and device (provenance) and
+                                its pieces, torch's version, history
+Resuming: every rank reads the manifest and checks it against the run (one line, exit 2, on every rank). fsdp reads
+the element range of each unit it now owns from whichever kind was saved (re-sharding onto new weights or rank
+counts); ddp and fsdp2 take the full state (state.pt, or the pieces put together) through torch's set_state_dict,
+which keeps a DDP replica or its FSDP2 shards of it. Every rank reads the files itself (a folder every rank sees).
+(Rank 0 alone reading and torch broadcasting, broadcast_from_rank0, went out of step between the ranks: rank 0
+broadcast optimizer state that the other ranks' not yet stepped AdamW did not wait for.)
 """
 
 from __future__ import annotations
@@ -18,12 +26,24 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-from hetbench.train.checkpoint import TORCH_FORMAT, CheckpointError, _load_manifest, resolve, run_facts
+from hetbench.train.checkpoint import (
+    STATE_NAMES,
+    TORCH_FORMAT,
+    CheckpointError,
+    PieceFiles,
+    _load_manifest,
+    manifest_pieces,
+    resolve,
+    run_facts,
+)
 
 STATE_FILE = "state.pt"
+# the numpy trainer's names of AdamW's state (its files' names) -> torch's
+TORCH_STATE_KEYS = {"m": "exp_avg", "v": "exp_avg_sq"}
 TASK_KEYS = ("task", "layers", "hidden", "batch", "seed", "seq_len", "heads")
 
 
@@ -51,8 +71,23 @@ class TorchCheckpoint:
         if self.steps_done < 1:
             raise CheckpointError(f"{str(self.folder / 'manifest.json')!r}: steps_done {self.steps_done} is not a "
                                   "count of steps done (>= 1)")
-        state = self.folder / STATE_FILE
-        if not state.is_file():
+        self.files: PieceFiles | None = None
+        self.layout: list[dict[str, Any]] | None = None
+        if "layout" in m:  # fsdp's sharded pieces
+            try:
+                self.layout = [{"name": str(u["name"]), "params": [(str(n), tuple(int(d) for d in shape))
+                                                                   for n, shape in u["params"]]}
+                               for u in m["layout"]]
+                self.optimizer_steps = int(m.get("optimizer_steps", 0))
+                pieces = manifest_pieces(list(m["ranks"]))
+            except (KeyError, TypeError, ValueError) as e:
+                raise CheckpointError(f"{str(self.folder / 'manifest.json')!r} lacks {e} or holds it in another "
+                                      "form") from None
+            sizes = [sum(_numel(s) for _, s in u["params"]) for u in self.layout]
+            self.files = PieceFiles(self.folder, pieces, ("param", *STATE_NAMES.get(self.optimizer, ())), sizes,
+                                    what="unit")
+            self.files.verify()
+        elif not (self.folder / STATE_FILE).is_file():
             raise CheckpointError(f"checkpoint {str(self.folder)!r} has no {STATE_FILE}")
 
     def mismatches(self, cfg: Any) -> list[str]:
@@ -75,12 +110,105 @@ class TorchCheckpoint:
                        f"{str(self.folder)!r} has done")
         return out
 
-    def load_into(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        """Collective: every rank reads the full state (the folder is one every rank sees, as for saving) and
-        torch's set_state_dict takes each rank's part of it: the whole for a DDP replica, its shards for FSDP2."""
-        state = torch.load(self.folder / STATE_FILE, map_location="cpu", weights_only=True)
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+    def layout_mismatch(self, layouts: list[Any]) -> str | None:
+        """Why this run's flat vectors (hetbench.pytorch.fsdp.flat_layout) cannot read the saved pieces, or None."""
+        if self.layout is None:
+            return None
+        want = [[(n, tuple(s)) for n, s in lay.params] for lay in layouts]
+        got = [u["params"] for u in self.layout]
+        if want != got:
+            return (f"--resume {str(self.folder)!r} holds {len(got)} units of {sum(map(len, got))} parameters, "
+                    f"this run's model shards into {len(want)} units of {sum(map(len, want))}: another model")
+        return None
+
+    def _full(self) -> dict[str, Any]:
+        """{"model": ..., "optim": ...} as torch's get_state_dict gives it (full_state_dict), from either kind."""
+        if self.files is None:
+            return torch.load(self.folder / STATE_FILE, map_location="cpu", weights_only=True)
+        model: dict[str, torch.Tensor] = {}
+        states: dict[str, dict[str, torch.Tensor]] = {}
+        names = STATE_NAMES.get(self.optimizer, ())
+        for index, unit in enumerate(self.layout or []):
+            size = sum(_numel(s) for _, s in unit["params"])
+            flat = {name: torch.from_numpy(np.array(self.files.read(name, index, 0, size)))
+                    for name in ("param", *names)}
+            at = 0
+            for pname, shape in unit["params"]:
+                n = _numel(shape)
+                model[pname] = flat["param"][at:at + n].reshape(shape).clone()
+                if names and self.optimizer_steps > 0:
+                    states[pname] = {"step": torch.tensor(float(self.optimizer_steps)),
+                                     **{TORCH_STATE_KEYS[k]: flat[k][at:at + n].reshape(shape).clone()
+                                        for k in names}}
+                at += n
+        return {"model": model, "optim": {"state": states, "param_groups": None}}
+
+    def reader(self, layouts: list[Any]) -> tuple[Any, int]:
+        """(read(name, unit, start, stop), AdamW's step count): element ranges of each of `layouts`' flat vectors
+        (the numpy trainer's names: "param", "m", "v"), for hetbench fsdp's re-sharding, from either kind."""
+        if self.files is not None:
+            return self.files.read, self.optimizer_steps
+        full = self._full()
+        states = full["optim"].get("state", {})
+        steps = next((int(float(s["step"])) for s in states.values() if "step" in s), 0)
+        cache: dict[tuple[str, int], np.ndarray] = {}
+
+        def read(name: str, unit: int, start: int, stop: int) -> np.ndarray:
+            key = (name, unit)
+            if key not in cache:
+                params = layouts[unit].params
+                if name == "param":
+                    parts = [full["model"][n] for n, _ in params]
+                else:
+                    parts = [states[n][TORCH_STATE_KEYS[name]] if n in states else torch.zeros(_numel(s))
+                             for n, s in params]
+                cache[key] = torch.cat([p.reshape(-1).to(torch.float32) for p in parts]).numpy() if parts else \
+                    np.zeros(0, dtype=np.float32)
+            return cache[key][start:stop]
+
+        return read, steps
+
+    def load_into(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, engine: Any = None) -> None:
+        """Collective: every rank reads the state (the folder is one every rank sees, as for saving) and keeps its
+        part: hetbench fsdp (`engine`, a ShardedModule) its element range of every unit; otherwise torch's
+        set_state_dict takes the whole for a DDP replica, its shards for FSDP2."""
+        if engine is not None:
+            read, steps = self.reader([u.layout for u in engine.units])
+            engine.load_flat(read, optimizer, {k: TORCH_STATE_KEYS[k] for k in STATE_NAMES.get(self.optimizer, ())},
+                             steps)
+            return
+        state = self._full()
+        optim = state["optim"]
+        if optim.get("param_groups") is None:  # put together from pieces: the run's own groups, by name
+            names = [n for n, _ in model.named_parameters()]
+            names = [n[len("module."):] if n.startswith("module.") else n for n in names]
+            optim = {"state": optim["state"],
+                     "param_groups": [{**{k: v for k, v in g.items() if k != "params"}, "params": names}
+                                      for g in optimizer.param_groups]}
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=optim,
                        options=StateDictOptions(full_state_dict=True))
+
+
+def _numel(shape: Any) -> int:
+    return int(np.prod(shape, dtype=np.int64))
+
+
+def shard_pieces(engine: Any, optimizer: torch.optim.Optimizer, optimizer_name: str) -> list[Any]:
+    """hetbench fsdp: this rank's pieces for the Saver: its slice of every unit's flat vector, with the optimizer's
+    state of it (zeros before the optimizer's first step)."""
+    from hetbench.train import Piece
+
+    pieces = []
+    for unit, state in engine.optimizer_pieces(optimizer):
+        count = unit.counts[engine.rank]
+        if count == 0:
+            continue
+        arrays = {"param": unit.shard.detach().to("cpu").numpy().copy()}
+        for name in STATE_NAMES.get(optimizer_name, ()):
+            t = state.get(TORCH_STATE_KEYS[name])
+            arrays[name] = t.detach().to("cpu").numpy().copy() if t is not None else np.zeros(count, np.float32)
+        pieces.append(Piece(unit.index, unit.offset, unit.offset + count, arrays))
+    return pieces
 
 
 def full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:

@@ -86,6 +86,9 @@ class StepLogger:
         # GEMM and copy clocks go into the step's figures, and on a simulated device the modelled GEMM and copy
         # time replaces the host's wall time emulating them
         self.device_ops: Any = None
+        # called at each step's end when set: this rank's own extra figures for the step line (hetbench fsdp's
+        # prefetched gathers)
+        self.rank_figures: Any = None
         self.lines: list[dict[str, Any]] = []  # rank 0: every step's line
         self.mine: list[dict[str, Any]] = []  # this rank's own figures, step by step
         self.path = Path(path) if path is not None else None
@@ -140,6 +143,8 @@ class StepLogger:
                 "idle_seconds": idle, "copy_seconds": copies, "samples": rec.samples, "param_bytes": params,
                 "grad_bytes": grads, "optimizer_bytes": state, "step_seconds": seconds, "loss_part": loss,
                 "collectives": ops, **device}
+        if self.rank_figures is not None:
+            mine.update(self.rank_figures())
         self.mine.append({"step": rec.step, **mine})
         every = self._gather(mine)
         if every is None:

@@ -1,7 +1,9 @@
 """`hetbench train --frontend torch` on each rank: a real PyTorch model (the residual MLP teacher task, or a small
-char-level GPT) trained by torch's own DDP or FSDP2 over the "hetbench" backend, the batch shared by the weights
-(exact under uneven shares: hetbench/pytorch/uneven.py), every step logged with the backend's figures, and the loss
-curve and final parameters checked at rank 0 against the same training in one process.
+char-level GPT) trained by torch's own DDP or FSDP2, or by hetbench's own uneven FSDP (parameter, gradient and
+optimizer shards sized by the weights: hetbench/pytorch/fsdp.py), over the "hetbench" backend, the batch shared by
+the weights (exact under uneven shares: hetbench/pytorch/uneven.py; auto weights rebalanced by each rank's measured
+samples/s in the first steps, as the numpy trainer does), every step logged with the backend's figures, and the
+loss curve and final parameters checked at rank 0 against the same training in one process.
 
 It returns the NumPy trainer's RankOutcome (hetbench/harness/train.py), so that rows, summary, the --log lines and
 `report` read both front ends alike.
@@ -32,7 +34,7 @@ from hetbench.train.ops import Ops
 from hetbench.train.optim import ADAMW_WEIGHT_DECAY
 from hetbench.train.precision import LossScaler
 
-TORCH_STRATEGIES = ("ddp", "fsdp2")
+TORCH_STRATEGIES = ("ddp", "fsdp", "fsdp2")
 
 
 @dataclass
@@ -45,6 +47,7 @@ class TorchTrainState:
     ops: Any = None  # hetbench.train.ops.Ops where the model's products run on the rank's hetbench device
     world_size: int = 1
     owns_group: bool = False
+    memory_bytes: Any = None  # fsdp: every rank's free memory where its state lives (None: unknown), capping shares
 
 
 def task_config(cfg: Any) -> TaskConfig:
@@ -91,6 +94,8 @@ def check(cfg: Any, world: World, state: TorchTrainState) -> list[str]:
         problem = hb_backend.device_path_problem(world.comm)
         if problem:
             errors.append(f"--path device: {problem}")
+    if cfg.strategy == "fsdp" or state.resume is not None:  # the same on every rank: the collective is called by all
+        errors += _fsdp_errors(cfg, world, state)
     if cfg.weights.kind == "profile":
         from hetbench.results.profile import ProfileError, load_profile
 
@@ -99,6 +104,49 @@ def check(cfg: Any, world: World, state: TorchTrainState) -> list[str]:
             state.profile = load_profile(cfg.weights.path, world.size, "fp32", "rows", devices)
         except ProfileError as e:
             errors.append(str(e))
+    return errors
+
+
+def _state_memory_bytes(state: TorchTrainState) -> int | None:
+    """Free memory where this rank's training state lives: torch's GPU, else the rank's hetbench device's (the
+    host's for a CPU rank; a simulated GPU's modelled memory), None where unknown."""
+    device = state.device.device
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        return state.opened.backend.free_memory_bytes()
+    except Exception:  # noqa: BLE001 - a device that cannot tell
+        return None
+
+
+def _fsdp_errors(cfg: Any, world: World, state: TorchTrainState) -> list[str]:
+    """Collective. fsdp: the ranks' memory can hold the model's sharded state; --resume: its sharded pieces fit
+    this run's model (every strategy reads them)."""
+    from hetbench.pytorch.fsdp import WrapError, flat_layout
+    from hetbench.pytorch.models import build_model, units as model_units
+
+    errors = []
+    with torch.device("meta"):
+        meta = build_model(state.task)
+    try:
+        layouts = flat_layout(meta, model_units(meta))
+    except WrapError as e:
+        return [str(e)]
+    if state.resume is not None:
+        problem = state.resume.layout_mismatch(layouts)
+        if problem:
+            errors.append(problem)
+    if cfg.strategy == "fsdp":
+        from hetbench.pytorch.fsdp import STATE_BYTES_PER_ELEMENT
+
+        state.memory_bytes = world.allgather(_state_memory_bytes(state))
+        per = STATE_BYTES_PER_ELEMENT[cfg.optimizer]
+        caps = [None if m is None else int(m) // per for m in state.memory_bytes]
+        total = sum(lay.size for lay in layouts)
+        if all(c is not None for c in caps) and sum(caps) < total:  # type: ignore[arg-type]
+            each = ", ".join(f"rank {r}: {m} bytes" for r, m in enumerate(state.memory_bytes))
+            errors.append(f"--strategy fsdp: the model's {total} parameters need {per} bytes each of sharded state "
+                          f"({cfg.optimizer}), {total * per} bytes, more than the ranks' free memory ({each})")
     return errors
 
 
@@ -186,45 +234,74 @@ def run_rank(cfg: Any, world: World, state: TorchTrainState,
 
 
 def _train(cfg: Any, world: World, state: TorchTrainState, on_step: Any) -> RankOutcome:
+    from hetbench.harness.train import AUTO_REBALANCE_STEPS
+    from hetbench.train import BatchShares
+
     weights = _weights(cfg, world, state)
-    shares = plan.shares(weights, cfg.batch)
-    start_row = sum(shares[:world.rank])
-    stop_row = start_row + shares[world.rank]
+    # auto weights: the batch shares follow each rank's measured samples/s over the first steps (the numpy
+    # trainer's BatchShares); fsdp's parameter shards stay as the first weights set them
+    balance = BatchShares(world.comm, weights, cfg.batch, AUTO_REBALANCE_STEPS if cfg.weights.kind == "auto" else 0)
+    shares = list(balance.counts)
     device = state.device.device
     torch.manual_seed(cfg.seed)
     model = build_model(state.task).to(device)
     if state.ops is not None:  # torch cannot drive this rank's device: its products run there through hetbench
         offload_linears(model, state.ops)
+    engine = None
     if cfg.strategy == "ddp":
         model = exact_ddp(model)
+    elif cfg.strategy == "fsdp":
+        from hetbench.pytorch.fsdp import ShardedModule
+        from hetbench.pytorch.logger import hetbench_group
+
+        pg = hetbench_group()
+        engine = ShardedModule(model, units(model), weights, pg.comm, pg.metrics, prefetch=cfg.prefetch,
+                               memory_bytes=state.memory_bytes, optimizer=cfg.optimizer)
+        if state.ops is not None:
+            state.ops.poll = engine.poll  # the started gathers are tested after every device GEMM too
     else:
         exact_fully_shard(model, units(model))
     opt = _optimizer(cfg, model.parameters())
     start = 0
+    optimizer_steps = 0
     if state.resume is not None:
-        state.resume.load_into(model, opt)
+        state.resume.load_into(model, opt, engine)
         start = state.resume.steps_done
+        optimizer_steps = _optimizer_steps(opt)
+    blocking = engine.blocking_gather_seconds() if engine is not None and engine.prefetch else None
     scaler = LossScaler.for_dtype(cfg.dtype.name, state.resume.loss_scaler if state.resume is not None else None)
-    saver = _saver(cfg, world, state, weights, shares, start, scaler)
+    steps_taken = [optimizer_steps]
+    saver = _saver(cfg, world, state, weights, shares, start, scaler, engine, steps_taken)
     logger = StepLogger(None, cfg.batch, model=model, optimizer=opt, first_step=start)
     logger.device_ops = state.ops
+    if engine is not None:
+        engine.split_idle = bool(logger.pg is not None and logger.pg.split_idle)
+        engine.take_figures()
+        logger.rank_figures = lambda: _fsdp_step_figures(engine)
     for step in range(start, cfg.steps):
+        start_row = sum(balance.counts[:world.rank])
+        stop_row = start_row + balance.counts[world.rank]
         x, y = make_batch(state.task, step, start_row, stop_row)
         x, y = x.to(device), y.to(device)
         with logger.step(samples=stop_row - start_row) as rec:
             rec.loss, rec.loss_scale, rec.step_skipped = one_step(cfg, model, opt, scaler, x, y, distributed=True)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
+        steps_taken[0] += 0 if rec.step_skipped else 1
+        balance.after_step(stop_row - start_row, logger.mine[-1]["compute_seconds"])
         if on_step is not None and logger.lines:
             on_step(step + 1, cfg.steps, f"step {step + 1}/{cfg.steps} loss {logger.lines[-1]['loss']:.4g}")
         if saver is not None and saver.due(step + 1):
-            from hetbench.pytorch.checkpoint import full_state, writer
+            from hetbench.pytorch.checkpoint import full_state, shard_pieces, writer
 
-            full_now = full_state(model, opt)  # collective: every rank takes part in the gather
-            saver.save(step + 1, [], root_files=writer(full_now) if world.rank == ROOT else None)
+            if engine is not None:  # every rank writes its own slices
+                saver.save(step + 1, shard_pieces(engine, opt, cfg.optimizer))
+            else:
+                full_now = full_state(model, opt)  # collective: every rank takes part in the gather
+                saver.save(step + 1, [], root_files=writer(full_now) if world.rank == ROOT else None)
             if logger.pg is not None:
                 logger.pg.metrics.take()  # the save's gathers are not the next step's communication
-    full = _full_state(cfg, model)
+    full = engine.full_state_dict() if engine is not None else _full_state(cfg, model)
     collectives = _steps_collectives(logger.mine, world.size)
     offloaded = state.ops is not None
     facts = {"host": world.host, "backend": state.opened.spec,
@@ -249,7 +326,12 @@ def _train(cfg: Any, world: World, state: TorchTrainState, on_step: Any) -> Rank
                 "and attention's, forward and backward) run there through hetbench"
                 f"{' (GEMM and copy time modelled)' if state.ops.modelled else ''}, the rest in torch on the CPU")
     details = {"strategy": cfg.strategy, "frontend": "torch", "collectives": collectives,
-               "torch_version": str(torch.__version__), "note": note}
+               "torch_version": str(torch.__version__), "note": note, **balance.details()}
+    if engine is not None:
+        details.update(_fsdp_details(engine, blocking, opt))
+        for log, m in zip(logs, logger.mine):
+            log.gather_exposed_seconds = m.get("gather_exposed_seconds") if engine.prefetch else None
+    shares = list(balance.counts)
     result = RankOutcome(logs, facts, list(weights), list(shares), details=details, start_step=start,
                          resumed_from=str(state.resume.folder) if state.resume is not None else None,
                          checkpoints=list(saver.saved) if saver is not None else [])
@@ -257,6 +339,8 @@ def _train(cfg: Any, world: World, state: TorchTrainState, on_step: Any) -> Rank
         result.steps = [dict(line) for line in logger.lines]
         for log, line in zip(logs, result.steps):
             log.loss = line["loss"]
+        if engine is not None and engine.prefetch:
+            _add_hidden(result.steps, blocking, [u.index for u in engine.units])
         if cfg.log is not None:
             import json
 
@@ -265,6 +349,52 @@ def _train(cfg: Any, world: World, state: TorchTrainState, on_step: Any) -> Rank
             result.check = check_against_one_process(cfg, state.task, [s["loss"] for s in result.steps], full, start,
                                                      [s["step_skipped"] for s in result.steps])
     return result
+
+
+def _optimizer_steps(opt: torch.optim.Optimizer) -> int:
+    """The steps the optimizer has taken (AdamW's step count; 0 for SGD, which keeps none)."""
+    for s in opt.state.values():
+        if "step" in s:
+            return int(float(s["step"]))
+    return 0
+
+
+def _fsdp_step_figures(engine: Any) -> dict[str, Any]:
+    """A step's own figures of hetbench fsdp for the step line: every prefetched gather's exposed seconds (and its
+    unit), the gathered bytes at the step's peak."""
+    f = engine.take_figures()
+    return {"gather_exposed_seconds": f.exposed_seconds, "gather_units": f.exposed_units,
+            "gathered_bytes_peak": f.gathered_bytes_peak}
+
+
+def _fsdp_details(engine: Any, blocking: list[float] | None, opt: torch.optim.Optimizer) -> dict[str, Any]:
+    """hetbench fsdp's run figures: the shards, the units left empty, the bytes of sharded state held, the
+    prefetch and its yardstick (gather_seconds_blocking: one prefetched gather's blocking time, averaged over a
+    step's prefetched gathers, so that the summary's comm_hidden_percent weighs each unit by its own)."""
+    units_ = engine.units
+    seq = engine.prefetched_units()
+    mean_blocking = (sum(blocking[i] for i in seq) / len(seq)) if blocking and seq else None
+    return {"prefetch": engine.prefetch, "gather_seconds_blocking": mean_blocking,
+            "gather_seconds_blocking_per_unit": blocking,
+            "prefetched_gathers_per_step": len(seq) if engine.prefetch else 0,
+            "units": [{"name": u.name or "root", "elements": u.size, "counts": list(u.counts)} for u in units_],
+            "shard_elements": engine.elements, "element_weights": list(engine.element_weights),
+            "empty_units": engine.empty_units(), **engine.state_bytes(opt)}
+
+
+def _add_hidden(lines: list[dict[str, Any]], blocking: list[float] | None, unit_ids: list[int]) -> None:
+    """Each step line's prefetched gathers: exposed seconds (per gather the least of the ranks': the rank that
+    arrived last waited for no one) and hidden seconds (blocking - exposed, at least 0, each gather against its
+    own unit's blocking time), as the numpy trainer's harness.train.gathers_hidden."""
+    for line in lines:
+        ranks = line["ranks"]
+        per_rank = [r.get("gather_exposed_seconds") or [] for r in ranks]
+        if blocking is None or not per_rank or any(len(p) != len(per_rank[0]) for p in per_rank):
+            continue
+        units_ = ranks[0].get("gather_units") or []
+        exposed = [min(times) for times in zip(*per_rank)]
+        line["gather_exposed_seconds"] = sum(exposed)
+        line["comm_hidden_seconds"] = sum(max(0.0, blocking[u] - e) for u, e in zip(units_, exposed))
 
 
 def _steps_collectives(mine: list[dict[str, Any]], ranks: int) -> dict[str, dict[str, Any]]:
@@ -368,9 +498,10 @@ def check_against_one_process(cfg: Any, task: TaskConfig, losses: list[float],
 
 
 def _saver(cfg: Any, world: World, state: TorchTrainState, weights: list[float], shares: list[int],
-           start: int, scaler: LossScaler) -> Any:
+           start: int, scaler: LossScaler, engine: Any = None, steps_taken: list[int] | None = None) -> Any:
     """Collective (with --checkpoint): the numpy trainer's Saver (layout, atomic saves, manifest last) writing the
-    torch state; the manifest records the task, the run and every rank's device."""
+    torch state; the manifest records the task, the run and every rank's device (and, for fsdp's sharded pieces,
+    the units' layout and the optimizer's step count)."""
     if cfg.checkpoint is None:
         return None
     import click
@@ -378,8 +509,11 @@ def _saver(cfg: Any, world: World, state: TorchTrainState, weights: list[float],
     from hetbench.pytorch.checkpoint import task_facts
     from hetbench.train.checkpoint import TORCH_FORMAT, Saver
 
-    facts = {"host": world.host, "backend": state.opened.spec, "vendor": state.device.vendor,
-             "device": state.device.name, "torch_device": state.device.torch_device}
+    offloaded = state.ops is not None
+    facts = {"host": world.host, "backend": state.opened.spec,
+             "vendor": state.opened.info.vendor if offloaded else state.device.vendor,
+             "device": state.opened.info.name if offloaded else state.device.name,
+             "torch_device": state.device.torch_device}
     every_facts = world.allgather(facts)
     history = []
     if state.resume is not None:
@@ -391,8 +525,16 @@ def _saver(cfg: Any, world: World, state: TorchTrainState, weights: list[float],
                 "dtype": cfg.dtype.name, "master_dtype": "fp32", "strategy": cfg.strategy, "weights": list(weights), "shares": list(shares),
                 "shares_of": "samples", "first_step": start, "history": history,
                 "torch_version": str(torch.__version__)}
+    if engine is not None:
+        manifest["layout"] = [u.layout.to_dict() for u in engine.units]
+        manifest["param_counts"] = [list(u.counts) for u in engine.units]
+
+    def live() -> dict[str, Any]:
+        return {"loss_scaler": scaler.state(),
+                **({"optimizer_steps": steps_taken[0]} if engine is not None and steps_taken else {})}
+
     return Saver(world, cfg.checkpoint, cfg.checkpoint_every, cfg.steps, manifest, every_facts,
-                 error=click.ClickException, fmt=TORCH_FORMAT, live=lambda: {"loss_scaler": scaler.state()})
+                 error=click.ClickException, fmt=TORCH_FORMAT, live=live)
 
 
 def summary_extra(cfg: Any, gathered: list[RankOutcome]) -> dict[str, Any]:

@@ -100,27 +100,15 @@ def resolve(path: Path) -> Path:
     return path / name
 
 
-class Checkpoint:
-    """A saved state opened for resuming (an hetbench.train.InitialState)."""
+class PieceFiles:
+    """The saved pieces of a checkpoint folder, read by element range: `pieces` are (vector, start, stop, rank,
+    offset in rank's file), `sizes` each vector's length, `names` the arrays saved per piece (rank-<r>.<name>.npy,
+    memory-mapped). `what` names a vector in messages ("layer", the torch front end's "unit")."""
 
-    def __init__(self, path: Path) -> None:
-        self.folder = resolve(Path(path))
-        if not self.folder.is_dir():
-            raise CheckpointError(f"checkpoint {str(self.folder)!r} (named by {LATEST}) does not exist")
-        m = _load_manifest(self.folder)
-        self.manifest = m
-        try:
-            self.model = {k: int(m["model"][k]) for k in ("layers", "hidden", "batch", "seed")}
-            self.optimizer, self.lr, self.steps_done, self.dtype, self.loss_scaler = run_facts(m)
-            self.ranks = list(m["ranks"])
-            self._pieces: list[tuple[int, int, int, int, int]] = [  # (layer, start, stop, rank, offset)
-                (int(layer), int(start), int(stop), int(r["rank"]), int(offset))
-                for r in self.ranks for layer, start, stop, offset in r["pieces"]]
-        except (KeyError, TypeError, ValueError) as e:
-            raise CheckpointError(f"{str(self.folder / MANIFEST)!r} is malformed ({e!r})") from None
-        self.names = ("param", *STATE_NAMES.get(self.optimizer, ()))
+    def __init__(self, folder: Path, pieces: list[tuple[int, int, int, int, int]], names: tuple[str, ...],
+                 sizes: list[int], what: str = "layer") -> None:
+        self.folder, self.pieces, self.names, self.sizes, self.what = folder, pieces, names, sizes, what
         self._arrays: dict[tuple[int, str], np.ndarray] = {}
-        self._verify()
 
     def _file(self, rank: int, name: str) -> np.ndarray:
         key = (rank, name)
@@ -138,23 +126,65 @@ class Checkpoint:
             self._arrays[key] = array
         return self._arrays[key]
 
-    def _verify(self) -> None:
-        """Every file the manifest names is there and long enough, and every layer is covered whole."""
-        layers, hidden = self.model["layers"], self.model["hidden"]
-        size = hidden * hidden + hidden
-        covered = [np.zeros(size, dtype=bool) for _ in range(layers)]
-        for layer, start, stop, rank, offset in self._pieces:
-            if not (0 <= layer < layers and 0 <= start <= stop <= size and offset >= 0):
-                raise CheckpointError(f"{str(self.folder / MANIFEST)!r} is malformed (piece {layer}, {start}..{stop})")
-            covered[layer][start:stop] = True
+    def verify(self) -> None:
+        """Every file the manifest names is there and long enough, and every vector is covered whole."""
+        covered = [np.zeros(size, dtype=bool) for size in self.sizes]
+        for vector, start, stop, rank, offset in self.pieces:
+            if not (0 <= vector < len(self.sizes) and 0 <= start <= stop <= self.sizes[vector] and offset >= 0):
+                raise CheckpointError(f"{str(self.folder / MANIFEST)!r} is malformed (piece {vector}, "
+                                      f"{start}..{stop})")
+            covered[vector][start:stop] = True
             for name in self.names:
                 if self._file(rank, name).size < offset + stop - start:
                     raise CheckpointError(f"checkpoint {str(self.folder)!r} is incomplete: rank-{rank}.{name}.npy "
                                           "is shorter than its pieces")
-        for layer, c in enumerate(covered):
+        for vector, c in enumerate(covered):
             if not c.all():
-                raise CheckpointError(f"checkpoint {str(self.folder)!r} is incomplete: layer {layer} is not covered "
-                                      "by the saved pieces")
+                raise CheckpointError(f"checkpoint {str(self.folder)!r} is incomplete: {self.what} {vector} is not "
+                                      "covered by the saved pieces")
+
+    def read(self, name: str, vector: int, start: int, stop: int) -> np.ndarray:
+        out = np.empty(stop - start, dtype=np.float32)
+        done = np.zeros(stop - start, dtype=bool)
+        for p_vector, p_start, p_stop, rank, offset in self.pieces:
+            lo, hi = max(start, p_start), min(stop, p_stop)
+            if p_vector != vector or lo >= hi or done[lo - start:hi - start].all():
+                continue
+            array = self._file(rank, name)
+            out[lo - start:hi - start] = array[offset + lo - p_start:offset + hi - p_start]
+            done[lo - start:hi - start] = True
+        if not done.all():  # verify saw every vector covered
+            raise CheckpointError(f"checkpoint {str(self.folder)!r}: {self.what} {vector} {start}..{stop} not "
+                                  "covered")
+        return out
+
+
+def manifest_pieces(ranks: list[dict[str, Any]]) -> list[tuple[int, int, int, int, int]]:
+    """(vector, start, stop, rank, offset) of every piece a manifest's ranks list."""
+    return [(int(v), int(start), int(stop), int(r["rank"]), int(offset))
+            for r in ranks for v, start, stop, offset in r["pieces"]]
+
+
+class Checkpoint:
+    """A saved state opened for resuming (an hetbench.train.InitialState)."""
+
+    def __init__(self, path: Path) -> None:
+        self.folder = resolve(Path(path))
+        if not self.folder.is_dir():
+            raise CheckpointError(f"checkpoint {str(self.folder)!r} (named by {LATEST}) does not exist")
+        m = _load_manifest(self.folder)
+        self.manifest = m
+        try:
+            self.model = {k: int(m["model"][k]) for k in ("layers", "hidden", "batch", "seed")}
+            self.optimizer, self.lr, self.steps_done, self.dtype, self.loss_scaler = run_facts(m)
+            self.ranks = list(m["ranks"])
+            pieces = manifest_pieces(self.ranks)
+        except (KeyError, TypeError, ValueError) as e:
+            raise CheckpointError(f"{str(self.folder / MANIFEST)!r} is malformed ({e!r})") from None
+        self.names = ("param", *STATE_NAMES.get(self.optimizer, ()))
+        hidden = self.model["hidden"]
+        self.files = PieceFiles(self.folder, pieces, self.names, [hidden * hidden + hidden] * self.model["layers"])
+        self.files.verify()
 
     def mismatches(self, layers: int, hidden: int, batch: int, seed: int, optimizer: str, lr: float,
                    steps: int, dtype: str = "fp32") -> list[str]:
@@ -176,18 +206,7 @@ class Checkpoint:
         return errors
 
     def read(self, name: str, layer: int, start: int, stop: int) -> np.ndarray:
-        out = np.empty(stop - start, dtype=np.float32)
-        done = np.zeros(stop - start, dtype=bool)
-        for p_layer, p_start, p_stop, rank, offset in self._pieces:
-            lo, hi = max(start, p_start), min(stop, p_stop)
-            if p_layer != layer or lo >= hi or done[lo - start:hi - start].all():
-                continue
-            array = self._file(rank, name)
-            out[lo - start:hi - start] = array[offset + lo - p_start:offset + hi - p_start]
-            done[lo - start:hi - start] = True
-        if not done.all():  # _verify saw every layer covered
-            raise CheckpointError(f"checkpoint {str(self.folder)!r}: layer {layer} {start}..{stop} not covered")
-        return out
+        return self.files.read(name, layer, start, stop)
 
 
 class Saver:

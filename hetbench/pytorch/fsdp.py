@@ -1,0 +1,650 @@
+"""hetbench's own fully sharded data parallel for torch modules, with every rank's shard sized by its weight.
+
+torch's FSDP2 shards every parameter evenly (torch.chunk; `shard_placement_fn` picks only the dimension), so a slow
+or small device holds as much as a fast one. Here each wrapped unit's parameters are flattened into one float32
+vector of P elements and rank r owns the slice shares(weights, P)[r] of it (hetbench.benchmarks.split_plan.shares:
+largest remainder; a weight of 0 owns nothing; memory caps bound a share), and only that slice's gradient and
+optimizer state: any torch optimizer over model.parameters() (the ranks' flat shards) updates only its part.
+
+    import hetbench.pytorch as hb
+    hb.init()
+    model = MyModel()
+    sharded = hb.shard_module(model, units=list(model.blocks), weights="3,1")   # collective
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)                       # this rank's shards only
+    loss = hb.part_of_mean(per_row_losses(model, x_mine, y_mine), global_batch)
+    loss.backward(); opt.step(); opt.zero_grad()                               # gradients summed to the owners
+    full = sharded.full_state_dict()                                            # collective: rank 0 gets it
+
+How a step runs (the NumPy trainer's fsdp, hetbench/train/data_parallel.py, for any module):
+- forward: a unit's forward pre-hook gathers its flat vector (MPI Allgatherv of the uneven shards into a fresh
+  buffer), points the unit's parameters at views of it, and the post-hook drops them: the buffer is freed as the
+  unit ends. The root (the model itself, holding every parameter no unit holds) stays gathered from its forward
+  to the end of its backward, as FSDP's root does.
+- the views that autograd saves for the backward are not kept: a saved-tensor hook stores where in the unit they
+  lay, and the backward gathers the unit again (a hook on the unit's outputs, when their gradient arrives) and
+  reads them from the new buffer.
+- the gradient of the whole flat vector, once autograd has summed it, is reduce-scattered (MPI Reduce_scatter with
+  the shares as counts, SUM) straight into the owners' flat-shard gradients; the buffer is then freed.
+- prefetch: the next unit's gather (forward order, recorded each forward; reversed in the backward) is started
+  (MPI Iallgatherv) as soon as the current unit is in hand, and tested after every operation that saves a tensor
+  for the backward (and after every device GEMM of an offloaded rank), so that an MPI without a progress thread
+  moves it while this unit computes. exposed_seconds lists, per prefetched gather, the time this rank spent
+  starting, testing and waiting for it; measured against a blocking gather's time (blocking_gather_seconds) it
+  tells how much was hidden, as OSU's non-blocking benchmarks measure overlap.
+
+Exactness: with each rank's loss its rows' part of the global mean (uneven.part_of_mean) the summed gradients are
+the whole batch's, so any weights, zero included, train the same model as one process, up to the order of float32
+sums. Bytes a rank holds between steps (state_bytes): 4 * S_r of parameters, 4 * S_r of gradients and the
+optimizer's state of S_r elements (AdamW: 8 * S_r and one step count per unit), S_r = the rank's elements summed
+over the units; at a step's peak it also holds the gathered units (gathered_bytes_peak).
+
+What cannot be wrapped (WrapError, one line naming the module): a unit that is not a submodule of the model, is
+the model itself, is listed twice, holds no parameter of its own, or is a TorchScript module; a parameter shared by
+two units; parameters that are not float32 or not all on one device; a model already sharded.
+Communication: the communicator of the "hetbench" torch.distributed group (dist.init_process_group("hetbench"), or
+hb.init()); its figures go into that group's metrics (allgather, reduce_scatter), so StepLogger counts them.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from hetbench.benchmarks import split_plan as plan
+
+SHARD_NAME = "hetbench_flat_shard"  # the flat-shard parameter each unit (and the root) registers
+ATTR = "_hetbench_fsdp"
+BLOCKING_PROBES = 5
+# bytes a rank holds per element of its shard between steps: parameter and gradient (float32), optimizer state
+STATE_BYTES_PER_ELEMENT = {"sgd": 8, "adamw": 16}
+
+
+class WrapError(ValueError):
+    """A module that cannot be sharded: the one-line reason, naming the module."""
+
+
+@dataclass
+class UnitLayout:
+    """One unit's flat vector: its parameters' names (fully qualified in the model), shapes, in order."""
+
+    name: str  # the unit module's name in the model ("" for the root)
+    params: list[tuple[str, tuple[int, ...]]]
+
+    @property
+    def size(self) -> int:
+        return sum(int(np.prod(shape, dtype=np.int64)) for _, shape in self.params)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "size": self.size, "params": [[n, list(s)] for n, s in self.params]}
+
+
+def _type_name(m: nn.Module) -> str:
+    return type(m).__name__
+
+
+def _plan_units(model: nn.Module, units: Sequence[nn.Module]) -> tuple[list[tuple[nn.Module, str]], dict]:
+    """(module, name) for each unit in the order given then the root, and which unit owns each parameter (by id):
+    a parameter belongs to the innermost unit holding it. Raises WrapError."""
+    if hasattr(model, ATTR):
+        raise WrapError(f"the model ({_type_name(model)}) is already sharded by hetbench")
+    names = {id(m): n for n, m in model.named_modules(remove_duplicate=False)}
+    seen: set[int] = set()
+    for i, u in enumerate(units):
+        what = f"unit {i} ({_type_name(u)})" if isinstance(u, nn.Module) else f"unit {i} ({type(u).__name__})"
+        if not isinstance(u, nn.Module):
+            raise WrapError(f"{what} is not a torch.nn.Module")
+        if u is model:
+            raise WrapError(f"{what} is the model itself, which is the root unit already; list only its submodules")
+        if id(u) not in names:
+            raise WrapError(f"{what} is not a submodule of the model ({_type_name(model)})")
+        if id(u) in seen:
+            raise WrapError(f"{what} {names[id(u)]!r} is listed twice")
+        seen.add(id(u))
+    for m in [model, *units]:
+        if isinstance(m, torch.jit.ScriptModule):
+            raise WrapError(f"{names.get(id(m)) or 'the model'} ({_type_name(m)}) is a TorchScript module, whose "
+                            "forward hetbench cannot hook")
+    # innermost unit first: a parameter is owned by the deepest unit that holds it
+    order = sorted(range(len(units)), key=lambda i: -names[id(units[i])].count(".") - 1)
+    owner: dict[int, int] = {}
+    for i in order:
+        u = units[i]
+        for pname, p in u.named_parameters(remove_duplicate=False):
+            full = f"{names[id(u)]}.{pname}"
+            if id(p) in owner and owner[id(p)] != i and not _inside(names[id(units[owner[id(p)]])], names[id(u)]):
+                raise WrapError(f"parameter {full!r} is shared by units {names[id(units[owner[id(p)]])]!r} and "
+                                f"{names[id(u)]!r}; a parameter must belong to one unit (or the root)")
+            owner.setdefault(id(p), i)
+    listed = [(u, names[id(u)]) for u in units] + [(model, "")]
+    return listed, owner
+
+
+def _inside(inner: str, outer: str) -> bool:
+    return inner.startswith(outer + ".")
+
+
+def flat_layout(model: nn.Module, units: Sequence[nn.Module] = ()) -> list[UnitLayout]:
+    """The flat vectors sharding `model` with `units` makes, in the units' order, the root's last (omitted when it
+    holds no parameter): each parameter once, in the model's named_parameters order. Pure: wraps nothing."""
+    listed, owner = _plan_units(model, units)
+    per: list[list[tuple[str, tuple[int, ...]]]] = [[] for _ in listed]
+    for name, p in model.named_parameters():  # each parameter once, under its first name
+        per[owner.get(id(p), len(listed) - 1)].append((name, tuple(p.shape)))
+    return [UnitLayout(n, params) for (m, n), params in zip(listed, per) if params or m is not model]
+
+
+@dataclass
+class _Unit:
+    index: int
+    name: str
+    module: nn.Module
+    layout: UnitLayout
+    counts: list[int]
+    offset: int  # where this rank's slice starts in the flat vector
+    shard: nn.Parameter
+    aliases: list[list[tuple[nn.Module, str]]]  # per parameter: every (module, attribute) that names it
+    root: bool = False
+    full: torch.Tensor | None = None  # the gathered flat vector, while held
+    pending: Any = None  # a started gather: (request, buffer, host buffer)
+    blocking_seconds: float | None = None
+
+    @property
+    def size(self) -> int:
+        return self.layout.size
+
+
+class _Gather(torch.autograd.Function):
+    """full = the unit's gathered flat vector (forward); its gradient reduce-scattered to the owners (backward)."""
+
+    @staticmethod
+    def forward(ctx: Any, shard: torch.Tensor, engine: "ShardedModule", index: int) -> torch.Tensor:  # type: ignore[override]
+        ctx.engine, ctx.index = engine, index
+        return engine._acquire(engine.units[index])
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, None, None]:  # type: ignore[override]
+        engine, unit = ctx.engine, ctx.engine.units[ctx.index]
+        out = engine._reduce_scatter(unit, grad)
+        engine._release(unit)
+        return out, None, None
+
+
+@dataclass
+class _Saved:
+    """A tensor autograd saved that lay in a unit's gathered vector: where, so the backward's gather can serve it."""
+
+    index: int
+    offset: int
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+
+
+@dataclass
+class StepFigures:
+    exposed_seconds: list[float] = field(default_factory=list)  # per prefetched gather, in the order waited for
+    exposed_units: list[int] = field(default_factory=list)
+    gathered_bytes_peak: int = 0
+
+
+class ShardedModule:
+    """The sharding of one model (made by shard_module; model._hetbench_fsdp)."""
+
+    def __init__(self, model: nn.Module, units: Sequence[nn.Module], weights: Sequence[float], comm: Any,
+                 metrics: Any = None, split_idle: bool = False, prefetch: bool = True,
+                 memory_bytes: Sequence[int | None] | None = None, optimizer: str = "adamw") -> None:
+        self.model, self.comm, self.metrics = model, comm, metrics
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.split_idle = split_idle
+        self.weights = [float(w) for w in weights]
+        if len(self.weights) != self.size:
+            raise WrapError(f"{len(self.weights)} weights given for {self.size} ranks")
+        layouts = flat_layout(model, units)
+        listed, owner = _plan_units(model, units)
+        params = dict(model.named_parameters())
+        devices = {p.device for p in params.values()}
+        if len(devices) > 1:
+            raise WrapError(f"the model's parameters are on {len(devices)} devices "
+                            f"({', '.join(sorted(str(d) for d in devices))}); shard a model on one device")
+        for name, p in params.items():
+            if p.dtype != torch.float32:
+                raise WrapError(f"parameter {name!r} is {str(p.dtype).replace('torch.', '')}; hetbench fsdp shards "
+                                "float32 parameters (mixed precision: keep float32 masters, compute under autocast)")
+        self.device = next(iter(devices)) if devices else torch.device("cpu")
+        empty = [n or "the root" for (m, n), lay in zip(listed, flat_layout_all(model, units)) if not lay.params and
+                 m is not model]
+        if empty:
+            raise WrapError(f"unit {empty[0]!r} holds no parameter of its own (its parameters belong to inner "
+                            "units, or it has none): nothing to shard; leave it out")
+        self.element_weights = self._capped_weights(sum(lay.size for lay in layouts), memory_bytes, optimizer)
+        modules = {n: m for m, n in listed}
+        aliases: dict[int, list[tuple[nn.Module, str]]] = {}
+        for mname, m in model.named_modules(remove_duplicate=False):
+            for attr, p in list(m._parameters.items()):
+                if p is not None:
+                    aliases.setdefault(id(p), []).append((m, attr))
+        self.units: list[_Unit] = []
+        for index, lay in enumerate(layouts):
+            module = modules[lay.name]
+            tensors = [params[n] for n, _ in lay.params]
+            with torch.no_grad():
+                flat = torch.cat([t.detach().reshape(-1) for t in tensors]) if tensors else torch.zeros(0)
+            counts = plan.shares(self.element_weights, lay.size)
+            offset = sum(counts[:self.rank])
+            shard = nn.Parameter(flat[offset:offset + counts[self.rank]].clone())
+            unit = _Unit(index, lay.name, module, lay, counts, offset, shard, [aliases[id(t)] for t in tensors],
+                         root=module is model)
+            self.units.append(unit)
+        # the originals go; each unit (and the root) registers its flat shard instead
+        for unit in self.units:
+            for names_ in unit.aliases:
+                for m, attr in names_:
+                    del m._parameters[attr]
+            unit.module.register_parameter(SHARD_NAME, unit.shard)
+        self.root = next((u for u in self.units if u.root), None)
+        self.prefetch = bool(prefetch) and self.size > 1 and len(self.units) > 1
+        self.order = [u.index for u in self.units if not u.root]  # the units' forward order (recorded each forward)
+        self._seen: list[int] = []
+        self._live: dict[int, _Unit] = {}  # storage data_ptr of a gathered vector -> its unit
+        self._hooks_ctx: Any = None
+        self.figures = StepFigures()
+        self._install()
+        setattr(model, ATTR, self)
+
+    # -- shares -------------------------------------------------------------------------------------------------
+    def _capped_weights(self, total: int, memory_bytes: Sequence[int | None] | None, optimizer: str) -> list[float]:
+        """The weights, bounded by each rank's memory (bytes; None: no cap): a rank's elements across all units
+        may not need more than its memory at STATE_BYTES_PER_ELEMENT. Raises plan.PlacementError when the caps
+        together hold less than the model."""
+        if memory_bytes is None or all(m is None for m in memory_bytes):
+            return list(self.weights)
+        per = STATE_BYTES_PER_ELEMENT.get(optimizer, STATE_BYTES_PER_ELEMENT["adamw"])
+        caps = [None if m is None else max(0, int(m) // per) for m in memory_bytes]
+        return [float(c) for c in plan.shares(self.weights, total, caps, unit="elements")]
+
+    @property
+    def elements(self) -> int:
+        """This rank's elements, summed over the units."""
+        return sum(u.counts[self.rank] for u in self.units)
+
+    def empty_units(self) -> list[str]:
+        """The units this rank holds no element of (its weight too small for them)."""
+        return [u.name or "root" for u in self.units if u.counts[self.rank] == 0 and u.size > 0]
+
+    # -- hooks --------------------------------------------------------------------------------------------------
+    def _install(self) -> None:
+        self.model.register_forward_pre_hook(self._root_pre)
+        for u in self.units:
+            if not u.root:
+                u.module.register_forward_pre_hook(lambda m, a, u=u: self._unit_pre(u))
+                u.module.register_forward_hook(lambda m, a, out, u=u: self._unit_post(u, out))
+        self.model.register_forward_hook(self._root_post)
+
+    def _root_pre(self, module: nn.Module, args: Any) -> None:
+        self._drain()
+        self._seen = []
+        self._hooks_ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._hooks_ctx.__enter__()
+        if self.root is not None:
+            if self.root.full is not None:  # a forward whose backward never came
+                self._release(self.root)
+            self._unit_pre(self.root)
+
+    def _root_post(self, module: nn.Module, args: Any, out: Any) -> None:
+        if self._hooks_ctx is not None:
+            self._hooks_ctx.__exit__(None, None, None)
+            self._hooks_ctx = None
+        seen = [i for i in self._seen if not self.units[i].root]
+        if seen:
+            self.order = seen
+        if self.root is not None:
+            self._unit_post(self.root, out)
+
+    def _unit_pre(self, u: _Unit) -> None:
+        self._seen.append(u.index)
+        full = _Gather.apply(u.shard, self, u.index)
+        self._point(u, full)
+        if self.prefetch:
+            self._start_next(u, self._sequence(backward=False))
+
+    def _point(self, u: _Unit, full: torch.Tensor) -> None:
+        """The unit's parameters as views of the gathered vector (every name a parameter has)."""
+        views = full.split([int(np.prod(s, dtype=np.int64)) for _, s in u.layout.params])
+        for (name, shape), view, names_ in zip(u.layout.params, views, u.aliases):
+            v = view.view(shape)
+            for m, attr in names_:
+                setattr(m, attr, v)
+
+    def _unit_post(self, u: _Unit, out: Any) -> None:
+        for names_ in u.aliases:
+            for m, attr in names_:
+                m.__dict__.pop(attr, None)
+        grad = torch.is_grad_enabled() and any(t.requires_grad for t in _tensors(out))
+        # the root, and the unit the forward ends with, stay gathered for the backward, which starts with them
+        keep = u.root or (bool(self.order) and u.index == self.order[-1])
+        if not grad or not keep:
+            self._drop(u)  # the autograd graph keeps only _Saved markers: the buffer is freed here
+        if grad:
+            outs = [t for t in _tensors(out) if t.requires_grad]
+            torch.autograd.graph.register_multi_grad_hook(outs, lambda _g, u=u: self._pre_backward(u), mode="any")
+
+    def _pre_backward(self, u: _Unit) -> None:
+        self._ensure(u)
+        if self.prefetch:
+            self._start_next(u, self._sequence(backward=True))
+
+    def prefetched_units(self) -> list[int]:
+        """The units whose gathers a step prefetches, in order (with prefetch): the forward's after the first
+        (the root, else the first unit, is gathered blocking), the backward's after the last unit (kept gathered
+        from the forward, as the root is)."""
+        if not self.prefetch:
+            return []
+        return self._sequence(backward=False)[1:] + list(reversed(self.order))[1:]
+
+    def _sequence(self, backward: bool) -> list[int]:
+        """The order units are needed in: the root (gathered first in both passes), then the units in forward
+        order, or the reverse in the backward."""
+        units = list(reversed(self.order)) if backward else list(self.order)
+        return ([self.root.index] if self.root is not None else []) + units
+
+    # -- saved tensors ------------------------------------------------------------------------------------------
+    def _pack(self, t: torch.Tensor) -> Any:
+        self.poll()
+        try:
+            unit = self._live.get(t.untyped_storage().data_ptr()) if t.layout == torch.strided else None
+        except RuntimeError:  # a tensor without a storage of its own
+            unit = None
+        if unit is None or t.dtype != torch.float32:
+            return t
+        return _Saved(unit.index, t.storage_offset(), tuple(t.size()), tuple(t.stride()))
+
+    def _unpack(self, saved: Any) -> torch.Tensor:
+        self.poll()
+        if not isinstance(saved, _Saved):
+            return saved
+        u = self.units[saved.index]
+        self._ensure(u)
+        return u.full.as_strided(saved.size, saved.stride, saved.offset)  # type: ignore[union-attr]
+
+    # -- communication ------------------------------------------------------------------------------------------
+    def _np(self, t: torch.Tensor) -> np.ndarray:
+        return t.detach().reshape(-1).numpy()
+
+    def _host(self, t: torch.Tensor) -> tuple[np.ndarray, float]:
+        """MPI's view of a tensor: itself on the CPU, a host copy of a GPU tensor (and the copy's seconds)."""
+        if t.device.type == "cpu":
+            return self._np(t), 0.0
+        start = time.perf_counter()
+        host = t.detach().to("cpu").reshape(-1).numpy()
+        return host, time.perf_counter() - start
+
+    def _record(self, op: str, nbytes: int, seconds: float, copy_seconds: float, idle: float) -> None:
+        if self.metrics is not None:
+            self.metrics.add(op, nbytes, seconds, copy_seconds, idle)
+
+    def _barrier(self) -> tuple[float, float]:
+        start = time.perf_counter()
+        if self.split_idle:
+            self.comm.Barrier()
+        now = time.perf_counter()
+        return now - start, now
+
+    def _acquire(self, u: _Unit) -> torch.Tensor:
+        """The unit's gathered vector: a started gather waited for, or a blocking one."""
+        if u.full is not None:
+            return u.full
+        if u.pending is not None:
+            return self._wait(u)
+        idle, start = self._barrier()
+        full = torch.empty(u.size, dtype=torch.float32, device=self.device)
+        send, copy = self._host(u.shard)
+        recv = self._np(full) if full.device.type == "cpu" else np.empty(u.size, dtype=np.float32)
+        self.comm.Allgatherv(send, [recv, (u.counts, _displs(u.counts))])
+        if full.device.type != "cpu":
+            t0 = time.perf_counter()
+            full.copy_(torch.from_numpy(recv))
+            copy += time.perf_counter() - t0
+        self._record("allgather", 4 * u.size, time.perf_counter() - start, copy, idle)
+        return self._hold(u, full)
+
+    def _hold(self, u: _Unit, full: torch.Tensor) -> torch.Tensor:
+        u.full = full
+        self._live[full.untyped_storage().data_ptr()] = u
+        self._note_peak()
+        return full
+
+    def _note_peak(self) -> None:
+        """The gathered vectors held now (in use, or arriving), against the step's peak."""
+        held = sum(x.size for x in self.units if x.full is not None or x.pending is not None)
+        self.figures.gathered_bytes_peak = max(self.figures.gathered_bytes_peak, 4 * held)
+
+    def _drop(self, u: _Unit) -> None:
+        if u.full is not None:
+            self._live.pop(u.full.untyped_storage().data_ptr(), None)
+            u.full = None
+
+    def _release(self, u: _Unit) -> None:
+        self._drop(u)
+
+    def _ensure(self, u: _Unit) -> None:
+        if u.full is None:
+            with torch.no_grad():
+                self._acquire(u)
+
+    def _start_next(self, u: _Unit, order: list[int]) -> None:
+        if u.index not in order:
+            return
+        at = order.index(u.index)
+        if at + 1 >= len(order):
+            return
+        nxt = self.units[order[at + 1]]
+        if nxt.full is not None or nxt.pending is not None:
+            return
+        t0 = time.perf_counter()
+        full = torch.empty(nxt.size, dtype=torch.float32, device=self.device)
+        send, copy = self._host(nxt.shard)
+        recv = self._np(full) if full.device.type == "cpu" else np.empty(nxt.size, dtype=np.float32)
+        request = self.comm.Iallgatherv(send, [recv, (nxt.counts, _displs(nxt.counts))])
+        nxt.pending = [request, full, recv, send, time.perf_counter() - t0, copy]
+        self._note_peak()
+
+    def poll(self) -> None:
+        """Test every started gather (MPI moves it only inside MPI calls where it has no progress thread)."""
+        for u in self.units:
+            if u.pending is not None:
+                t0 = time.perf_counter()
+                u.pending[0].Test()
+                u.pending[4] += time.perf_counter() - t0
+
+    def _wait(self, u: _Unit) -> torch.Tensor:
+        request, full, recv, _send, exposed, copy = u.pending
+        t0 = time.perf_counter()
+        request.Wait()
+        if full.device.type != "cpu":
+            t1 = time.perf_counter()
+            full.copy_(torch.from_numpy(recv))
+            copy += time.perf_counter() - t1
+        exposed += time.perf_counter() - t0
+        u.pending = None
+        self.figures.exposed_seconds.append(exposed)
+        self.figures.exposed_units.append(u.index)
+        self._record("allgather", 4 * u.size, exposed, copy, 0.0)
+        return self._hold(u, full)
+
+    def _drain(self) -> None:
+        """Gathers started and never used (a unit the last forward skipped) are finished and dropped."""
+        for u in self.units:
+            if u.pending is not None:
+                u.pending[0].Wait()
+                u.pending = None
+
+    def _reduce_scatter(self, u: _Unit, grad: torch.Tensor) -> torch.Tensor:
+        from mpi4py import MPI
+
+        idle, start = self._barrier()
+        send, copy = self._host(grad.contiguous().to(torch.float32))
+        out = torch.empty(u.counts[self.rank], dtype=torch.float32)
+        self.comm.Reduce_scatter(send, self._np(out), u.counts, op=MPI.SUM)
+        if self.device.type != "cpu":
+            t0 = time.perf_counter()
+            out = out.to(self.device)
+            copy += time.perf_counter() - t0
+        self._record("reduce_scatter", 4 * u.size, time.perf_counter() - start, copy, idle)
+        return out
+
+    # -- figures ------------------------------------------------------------------------------------------------
+    def take_figures(self) -> StepFigures:
+        """This step's prefetch figures and gathered peak; then afresh."""
+        out, self.figures = self.figures, StepFigures()
+        return out
+
+    def blocking_gather_seconds(self, repeats: int = BLOCKING_PROBES) -> list[float]:
+        """Collective: each unit's gather when nothing else runs, the median of `repeats` after a barrier each
+        (after one warm-up), the slowest rank's: the yardstick of how much of a prefetched gather was hidden."""
+        from mpi4py import MPI
+
+        out = []
+        for u in self.units:
+            times = []
+            send, _ = self._host(u.shard)
+            recv = np.empty(u.size, dtype=np.float32)
+            for i in range(repeats + 1):
+                self.comm.Barrier()
+                t0 = time.perf_counter()
+                self.comm.Allgatherv(send, [recv, (u.counts, _displs(u.counts))])
+                if i:
+                    times.append(time.perf_counter() - t0)
+            mine = np.array([statistics.median(times)], dtype=np.float64)
+            self.comm.Allreduce(MPI.IN_PLACE, mine, op=MPI.MAX)
+            u.blocking_seconds = float(mine[0])
+            out.append(u.blocking_seconds)
+        return out
+
+    def state_bytes(self, optimizer: torch.optim.Optimizer | None = None) -> dict[str, int]:
+        """What this rank holds between steps: its shards, their gradients, the optimizer's state of them."""
+        from hetbench.pytorch.logger import held_bytes
+
+        p, g, o = held_bytes(self.model, optimizer)
+        return {"param_bytes": p, "grad_bytes": g, "optimizer_bytes": o}
+
+    # -- state --------------------------------------------------------------------------------------------------
+    def _gather_root(self, local: torch.Tensor, u: _Unit) -> torch.Tensor | None:
+        send, _ = self._host(local.to(torch.float32))
+        if self.rank == 0:
+            recv = np.empty(u.size, dtype=np.float32)
+            self.comm.Gatherv(send, [recv, (u.counts, _displs(u.counts))], root=0)
+            return torch.from_numpy(recv)
+        self.comm.Gatherv(send, None, root=0)
+        return None
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """Collective: every parameter whole, by its name in the model, on the CPU at rank 0 (None elsewhere)."""
+        out: dict[str, torch.Tensor] = {}
+        for u in self.units:
+            full = self._gather_root(u.shard.detach(), u)
+            if full is not None:
+                out.update(unflatten(u.layout, full))
+        return out if self.rank == 0 else None
+
+    def optimizer_pieces(self, optimizer: torch.optim.Optimizer) -> list[tuple[_Unit, dict[str, torch.Tensor]]]:
+        """Per unit, this rank's optimizer state of its shard ({} before the first step; AdamW: exp_avg,
+        exp_avg_sq)."""
+        out = []
+        for u in self.units:
+            state = optimizer.state.get(u.shard, {})
+            out.append((u, {k: v for k, v in state.items() if isinstance(v, torch.Tensor) and v.dim() == 1}))
+        return out
+
+    def load_flat(self, read: Callable[[str, int, int, int], np.ndarray], optimizer: torch.optim.Optimizer | None,
+                  state_names: Iterable[str] = (), optimizer_steps: int = 0) -> None:
+        """Each unit's shard (and optimizer state: name -> torch's key, e.g. {"m": "exp_avg"}) from `read(name,
+        unit, start, stop)`, which reads elements [start, stop) of a unit's flat vector from wherever they were
+        saved: re-sharding onto this run's weights."""
+        names = dict(state_names) if not isinstance(state_names, dict) else state_names
+        with torch.no_grad():
+            for u in self.units:
+                lo, hi = u.offset, u.offset + u.counts[self.rank]
+                u.shard.copy_(torch.from_numpy(np.array(read("param", u.index, lo, hi), dtype=np.float32)))
+                if optimizer is not None and names:
+                    state = {key: torch.from_numpy(np.array(read(name, u.index, lo, hi), dtype=np.float32)).to(
+                        self.device) for name, key in names.items()}
+                    state["step"] = torch.tensor(float(optimizer_steps))
+                    optimizer.state[u.shard] = state
+
+
+def flat_layout_all(model: nn.Module, units: Sequence[nn.Module]) -> list[UnitLayout]:
+    """flat_layout, keeping units without a parameter of their own (an empty list) and the root always."""
+    listed, owner = _plan_units(model, units)
+    per: list[list[tuple[str, tuple[int, ...]]]] = [[] for _ in listed]
+    for name, p in model.named_parameters():
+        per[owner.get(id(p), len(listed) - 1)].append((name, tuple(p.shape)))
+    return [UnitLayout(n, params) for (m, n), params in zip(listed, per)]
+
+
+def unflatten(layout: UnitLayout, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+    """A unit's flat vector as its named parameters (copies)."""
+    out, at = {}, 0
+    for name, shape in layout.params:
+        n = int(np.prod(shape, dtype=np.int64))
+        out[name] = flat[at:at + n].reshape(shape).clone()
+        at += n
+    return out
+
+
+def flatten(layout: UnitLayout, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The unit's named tensors as its flat float32 vector (the inverse of unflatten)."""
+    if not layout.params:
+        return torch.zeros(0)
+    return torch.cat([tensors[name].detach().to("cpu", torch.float32).reshape(-1) for name, _ in layout.params])
+
+
+def _tensors(out: Any) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (list, tuple)):
+        return [t for o in out for t in _tensors(o)]
+    if isinstance(out, dict):
+        return [t for o in out.values() for t in _tensors(o)]
+    return []
+
+
+def _displs(counts: Sequence[int]) -> list[int]:
+    out, at = [], 0
+    for c in counts:
+        out.append(at)
+        at += int(c)
+    return out
+
+
+def shard_module(model: nn.Module, units: Iterable[nn.Module] = (), weights: str | Sequence[float] = "even",
+                 group: Any = None, prefetch: bool = True, memory_bytes: Sequence[int | None] | None = None,
+                 optimizer: str = "adamw", rate: Callable[[], float] | None = None) -> ShardedModule:
+    """Collective: shard `model`'s parameters over the ranks of `group` (default: the world; the "hetbench"
+    backend), each of `units` (in forward order) one flat vector, the root the rest, every rank's slice in
+    proportion to its weight ("even", "auto": each rank's rate() or torch matmul rate, a calibrate profile, a list
+    or "3,1"), bounded by `memory_bytes` (per rank, None: no cap; `optimizer` says how many bytes an element
+    costs). Returns the ShardedModule (also model._hetbench_fsdp). Raises WrapError or
+    hetbench.benchmarks.split_plan.WeightsError / PlacementError with a one-line message."""
+    from hetbench.pytorch.logger import hetbench_group
+    from hetbench.pytorch.uneven import resolve_weights
+
+    units = list(units)
+    flat_layout(model, units)  # refuses what cannot be wrapped before any collective
+    pg = hetbench_group(group)
+    if pg is None:
+        raise WrapError("hetbench fsdp runs over the hetbench torch.distributed backend: call hetbench.pytorch.init() "
+                        "(or dist.init_process_group('hetbench')) first")
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    resolved = resolve_weights(weights, group, device, rate)
+    return ShardedModule(model, units, resolved, pg.comm, pg.metrics, pg.split_idle, prefetch, memory_bytes,
+                         optimizer)
+
+
+def sharded(model: nn.Module) -> ShardedModule | None:
+    """The ShardedModule of a model shard_module wrapped, else None."""
+    return getattr(model, ATTR, None)
