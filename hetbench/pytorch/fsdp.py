@@ -122,6 +122,23 @@ def _plan_units(model: nn.Module, units: Sequence[nn.Module]) -> tuple[list[tupl
                                 f"{names[id(u)]!r}; a parameter must belong to one unit (or the root)")
             owner.setdefault(id(p), i)
     listed = [(u, names[id(u)]) for u in units] + [(model, "")]
+    params = dict(model.named_parameters())
+    devices = {p.device for p in params.values()}
+    if len(devices) > 1:
+        raise WrapError(f"the model's parameters are on {len(devices)} devices "
+                        f"({', '.join(sorted(str(d) for d in devices))}); shard a model on one device")
+    for name, p in params.items():
+        if p.dtype != torch.float32:
+            raise WrapError(f"parameter {name!r} is {str(p.dtype).replace('torch.', '')}; hetbench fsdp shards "
+                            "float32 parameters (mixed precision: keep float32 masters, compute under autocast)")
+    own = {i: 0 for i in range(len(units))}
+    for p in params.values():
+        if id(p) in owner:
+            own[owner[id(p)]] += 1
+    for i, count in own.items():
+        if count == 0:
+            raise WrapError(f"unit {i} {names[id(units[i])]!r} ({_type_name(units[i])}) holds no parameter of its own "
+                            "(it has none, or inner units hold them all): nothing to shard; leave it out")
     return listed, owner
 
 
@@ -205,22 +222,9 @@ class ShardedModule:
         if len(self.weights) != self.size:
             raise WrapError(f"{len(self.weights)} weights given for {self.size} ranks")
         layouts = flat_layout(model, units)
-        listed, owner = _plan_units(model, units)
+        listed, _ = _plan_units(model, units)
         params = dict(model.named_parameters())
-        devices = {p.device for p in params.values()}
-        if len(devices) > 1:
-            raise WrapError(f"the model's parameters are on {len(devices)} devices "
-                            f"({', '.join(sorted(str(d) for d in devices))}); shard a model on one device")
-        for name, p in params.items():
-            if p.dtype != torch.float32:
-                raise WrapError(f"parameter {name!r} is {str(p.dtype).replace('torch.', '')}; hetbench fsdp shards "
-                                "float32 parameters (mixed precision: keep float32 masters, compute under autocast)")
-        self.device = next(iter(devices)) if devices else torch.device("cpu")
-        empty = [n or "the root" for (m, n), lay in zip(listed, flat_layout_all(model, units)) if not lay.params and
-                 m is not model]
-        if empty:
-            raise WrapError(f"unit {empty[0]!r} holds no parameter of its own (its parameters belong to inner "
-                            "units, or it has none): nothing to shard; leave it out")
+        self.device = next(iter(params.values())).device if params else torch.device("cpu")
         self.element_weights = self._capped_weights(sum(lay.size for lay in layouts), memory_bytes, optimizer)
         modules = {n: m for m, n in listed}
         aliases: dict[int, list[tuple[nn.Module, str]]] = {}
@@ -265,7 +269,17 @@ class ShardedModule:
             return list(self.weights)
         per = STATE_BYTES_PER_ELEMENT.get(optimizer, STATE_BYTES_PER_ELEMENT["adamw"])
         caps = [None if m is None else max(0, int(m) // per) for m in memory_bytes]
-        return [float(c) for c in plan.shares(self.weights, total, caps, unit="elements")]
+        try:
+            capped = plan.shares(self.weights, total, caps, unit="elements")
+            if capped == plan.shares(self.weights, total):
+                return list(self.weights)  # no cap binds
+            return [float(c) for c in capped]
+        except plan.PlacementError:
+            each = ", ".join(f"rank {r}: {'no cap' if m is None else f'{int(m)} bytes'}"
+                             for r, m in enumerate(memory_bytes))
+            raise plan.PlacementError(f"the model's {total} parameters need {per} bytes each of sharded state "
+                                      f"({optimizer}), {total * per} bytes in all; the ranks' memory holds less "
+                                      f"({each})") from None
 
     @property
     def elements(self) -> int:
@@ -575,15 +589,6 @@ class ShardedModule:
                         self.device) for name, key in names.items()}
                     state["step"] = torch.tensor(float(optimizer_steps))
                     optimizer.state[u.shard] = state
-
-
-def flat_layout_all(model: nn.Module, units: Sequence[nn.Module]) -> list[UnitLayout]:
-    """flat_layout, keeping units without a parameter of their own (an empty list) and the root always."""
-    listed, owner = _plan_units(model, units)
-    per: list[list[tuple[str, tuple[int, ...]]]] = [[] for _ in listed]
-    for name, p in model.named_parameters():
-        per[owner.get(id(p), len(listed) - 1)].append((name, tuple(p.shape)))
-    return [UnitLayout(n, params) for (m, n), params in zip(listed, per)]
 
 
 def unflatten(layout: UnitLayout, flat: torch.Tensor) -> dict[str, torch.Tensor]:

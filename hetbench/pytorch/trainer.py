@@ -331,6 +331,7 @@ def _train(cfg: Any, world: World, state: TorchTrainState, on_step: Any) -> Rank
         details.update(_fsdp_details(engine, blocking, opt))
         for log, m in zip(logs, logger.mine):
             log.gather_exposed_seconds = m.get("gather_exposed_seconds") if engine.prefetch else None
+        details["step_figures"] = [{"gathered_bytes_peak": m.get("gathered_bytes_peak", 0)} for m in logger.mine]
     shares = list(balance.counts)
     result = RankOutcome(logs, facts, list(weights), list(shares), details=details, start_step=start,
                          resumed_from=str(state.resume.folder) if state.resume is not None else None,
@@ -548,4 +549,27 @@ def summary_extra(cfg: Any, gathered: list[RankOutcome]) -> dict[str, Any]:
         "torch_devices": [g.facts.get("torch_device") for g in gathered],
         "torch_notes": [g.details.get("note", "") for g in gathered],
         "collectives_per_rank": [g.details.get("collectives", {}) for g in gathered],
+        **(_sharded_summary(gathered) if cfg.strategy == "fsdp" else {}),
     }
+
+
+def _sharded_summary(gathered: list[RankOutcome]) -> dict[str, Any]:
+    """hetbench fsdp: what each rank holds of the sharded state between steps (parameters + gradients + optimizer
+    state, bytes, and its percent of all ranks'), its elements and their percent against its weight's, the units
+    a rank holds nothing of (a weight too small for them), and the most it held gathered at once."""
+    d = [g.details for g in gathered]
+    state = [x["param_bytes"] + x["grad_bytes"] + x["optimizer_bytes"] for x in d]
+    elements = [x["shard_elements"] for x in d]
+    weights = d[ROOT]["element_weights"]
+    return {"sharded_state": {
+        "units": d[ROOT]["units"],
+        "state_bytes_per_rank": state,
+        "state_percent_per_rank": [100.0 * b / sum(state) if sum(state) else 0.0 for b in state],
+        "elements_per_rank": elements,
+        "elements_percent_per_rank": [100.0 * e / sum(elements) if sum(elements) else 0.0 for e in elements],
+        "weight_percent_per_rank": [100.0 * w / sum(weights) if sum(weights) else 0.0 for w in weights],
+        "empty_units_per_rank": [x["empty_units"] for x in d],
+        "gather_seconds_blocking_per_unit": d[ROOT].get("gather_seconds_blocking_per_unit"),
+        "gathered_bytes_peak_per_rank": [max((s.get("gathered_bytes_peak", 0) for s in x.get("step_figures", [])),
+                                             default=0) for x in d],
+    }}

@@ -420,6 +420,14 @@ def split_report(rows: list[dict[str, Any]], summary: dict[str, Any], wide: bool
     out.print("result: " + ("[green]all checks passed[/]" if summary["verified"] else "[bold red]a check FAILED[/]"))
 
 
+def _size(n: int) -> str:
+    """Bytes in the largest binary unit under them, three significant digits (12.4 KiB)."""
+    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n} bytes"
+
+
 def train_report(rows: list[dict[str, Any]], summary: dict[str, Any], config: dict[str, Any],
                  wide: bool = False) -> None:
     """`hetbench train`: one row per rank (share, step, compute, communication and idle times), then the loss
@@ -452,6 +460,17 @@ def train_report(rows: list[dict[str, Any]], summary: dict[str, Any], config: di
         out.print(f"prefetch: {fmt(summary['comm_hidden_percent'])} % of the layer gathers' time hidden behind "
                   f"compute (a gather alone takes {fmt(summary['gather_seconds_blocking'], scale=1e3)} ms)",
                   markup=False)
+    sharded = summary.get("sharded_state")
+    if sharded:
+        each = ", ".join(f"rank {r} {_size(b)} ({fmt(p)} %, weight {fmt(w)} %)" for r, (b, p, w) in enumerate(
+            zip(sharded["state_bytes_per_rank"], sharded["state_percent_per_rank"],
+                sharded["weight_percent_per_rank"])))
+        out.print(f"sharded state (parameters + gradients + optimizer state) held per rank: {each}", markup=False)
+        for r, empty in enumerate(sharded["empty_units_per_rank"]):
+            if empty:
+                out.print(f"rank {r} holds no element of {len(empty)} unit(s) ({', '.join(empty[:4])}"
+                          f"{', ...' if len(empty) > 4 else ''}): its weight's share rounds to zero there",
+                          markup=False)
     check = summary.get("check")
     if check is None:
         out.print("loss curve not checked (--no-check)")
