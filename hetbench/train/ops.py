@@ -30,12 +30,26 @@ holding the dtype's values. How the GEMM runs (`native`):
   64; and NumPy's loop rounds differently from a device accumulating in fp32. So the host emulates.
 The two paths give the same values up to the fp32 accumulation's order (a simulated device's native half GEMM is
 exactly the emulation).
+
+Staged operands (the torch front end's offload, hetbench/pytorch/offload.py; the numpy trainer uses matmul alone):
+- stage(host, key=...) puts a host (NumPy) operand on the device once, rounded to the compute dtype as matmul
+  rounds it, and hands back a Staged that gemm(a, b) takes in place of a host array, as often as needed: a
+  backward reuses its forward's operands, a weight goes up once per step. On the host backend a Staged is the
+  host array itself (no copy).
+- gemm(a, b) is matmul for host or Staged operands, 2-D, or batched (N, m, k) @ (N, k, n): one upload of each
+  whole operand, one result buffer, the N GEMMs one after another on the device (the backends' GEMM is 2-D) under
+  one timer, one download. It stages through backend.upload and download wherever the training state lives (a
+  CuPy backend's Ops, resident, included), and counts N GEMMs.
+- A keyed Staged stays in this step's cache until reset(): staged(key, valid) finds it (cache_hits counts it)
+  when `valid` accepts its `meta` (the stager's note of what it holds, e.g. a tensor's version).
+- upload_bytes and download_bytes count the host<->device copies of a step (matmul's, the staged ones and the
+  resident state's moves), in the device's element size, and `uploads` the uploads; all reset by reset().
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Hashable
 
 import numpy as np
 
@@ -73,17 +87,29 @@ class Ops:
         self.wall_seconds = 0.0
         self.gemms = 0
         self.flops = 0
+        self.upload_bytes = 0
+        self.download_bytes = 0
+        self.uploads = 0
+        self.cache_hits = 0
+        self._cache: dict[Hashable, Staged] = {}
         # called after every GEMM when set: fsdp's prefetch tests its pending gather there, so that MPI moves the
         # next layer's parameters between the GEMMs of this one (an MPI library without a progress thread moves
         # data only inside MPI calls)
         self.poll: Callable[[], Any] | None = None
 
     def reset(self) -> None:
+        """A new step: the clocks and counters from zero, and the staged operands' cache emptied (its device
+        buffers released once nothing else holds them)."""
         self.compute_seconds = 0.0
         self.copy_seconds = 0.0
         self.wall_seconds = 0.0
         self.gemms = 0
         self.flops = 0
+        self.upload_bytes = 0
+        self.download_bytes = 0
+        self.uploads = 0
+        self.cache_hits = 0
+        self._cache.clear()
 
     @property
     def compute_path(self) -> str:
@@ -99,6 +125,7 @@ class Ops:
         with self.backend.timer() as t:
             out = self.backend.upload(np.ascontiguousarray(host, dtype=np.float32), _FP32)
         self.copy_seconds += t.seconds
+        self._count_up(np.size(host) * 4)
         return out
 
     def to_host(self, array: Any) -> np.ndarray:
@@ -109,6 +136,7 @@ class Ops:
         with self.backend.timer() as t:
             out = self.backend.download(array, _FP32)
         self.copy_seconds += t.seconds
+        self.download_bytes += out.size * 4
         return out
 
     def copy_into(self, array: Any, host: np.ndarray) -> None:
@@ -120,6 +148,7 @@ class Ops:
         with self.backend.timer() as t:
             array[...] = self.backend.upload(np.ascontiguousarray(host, dtype=np.float32), _FP32)
         self.copy_seconds += t.seconds
+        self._count_up(np.size(host) * 4)
 
     def empty(self, shape: Any) -> Any:
         """A float32 array where the training state lives."""
@@ -184,6 +213,9 @@ class Ops:
             del da, db, dc
             self.compute_seconds += t.seconds
             self.copy_seconds += up.seconds + down.seconds
+            self._count_up(a.size * gemm.itemsize)
+            self._count_up(b.size * gemm.itemsize)
+            self.download_bytes += m * n * gemm.itemsize
         self.gemms += 1
         self.flops += 2 * m * n * k
         if self.mixed:  # native: already the dtype's values (fp16 widened exactly); emulated: the fp32 result rounded
@@ -192,6 +224,110 @@ class Ops:
         if self.poll is not None:  # outside the GEMM's clocks: the caller's MPI progress (fsdp's prefetch)
             self.poll()
         return out
+
+    # staged operands (module docstring): the torch front end's offload
+
+    def _count_up(self, nbytes: int) -> None:
+        self.upload_bytes += int(nbytes)
+        self.uploads += 1
+
+    def _prepared(self, host: np.ndarray) -> np.ndarray:
+        """A host operand as matmul rounds it: in the dtype the device's GEMM reads, contiguous."""
+        if self.mixed:
+            host = to_host_dtype(np.asarray(host), self.dtype)
+            return host if self.native else np.ascontiguousarray(host, dtype=np.float32)
+        return np.ascontiguousarray(host, dtype=self.dtype.host)
+
+    def _stage(self, host: np.ndarray) -> Staged:
+        data = self._prepared(host)
+        if self._direct:  # the host backend computes on host arrays: nothing to copy
+            return Staged(data, tuple(data.shape), 0)
+        with self.backend.timer() as up:
+            array = self.backend.upload(data, self.gemm_dtype)
+        nbytes = data.size * self.gemm_dtype.itemsize
+        self.copy_seconds += up.seconds
+        self._count_up(nbytes)
+        return Staged(array, tuple(data.shape), nbytes)
+
+    def stage(self, host: np.ndarray, key: Hashable = None, meta: Any = None) -> Staged:
+        """`host` (a NumPy operand, 2-D or batched 3-D) on the device for gemm, rounded as matmul rounds it; the
+        copy timed into copy_seconds and counted in upload_bytes. With a `key`, kept in this step's cache (until
+        reset(), or until a later stage under the same key replaces it) with `meta`, for staged(key, ...)."""
+        t0 = time.perf_counter()
+        staged = self._stage(host)
+        staged.meta = meta
+        if key is not None:
+            self._cache[key] = staged
+        self.wall_seconds += time.perf_counter() - t0
+        return staged
+
+    def staged(self, key: Hashable, valid: Callable[[Any], bool] | None = None) -> Staged | None:
+        """The operand staged under `key` this step, if there is one and `valid(its meta)` holds (a hit, counted
+        in cache_hits); else None, and an entry `valid` refuses is dropped."""
+        staged = self._cache.get(key)
+        if staged is None:
+            return None
+        if valid is not None and not valid(staged.meta):
+            del self._cache[key]
+            return None
+        self.cache_hits += 1
+        return staged
+
+    def forget(self, key: Hashable, staged: Staged | None = None) -> None:
+        """Drop `key`'s cache entry (only if it is `staged`, when given)."""
+        if staged is None or self._cache.get(key) is staged:
+            self._cache.pop(key, None)
+
+    def gemm(self, a: np.ndarray | Staged, b: np.ndarray | Staged) -> np.ndarray:
+        """a @ b on the device, a host (NumPy, float32) result: a (m, k) @ b (k, n), or batched a (N, m, k) @
+        b (N, k, n) as N GEMMs under one timer. Host operands are staged here (uploaded for this product only);
+        Staged ones are used as they are. Rounded as matmul rounds (module docstring); counts N GEMMs."""
+        t0 = time.perf_counter()
+        sa = a if isinstance(a, Staged) else self._stage(a)
+        sb = b if isinstance(b, Staged) else self._stage(b)
+        if len(sa.shape) != len(sb.shape) or len(sa.shape) not in (2, 3) or sa.shape[:-2] != sb.shape[:-2] \
+                or sa.shape[-1] != sb.shape[-2]:
+            raise ValueError(f"gemm shapes do not fit: {sa.shape} @ {sb.shape}")
+        lead, (m, k), n = sa.shape[:-2], sa.shape[-2:], sb.shape[-1]
+        count = lead[0] if lead else 1
+        if count == 0 or m == 0 or n == 0 or k == 0:  # nothing to send to a device
+            self.wall_seconds += time.perf_counter() - t0
+            return np.zeros((*lead, m, n), dtype=np.float32)
+        backend, gemm = self.backend, self.gemm_dtype
+        out = backend.empty((*lead, m, n), gemm)
+        with backend.timer() as t:
+            if lead:
+                for i in range(count):
+                    backend.matmul(sa.array[i], sb.array[i], out[i], gemm)
+            else:
+                backend.matmul(sa.array, sb.array, out, gemm)
+        self.compute_seconds += t.seconds
+        if not self._direct:
+            with backend.timer() as down:
+                out = backend.download(out, gemm)
+            self.copy_seconds += down.seconds
+            self.download_bytes += count * m * n * gemm.itemsize
+        self.gemms += count
+        self.flops += 2 * count * m * n * k
+        out = round_to_dtype(out, self.dtype) if self.mixed else np.ascontiguousarray(out, dtype=np.float32)
+        self.wall_seconds += time.perf_counter() - t0
+        if self.poll is not None:
+            self.poll()
+        return out
+
+
+class Staged:
+    """An operand on the device for Ops.gemm (Ops.stage): `array` the backend's (on the host backend the host
+    array itself), `shape` its shape, `nbytes` what its upload copied (0 on the host backend), `meta` the stager's
+    note of what it holds (Ops.staged's `valid` reads it)."""
+
+    __slots__ = ("array", "shape", "nbytes", "meta")
+
+    def __init__(self, array: Any, shape: tuple[int, ...], nbytes: int, meta: Any = None) -> None:
+        self.array = array
+        self.shape = shape
+        self.nbytes = nbytes
+        self.meta = meta
 
 
 _FP32 = get_dtype("fp32")
