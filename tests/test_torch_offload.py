@@ -74,6 +74,215 @@ def test_offloaded_models_train_as_torch_does(task):
     assert ops.gemms == 3 * linears - (1 if task == "mlp" else 0) + attention
 
 
+def _linear(g: torch.Generator, fan_in: int = 5, fan_out: int = 3) -> torch.nn.Linear:
+    with torch.random.fork_rng(devices=[]):
+        lin = torch.nn.Linear(fan_in, fan_out)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(fan_out, fan_in, generator=g))
+        lin.bias.copy_(torch.randn(fan_out, generator=g))
+    return lin
+
+
+@pytest.mark.parametrize("spec", COPYING)
+def test_a_linear_uploads_its_input_weight_and_output_gradient_once_each(spec):
+    """Forward y = x @ W^T and both backward products: x, W^T and g^T go up once each (the backward reuses the
+    forward's buffers), the three results come down."""
+    from hetbench.pytorch.offload import offload_linears
+
+    g = torch.Generator().manual_seed(1)
+    plain = _linear(g)
+    moved = _linear(torch.Generator().manual_seed(1))
+    ops = _ops(spec)
+    offload_linears(moved, ops)
+    x = torch.randn(4, 5, generator=g)
+    xs = [x.clone().requires_grad_(True) for _ in range(2)]
+    w = torch.randn(4, 3, generator=g)
+    outs = [m(xi) for m, xi in zip((plain, moved), xs)]
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
+    for out in outs:
+        (out * w).sum().backward()
+    torch.testing.assert_close(xs[1].grad, xs[0].grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(moved.weight.grad, plain.weight.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(moved.bias.grad, plain.bias.grad, rtol=1e-5, atol=1e-5)
+    assert ops.gemms == 3
+    assert ops.uploads == 3 and ops.upload_bytes == 4 * (4 * 5 + 5 * 3 + 3 * 4)
+    assert ops.download_bytes == 4 * (4 * 3 + 4 * 5 + 3 * 5)
+    assert ops.cache_hits == 0 and ops.copy_seconds > 0
+
+
+def _accumulate(model, batches, global_batch):
+    from hetbench.pytorch.models import row_losses
+
+    for x, y in batches:
+        (row_losses(model, x, y).sum() / global_batch).backward()
+
+
+@pytest.mark.parametrize("spec", COPYING)
+def test_a_weight_goes_up_once_per_step_and_again_after_reset(spec):
+    """Two micro-batches of one step (gradient accumulation) read every weight twice: it goes up once, the second
+    forward finds it in the step's cache; reset() (a new step) empties the cache."""
+    from hetbench.pytorch.models import TaskConfig, build_model, make_batch
+    from hetbench.pytorch.offload import offload_linears
+
+    cfg = TaskConfig(task="mlp", layers=3, hidden=8, batch=12)
+    plain, moved = build_model(cfg), build_model(cfg)
+    ops = _ops(spec)
+    linears = offload_linears(moved, ops)
+    weight_bytes = sum(4 * m.weight.numel() for m in moved.modules() if isinstance(m, torch.nn.Linear))
+    batches = [make_batch(cfg, 0, 0, 6), make_batch(cfg, 0, 6, 12)]
+    ops.reset()
+    _accumulate(moved, batches[:1], cfg.batch)
+    one = ops.upload_bytes
+    assert ops.cache_hits == 0 and one > weight_bytes
+    moved.zero_grad()
+    ops.reset()
+    _accumulate(moved, batches, cfg.batch)
+    assert ops.cache_hits == linears
+    assert ops.upload_bytes == 2 * one - weight_bytes  # the second micro-batch uploads no weight
+    _accumulate(plain, batches, cfg.batch)
+    for p, q in zip(plain.parameters(), moved.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-6)
+    ops.reset()
+    assert (ops.upload_bytes, ops.download_bytes, ops.uploads, ops.cache_hits) == (0, 0, 0, 0)
+    _accumulate(moved, batches[:1], cfg.batch)
+    assert ops.upload_bytes == one and ops.cache_hits == 0  # the weights went up again: a new step
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_an_in_place_change_of_a_weight_within_a_step_is_never_served_stale(spec):
+    """The same weight tensor changed in place (an optimizer step) before another forward of the same step (no
+    reset between): the cached W^T no longer holds and the new values go up, with or without a weight_key."""
+    from hetbench.pytorch.offload import offload_linears
+
+    g = torch.Generator().manual_seed(2)
+    ops = _ops(spec)
+    for key in (None, "fc"):
+        lin = _linear(g)
+        offload_linears(lin, ops)
+        if key is not None:
+            lin.weight_key = key
+        x = torch.randn(4, 5, generator=g)
+        ops.reset()
+        torch.testing.assert_close(lin(x), x @ lin.weight.detach().t() + lin.bias.detach(), rtol=1e-5, atol=1e-5)
+        assert lin(x) is not None and ops.cache_hits == 1  # unchanged: found again
+        with torch.no_grad():
+            lin.weight.mul_(-2.0).add_(1.0)  # bumps the weight's _version
+        uploads = ops.uploads
+        torch.testing.assert_close(lin(x), x @ lin.weight.detach().t() + lin.bias.detach(), rtol=1e-5, atol=1e-5)
+        assert ops.cache_hits == 1  # no hit: the new weight was staged again
+        if spec != "host":
+            assert ops.uploads == uploads + 2  # x and the new W^T
+
+
+@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("keep", [True, False])
+def test_fresh_weights_at_one_address_are_never_taken_for_one_another(spec, keep):
+    """Fresh weight tensors at the same address, with the same shape, stride and version, alive together (views of
+    one buffer) or made and dropped one after another (a sharded model's gathered views into a reused buffer): each
+    product reads its own weight (an address is no identity), and a dead tensor's entry leaves the cache."""
+    from hetbench.pytorch.offload import device_linear
+
+    rng = np.random.default_rng(3)
+    ops = _ops(spec)
+    x = torch.from_numpy(rng.standard_normal((4, 5)).astype(np.float32))
+    buffer = np.empty((3, 5), np.float32)
+    kept, facts = [], set()
+    for _ in range(4):
+        buffer[...] = rng.standard_normal((3, 5))  # written where torch counts no version
+        w = torch.from_numpy(buffer)
+        facts.add((w.data_ptr(), w.storage_offset(), w.stride(), w._version))
+        torch.testing.assert_close(device_linear(x, w, None, ops), x @ torch.from_numpy(buffer.copy()).t(),
+                                   rtol=1e-5, atol=1e-5)
+        if keep:
+            kept.append(w)
+        del w
+    assert len(facts) == 1 and ops.cache_hits == 0
+    assert len(ops._cache) == (4 if keep else 0)
+
+
+@pytest.mark.parametrize("spec", COPYING)
+def test_a_weight_key_finds_a_regathered_fresh_tensor(spec):
+    """Sharded FSDP gives the backward (or a later micro-batch) a fresh tensor of the same weight: under the same
+    weight_key it is found in the step's cache, and the results are the fresh tensor's (equal) values."""
+    from hetbench.pytorch.offload import device_linear
+
+    g = torch.Generator().manual_seed(4)
+    ops = _ops(spec)
+    w = torch.randn(3, 5, generator=g)
+    x = torch.randn(4, 5, generator=g)
+    first = device_linear(x, w.clone(), None, ops, weight_key=("block0", "fc"))
+    uploads = ops.uploads
+    again = device_linear(x, w.clone(), None, ops, weight_key=("block0", "fc"))
+    assert ops.cache_hits == 1 and ops.uploads == uploads + 1  # only x
+    torch.testing.assert_close(again, first, rtol=0, atol=0)
+    torch.testing.assert_close(again, x @ w.t(), rtol=1e-5, atol=1e-5)
+    other = torch.randn(3, 5, generator=g)  # another weight under another key
+    torch.testing.assert_close(device_linear(x, other, None, ops, weight_key=("block1", "fc")), x @ other.t(),
+                               rtol=1e-5, atol=1e-5)
+    assert ops.cache_hits == 1
+    ops.reset()
+    device_linear(x, w.clone(), None, ops, weight_key=("block0", "fc"))
+    assert ops.cache_hits == 0  # a new step: uploaded again
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_a_batched_product_is_one_node_with_each_operand_uploaded_once(spec):
+    """Attention's (B, H, T, D) @ (B, H, D, T): one autograd node (not B x H), each whole operand up once, B x H
+    GEMMs; forward and both gradients as torch's, broadcast leading dimensions included."""
+    from hetbench.pytorch.offload import device_matmul
+
+    g = torch.Generator().manual_seed(5)
+    ops = _ops(spec)
+    for a_shape, b_shape in [((2, 3, 5, 4), (2, 3, 4, 6)), ((2, 1, 5, 4), (3, 4, 6)), ((4,), (2, 4, 3)),
+                             ((2, 3, 4), (4,)), ((4,), (4,))]:
+        a = torch.randn(*a_shape, generator=g, requires_grad=True)
+        b = torch.randn(*b_shape, generator=g, requires_grad=True)
+        ops.reset()
+        out = device_matmul(a, b, ops)
+        want = torch.matmul(a, b)
+        torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+        w = torch.randn(want.shape, generator=g)
+        ga, gb = torch.autograd.grad((out * w).sum(), (a, b))
+        wa, wb = torch.autograd.grad((want * w).sum(), (a, b))
+        torch.testing.assert_close(ga, wa, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(gb, wb, rtol=1e-5, atol=1e-5)
+    a = torch.randn(2, 3, 5, 4, generator=g, requires_grad=True)
+    b = torch.randn(2, 3, 4, 6, generator=g, requires_grad=True)
+    ops.reset()
+    out = device_matmul(a, b, ops)
+    nodes = {type(out.grad_fn).__name__}
+    nodes |= {type(f).__name__ for f, _ in out.grad_fn.next_functions if f is not None}
+    assert "DeviceMatmulBackward" in nodes and "StackBackward0" not in nodes
+    assert ops.gemms == 6
+    if spec != "host":
+        assert ops.uploads == 2 and ops.upload_bytes == 4 * (6 * 5 * 4 + 6 * 4 * 6)
+        assert ops.download_bytes == 4 * 6 * 5 * 6
+    out.sum().backward()
+    assert ops.gemms == 18
+    if spec != "host":
+        assert ops.uploads == 3  # g^T, for both gradients
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_a_second_backward_under_retain_graph_stages_the_operands_again(spec):
+    from hetbench.pytorch.offload import device_matmul, offload_linears
+
+    g = torch.Generator().manual_seed(6)
+    ops = _ops(spec)
+    lin = _linear(g)
+    offload_linears(lin, ops)
+    x = torch.randn(4, 5, generator=g, requires_grad=True)
+    k = torch.randn(2, 4, 3, generator=g, requires_grad=True)
+    loss = device_matmul(lin(x).unsqueeze(0).expand(2, 4, 3).transpose(-2, -1), k, ops).square().sum()
+    want = torch.matmul((x @ lin.weight.t() + lin.bias).unsqueeze(0).expand(2, 4, 3).transpose(-2, -1), k)
+    want = want.square().sum()
+    loss.backward(retain_graph=True)
+    loss.backward()
+    grads = torch.autograd.grad(want, (x, lin.weight, k))
+    for got, wanted in zip((x.grad, lin.weight.grad, k.grad), grads):
+        torch.testing.assert_close(got, 2 * wanted, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("spec", SPECS)
 @pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
 def test_gemm_on_staged_operands_rounds_as_matmul_does(spec, dtype):
