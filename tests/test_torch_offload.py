@@ -1,6 +1,7 @@
 """hetbench.pytorch.offload: torch matmuls (nn.Linear's and attention's, forward and both backward products) on a
 hetbench backend torch cannot drive give torch's numbers, and the device's clocks count them; each operand goes up
-once (a weight once per step, never stale)."""
+once (a weight once per step, never stale); a CuPy rank computes in torch's own GPU where torch has it, else
+through the same offload."""
 
 from __future__ import annotations
 
@@ -301,3 +302,108 @@ def test_gemm_on_staged_operands_rounds_as_matmul_does(spec, dtype):
     with pytest.raises(ValueError, match="do not fit"):
         ops.gemm(a, b[0])
     assert ops.gemm(np.zeros((0, 4), np.float32), b[0]).shape == (0, 6)
+
+
+# ---- CuPy ranks: torch's own GPU where this torch build drives it, else the offload through the CuPy backend ----
+
+class _Backend:
+    """What for_backend asks of an open backend: its memory kind for MPI, its timing, its device index."""
+
+    def __init__(self, kind: str, timing: str = "measured", device_index: int | None = None) -> None:
+        self.kind, self.timing = kind, timing
+        if device_index is not None:
+            self.device_index = device_index
+
+    def mpi_memory_kind(self) -> str:
+        return self.kind
+
+
+def _torch_gpus(monkeypatch, hip: str | None, count: int = 2) -> None:
+    """torch as a CUDA (hip None) or ROCm build seeing `count` GPUs (0: none, as a CPU build)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: f"gpu {i}")
+    monkeypatch.setattr(torch.version, "hip", hip)
+
+
+@pytest.mark.parametrize("kind, hip, count, want", [
+    ("cuda", None, 2, "cuda:1"),  # a CUDA build, an NVIDIA GPU: the backend's own device
+    ("hip", "6.2.41134", 2, "cuda:1"),  # a ROCm build, an AMD GPU (torch calls it "cuda" too)
+    ("hip", None, 2, "cpu"),  # a CUDA build cannot drive the ROCm GPU
+    ("cuda", "6.2.41134", 2, "cpu"),  # nor a ROCm build the NVIDIA one
+    ("cuda", None, 0, "cpu"),  # a CPU build of torch (or no GPU visible)
+    ("hip", "6.2.41134", 0, "cpu"),
+])
+def test_a_cupy_rank_computes_on_torchs_gpu_only_where_torch_drives_it(monkeypatch, kind, hip, count, want):
+    from hetbench.pytorch.device import for_backend
+
+    _torch_gpus(monkeypatch, hip, count)
+    device = for_backend(_Backend(kind, device_index=1), "cupy:1", local_rank=0)
+    assert device.torch_device == want
+    assert device.torch_has_device == (want != "cpu")
+    if want == "cpu":
+        assert "through hetbench" in device.note  # the trainer offloads its matmuls to the backend
+    else:
+        assert device.vendor == ("amd" if hip else "nvidia") and device.name == "gpu 1"
+
+
+def test_the_other_backends_torch_device(monkeypatch):
+    from hetbench.pytorch.device import for_backend
+
+    _torch_gpus(monkeypatch, None, 2)
+    simulated = for_backend(_Backend("cuda", timing="modelled"), "sim:h100", 0)  # a simulated GPU is no GPU
+    assert (simulated.torch_device, simulated.torch_has_device) == ("cpu", False)
+    opencl = for_backend(_Backend("none"), "opencl:0", 0)
+    assert (opencl.torch_device, opencl.torch_has_device) == ("cpu", False)
+    host = for_backend(_Backend("host"), "host", 0)
+    assert (host.torch_device, host.torch_has_device) == ("cpu", True)
+    # without a device index (a backend that has none), the local rank's GPU, round robin
+    assert for_backend(_Backend("cuda"), "cupy", 3).torch_device == "cuda:1"
+
+
+@pytest.fixture
+def fake_cupy_backend(monkeypatch):
+    """The real CuPy backend over the tests' fake CuPy (doubles.py), whose device arrays, like CuPy's, refuse to
+    become NumPy arrays implicitly and slice as CuPy's do."""
+    from doubles import FakeDeviceArray, FakeRuntime, make_fake_cupy
+
+    from hetbench.backends import cupy as cupy_backend
+    from hetbench.backends import sim
+
+    def no_implicit_copy(self, *args, **kwargs):
+        raise TypeError("Implicit conversion to a NumPy array is not allowed")
+
+    monkeypatch.setattr(FakeDeviceArray, "__array__", no_implicit_copy, raising=False)
+    monkeypatch.setattr(FakeDeviceArray, "__getitem__",
+                        lambda self, i: FakeDeviceArray(self._fake, self.array[i], self.device_id), raising=False)
+    fake = make_fake_cupy(FakeRuntime.from_models([sim.get_model("h100")]), matmul_ms=1.0)
+    return cupy_backend.CupyBackend(0, cupy_module=fake), fake
+
+
+@pytest.mark.parametrize("task", ["mlp", "gpt"])
+def test_a_cupy_rank_without_torch_gpu_runs_its_products_on_the_cupy_backend(fake_cupy_backend, monkeypatch, task):
+    """torch without the GPU (a CPU build here): the products go through the same offload on the CuPy backend, its
+    Ops resident as the numpy trainer's, every operand uploaded and result downloaded through the backend."""
+    from hetbench.pytorch.device import for_backend
+    from hetbench.pytorch.models import TaskConfig, build_model, make_batch, row_losses
+    from hetbench.pytorch.offload import offload_linears
+
+    backend, fake = fake_cupy_backend
+    _torch_gpus(monkeypatch, None, 0)
+    assert not for_backend(backend, "cupy", 0).torch_has_device
+    ops = Ops(backend)
+    assert ops.resident and ops.xp is fake  # the numpy trainer would keep its state on the GPU
+    cfg = TaskConfig(task=task, layers=2, hidden=8, heads=2, seq_len=4, batch=3)
+    plain, moved = build_model(cfg), build_model(cfg)
+    offload_linears(moved, ops)
+    x, y = make_batch(cfg, 0, 0, cfg.batch)
+    losses = [row_losses(m, x, y).sum() / cfg.batch for m in (plain, moved)]
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-6)
+    for loss in losses:
+        loss.backward()
+    for p, q in zip(plain.parameters(), moved.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6)
+    calls = [c for c, _ in fake.log]
+    assert calls.count("matmul") == ops.gemms > 0 and calls.count("asarray") == ops.uploads > 0
+    assert 0 < calls.count("get") <= ops.gemms  # one download per product (a batched one's B x H GEMMs: one)
+    assert ops.upload_bytes > 0 and ops.compute_seconds == pytest.approx(ops.gemms * 1e-3)

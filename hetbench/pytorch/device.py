@@ -1,8 +1,10 @@
 """The rank's torch device, from the rank map's backend: a CUDA or ROCm build's GPU (both show as device type
 "cuda"; torch.version.hip tells them apart) for a GPU backend torch can drive, else the CPU. Where torch has no
-device for the rank's backend (an OpenCL device, a simulated GPU) torch computes on the CPU, and the RankDevice
-says so (`torch_has_device` False): `hetbench train --frontend torch` then runs the model's matmuls on that device
-through hetbench (hetbench/pytorch/offload.py); hetbench's backend runs that rank's collectives either way."""
+device for the rank's backend (an OpenCL device, a simulated GPU, or a CuPy GPU that this torch build cannot drive:
+a CPU build, a CUDA build beside a ROCm GPU or the reverse, no device visible) torch computes on the CPU, and the
+RankDevice says so (`torch_has_device` False): `hetbench train --frontend torch` then runs the model's matmuls on
+that device through hetbench (hetbench/pytorch/offload.py; a CuPy GPU's through the CuPy backend); hetbench's
+backend runs that rank's collectives either way."""
 
 from __future__ import annotations
 
@@ -37,8 +39,17 @@ def gpu_vendor() -> str:
     return "amd" if getattr(torch.version, "hip", None) else "nvidia"
 
 
-def _gpu(local_rank: int, backend: str) -> RankDevice:
-    index = local_rank % torch.cuda.device_count()
+def torch_gpu_kind() -> str | None:
+    """The GPU memory kind this torch build drives, as a backend's mpi_memory_kind names it: "hip" for a ROCm
+    build, "cuda" for a CUDA build, None when torch sees no GPU (a CPU build, no device visible)."""
+    if not torch.cuda.is_available():
+        return None
+    return "hip" if getattr(torch.version, "hip", None) else "cuda"
+
+
+def _gpu(local_rank: int, backend: str, index: int | None = None) -> RankDevice:
+    count = torch.cuda.device_count()
+    index = index if index is not None and 0 <= index < count else local_rank % count
     return RankDevice(f"cuda:{index}", gpu_vendor(), torch.cuda.get_device_name(index), backend, True)
 
 
@@ -48,15 +59,24 @@ def _cpu(backend: str, has: bool, note: str = "") -> RankDevice:
 
 def for_backend(backend: Any, spec: str, local_rank: int) -> RankDevice:
     """The torch device for a rank whose hetbench backend is open (`hetbench train --frontend torch`): the GPU of a
-    GPU backend whose device is real and that torch sees; the CPU for the host backend; else the CPU, noted."""
+    GPU backend whose device is real and of the kind this torch build drives (CUDA, or ROCm: torch.version.hip),
+    the same device the backend opened (its `device_index`, where it has one); the CPU for the host backend; else
+    the CPU, noted (the trainer then offloads the model's matmuls to the backend)."""
     kind = backend.mpi_memory_kind()
     simulated = getattr(backend, "timing", "") == TIMING_MODELLED
-    if kind in GPU_KINDS and not simulated and torch.cuda.is_available():
-        return _gpu(local_rank, spec)
+    if kind in GPU_KINDS and not simulated:
+        drives = torch_gpu_kind()
+        if drives == kind:
+            return _gpu(local_rank, spec, getattr(backend, "device_index", None))
+        build = {"cuda": "CUDA", "hip": "ROCm"}
+        why = (f"this torch build sees no GPU (torch {torch.__version__})" if drives is None else
+               f"this torch is a {build[drives]} build and the {spec} device a {build[kind]} GPU")
+        return _cpu(spec, False, f"{why}: this rank's model runs on the CPU, its matmuls on {spec} through hetbench")
     if kind == "host":
         return _cpu(spec, True)
     why = "a simulated GPU" if simulated else f"the {spec} device"
-    return _cpu(spec, False, f"torch cannot compute on {why}: this rank's model runs on the CPU")
+    return _cpu(spec, False, f"torch cannot compute on {why}: this rank's model runs on the CPU, its matmuls on "
+                             f"{spec} through hetbench")
 
 
 def rank_device(backend: str | None = None, local_rank: int | None = None) -> RankDevice:
