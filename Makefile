@@ -33,7 +33,7 @@ VENV_OPENMPI ?= .venv-openmpi
 EXTRAS_OPENMPI ?= opencl,report,dev$(if $(HAVE_CLBLAST),$(comma)clblast)
 OPENMPI_MPIRUN ?= /usr/bin/mpirun
 
-.PHONY: demo test test-openmpi bench bench-torch bench-split bench-train env env-openmpi clean
+.PHONY: demo test test-openmpi bench bench-torch bench-split bench-train bench-train-torch env env-openmpi clean
 
 env: $(VENV)/.installed
 
@@ -115,7 +115,8 @@ bench: env
 	$(PY) -m hetbench.overhead opencl
 	@parts=; if $(HAVE_TORCH); then parts=bench-torch; else \
 		echo "torch front end: no torch (pip install 'hetbench[torch]'): nothing measured"; fi; \
-	if $(HAVE_OPENCL_DEVICE); then parts="$$parts bench-split bench-train"; else \
+	if $(HAVE_OPENCL_DEVICE); then parts="$$parts bench-split bench-train"; \
+		if $(HAVE_TORCH); then parts="$$parts bench-train-torch"; fi; else \
 		echo "split, train: no OpenCL device (apt-get install pocl-opencl-icd): nothing measured"; fi; \
 	[ -z "$$parts" ] || $(MAKE) -k --no-print-directory $$parts
 
@@ -161,6 +162,26 @@ bench-train: env
 	$(BENCH_SPLIT_ENV) $(MPIEXEC) $(BENCH_TRAIN_BIND) -n 2 $(HETBENCH) train $(BENCH_TRAIN_ARGS) \
 		--backend 0=host,1=opencl --weights even --out $(BENCH_TRAIN_DIR)/pair-even.json >/dev/null
 	$(PY) -m hetbench.overhead train $(BENCH_TRAIN_DIR)
+
+# Issue 16's torch train bench: hetbench's uneven fsdp for a torch model (the mlp task) on the same pair, rank 0 torch
+# on the host (one thread, core 0), rank 1 the OpenCL device (PoCL, one thread, core 1) through hetbench's offload;
+# rounds as bench-train's (each rank alone, then both with auto weights, back to back), then even weights once.
+# Goals: auto >= 0.90 of the summed solo samples/s (median of rounds) and auto >= 2x even. At batch 4096 the OpenCL
+# rank's rows (about 6 %, 250-270) still make GEMMs PoCL runs at its one-thread rate
+BENCH_TRAIN_TORCH_DIR ?= results/bench-train-torch-$(shell date -u +%Y%m%dT%H%M%SZ)
+BENCH_TRAIN_TORCH_ARGS ?= --frontend torch --strategy fsdp --layers 4 --hidden 512 --batch 4096 --steps 10 \
+	--warmup-steps 4
+bench-train-torch: env
+	for r in $$(seq 1 $(BENCH_TRAIN_ROUNDS)); do mkdir -p $(BENCH_TRAIN_TORCH_DIR)/round-$$r; \
+		for b in 0:host 1:opencl; do $(BENCH_SPLIT_ENV) $(BENCH_TRAIN_PIN) $${b%%:*} $(MPIEXEC) -n 1 $(HETBENCH) train \
+			$(BENCH_TRAIN_TORCH_ARGS) --backend $${b#*:} \
+			--out $(BENCH_TRAIN_TORCH_DIR)/round-$$r/solo-$${b#*:}.json >/dev/null || exit 1; done; \
+		$(BENCH_SPLIT_ENV) $(MPIEXEC) $(BENCH_TRAIN_BIND) -n 2 $(HETBENCH) train $(BENCH_TRAIN_TORCH_ARGS) \
+			--backend 0=host,1=opencl --weights auto --out $(BENCH_TRAIN_TORCH_DIR)/round-$$r/pair-auto.json \
+			>/dev/null || exit 1; done
+	$(BENCH_SPLIT_ENV) $(MPIEXEC) $(BENCH_TRAIN_BIND) -n 2 $(HETBENCH) train $(BENCH_TRAIN_TORCH_ARGS) \
+		--backend 0=host,1=opencl --weights even --out $(BENCH_TRAIN_TORCH_DIR)/pair-even.json >/dev/null
+	$(PY) -m hetbench.overhead train-torch $(BENCH_TRAIN_TORCH_DIR)
 
 clean:
 	rm -rf $(VENV) $(VENV_OPENMPI) build dist *.egg-info

@@ -28,14 +28,14 @@ def test_bench_target_runs_parts_the_overhead_script_accepts():
     # their second rank
     have_torch = importlib.util.find_spec("torch") is not None
     assert [part for _, part in calls] == ["gemm", "allreduce", "opencl"] + (["torch"] if have_torch else []) + (
-        ["split", "train"] if HAVE_OPENCL else [])
+        ["split", "train"] if HAVE_OPENCL else []) + (["train-torch"] if HAVE_OPENCL and have_torch else [])
     assert {module for module, _ in calls} == {"hetbench.overhead"}
     assert importlib.util.find_spec("hetbench.overhead") is not None
 
     unknown = subprocess.run([sys.executable, "-m", "hetbench.overhead", "nonesuch"], capture_output=True, text=True,
                              timeout=60, env=env, cwd=REPO)
     assert unknown.returncode == 2
-    assert "'nonesuch'" in unknown.stderr and "accepted: gemm, allreduce, opencl, torch, split, train" in unknown.stderr
+    assert "'nonesuch'" in unknown.stderr and "accepted: gemm, allreduce, opencl, torch, split, train, train-torch" in unknown.stderr
 
 
 @needs_mpi

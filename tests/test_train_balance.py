@@ -79,8 +79,8 @@ def test_auto_weights_rebalance_the_batch_in_the_first_steps(tmp_path, strategy)
     assert [r["samples_per_step"] for r in doc["rows"]] == history[-1]
 
 
-def _overhead_train(tmp_path, folder="bench"):
-    return subprocess.run([sys.executable, "-m", "hetbench.overhead", "train", folder], capture_output=True,
+def _overhead_train(tmp_path, folder="bench", what="train"):
+    return subprocess.run([sys.executable, "-m", "hetbench.overhead", what, folder], capture_output=True,
                           text=True, timeout=60, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(REPO)))
 
 
@@ -111,6 +111,17 @@ def test_bench_train_figures_are_the_runs(tmp_path):
     assert f"median {median:.3f}" in shown.stdout
     assert shown.returncode == (0 if median >= 0.90 else 1), shown.stdout + shown.stderr
     assert ("NOT met" in shown.stdout) == (median < 0.90)
+    for r, ratio in enumerate(ratios, 1):  # above 1 is flagged as the measurement fault it is
+        assert (f"{ratio:.3f}  [above 1: a measurement fault" in shown.stdout) == (ratio > 1), r
+    # the torch bench's reading of the same runs adds a goal: auto (median of rounds) >= 2x even
+    autos = sorted(json.loads((bench / f"round-{r}" / "pair-auto.json").read_text())["summary"]["samples_per_second"]
+                   for r in (1, 2))
+    even = json.loads((bench / "pair-even.json").read_text())["summary"]["samples_per_second"]
+    over_even = (autos[0] + autos[1]) / 2 / even
+    torch_shown = _overhead_train(tmp_path, what="train-torch")
+    assert f"goal median auto / even >= 2: {over_even:.2f} {'met' if over_even >= 2 else 'NOT met'}" in \
+        torch_shown.stdout
+    assert torch_shown.returncode == (0 if median >= 0.90 and over_even >= 2 else 1)
     # a failed check fails the bench, whatever the ratio
     doc = json.loads((bench / "pair-even.json").read_text())
     doc["summary"]["verified"] = False
