@@ -1,6 +1,10 @@
 """Train a torch model across unequal ranks over hetbench's backend, each rank's share of the batch by its weight.
 
     mpiexec -n 2 python examples/torch_uneven.py --strategy fsdp2 --weights 3,1 --log train.jsonl
+    mpiexec -n 2 python examples/torch_uneven.py --strategy fsdp --weights 3,1   # shards sized by the weights too
+
+--strategy fsdp is hetbench's own uneven FSDP (hb.shard_module): each unit's parameters, gradients and optimizer
+state are sharded in proportion to the weights, where torch's FSDP2 (fsdp2) shards them evenly.
 
 Any launcher works (MPICH's mpiexec, Open MPI's mpirun, srun): rank and world size come from MPI. On one node or
 many; with mixed CUDA and ROCm builds, start one interpreter per node in MPMD form (docs/pytorch.md).
@@ -23,7 +27,7 @@ def make_model(hidden: int, layers: int) -> nn.Sequential:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--strategy", choices=["ddp", "fsdp2"], default="ddp")
+    p.add_argument("--strategy", choices=["ddp", "fsdp2", "fsdp"], default="ddp")
     p.add_argument("--weights", default="even", help="even, auto, a calibrate profile, or w0,w1,...")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--hidden", type=int, default=32)
@@ -40,10 +44,13 @@ def main() -> None:
     start, stop = hb.row_range(rows)
 
     model = make_model(args.hidden, args.layers).to(device)
+    sharded = None
     if args.strategy == "ddp":
         model = hb.exact_ddp(model)  # gradients summed, not averaged
-    else:
+    elif args.strategy == "fsdp2":
         hb.exact_fully_shard(model, units=list(model)[:-1])  # FSDP2, every unit summing its gradients
+    else:  # hetbench's uneven FSDP: every unit's flat parameters split by the weights (the root holds the head)
+        sharded = hb.shard_module(model, units=list(model)[:-1], weights=args.weights)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     log = hb.StepLogger(args.log, args.batch, model=model, optimizer=opt)
 
@@ -57,13 +64,24 @@ def main() -> None:
             loss = hb.part_of_mean((model(x) - y).square().squeeze(1), args.batch)
             loss.backward()
             opt.step()
-            opt.zero_grad()
+            opt.zero_grad(set_to_none=False)  # the gradients' memory stays held, as in a training loop's peak
             rec.loss = loss
         if rank == 0 and (step % 5 == 0 or step == args.steps - 1):
             line = log.lines[-1]
             print(f"step {step:3d}  loss {line['loss']:.6f}  {line['samples_per_second']:.0f} samples/s  "
                   f"rows {rows}")
     log.close()
+    if sharded is not None:  # what each rank holds between steps: its shards, their gradients, AdamW's m and v
+        held = sharded.state_bytes(opt)
+        total = sum(u.size for u in sharded.units)
+        for r, (elements, b) in enumerate(zip(hb.all_ranks(sharded.elements), hb.all_ranks(held))):
+            if rank == 0:
+                print(f"rank {r}: {elements} of {total} parameters ({100 * elements / total:.1f} %), "
+                      f"{b['param_bytes']} + {b['grad_bytes']} + {b['optimizer_bytes']} bytes of parameters, "
+                      "gradients and optimizer state")
+        full = sharded.full_state_dict()  # collective: every parameter whole at rank 0, by its name
+        if rank == 0:
+            print(f"full state at rank 0: {len(full)} tensors, {sum(t.numel() for t in full.values())} parameters")
     dist.destroy_process_group()
 
 

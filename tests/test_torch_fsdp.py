@@ -39,6 +39,7 @@ def test_uneven_fsdp_matches_one_process_and_holds_its_share(nprocs, weights):
         if w == "even":  # rank 0's memory capped at 100 elements' state
             assert counts[0] <= 103 and counts[1] > counts[0]
     assert "CAPPED the model's 816 parameters need 16 bytes each" in run.stdout
+    assert "RANK0VALUES ok" in run.stdout
 
 
 def _train(tmp_path, nprocs, *args):
@@ -143,6 +144,26 @@ def test_fsdp_checkpoint_resumes_on_three_ranks_with_ddp_fsdp2_and_fsdp(tmp_path
     run = run_cli(["train", "--frontend", "torch", "--strategy", "fsdp", *SMALL_MLP, "--hidden", "8", "--steps", "9",
                    "--resume", str(ck), "--out", str(refused / "t.json")], cwd=refused)
     assert_usage_error(run, refused, "holds hidden 16", "--hidden 8")
+
+
+@needs_mpi
+def test_the_example_shards_a_users_own_model():
+    from conftest import REPO
+
+    run = run_python([str(REPO / "examples" / "torch_uneven.py"), "--strategy", "fsdp", "--weights", "3,1",
+                      "--steps", "6"], nprocs=2, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    # 3 blocks of Linear(32, 32) and the head Linear(32, 1) left to the root: 3 * 1056 + 33 parameters
+    held = re.findall(r"rank (\d): (\d+) of 3201 parameters \(([\d.]+) %\), (\d+) \+ (\d+) \+ (\d+) bytes", run.stdout)
+    assert len(held) == 2
+    elements = [int(h[1]) for h in held]
+    assert sum(elements) == 3201 and abs(elements[0] - 0.75 * 3201) <= 4
+    for _, e, percent, p, g, o in held:
+        assert (int(p), int(g), int(o)) == (4 * int(e), 4 * int(e), 8 * int(e) + 4 * 4)
+        assert float(percent) == pytest.approx(100 * int(e) / 3201, abs=0.05)
+    assert "full state at rank 0: 8 tensors, 3201 parameters" in run.stdout
+    losses = [float(x) for x in re.findall(r"loss (\S+)", run.stdout)]
+    assert losses[-1] < losses[0]
 
 
 def test_what_cannot_be_wrapped_is_named():

@@ -1,7 +1,8 @@
 """hetbench's PyTorch front end: `import hetbench.pytorch` registers the torch.distributed backend "hetbench" (MPI
 underneath, so one job can span NVIDIA, AMD, OpenCL, simulated and CPU ranks), and gives a user's own script what
 it needs to train across unequal devices: the rank's device, batch rows by weights, DDP and FSDP2 made exact under
-uneven batch shares, and a per-step metrics logger. Needs torch (the `torch` extra); hetbench without it works.
+uneven batch shares, hetbench's own FSDP with shards sized by the weights (shard_module), and a per-step metrics
+logger. Needs torch (the `torch` extra); hetbench without it works.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from hetbench.pytorch import backend as _backend  # noqa: E402
 from hetbench.pytorch import rendezvous as _rendezvous  # noqa: E402
 from hetbench.pytorch.backend import BACKEND_NAME, BackendError, HetbenchProcessGroup, set_path  # noqa: E402
 from hetbench.pytorch.device import RankDevice, rank_device  # noqa: E402
+from hetbench.pytorch.fsdp import ShardedModule, WrapError, shard_module, sharded  # noqa: E402
 from hetbench.pytorch.logger import StepLogger, hetbench_group  # noqa: E402
 from hetbench.pytorch.uneven import (  # noqa: E402
     batch_rows,
@@ -43,6 +45,17 @@ def init(path: str | None = None) -> None:
         dist.init_process_group(BACKEND_NAME)
 
 
+def all_ranks(value: object, group: object = None) -> list:
+    """Collective: every rank's `value` (any picklable object), in rank order, on every rank."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return [value]
+    out: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, value, group=group)
+    return out
+
+
 def collective_metrics(group: object = None) -> dict:
     """The hetbench backend's figures per collective since the group was made (this rank's), {} under another
     backend."""
@@ -51,7 +64,8 @@ def collective_metrics(group: object = None) -> dict:
 
 
 __all__ = [
-    "BACKEND_NAME", "BackendError", "HetbenchProcessGroup", "RankDevice", "StepLogger", "batch_rows",
-    "collective_metrics", "exact_ddp", "exact_fully_shard", "hetbench_group", "init", "matmul_rate",
-    "part_of_mean", "rank_device", "resolve_weights", "row_range", "set_path", "sum_gradients",
+    "BACKEND_NAME", "BackendError", "HetbenchProcessGroup", "RankDevice", "ShardedModule", "StepLogger", "WrapError",
+    "all_ranks", "batch_rows", "collective_metrics", "exact_ddp", "exact_fully_shard", "hetbench_group", "init",
+    "matmul_rate", "part_of_mean", "rank_device", "resolve_weights", "row_range", "set_path", "shard_module",
+    "sharded", "sum_gradients",
 ]

@@ -3,7 +3,7 @@
 torch's FSDP2 shards every parameter evenly (torch.chunk; `shard_placement_fn` picks only the dimension), so a slow
 or small device holds as much as a fast one. Here each wrapped unit's parameters are flattened into one float32
 vector of P elements and rank r owns the slice shares(weights, P)[r] of it (hetbench.benchmarks.split_plan.shares:
-largest remainder; a weight of 0 owns nothing; memory caps bound a share), and only that slice's gradient and
+largest remainder; a weight of 0 owns nothing; memory caps bound a share), taken from rank 0's values, and only that slice's gradient and
 optimizer state: any torch optimizer over model.parameters() (the ranks' flat shards) updates only its part.
 
     import hetbench.pytorch as hb
@@ -214,8 +214,8 @@ class ShardedModule:
 
     def __init__(self, model: nn.Module, units: Sequence[nn.Module], weights: Sequence[float], comm: Any,
                  metrics: Any = None, split_idle: bool = False, prefetch: bool = True,
-                 memory_bytes: Sequence[int | None] | None = None, optimizer: str = "adamw") -> None:
-        self.model, self.comm, self.metrics = model, comm, metrics
+                 memory_bytes: Sequence[int | None] | None = None, optimizer: str = "adamw", pg: Any = None) -> None:
+        self.model, self.comm, self.metrics, self.pg = model, comm, metrics, pg
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.split_idle = split_idle
         self.weights = [float(w) for w in weights]
@@ -228,7 +228,7 @@ class ShardedModule:
         self.element_weights = self._capped_weights(sum(lay.size for lay in layouts), memory_bytes, optimizer)
         modules = {n: m for m, n in listed}
         aliases: dict[int, list[tuple[nn.Module, str]]] = {}
-        for mname, m in model.named_modules(remove_duplicate=False):
+        for _, m in model.named_modules(remove_duplicate=False):
             for attr, p in list(m._parameters.items()):
                 if p is not None:
                     aliases.setdefault(id(p), []).append((m, attr))
@@ -240,7 +240,12 @@ class ShardedModule:
                 flat = torch.cat([t.detach().reshape(-1) for t in tensors]) if tensors else torch.zeros(0)
             counts = plan.shares(self.element_weights, lay.size)
             offset = sum(counts[:self.rank])
-            shard = nn.Parameter(flat[offset:offset + counts[self.rank]].clone())
+            # every rank's slice of rank 0's values (MPI Scatterv): the ranks start alike even where the model was
+            # made without a common seed
+            mine = np.empty(counts[self.rank], dtype=np.float32)
+            self.comm.Scatterv([flat.detach().to("cpu").numpy(), (counts, _displs(counts))] if self.rank == 0 else
+                               None, mine, root=0)
+            shard = nn.Parameter(torch.from_numpy(mine).to(self.device))
             unit = _Unit(index, lay.name, module, lay, counts, offset, shard, [aliases[id(t)] for t in tensors],
                          root=module is model)
             self.units.append(unit)
@@ -403,7 +408,9 @@ class ShardedModule:
 
     def _barrier(self) -> tuple[float, float]:
         start = time.perf_counter()
-        if self.split_idle:
+        # the wait for the slowest rank timed apart as idle, where this engine or its group (a StepLogger sets it)
+        # splits it off, as the backend's collectives do
+        if self.split_idle or getattr(self.pg, "split_idle", False):
             self.comm.Barrier()
         now = time.perf_counter()
         return now - start, now
@@ -646,8 +653,7 @@ def shard_module(model: nn.Module, units: Iterable[nn.Module] = (), weights: str
                         "(or dist.init_process_group('hetbench')) first")
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     resolved = resolve_weights(weights, group, device, rate)
-    return ShardedModule(model, units, resolved, pg.comm, pg.metrics, pg.split_idle, prefetch, memory_bytes,
-                         optimizer)
+    return ShardedModule(model, units, resolved, pg.comm, pg.metrics, False, prefetch, memory_bytes, optimizer, pg)
 
 
 def sharded(model: nn.Module) -> ShardedModule | None:

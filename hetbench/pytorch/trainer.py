@@ -59,6 +59,14 @@ def prepare(cfg: Any, world: World, opened: OpenDevice) -> tuple[TorchTrainState
     """The rank's torch device; where torch cannot drive the rank's hetbench device (OpenCL, simulated), an Ops on
     it for the model's products (hetbench/pytorch/offload.py), in the run's dtype (mixed precision: the operands
     and results rounded to it, as the numpy trainer's GEMMs)."""
+    from hetbench.backends.host import threads_for_rank
+
+    # torch's own threads too take this rank's share of the node's cores (as BLAS's do: harness.devices), unless
+    # the user set a count: two ranks on two cores with two torch threads each spun against each other and
+    # against the BLAS and PoCL threads doing an offloaded rank's products
+    threads = threads_for_rank(world.local_size)
+    if threads is not None:
+        torch.set_num_threads(threads)
     device = for_backend(opened.backend, opened.spec, world.local_rank)
     ops = None if device.torch_has_device else Ops(opened.backend, cfg.dtype.name)
     try:
@@ -256,7 +264,7 @@ def _train(cfg: Any, world: World, state: TorchTrainState, on_step: Any) -> Rank
 
         pg = hetbench_group()
         engine = ShardedModule(model, units(model), weights, pg.comm, pg.metrics, prefetch=cfg.prefetch,
-                               memory_bytes=state.memory_bytes, optimizer=cfg.optimizer)
+                               memory_bytes=state.memory_bytes, optimizer=cfg.optimizer, pg=pg)
         if state.ops is not None:
             state.ops.poll = engine.poll  # the started gathers are tested after every device GEMM too
     else:
@@ -275,7 +283,6 @@ def _train(cfg: Any, world: World, state: TorchTrainState, on_step: Any) -> Rank
     logger = StepLogger(None, cfg.batch, model=model, optimizer=opt, first_step=start)
     logger.device_ops = state.ops
     if engine is not None:
-        engine.split_idle = bool(logger.pg is not None and logger.pg.split_idle)
         engine.take_figures()
         logger.rank_figures = lambda: _fsdp_step_figures(engine)
     for step in range(start, cfg.steps):

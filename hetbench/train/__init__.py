@@ -191,8 +191,9 @@ class StepClock:
 class BatchShares:
     """The rows of the global batch each rank takes, from weights; with `rebalance_steps` > 0 (auto weights) the
     shares are measured again after each of the run's first rebalance_steps steps: every rank's rate is its
-    samples over its busy seconds (compute and host<->device copies, StepClock.busy_seconds) in that step, and the
-    next step's shares follow those rates. The first guess (a GEMM probe) can be far off: a device's speed at one
+    samples over its busy seconds (compute and host<->device copies, StepClock.busy_seconds) summed over the
+    rebalancing steps so far (one step's alone swings the shares with the machine's noise: on the 2-core VM a
+    rank's compute at fixed rows moved by 10 % from step to step), and the next step's shares follow those rates. The first guess (a GEMM probe) can be far off: a device's speed at one
     GEMM shape says little about a whole layer's forward and backward at another. Any shares give the same training
     run (gradients are scaled by the global batch), so the shares may change between steps; the parameter shards
     of fsdp stay as first set. Collective: after_step is called by every rank after every step."""
@@ -206,6 +207,7 @@ class BatchShares:
         self.first_counts = list(self.counts)
         self.remaining = int(rebalance_steps) if comm is not None and comm.Get_size() > 1 else 0
         self.history: list[list[int]] = []
+        self._measured: list[tuple[float, float]] = []  # every rank's samples and busy seconds, summed
 
     def after_step(self, samples: int, busy_seconds: float) -> None:
         if self.remaining <= 0:
@@ -213,7 +215,11 @@ class BatchShares:
         from hetbench.benchmarks.split_plan import shares
 
         self.remaining -= 1
-        rates = self.comm.allgather(samples / busy_seconds if samples > 0 and busy_seconds > 0 else None)
+        step = self.comm.allgather((samples, busy_seconds) if samples > 0 and busy_seconds > 0 else (0, 0.0))
+        if not self._measured:
+            self._measured = [(0.0, 0.0)] * len(step)
+        self._measured = [(a + s, b + t) for (a, b), (s, t) in zip(self._measured, step)]
+        rates = [s / t if s > 0 and t > 0 else None for s, t in self._measured]
         # a rank without samples (or without a measurable time) keeps its weight, scaled as the others' moved
         known = [(w, r) for w, r in zip(self.weights, rates) if r is not None and w > 0]
         if not known:

@@ -128,9 +128,24 @@ def run_case(task_name, weights, memory_bytes=None):
     return every
 
 
+def starts_from_rank0():
+    """Every rank's shards are rank 0's values, whatever the other ranks' copies held."""
+    model = build_model(TASKS["mlp"])
+    want = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    if dist.get_rank() != 0:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)
+    full = fsdp.shard_module(model, units(model), "3" + ",1" * (dist.get_world_size() - 1)).full_state_dict()
+    if dist.get_rank() == 0:
+        assert all(torch.equal(full[k], want[k]) for k in want)
+        print("RANK0VALUES ok", flush=True)
+
+
 def main():
     hb.init()
     size = dist.get_world_size()
+    starts_from_rank0()
     for weights in sys.argv[1:]:
         for task_name in TASKS:
             run_case(task_name, weights)
