@@ -1,0 +1,186 @@
+"""`hetbench report`'s headline figures pinned (issue 17): the runs table's key figures (in the terminal and on the
+HTML page), each run's rows on the page and the closing lines shown again, recomputed here from the documents'
+own fields with the units written out by hand (seconds shown in ms, us as us, GB/s as GB/s), on the committed v1
+documents and on copies whose figures differ run to run, so that a figure put under another run's or another
+title's column shows."""
+
+from __future__ import annotations
+
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+
+from conftest import REPO
+
+from hetbench.report.figures import COLLECTIVES, MATMUL
+from hetbench.results import load_results
+from hetbench.results.runs import Run
+
+DATA = REPO / "tests" / "data"
+# the unit each row figure is shown in, and the factor from the stored unit: written here, not read from hetbench
+SHOWN = {
+    "gemm_seconds_median": ("ms", 1e3), "gemm_tflops": ("TFLOP/s", 1.0), "peak_percent": ("%", 1.0),
+    "h2d_seconds": ("ms", 1e3), "d2h_seconds": ("ms", 1e3), "reduce_seconds_median": ("ms", 1e3),
+    "h2d_gbps": ("GB/s", 1.0), "d2h_gbps": ("GB/s", 1.0),
+    "op_us_median": ("us", 1.0), "algbw_gbps": ("GB/s", 1.0), "busbw_gbps": ("GB/s", 1.0),
+    "end_to_end_us_median": ("us", 1.0), "end_to_end_algbw_gbps": ("GB/s", 1.0),
+}
+
+
+def g3(value: float) -> str:
+    """Three significant digits, whole numbers from 1000 up: how the report writes a headline figure."""
+    return f"{value:.3g}" if abs(value) < 1000 else f"{value:.0f}"
+
+
+def g4(value: float) -> str:
+    return f"{value:.4g}" if abs(value) < 10_000 else f"{value:.0f}"
+
+
+def _matmul(name: str = "matmul-v1.json", **summary) -> dict:
+    doc = load_results(DATA / name)
+    doc["summary"].update(summary)
+    return doc
+
+
+def _collectives() -> dict:
+    """The v1 document with rows in an order where neither the first nor the last row holds the smallest size,
+    the largest size or the peak busbw, and a summary whose averages differ from any one row's."""
+    doc = load_results(DATA / "collectives-v1.json")
+    rows = doc["rows"]  # allreduce 256, 512, 1024; bcast 256, 512, 1024
+    for i, r in enumerate(rows):
+        r["busbw_gbps"] = [0.5, 2.75, 1.25, 0.125, 6.5, 0.0625][i]
+    doc["rows"] = [rows[1], rows[2], rows[4], rows[0], rows[3], rows[5]]
+    doc["rows"][-1]["size_bytes"] = 768
+    doc["summary"]["avg_busbw_gbps"] = {"allreduce/host": 1.5, "bcast/host": 2.25}
+    doc["summary"]["wrong_total"] = 7
+    return doc
+
+
+def test_matmul_run_figures_recompute_from_the_summary():
+    doc = _matmul(aggregate_gemm_tflops=0.123456, end_to_end_seconds=0.0123456, end_to_end_timing="measured")
+    figures = dict(MATMUL.run_figures(doc))
+    assert figures["m x n x k"] == "64x64x64" and figures["dtype"] == "fp32"
+    assert figures["aggregate GEMM (TFLOP/s)"] == "0.123"
+    assert figures["end-to-end (ms)"] == "12.3"  # 0.0123456 s
+    assert figures["checks"] == "passed"
+    modelled = dict(MATMUL.run_figures(_matmul(end_to_end_seconds=2.5e-4, end_to_end_timing="modelled")))
+    assert modelled["end-to-end (ms)"] == "~0.25" and modelled["aggregate GEMM (TFLOP/s)"] == "~0.105"
+    assert dict(MATMUL.run_figures(_matmul(verified=False)))["checks"] == "FAILED"
+
+
+def test_collectives_run_figures_recompute_from_the_rows_and_summary():
+    doc = _collectives()
+    figures = dict(COLLECTIVES.run_figures(doc))
+    assert figures["ops/paths"] == "allreduce/host, bcast/host"
+    sizes = [r["size_bytes"] for r in doc["rows"]]
+    assert (min(sizes), max(sizes)) == (256, 1024) and sizes[0] != 256 and sizes[-1] != 1024
+    assert figures["sizes"] == "256 B .. 1 KiB"
+    assert figures["avg busbw (GB/s)"] == "allreduce/host 1.5, bcast/host 2.25"
+    peak = max(r["busbw_gbps"] for r in doc["rows"])
+    assert peak == 6.5 and doc["rows"][0]["busbw_gbps"] != peak and doc["rows"][-1]["busbw_gbps"] != peak
+    assert figures["peak busbw (GB/s)"] == "6.5"
+    assert figures["#wrong"] == "7"
+    doc["summary"]["checked"] = False
+    assert dict(COLLECTIVES.run_figures(doc))["#wrong"] == "not checked"
+
+
+def _runs() -> list[Run]:
+    a = _matmul(aggregate_gemm_tflops=1.5, end_to_end_seconds=0.002, end_to_end_timing="measured")
+    b = _matmul(aggregate_gemm_tflops=0.75, end_to_end_seconds=0.25, verified=False)
+    return [Run(Path("a.json"), a), Run(Path("b.json"), b)]
+
+
+def test_the_runs_table_puts_each_runs_figures_under_their_titles():
+    from hetbench.report.tables import runs_table
+
+    runs = _runs()
+    table = runs_table("matmul", runs)
+    cells = {str(c.header): [str(x) for x in c.cells] for c in table.columns}
+    assert cells["aggregate GEMM (TFLOP/s)"] == ["1.5", "~0.75"]
+    assert cells["end-to-end (ms)"] == ["2", "~250"]
+    assert cells["checks"] == ["passed", "FAILED"]
+    assert cells["Run"] == [run.run_id for run in runs]
+
+
+class _Tables(HTMLParser):
+    """Every <table>'s attributes, header and body rows (cell text and class)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables: list[dict] = []
+        self._cell: list[str] | None = None
+        self._class = ""
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "table":
+            self.tables.append({"attrs": a, "head": [], "rows": []})
+        elif tag == "tr" and self.tables:
+            self.tables[-1]["rows"].append([])
+        elif tag in ("td", "th"):
+            self._cell, self._class = [], a.get("class") or ""
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell.append(data)
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self._cell is not None:
+            self.tables[-1]["rows"][-1].append(("".join(self._cell), self._class, tag))
+            self._cell = None
+
+
+def _html_tables(html: str) -> list[dict]:
+    parser = _Tables()
+    parser.feed(html)
+    for t in parser.tables:
+        head, *body = t["rows"]
+        t["head"] = [c[0] for c in head]
+        t["rows"] = [dict(zip(t["head"], row)) for row in body]
+    return parser.tables
+
+
+def test_the_page_shows_the_same_run_figures_and_each_rows_figures_in_their_units():
+    from hetbench.report.html import rows_table, runs_section
+
+    runs = _runs()
+    (section,) = _html_tables(runs_section("matmul", runs))
+    assert [r["aggregate GEMM (TFLOP/s)"][0] for r in section["rows"]] == ["1.5", "~0.75"]
+    assert [r["end-to-end (ms)"][0] for r in section["rows"]] == ["2", "~250"]
+    for run in (Run(Path("m.json"), _matmul()), Run(Path("c.json"), _collectives())):
+        figures = MATMUL if run.benchmark == "matmul" else COLLECTIVES
+        (table,) = _html_tables(rows_table(run))
+        assert len(table["rows"]) == len(run.rows)
+        for row, cells in zip(run.rows, table["rows"]):
+            for key, (unit, scale) in SHOWN.items():
+                if key not in row:
+                    continue
+                title = next(t for t in table["head"] if t.endswith(f"({unit})") and
+                             t == figures.figure(key).title)
+                text, css, _ = cells[title]
+                value = row[key]
+                modelled = figures.figure(key).modelled and figures.row_modelled(row)
+                want = "-" if value is None else ("~" if modelled else "") + g4(value * scale)
+                assert text == want, (run.benchmark, key, text, want)
+                assert ("modelled" in css) == modelled, key
+
+
+def test_the_closing_lines_shown_again(capsys):
+    from hetbench.report.console import collectives_report, matmul_summary_lines
+
+    doc = _matmul(aggregate_gemm_tflops=0.123456, end_to_end_seconds=0.0123456, end_to_end_timing="measured")
+    lines = matmul_summary_lines(doc["summary"])
+    assert lines[0].startswith("end-to-end: 12.3 ms (slowest GEMM + copy to host, then reduce; measured)")
+    assert lines[1] == "aggregate GEMM: 0.123 TFLOP/s over 2 rank(s)"
+
+    c = _collectives()
+    collectives_report(c["rows"], c["summary"], c["metadata"].get("ranks") or [])
+    out = capsys.readouterr().out
+    assert "avg bus bandwidth allreduce/host: 1.5 GB/s" in out and "avg bus bandwidth bcast/host: 2.25 GB/s" in out
+    assert "out of bounds values (#wrong, all ops and sizes): 7" in out
+    # every table row shows its own time, algbw and busbw (the times in us)
+    for row in c["rows"]:
+        pattern = (rf"│\s+{row['size_bytes']}\s+│\s+{row['count_elements']}\s+│"
+                   rf"\s+{re.escape(g4(row['op_us_median']))}\s+│\s+{re.escape(g3(row['algbw_gbps']))}\s+│"
+                   rf"\s+{re.escape(g3(row['busbw_gbps']))}\s+│")
+        assert re.search(pattern, out), (pattern, out)
