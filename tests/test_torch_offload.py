@@ -52,6 +52,19 @@ def test_products_and_their_gradients_match_torch(spec):
     assert ops.modelled == spec.startswith("sim")
 
 
+
+def _same_loss_and_gradients(cfg, plain, moved):
+    """The offloaded model's loss and every parameter's gradient are the plain model's, within fp32 tolerance."""
+    from hetbench.pytorch.models import make_batch, row_losses
+
+    x, y = make_batch(cfg, 0, 0, cfg.batch)
+    losses = [row_losses(m, x, y).sum() / cfg.batch for m in (plain, moved)]
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-6)
+    for loss in losses:
+        loss.backward()
+    for p, q in zip(plain.parameters(), moved.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6)
+
 @pytest.mark.parametrize("task", ["mlp", "gpt"])
 def test_offloaded_models_train_as_torch_does(task):
     from hetbench.pytorch.models import TaskConfig, build_model, make_batch, row_losses
@@ -62,13 +75,7 @@ def test_offloaded_models_train_as_torch_does(task):
     ops = _ops("opencl" if HAVE_OPENCL else "host")
     linears = offload_linears(moved, ops)
     assert linears == sum(isinstance(m, torch.nn.Linear) for m in moved.modules()) > 0
-    x, y = make_batch(cfg, 0, 0, cfg.batch)
-    losses = [row_losses(m, x, y).sum() / cfg.batch for m in (plain, moved)]
-    torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-6)
-    for loss in losses:
-        loss.backward()
-    for p, q in zip(plain.parameters(), moved.parameters()):
-        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6)
+    _same_loss_and_gradients(cfg, plain, moved)
     # every linear's forward and two backward products (but the mlp's first input's, which needs no gradient),
     # and the gpt's attention: 2 layers x 2 products x (batch x heads) pairs x 3 GEMMs
     attention = 2 * 2 * cfg.batch * cfg.heads * 3 if task == "gpt" else 0
@@ -396,13 +403,7 @@ def test_a_cupy_rank_without_torch_gpu_runs_its_products_on_the_cupy_backend(fak
     cfg = TaskConfig(task=task, layers=2, hidden=8, heads=2, seq_len=4, batch=3)
     plain, moved = build_model(cfg), build_model(cfg)
     offload_linears(moved, ops)
-    x, y = make_batch(cfg, 0, 0, cfg.batch)
-    losses = [row_losses(m, x, y).sum() / cfg.batch for m in (plain, moved)]
-    torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-6)
-    for loss in losses:
-        loss.backward()
-    for p, q in zip(plain.parameters(), moved.parameters()):
-        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6)
+    _same_loss_and_gradients(cfg, plain, moved)
     calls = [c for c, _ in fake.log]
     assert calls.count("matmul") == ops.gemms > 0 and calls.count("asarray") == ops.uploads > 0
     assert 0 < calls.count("get") <= ops.gemms  # one download per product (a batched one's B x H GEMMs: one)

@@ -57,6 +57,7 @@ import torch
 from torch import nn
 
 from hetbench.benchmarks import split_plan as plan
+from hetbench.comm.vcollectives import displacements as _displs
 
 SHARD_NAME = "hetbench_flat_shard"  # the flat-shard parameter each unit (and the root) registers
 ATTR = "_hetbench_fsdp"
@@ -623,14 +624,6 @@ def _tensors(out: Any) -> list[torch.Tensor]:
     if isinstance(out, dict):
         return [t for o in out.values() for t in _tensors(o)]
     return []
-
-
-def _displs(counts: Sequence[int]) -> list[int]:
-    out, at = [], 0
-    for c in counts:
-        out.append(at)
-        at += int(c)
-    return out
 
 
 def shard_module(model: nn.Module, units: Iterable[nn.Module] = (), weights: str | Sequence[float] = "even",
