@@ -5,6 +5,7 @@ weights, and --a/--b files; its figures consistent with each other; rebalancing 
 from __future__ import annotations
 
 import json
+import statistics
 
 import numpy as np
 import pytest
@@ -83,26 +84,95 @@ def test_auto_strategy_and_files_at_the_root(tmp_path):
 
 @needs_mpi
 def test_figures_agree_with_each_other(tmp_path):
-    _, doc, _ = split(tmp_path, 2, "--strategy", "rows", "--weights", "auto", "--backend", "0=host,1=sim:h100")
+    """Every derived figure of a measured split recomputed from the raw values in its own document. The weights
+    are fixed (2,1,3: parts [12, 6, 19], even [13, 12, 12]), so the even split is always measured beside (auto
+    weights equal to the even split's left no "even" to compare with). The simulated ranks' times are their
+    model's at the slice each reports: what a rank computed is what its row says it computed."""
+    from hetbench.backends.sim import gemm_model_seconds, get_model, transfer_model_seconds
+    from hetbench.benchmarks import split_plan as plan
+
+    _, doc, _ = split(tmp_path, 3, "--repeat", "3", "--strategy", "rows", "--weights", "2,1,3",
+                      "--backend", "0=host,1=sim:h100,2=sim:mi300x")
     s = doc["summary"]
     flops = 2 * M * N * K
-    assert s["total_gemm_flops"] == flops
-    rows = [r for r in doc["rows"] if r["split"] == "weighted"]
-    assert s["sum_solo_gflops"] == pytest.approx(sum(r["solo_gflops"] for r in rows))
+    assert s["total_gemm_flops"] == flops and s["parts"] == [12, 6, 19] and s["weights"] == [2, 1, 3]
+    assert set(s["splits"]) == {"even", "weighted"} and s["splits"]["even"]["parts"] == [13, 12, 12]
+    models = [None, get_model("h100"), get_model("mi300x")]
+    links = [None if link is None else plan.Link(link["link_gbps"] * 1e9, link["link_latency_us"] * 1e-6)
+             for link in s["links"]]
     for name, figures in s["splits"].items():
-        e2e = figures["end_to_end_seconds_median"]
-        assert figures["achieved_gflops"] == pytest.approx(flops / e2e / 1e9)
-        assert figures["efficiency_end_to_end"] == pytest.approx(figures["achieved_gflops"] / s["sum_solo_gflops"])
-        assert figures["compute_phase_gflops"] == pytest.approx(flops / figures["compute_seconds_median"] / 1e9)
-        raw = figures["raw"]["end_to_end_seconds"]
-        assert len(raw) == 2 and e2e == pytest.approx(float(np.median(raw)))
+        rows = [r for r in doc["rows"] if r["split"] == name]
+        assert [r["rank"] for r in rows] == [0, 1, 2] and [r["part"] for r in rows] == figures["parts"]
+        raw = [r["raw"] for r in rows]
+        for r, row in enumerate(rows):
+            part = row["part"]
+            assert row["gemm_flops"] == 2 * part * N * K and row["share_percent"] == pytest.approx(100 * part / M)
+            assert row["compute_seconds_median"] == pytest.approx(float(np.median(raw[r]["compute_seconds"])))
+            assert row["h2d_seconds_median"] == pytest.approx(float(np.median(raw[r]["h2d_seconds"])))
+            assert row["d2h_seconds_median"] == pytest.approx(float(np.median(raw[r]["d2h_seconds"])))
+            assert row["gemm_gflops"] == pytest.approx(row["gemm_flops"] / row["compute_seconds_median"] / 1e9)
+            comm = [sum(x) for x in zip(*(raw[r][f"{p}_seconds"] for p in ("distribute", "h2d", "d2h", "collect")))]
+            assert row["comm_seconds_median"] == pytest.approx(float(np.median(comm)))
+            assert row["link_gbps"] == (None if r == 0 else pytest.approx(links[r].bytes_per_s / 1e9))
+            assert row["link_latency_us"] == (None if r == 0 else pytest.approx(links[r].latency_s * 1e6))
+            if models[r] is not None:  # modelled: its GEMM's and copies' times are of the slice its row names
+                gemm_s = gemm_model_seconds(models[r], part, N, K, "fp32")
+                assert raw[r]["compute_seconds"] == pytest.approx([gemm_s] * 3, rel=1e-12)
+                h2d = transfer_model_seconds(models[r], part * K * 4) + transfer_model_seconds(models[r], K * N * 4)
+                assert raw[r]["h2d_seconds"] == pytest.approx([h2d] * 3, rel=1e-12)
+                assert raw[r]["d2h_seconds"] == pytest.approx([transfer_model_seconds(models[r], part * N * 4)] * 3,
+                                                              rel=1e-12)
+                # alone and beside the others, its rate is the model's at the slice it probed
+                probe = 2 * row["solo_part"] * N * K
+                alone = probe / gemm_model_seconds(models[r], row["solo_part"], N, K, "fp32") / 1e9
+                assert row["solo_gflops"] == pytest.approx(alone, rel=1e-12)
+                assert row["rate_gflops"] == pytest.approx(alone, rel=1e-12)
+        # per iteration: the slowest rank's distribute, device phase (copies and GEMM) and collect, added
+        device = [[h + c + d for h, c, d in zip(x["h2d_seconds"], x["compute_seconds"], x["d2h_seconds"])]
+                  for x in raw]
+        slowest = [max(its) for its in zip(*device)]
+        e2e = [max(d) + dev + max(c) for d, dev, c in zip(zip(*(x["distribute_seconds"] for x in raw)), slowest,
+                                                          zip(*(x["collect_seconds"] for x in raw)))]
+        assert figures["raw"]["end_to_end_seconds"] == pytest.approx(e2e, rel=1e-12)
+        compute = [max(its) for its in zip(*(x["compute_seconds"] for x in raw))]
+        assert figures["raw"]["compute_seconds"] == pytest.approx(compute, rel=1e-12)
+        e2e_median = float(np.median(e2e))
+        assert figures["end_to_end_seconds_median"] == pytest.approx(e2e_median, rel=1e-12)
+        assert figures["device_seconds_median"] == pytest.approx(float(np.median(slowest)), rel=1e-12)
+        for r, row in enumerate(rows):  # idle: how long it waited in the device phase for the slowest rank
+            assert row["idle_seconds_median"] == pytest.approx(
+                float(np.median([a - b for a, b in zip(slowest, device[r])])), rel=1e-9, abs=1e-15)
+        # imbalance: each iteration's slowest GEMM over the mean of the working ranks' GEMMs
+        imbalance = [max(its) / statistics.fmean(its) - 1 for its in zip(*(x["compute_seconds"] for x in raw))]
+        assert figures["imbalance_per_iteration"] == pytest.approx(imbalance, rel=1e-9, abs=1e-12)
+        assert figures["imbalance"] == pytest.approx(float(np.median(imbalance)), rel=1e-9, abs=1e-12)
+        achieved = flops / e2e_median / 1e9
+        sum_solo = sum(r["solo_gflops"] for r in rows)
+        assert s["sum_solo_gflops"] == pytest.approx(sum_solo, rel=1e-12)
+        assert figures["achieved_gflops"] == pytest.approx(achieved, rel=1e-12)
+        assert figures["efficiency_end_to_end"] == pytest.approx(achieved / sum_solo, rel=1e-12)
+        compute_phase = flops / float(np.median(compute)) / 1e9
+        assert figures["compute_phase_gflops"] == pytest.approx(compute_phase, rel=1e-12)
+        assert figures["efficiency_compute"] == pytest.approx(compute_phase / sum_solo, rel=1e-12)
+        # predicted: the model with these parts, the rates beside the others and the measured links
+        rates = [r["rate_gflops"] * 1e9 for r in rows]
+        predicted = plan.predict("rows", M, N, K, 4, figures["parts"], rates, links)
         assert figures["predicted"]["parts"] == figures["parts"]
-    for r in rows:
-        assert r["gemm_flops"] == 2 * r["part"] * N * K
-        assert r["compute_seconds_median"] == pytest.approx(float(np.median(r["raw"]["compute_seconds"])))
-        assert r["idle_seconds_median"] >= 0
-    assert s["speedup_over_even"] == pytest.approx(s["splits"]["weighted"]["achieved_gflops"]
-                                                   / s["splits"]["even"]["achieved_gflops"])
+        assert figures["predicted"]["seconds"] == pytest.approx(predicted.seconds, rel=1e-9)
+        assert figures["predicted"]["compute_seconds"] == pytest.approx(predicted.compute_seconds, rel=1e-9)
+        assert figures["timing"] == "modelled"  # a simulated rank computed
+    weighted, even = s["splits"]["weighted"], s["splits"]["even"]
+    for key in ("end_to_end_seconds_median", "achieved_gflops", "efficiency_end_to_end", "efficiency_compute",
+                "imbalance", "timing"):
+        assert s[key] == weighted[key], key
+    assert s["predicted_seconds"] == weighted["predicted"]["seconds"]
+    assert s["speedup_over_even"] == pytest.approx(even["end_to_end_seconds_median"]
+                                                   / weighted["end_to_end_seconds_median"], rel=1e-12)
+    assert s["predictions"]["rows"]["parts"] == plan.shares([2, 1, 3], M) == [12, 6, 19]
+    rates = [r["rate_gflops"] * 1e9 for r in doc["rows"] if r["split"] == "weighted"]
+    best = plan.best_root_share("rows", M, N, K, 4, rates, links)
+    assert s["model_best"]["parts"] == list(best.parts)
+    assert s["model_best"]["seconds"] == pytest.approx(best.seconds, rel=1e-9)
 
 
 @needs_mpi
