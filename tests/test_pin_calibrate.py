@@ -1,0 +1,228 @@
+"""Every figure of a `hetbench calibrate` profile pinned in one process, from known timings: the ping-pong's
+latency and bandwidth on a fake clock and communicator (how many bytes a round trip moves, which half of it, the
+median of the timed round trips after the untimed one, each peer's own figures), their units in the profile's rows
+(GB/s and us) and back in a loaded profile (bytes/s and s), and the GEMM figures of a backend whose timer gives
+seconds set by hand. Each expected number is worked out in the comments."""
+
+from __future__ import annotations
+
+import contextlib
+from types import SimpleNamespace
+
+import pytest
+
+from hetbench.backends.base import Elapsed
+from hetbench.backends.host import HostBackend
+from hetbench.benchmarks.calibrate import Calibrate, CalibrateConfig, Prepared, run_rank
+from hetbench.dtypes import DTYPES
+from hetbench.harness import probe
+from hetbench.results.io import write_json_atomic
+from hetbench.results.profile import load_profile
+from hetbench.results.schema import make_document
+
+US = 1e-6
+NBYTES = 2**20  # --link-bytes 1M
+# Each peer's link: one message of b bytes takes latency + b / bandwidth each way; every round trip a little
+# more (the noise of a real machine): the untimed first one 1 ms, then the five timed ones as listed
+PEERS = {1: (2 * US, 1e9, [1000, 0, 4, 1, 9, 2]),   # 2 us, 1 GB/s
+         2: (10 * US, 4e9, [1000, 3, 0, 5, 1, 2])}  # 10 us, 4 GB/s
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+class RootComm:
+    """The root's side of the ping-pong with every peer in PEERS, on a fake clock: a Send and the Recv of the
+    answer each advance it by one message's time, the Recv by the round trip's extra as well."""
+
+    def __init__(self, clock: Clock, size: int = 3) -> None:
+        self.clock, self.size = clock, size
+        self.round_trips: dict[tuple[int, int], int] = {}  # (peer, message bytes) -> round trips done
+        self.scattered = None
+
+    def Get_rank(self) -> int:  # noqa: N802 - mpi4py's names
+        return 0
+
+    def Get_size(self) -> int:  # noqa: N802
+        return self.size
+
+    def Send(self, buf, dest, tag):  # noqa: N802
+        latency, bandwidth, _ = PEERS[dest]
+        self.clock.now += latency + buf.nbytes / bandwidth
+
+    def Recv(self, buf, source, tag):  # noqa: N802
+        latency, bandwidth, extra = PEERS[source]
+        done = self.round_trips.get((source, buf.nbytes), 0)
+        self.round_trips[source, buf.nbytes] = done + 1
+        self.clock.now += latency + buf.nbytes / bandwidth + extra[done] * US
+
+    def scatter(self, figures, root):
+        self.scattered = figures
+        return figures[root]
+
+
+class PeerComm:
+    """A rank other than the root: it answers the ping-pong and is handed the figures the root measured."""
+
+    def __init__(self, rank: int, mine: tuple[float, float]) -> None:
+        self.rank, self.mine = rank, mine
+
+    def Get_rank(self) -> int:  # noqa: N802
+        return self.rank
+
+    def Get_size(self) -> int:  # noqa: N802
+        return 2
+
+    def Send(self, buf, dest, tag):  # noqa: N802
+        assert dest == 0
+
+    def Recv(self, buf, source, tag):  # noqa: N802
+        assert source == 0
+
+    def scatter(self, figures, root):
+        assert figures is None and root == 0
+        return self.mine
+
+
+# The expected figures, by hand. Peer 1: the 8-byte message's half round trip is 2 us + 8 B / 1 GB/s = 2.008 us
+# plus half the extra: 2.008, 4.008, 2.508, 6.508, 3.008 us; median 3.008 us, the latency. The 1 MiB message's half
+# round trip is 2 us + 1048.576 us plus half the extra: its median (extras 0, 4, 1, 9, 2 us: the 2) 1051.576 us; the
+# bandwidth is the message over its half round trip less the latency (one way, one message): 1 MiB / 1048.568 us.
+# (The median of the rates is the rate of the median half, the rate falling as the half grows.)
+PEER1 = (NBYTES / ((1050.576 + 1.0 - 3.008) * US), 3.008 * US)
+# Peer 2: halves 10.002 us + 3/2, 0, 5/2, 1/2, 1 us: median 11.002 us; the large one 10 + 262.144 us + the same:
+# median 273.144 us
+PEER2 = (NBYTES / ((272.144 + 1.0 - 11.002) * US), 11.002 * US)
+
+
+def test_each_peers_latency_is_half_a_small_round_trip_and_bandwidth_one_message_over_the_rest(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(probe, "time", SimpleNamespace(perf_counter=clock.perf_counter))
+    comm = RootComm(clock)
+    assert probe.link_to_root(comm, root=0, nbytes=NBYTES, repeat=5) is None  # the root has no link to itself
+    assert comm.scattered[0] is None
+    for peer, (bytes_per_s, latency_s) in ((1, PEER1), (2, PEER2)):
+        got_rate, got_latency = comm.scattered[peer]
+        assert got_latency == pytest.approx(latency_s, rel=1e-9), peer
+        assert got_rate == pytest.approx(bytes_per_s, rel=1e-9), peer
+    # one untimed and five timed round trips of each message with each peer
+    assert comm.round_trips == {(1, 8): 6, (1, NBYTES): 6, (2, 8): 6, (2, NBYTES): 6}
+    assert 1.0e9 < PEER1[0] < 1.0001e9 and 3.99e9 < PEER2[0] < 4.01e9  # the links' own bandwidth, near enough
+    # a peer is handed its own figures, as a Link
+    link = probe.link_to_root(PeerComm(1, PEER1), root=0, nbytes=NBYTES, repeat=5)
+    assert (link.bytes_per_s, link.latency_s) == PEER1
+
+
+class ScriptedBackend(HostBackend):
+    """The host backend (real products, so the check is real) whose timer says what `script` lists, in order."""
+
+    def __init__(self, script):
+        super().__init__()
+        self.script = iter(script)
+
+    @contextlib.contextmanager
+    def timer(self):
+        elapsed = Elapsed()
+        yield elapsed
+        elapsed.seconds = next(self.script)
+
+
+# 200 x 48 x 130, min-seconds 0.05, repeat 3. rows: parts 64 (one untimed run, then its probe: 0.01 s), 128
+# (0.02 s), 200, the whole m (0.03 s, the last part however short), then three timed runs 0.05, 0.04, 0.07: median
+# 0.05 (the mean would be 0.0533). k: parts 64 (0.01 s), 128 (0.06 s >= min-seconds: found), then 0.2, 0.1, 0.3:
+# median 0.2.
+SCRIPT = [9.0, 0.01, 0.02, 0.03, 0.05, 0.04, 0.07,
+          9.0, 0.01, 0.06, 0.2, 0.1, 0.3]
+M_, N_, K_ = 200, 48, 130
+
+
+def calibrate_rank(rank: int, comm, script=SCRIPT):
+    cfg = CalibrateConfig(m=M_, n=N_, k=K_, dtypes=(DTYPES["fp32"],), strategies=("rows", "k"), backends=(),
+                          repeat=3, min_seconds=0.05, link_bytes=NBYTES)
+    backend = ScriptedBackend(script)
+    opened = SimpleNamespace(backend=backend, info=backend.info(), spec="host")
+    world = SimpleNamespace(rank=rank, host="node", comm=comm, barrier=lambda: None)
+    prepared = Prepared(opened, 123456789, {("fp32", "rows"): 200, ("fp32", "k"): 130})
+    return cfg, run_rank(cfg, world, prepared)
+
+
+def test_a_ranks_rows_carry_its_link_in_gb_per_s_and_us_and_its_gemm_rate(monkeypatch):
+    monkeypatch.setattr(probe, "time", SimpleNamespace(perf_counter=Clock().perf_counter))
+    cfg, (rows_rank, k_rank) = calibrate_rank(1, PeerComm(1, (3.2e9, 4.5e-6)))
+    for row in (rows_rank, k_rank):
+        assert row["rank"] == 1 and row["backend"] == "host" and row["device_timing"] == "measured"
+        assert row["link_gbps"] == pytest.approx(3.2, rel=1e-12)  # 3.2e9 bytes/s
+        assert row["link_latency_us"] == pytest.approx(4.5, rel=1e-12)  # 4.5e-6 s
+        assert row["free_memory_bytes"] == 123456789 and row["verified"] is True
+        assert (row["m"], row["n"], row["k"], row["dtype"]) == (M_, N_, K_, "fp32")
+    assert rows_rank["strategy"] == "rows" and k_rank["strategy"] == "k"
+    # rows: the whole 200 rows of A, 200 x 48 x 130
+    assert rows_rank["part"] == 200 and rows_rank["part_limit"] == 200
+    assert rows_rank["gemm_flops"] == 2 * 200 * 48 * 130
+    assert rows_rank["raw"]["probes"] == [{"part": 64, "gemm_seconds": 0.01}, {"part": 128, "gemm_seconds": 0.02},
+                                          {"part": 200, "gemm_seconds": 0.03}]
+    assert rows_rank["raw"]["gemm_seconds"] == [0.05, 0.04, 0.07]
+    assert rows_rank["gemm_seconds_median"] == 0.05
+    assert rows_rank["gemm_gflops"] == pytest.approx(2 * 200 * 48 * 130 / 0.05 / 1e9, rel=1e-12)
+    # k: 128 of the 130 columns of A (and rows of B), 200 x 48 x 128
+    assert k_rank["part"] == 128 and k_rank["part_limit"] == 130
+    assert k_rank["gemm_flops"] == 2 * 200 * 48 * 128
+    assert [p["part"] for p in k_rank["raw"]["probes"]] == [64, 128]
+    assert k_rank["gemm_seconds_median"] == 0.2
+    assert k_rank["gemm_gflops"] == pytest.approx(2 * 200 * 48 * 128 / 0.2 / 1e9, rel=1e-12)
+
+
+def test_the_profile_reads_back_what_the_ping_pong_and_the_gemms_measured(monkeypatch, tmp_path):
+    """The chain from a measurement to split's weights: the root's ping-pong on the fake clock, rank 1's rows (in
+    GB/s and us), the document's summary, and load_profile's Link (bytes/s, s) and rates (flop/s)."""
+    clock = Clock()
+    monkeypatch.setattr(probe, "time", SimpleNamespace(perf_counter=clock.perf_counter))
+    root_comm = RootComm(clock, size=2)
+    cfg, rows0 = calibrate_rank(0, root_comm)
+    _, rows1 = calibrate_rank(1, PeerComm(1, root_comm.scattered[1]),
+                              script=[9.0, 0.01, 0.02, 0.04, 0.08, 0.03, 0.05, 9.0, 0.01, 0.05, 0.5, 0.5, 0.5])
+    assert root_comm.scattered[1] == pytest.approx(PEER1, rel=1e-9)
+    assert rows0[0]["link_gbps"] is None and rows0[0]["link_latency_us"] is None
+    assert rows1[0]["link_gbps"] == pytest.approx(PEER1[0] / 1e9, rel=1e-9)  # about 1.000008 GB/s
+    assert rows1[0]["link_latency_us"] == pytest.approx(3.008, rel=1e-9)
+    bench = Calibrate()
+    gathered = [rows0, rows1]
+    rows = bench.rows(cfg, gathered)
+    assert [(r["strategy"], r["rank"]) for r in rows] == [("rows", 0), ("rows", 1), ("k", 0), ("k", 1)]
+    summary = bench.summarize(cfg, rows, gathered)
+    # rank 0's rows GEMM at 200 x 48 x 130 in 0.05 s (2.496 GFLOP/s), rank 1's in its median 0.05 s of 0.08,
+    # 0.03, 0.05 as well; k: 200 x 48 x 128 in 0.2 s and (128 columns reached 0.05 s) 0.5 s
+    rows_flops, k_flops = 2 * 200 * 48 * 130, 2 * 200 * 48 * 128
+    assert summary["sum_gemm_gflops"] == {
+        "fp32 rows": pytest.approx((rows_flops / 0.05 + rows_flops / 0.05) / 1e9, rel=1e-12),
+        "fp32 k": pytest.approx((k_flops / 0.2 + k_flops / 0.5) / 1e9, rel=1e-12)}
+    assert summary["ranks"] == 2 and summary["gemm_timing"] == "measured" and summary["verified"] is True
+    assert summary["dtypes"] == ["fp32"] and summary["strategies"] == ["rows", "k"]
+    path = tmp_path / "profile.json"
+    write_json_atomic(path, make_document("calibrate", {"world_size": 2, "date_utc": "2025-01-01T00:00:00+00:00"},
+                                          cfg.to_dict(), rows, summary, summary["verified"]))
+    devices = [("host", rows0[0]["device"])] * 2
+    got = load_profile(path, 2, "fp32", "rows", devices)
+    assert got.links[0] is None
+    assert got.links[1].bytes_per_s == pytest.approx(PEER1[0], rel=1e-9)
+    assert got.links[1].latency_s == pytest.approx(3.008e-6, rel=1e-9)
+    assert got.rates == pytest.approx((rows_flops / 0.05, rows_flops / 0.05), rel=1e-12)
+    assert got.free_bytes == (123456789, 123456789)
+    got_k = load_profile(path, 2, "fp32", "k", devices)
+    assert got_k.rates == pytest.approx((k_flops / 0.2, k_flops / 0.5), rel=1e-12)
+
+
+def test_a_failed_check_on_one_row_fails_the_summary():
+    """verified is every row's verdict: one wrong product is enough."""
+    cfg = CalibrateConfig(m=1, n=1, k=1, dtypes=(DTYPES["fp32"],), strategies=("rows",), backends=())
+    rows = [{"dtype": "fp32", "strategy": "rows", "gemm_gflops": 2.0, "device_timing": "measured", "verified": True},
+            {"dtype": "fp32", "strategy": "rows", "gemm_gflops": 3.0, "device_timing": "modelled",
+             "verified": False}]
+    summary = Calibrate().summarize(cfg, rows, [[rows[0]], [rows[1]]])
+    assert summary["verified"] is False and summary["gemm_timing"] == "mixed"
+    assert summary["sum_gemm_gflops"] == {"fp32 rows": 5.0}
