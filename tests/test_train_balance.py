@@ -33,6 +33,46 @@ def test_hidden_is_what_the_last_rank_to_arrive_did_not_wait():
     assert gathers_hidden([_log([1e-3])], blocking=None) is None
 
 
+def test_hidden_percent_from_known_exposed_times():
+    """The prefetch figures of the step lines and the summary, from two ranks' exposed times given by hand (a real
+    run's hidden share is 0 in some runs, where a wrong formula would still give 0 on both sides). One gather alone
+    takes 2 ms; 3 prefetched gathers a step, exposed (ms):
+      step 0: rank 0 [3, 0.5, 1], rank 1 [0.5, 2.5, 1.5]: least per gather [0.5, 0.5, 1], exposed 2, hidden
+              1.5 + 1.5 + 1 = 4
+      step 1: rank 0 [2.5, 0, 4], rank 1 [3, 1, 0.25]: least [2.5, 0, 0.25], exposed 2.75, hidden 0 + 2 + 1.75 = 3.75
+    hidden in all: 7.75 of 2 steps x 3 gathers x 2 ms = 12 ms, 64.58 %."""
+    from types import SimpleNamespace
+
+    from hetbench.harness.train import RankOutcome, _prefetch_summary, _step_lines
+
+    ms = 1e-3
+
+    def log(step, seconds, exposed):
+        return StepLog(step=step, loss=1.0, step_seconds=seconds, compute_seconds=0.0, comm_seconds=0.0,
+                       idle_seconds=0.0, samples=12, param_bytes=0, grad_bytes=0, optimizer_bytes=0,
+                       gather_exposed_seconds=[e * ms for e in exposed])
+
+    every = [[log(0, 0.10, [3, 0.5, 1]), log(1, 0.125, [2.5, 0, 4])],
+             [log(0, 0.12, [0.5, 2.5, 1.5]), log(1, 0.1, [3, 1, 0.25])]]
+    facts = [{"device_timing": "measured"}] * 2
+    lines = _step_lines(SimpleNamespace(batch=24), every, facts, 2 * ms)
+    assert [line["gather_exposed_seconds"] for line in lines] == pytest.approx([2 * ms, 2.75 * ms], rel=1e-12)
+    assert [line["comm_hidden_seconds"] for line in lines] == pytest.approx([4 * ms, 3.75 * ms], rel=1e-12)
+    # each step's time is its slowest rank's: 0.12 s and 0.125 s, so 200 and 192 samples/s of the batch of 24
+    assert [line["step_seconds"] for line in lines] == [0.12, 0.125]
+    assert [line["samples_per_second"] for line in lines] == pytest.approx([200, 192], rel=1e-12)
+    root = RankOutcome(logs=[], facts={}, weights=[], shares=[], steps=lines,
+                       details={"strategy": "fsdp", "prefetch": True, "gather_seconds_blocking": 2 * ms,
+                                "prefetched_gathers_per_step": 3})
+    summary = _prefetch_summary(root)
+    assert summary["prefetch"] is True and summary["gather_seconds_blocking"] == 2 * ms
+    assert summary["comm_hidden_percent"] == pytest.approx(100 * 7.75 / 12, rel=1e-12)
+    # without prefetch nothing is hidden and nothing is said
+    off = RankOutcome(logs=[], facts={}, weights=[], shares=[], steps=_step_lines(SimpleNamespace(batch=24), [
+        [log(0, 0.1, [])], [log(0, 0.1, [])]], facts, None), details={"strategy": "fsdp", "prefetch": False})
+    assert _prefetch_summary(off) == {"prefetch": False} and "comm_hidden_seconds" not in off.steps[0]
+
+
 def _train(tmp_path, name, *args):
     out = tmp_path / f"{name}.json"
     run = run_cli(["train", *SMALL, "--out", str(out), "--log", str(tmp_path / f"{name}.log.jsonl"), *args], nprocs=2,
@@ -53,6 +93,7 @@ def test_prefetch_reports_what_it_hid_and_trains_the_same_run(tmp_path):
         # the exposed time is measured; what was hidden is at most every gather's blocking time
         assert line["gather_exposed_seconds"] >= 0
         assert 0 <= line["comm_hidden_seconds"] <= gathers * s["gather_seconds_blocking"] + 1e-12
+    # the same sum as the run's (test_hidden_percent_from_known_exposed_times pins it where hidden is not 0)
     hidden = sum(line["comm_hidden_seconds"] for line in on["steps"])
     assert s["comm_hidden_percent"] == pytest.approx(100 * hidden / (12 * gathers * s["gather_seconds_blocking"]))
     assert f"prefetch: {s['comm_hidden_percent']:.3g} % of the layer gathers' time hidden" in run.stdout
