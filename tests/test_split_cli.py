@@ -43,11 +43,12 @@ def test_two_ranks_compute_numpys_product(tmp_path, strategy, weights):
     assert sum(summary["parts"]) == dim
     if weights == "3,1":
         assert summary["parts"] == ([28, 9] if strategy == "rows" else [22, 7])  # 37 * 3/4 = 27.75; 29 * 3/4 = 21.75
+    even = [19, 18] if strategy == "rows" else [15, 14]
     if weights == "even":
-        assert summary["parts"] == ([19, 18] if strategy == "rows" else [15, 14])
-        assert set(summary["splits"]) == {"weighted"}  # the even split is the chosen one: measured once
-    else:
-        assert set(summary["splits"]) == {"even", "weighted"}
+        assert summary["parts"] == even
+    # the even split is measured beside the chosen one where their parts differ; where they are the same (always
+    # for even weights, in some runs for auto) it is measured once
+    assert set(summary["splits"]) == ({"weighted"} if summary["parts"] == even else {"even", "weighted"})
     assert "C at rank 0: verified" in run.stdout
 
 
