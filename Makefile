@@ -33,7 +33,7 @@ VENV_OPENMPI ?= .venv-openmpi
 EXTRAS_OPENMPI ?= opencl,report,dev$(if $(HAVE_CLBLAST),$(comma)clblast)
 OPENMPI_MPIRUN ?= /usr/bin/mpirun
 
-.PHONY: demo test test-openmpi bench bench-torch bench-split bench-train bench-train-torch env env-openmpi clean
+.PHONY: demo test test-openmpi bench bench-torch bench-split bench-train bench-train-torch mutate env env-openmpi clean
 
 env: $(VENV)/.installed
 
@@ -186,6 +186,12 @@ bench-train-torch: env
 	$(BENCH_SPLIT_ENV) $(MPIEXEC) $(BENCH_TRAIN_BIND) -n 2 $(HETBENCH) train $(BENCH_TRAIN_TORCH_ARGS) \
 		--backend 0=host,1=opencl --weights even --out $(BENCH_TRAIN_TORCH_DIR)/pair-even.json >/dev/null
 	$(PY) -m hetbench.overhead train-torch $(BENCH_TRAIN_TORCH_DIR)
+
+# Issue 17's mutation run (tools/mutate.py): every figure module's mutants against the tests that pin it; lists the
+# survivors and exits 1 if any (long: minutes per module). MUTATE_FILES picks modules (default: all of them)
+MUTATE_FILES ?= --all
+mutate: env
+	$(PY) tools/mutate.py $(MUTATE_FILES) --out results/mutants.json
 
 clean:
 	rm -rf $(VENV) $(VENV_OPENMPI) build dist *.egg-info

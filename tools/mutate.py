@@ -1,0 +1,190 @@
+"""A small mutation run over the modules that compute hetbench's figures (issue 17): each mutant changes one thing a
+reader would not notice at a glance (an operator, a comparison, a number, max for min, an index), and the tests that
+pin that module's figures run against it. A mutant the tests do not fail ("survives") is a figure nothing pins, or
+a change that cannot alter any result (an equivalent mutant): the first needs a test, the second a comment on the
+line, `# mutation: equivalent (why)`, which this script then skips.
+
+    .venv/bin/python tools/mutate.py --list                      # the targets and their mutant counts
+    .venv/bin/python tools/mutate.py hetbench/comm/busbw.py       # one target's mutants, its tests against each
+    .venv/bin/python tools/mutate.py --all --out mutants.json     # every target (long: minutes per target)
+
+Each mutant runs in a copy of the checkout (the tree without .venv, results/ and .git), the target file rewritten
+there (ast.unparse of the mutated tree: comments and layout go, the code is the same), with the venv's python and
+`pytest -x -q` over the target's tests, each run under a timeout (a mutant that hangs counts as killed, as a hang
+fails CI). Prints every survivor as FILE:LINE: the change; exits 1 when any survives, 0 when none does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import copy
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+EQUIVALENT = "# mutation: equivalent"
+TIMEOUT_S = 300
+
+# the modules that compute figures, and the tests that pin them (kept fast: these run once per mutant)
+TARGETS: dict[str, list[str]] = {
+    "hetbench/comm/busbw.py": ["tests/test_collectives_spec.py", "tests/test_torch_backend.py"],
+    "hetbench/harness/stats.py": ["tests/test_results.py", "tests/test_compare.py"],
+    "hetbench/pytorch/metrics.py": ["tests/test_torch_backend.py"],
+    "hetbench/pytorch/fsdp.py": ["tests/test_torch_fsdp.py"],
+    "hetbench/benchmarks/split_plan.py": ["tests/test_split_plan.py"],
+}
+
+_BINOPS = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.FloorDiv: ast.Mult,
+           ast.Pow: ast.Mult}
+_CMPOPS = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,
+           ast.NotEq: ast.Eq}
+_CALLS = {"max": "min", "min": "max", "sum": "len"}
+
+
+@dataclass
+class Mutant:
+    path: str
+    line: int
+    change: str
+    index: int  # the n-th mutable site of the file, in ast.walk order
+
+
+def _sites(tree: ast.AST) -> list[tuple[ast.AST, str]]:
+    """Every site a mutant can change, with what the change is, in ast.walk order."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+            out.append((node, f"{type(node.op).__name__} -> {_BINOPS[type(node.op)].__name__}"))
+        elif isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in _CMPOPS:
+            out.append((node, f"{type(node.ops[0]).__name__} -> {_CMPOPS[type(node.ops[0])].__name__}"))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _CALLS:
+            out.append((node, f"{node.func.id}() -> {_CALLS[node.func.id]}()"))
+        elif (isinstance(node, ast.Constant) and type(node.value) in (int, float) and not isinstance(node.value, bool)
+              and node.value not in (0,)):
+            out.append((node, f"{node.value!r} -> {_bumped(node.value)!r}"))
+    return out
+
+
+def _bumped(value: float) -> float:
+    return value * 1000 if isinstance(value, float) and value >= 1e3 else value + 1
+
+
+def _mutated(tree: ast.AST, index: int) -> ast.AST:
+    tree = copy.deepcopy(tree)
+    node, _ = _sites(tree)[index]
+    if isinstance(node, ast.BinOp):
+        node.op = _BINOPS[type(node.op)]()
+    elif isinstance(node, ast.Compare):
+        node.ops = [_CMPOPS[type(node.ops[0])]()]
+    elif isinstance(node, ast.Call):
+        node.func.id = _CALLS[node.func.id]  # type: ignore[attr-defined]
+    elif isinstance(node, ast.Constant):
+        node.value = _bumped(node.value)
+    return tree
+
+
+def _docstring_lines(tree: ast.AST) -> set[int]:
+    """Lines of docstrings and of `if TYPE_CHECKING`-style annotations: nothing to mutate there."""
+    out: set[int] = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            out.update(range(body[0].lineno, (body[0].end_lineno or body[0].lineno) + 1))
+        if isinstance(node, (ast.AnnAssign, ast.arg)) and getattr(node, "annotation", None) is not None:
+            ann = node.annotation
+            out.update(range(ann.lineno, (ann.end_lineno or ann.lineno) + 1))
+    return out
+
+
+def mutants(path: str) -> list[Mutant]:
+    source = (REPO / path).read_text()
+    lines = source.splitlines()
+    tree = ast.parse(source)
+    skip = _docstring_lines(tree)
+    out = []
+    for i, (node, change) in enumerate(_sites(tree)):
+        line = getattr(node, "lineno", 0)
+        text = lines[line - 1] if 0 < line <= len(lines) else ""
+        if line in skip or EQUIVALENT in text:
+            continue
+        out.append(Mutant(path, line, change, i))
+    return out
+
+
+def _copy_tree(dest: Path) -> None:
+    ignore = shutil.ignore_patterns(".venv*", ".git", "results", "__pycache__", ".pytest_cache", "build", "*.egg-info")
+    shutil.copytree(REPO, dest, ignore=ignore, dirs_exist_ok=True)
+
+
+def run_target(path: str, tests: list[str], python: str, limit: int | None = None) -> list[dict]:
+    """Run every mutant of `path` against `tests`; returns one record per mutant."""
+    records = []
+    found = mutants(path)[:limit] if limit else mutants(path)
+    tree = ast.parse((REPO / path).read_text())
+    with tempfile.TemporaryDirectory(prefix="hetbench-mutate-") as tmp:
+        work = Path(tmp) / "tree"
+        _copy_tree(work)
+        target = work / path
+        original = target.read_text()
+        env = dict(os.environ, PYTHONPATH=str(work), PYTHONDONTWRITEBYTECODE="1")
+        baseline = subprocess.run([python, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests], cwd=work,
+                                  env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+        if baseline.returncode != 0:
+            raise SystemExit(f"{path}: its tests fail before any mutation:\n{baseline.stdout[-2000:]}")
+        for m in found:
+            target.write_text(ast.unparse(_mutated(tree, m.index)) + "\n")
+            start = time.perf_counter()
+            try:
+                run = subprocess.run([python, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests], cwd=work,
+                                     env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+                killed = run.returncode != 0
+                how = "failed" if killed else "passed"
+            except subprocess.TimeoutExpired:
+                killed, how = True, "timed out"
+            finally:
+                target.write_text(original)
+            records.append({"file": m.path, "line": m.line, "change": m.change, "killed": killed, "tests": how,
+                            "seconds": round(time.perf_counter() - start, 1)})
+            mark = "killed  " if killed else "SURVIVED"
+            print(f"{mark} {m.path}:{m.line}: {m.change} ({how})", flush=True)
+    return records
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("files", nargs="*", help="targets (default with --all: every one in TARGETS)")
+    p.add_argument("--all", action="store_true")
+    p.add_argument("--list", action="store_true", help="list the targets and their mutant counts, run nothing")
+    p.add_argument("--limit", type=int, default=None, help="at most this many mutants per target")
+    p.add_argument("--out", default=None, help="write every mutant's record to this JSON file")
+    p.add_argument("--python", default=str(REPO / ".venv" / "bin" / "python"))
+    args = p.parse_args(argv)
+    files = list(TARGETS) if args.all or args.list else args.files
+    unknown = [f for f in files if f not in TARGETS]
+    if unknown or not files:
+        print(f"targets: {', '.join(TARGETS)} (got {', '.join(unknown) or 'none'})", file=sys.stderr)
+        return 2
+    if args.list:
+        for f in files:
+            print(f"{f}: {len(mutants(f))} mutants, tests {' '.join(TARGETS[f])}")
+        return 0
+    records = []
+    for f in files:
+        records += run_target(f, TARGETS[f], args.python, args.limit)
+    survivors = [r for r in records if not r["killed"]]
+    print(f"{len(records)} mutants, {len(records) - len(survivors)} killed, {len(survivors)} survived")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"mutants": records, "survivors": survivors}, indent=1) + "\n")
+    return 1 if survivors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
