@@ -36,8 +36,15 @@ TIMEOUT_S = 300
 # the modules that compute figures, and the tests that pin them (kept fast: these run once per mutant)
 TARGETS: dict[str, list[str]] = {
     "hetbench/comm/busbw.py": ["tests/test_collectives_spec.py", "tests/test_torch_backend.py"],
-    "hetbench/harness/stats.py": ["tests/test_results.py", "tests/test_compare.py"],
     "hetbench/pytorch/metrics.py": ["tests/test_torch_backend.py"],
+    "hetbench/harness/stats.py": ["tests/test_results.py", "tests/test_compare.py"],
+    "hetbench/harness/train.py": ["tests/test_pin_train.py"],
+    "hetbench/harness/collectives.py": ["tests/test_pin_collectives.py"],
+    "hetbench/harness/split.py": ["tests/test_pin_split.py"],
+    "hetbench/harness/probe.py": ["tests/test_pin_calibrate.py"],
+    "hetbench/report/compare.py": ["tests/test_pin_compare.py", "tests/test_compare.py"],
+    "hetbench/report/significance.py": ["tests/test_pin_compare.py", "tests/test_compare.py"],
+    "hetbench/report/figures.py": ["tests/test_pin_report.py", "tests/test_pin_compare.py"],
     "hetbench/pytorch/fsdp.py": ["tests/test_torch_fsdp.py"],
     "hetbench/benchmarks/split_plan.py": ["tests/test_split_plan.py"],
 }
