@@ -127,7 +127,13 @@ def mutants(path: str) -> list[Mutant]:
 
 
 def _copy_tree(dest: Path) -> None:
-    ignore = shutil.ignore_patterns(".venv*", ".git", "results", "__pycache__", ".pytest_cache", "build", "*.egg-info")
+    """The checkout without its virtualenvs, git data and results folder (top level only: hetbench/results is code)
+    or caches."""
+    def ignore(folder: str, names: list[str]) -> set[str]:
+        top = Path(folder).resolve() == REPO
+        return {n for n in names if n in ("__pycache__", ".pytest_cache") or n.endswith(".egg-info") or
+                (top and (n.startswith(".venv") or n in (".git", "results", "build")))}
+
     shutil.copytree(REPO, dest, ignore=ignore, dirs_exist_ok=True)
 
 
