@@ -251,3 +251,41 @@ def test_a_plans_figures_and_its_even_splits_prediction(backend, weights, strate
     best_dim = m if best["strategy"] == "rows" else k
     assert sum(best["parts"]) == best_dim
     assert best["root_share_percent"] == pytest.approx(100 * best["parts"][0] / best_dim, rel=1e-12)
+
+
+def test_the_denominator_is_each_rank_alone_at_its_final_part_and_above_1_is_a_fault(capsys):
+    """With the final parts timed alone (solo_at_parts), the efficiency's denominator is their median rates, a rank
+    without a part counting its probe's; the probes' efficiency stays beside it. An efficiency above 1 is listed as a
+    measurement fault in the document and marked on the console, never shown as a gain."""
+    from hetbench.report.console import split_report
+
+    g = gathered()
+    # rank 0 alone at its 6 rows: 6e7 flop in 20 ms = 3 GFLOP/s (its probe: SOLO[0]); rank 2 at 4 rows in 10 ms = 4
+    at_parts = [{"part": 6, "gflops_median": 3.0, "gflops_min": 2.9, "gflops_max": 3.1, "seconds": [0.02] * 3},
+                None,
+                {"part": 4, "gflops_median": 4.0, "gflops_min": 3.8, "gflops_max": 4.2, "seconds": [0.01] * 3}]
+    g[0].chosen["solo_at_parts"] = at_parts
+    s = run.summarize_job(CFG, run.rows(CFG, g), g)
+    denominator = 3.0 + SOLO[1] / 1e9 + 4.0  # rank 1 has no part: its probe's rate
+    assert s["sum_solo_gflops"] == pytest.approx(denominator, rel=REL)
+    assert s["sum_solo_gflops_probe"] == pytest.approx(sum(SOLO) / 1e9, rel=REL)
+    assert s["solo_at_parts"] == at_parts and "final part" in s["efficiency_basis"]
+    for name in ("weighted", "even"):
+        f = s["splits"][name]
+        assert f["efficiency_end_to_end"] == pytest.approx(f["achieved_gflops"] / denominator, rel=REL)
+        assert f["efficiency_compute"] == pytest.approx(f["compute_phase_gflops"] / denominator, rel=REL)
+        assert f["efficiency_compute_probe"] == pytest.approx(f["compute_phase_gflops"] / (sum(SOLO) / 1e9), rel=REL)
+    assert s["measurement_faults"] == []
+    # the same run against solo rates far below it: every efficiency above 1 is named a fault
+    for a in at_parts:
+        if a:
+            a["gflops_median"] = 0.5
+    s = run.summarize_job(CFG, run.rows(CFG, g), g)
+    above = [(n, k) for n, f in s["splits"].items() for k in ("efficiency_end_to_end", "efficiency_compute")
+             if f[k] > 1]
+    assert above and len(s["measurement_faults"]) == len(above)
+    for (name, key), fault in zip(above, s["measurement_faults"]):
+        assert fault.startswith(f"{name} split {key} {s['splits'][name][key]:.3f} > 1: a measurement fault")
+    split_report(run.rows(CFG, g), s)
+    shown = capsys.readouterr().out
+    assert shown.count("MEASUREMENT FAULT") >= len(above)

@@ -148,8 +148,24 @@ def test_figures_agree_with_each_other(tmp_path):
         assert figures["imbalance_per_iteration"] == pytest.approx(imbalance, rel=1e-9, abs=1e-12)
         assert figures["imbalance"] == pytest.approx(float(np.median(imbalance)), rel=1e-9, abs=1e-12)
         achieved = flops / e2e_median / 1e9
-        sum_solo = sum(r["solo_gflops"] for r in rows)
+        # the denominator: each rank alone at its final (weighted) part, the probe's rate for a rank without one;
+        # on a simulated rank exactly the model's rate at that part
+        sum_probe = sum(r["solo_gflops"] for r in rows)
+        assert s["sum_solo_gflops_probe"] == pytest.approx(sum_probe, rel=1e-12)
+        final = s["splits"]["weighted"]["parts"]
+        for r, at in enumerate(s["solo_at_parts"]):
+            assert (at is None) == (final[r] == 0)
+            if at is not None:
+                assert at["part"] == final[r] and at["gflops_min"] <= at["gflops_median"] <= at["gflops_max"]
+                assert at["gflops_median"] == pytest.approx(
+                    2 * final[r] * N * K / float(np.median(at["seconds"])) / 1e9, rel=1e-12)
+                if models[r] is not None:
+                    assert at["gflops_median"] == pytest.approx(
+                        2 * final[r] * N * K / gemm_model_seconds(models[r], final[r], N, K, "fp32") / 1e9, rel=1e-12)
+        sum_solo = sum(at["gflops_median"] if at else row["solo_gflops"]
+                       for at, row in zip(s["solo_at_parts"], rows))
         assert s["sum_solo_gflops"] == pytest.approx(sum_solo, rel=1e-12)
+        assert figures["efficiency_end_to_end_probe"] == pytest.approx(flops / e2e_median / 1e9 / sum_probe, rel=1e-12)
         assert figures["achieved_gflops"] == pytest.approx(achieved, rel=1e-12)
         assert figures["efficiency_end_to_end"] == pytest.approx(achieved / sum_solo, rel=1e-12)
         compute_phase = flops / float(np.median(compute)) / 1e9

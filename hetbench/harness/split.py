@@ -389,6 +389,7 @@ def measure(cfg: Any, world: World, state: SplitState,
         timed, c = run_split(world, state, dtype, strategy, p, cfg.warmup, cfg.repeat, tick)
         splits.append((name, strategy, list(p), timed))
 
+    solo_at_parts = solo_at_final_parts(world, state, dtype, strategy, m, n, k, parts, cfg.seed)
     verdict = None
     if world.rank == ROOT:
         assert c is not None
@@ -396,7 +397,8 @@ def measure(cfg: Any, world: World, state: SplitState,
     verdict = world.comm.bcast(verdict, root=ROOT)
     chosen = {"mnk": (m, n, k), "caps": state.caps[strategy], "strategy": strategy, "strategy_given": cfg.strategy, "weights_kind": cfg.weights.kind,
               "weights": weights_for(strategy), "predictions": {s: p.to_dict() for s, p in predictions.items()},
-              "links": links, "rates": rates, "solo_rates": solo_rates, "refined": refined}
+              "links": links, "rates": rates, "solo_rates": solo_rates, "refined": refined,
+              "solo_at_parts": solo_at_parts}
     return RankRun(link, solo, splits, history, chosen, c if world.rank == ROOT else None, verdict,
                    rank_facts(world, state))
 
@@ -405,9 +407,34 @@ AUTO_REFINE_STEPS = 3
 TIME_PART_RUNS = 3
 
 
+def solo_at_final_parts(world: World, state: SplitState, dtype: DType, strategy: str, m: int, n: int, k: int,
+                        parts: list[int], seed: int) -> list[dict[str, Any] | None]:
+    """Collective. The efficiency's denominators: each rank's GEMM alone (one rank at a time, the others waiting)
+    at exactly the part it finally computed, TIME_PART_RUNS runs: {"part", "gflops_median", "gflops_min",
+    "gflops_max", "seconds"} per rank, None for a rank without a part. A probe's small slice ran slower or faster
+    than the final part (PoCL 4.95-10.15 GFLOP/s across runs at 64-128 rows), so an efficiency against it read 1.013."""
+    mine = None
+    for r in range(world.size):
+        world.barrier()
+        if r == world.rank and parts[r] > 0:
+            seconds = time_part_runs(state, dtype, strategy, m, n, k, parts[r], seed)
+            flops = flops_of(strategy, m, n, k, parts[r])
+            mine = {"part": parts[r], "gflops_median": flops / _median(seconds) / 1e9,
+                    "gflops_min": flops / max(seconds) / 1e9, "gflops_max": flops / min(seconds) / 1e9,
+                    "seconds": seconds}
+    world.barrier()
+    return world.allgather(mine)
+
+
 def time_part(state: SplitState, dtype: DType, strategy: str, m: int, n: int, k: int, part: int, seed: int) -> float:
     """This rank's GEMM time at its part's slice shape (device timer): the median of TIME_PART_RUNS runs after one
     untimed run."""
+    return _median(time_part_runs(state, dtype, strategy, m, n, k, part, seed))
+
+
+def time_part_runs(state: SplitState, dtype: DType, strategy: str, m: int, n: int, k: int, part: int,
+                   seed: int) -> list[float]:
+    """time_part's runs, every one (device timer)."""
     pm, pn, pk = slice_shape(strategy, m, n, k, part)
     a, b = gemm.generate_inputs(seed, 0, pm, pn, pk, dtype)
     backend = state.backend
@@ -419,7 +446,7 @@ def time_part(state: SplitState, dtype: DType, strategy: str, m: int, n: int, k:
         with backend.timer() as elapsed:
             backend.matmul(a_dev, b_dev, c_dev, dtype)
         seconds.append(elapsed.seconds)
-    return _median(seconds)
+    return seconds
 
 
 def rank_facts(world: World, state: SplitState) -> dict[str, Any]:
@@ -594,6 +621,19 @@ def rows(cfg: Any, gathered: list[RankRun]) -> list[dict[str, Any]]:
     return out
 
 
+def measurement_faults(splits: dict[str, dict[str, Any]]) -> list[str]:
+    """Every efficiency above 1, named: the split ran faster than its devices alone at the same parts, which only a
+    change in the machine's speed between the measurements explains. Flagged, never reported as a gain."""
+    out = []
+    for name, figures in splits.items():
+        for key in ("efficiency_end_to_end", "efficiency_compute"):
+            value = figures.get(key)
+            if value is not None and value > 1:
+                out.append(f"{name} split {key} {value:.3f} > 1: a measurement fault (the devices ran faster in the "
+                           "split than alone at the same parts; the machine's speed changed between them)")
+    return out
+
+
 def summarize_job(cfg: Any, rows_: list[dict[str, Any]], gathered: list[RankRun]) -> dict[str, Any]:
     """The job's figures: per measured split, the end-to-end and compute-phase GFLOP/s, their efficiency against
     the sum of the ranks' solo rates measured in this run, the imbalance, and the model's prediction beside them;
@@ -605,7 +645,13 @@ def summarize_job(cfg: Any, rows_: list[dict[str, Any]], gathered: list[RankRun]
     strategy = root.chosen["strategy"]
     total_flops = gemm.flops(m, n, k)
     rates = root.chosen["rates"][strategy]
-    sum_solo = sum(root.chosen["solo_rates"][strategy])
+    probe_solo = root.chosen["solo_rates"][strategy]
+    sum_probe = sum(probe_solo)
+    # the denominator: each rank alone at its final part (the probe's rate for a rank left without one; documents
+    # written before the final parts were timed: the probes')
+    at_parts = root.chosen.get("solo_at_parts")
+    sum_solo = (sum(a["gflops_median"] * 1e9 if a else p for a, p in zip(at_parts, probe_solo)) if at_parts
+                else sum_probe)
     links = root.chosen["links"]
     splits: dict[str, Any] = {}
     for index, (name, s, parts, _) in enumerate(root.splits):
@@ -628,6 +674,8 @@ def summarize_job(cfg: Any, rows_: list[dict[str, Any]], gathered: list[RankRun]
             "compute_phase_gflops": compute_phase,
             "efficiency_end_to_end": achieved / (sum_solo / 1e9) if sum_solo > 0 else None,
             "efficiency_compute": compute_phase / (sum_solo / 1e9) if sum_solo > 0 else None,
+            "efficiency_end_to_end_probe": achieved / (sum_probe / 1e9) if sum_probe > 0 else None,
+            "efficiency_compute_probe": compute_phase / (sum_probe / 1e9) if sum_probe > 0 else None,
             "imbalance": _median([t["imbalance"] for t in its]),
             "imbalance_per_iteration": [t["imbalance"] for t in its],
             "predicted": plan.predict(s, m, n, k, cfg.dtype.itemsize, parts, rates, links, ROOT).to_dict(),
@@ -644,6 +692,11 @@ def summarize_job(cfg: Any, rows_: list[dict[str, Any]], gathered: list[RankRun]
         "ranks": len(gathered),
         "total_gemm_flops": total_flops,
         "sum_solo_gflops": sum_solo / 1e9,
+        "sum_solo_gflops_probe": sum_probe / 1e9,
+        "efficiency_basis": ("each rank alone at its final part (median of its runs; a rank without a part: its "
+                             "probe)" if at_parts else "each rank's probe alone"),
+        "solo_at_parts": at_parts,
+        "measurement_faults": measurement_faults(splits),
         "parts": chosen["parts"],
         "end_to_end_seconds_median": chosen["end_to_end_seconds_median"],
         "achieved_gflops": chosen["achieved_gflops"],

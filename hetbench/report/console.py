@@ -400,15 +400,15 @@ def split_report(rows: list[dict[str, Any]], summary: dict[str, Any], wide: bool
         mod = MODELLED_MARK if s["timing"] == "modelled" else ""
         out.print(f"{name} split {s['parts']}: end-to-end {mod}{fmt(s['end_to_end_seconds_median'], scale=1e3)} ms "
                   f"(predicted {fmt(s['predicted']['seconds'], scale=1e3)}), {mod}{fmt(s['achieved_gflops'])} "
-                  f"GFLOP/s, efficiency {mod}{fmt(s['efficiency_end_to_end'])} end-to-end, "
-                  f"{mod}{fmt(s['efficiency_compute'])} compute phase, imbalance {mod}{fmt(100 * s['imbalance'])} %",
+                  f"GFLOP/s, efficiency {mod}{_efficiency(s['efficiency_end_to_end'])} end-to-end, "
+                  f"{mod}{_efficiency(s['efficiency_compute'])} compute phase, imbalance "
+                  f"{mod}{fmt(100 * s['imbalance'])} %",
                   markup=False)
-    out.print(f"efficiency = achieved GFLOP/s / the ranks' summed solo GFLOP/s ({fmt(summary['sum_solo_gflops'])}, "
-              "measured in this run)", markup=False)
-    if any((f.get("efficiency_compute") or 0) > 1.02 for f in summary["splits"].values()):
-        out.print("note: an efficiency above 1 means the devices ran faster in the split than in their solo probes: "
-                  "the machine's load changed between them (the probes are short); compare runs on a quiet machine",
-                  markup=False)
+    basis = summary.get("efficiency_basis", "each rank's probe alone")
+    out.print(f"efficiency = achieved GFLOP/s / the ranks' summed solo GFLOP/s ({fmt(summary['sum_solo_gflops'])}: "
+              f"{basis}, measured in this run)", markup=False)
+    for fault in summary.get("measurement_faults") or []:
+        out.print(f"[bold red]MEASUREMENT FAULT[/]: {escape(fault)}")
     if summary.get("speedup_over_even") is not None:
         out.print(f"weighted over even: {fmt(summary['speedup_over_even'])}x the throughput", markup=False)
     best = summary.get("model_best")
@@ -418,6 +418,11 @@ def split_report(rows: list[dict[str, Any]], summary: dict[str, Any], wide: bool
     state = "[green]verified[/]" if summary["verified"] else "[bold red]FAILED[/]"
     out.print(f"C at rank 0: {state} (Freivalds)")
     out.print("result: " + ("[green]all checks passed[/]" if summary["verified"] else "[bold red]a check FAILED[/]"))
+
+
+def _efficiency(value: float | None) -> str:
+    """An efficiency as shown: above 1 marked as the measurement fault it is."""
+    return fmt(value) + (" (>1: MEASUREMENT FAULT)" if value is not None and value > 1 else "")
 
 
 def _size(n: int) -> str:
