@@ -10,6 +10,7 @@ import re
 from html.parser import HTMLParser
 from pathlib import Path
 
+import pytest
 from conftest import REPO
 
 from hetbench.report.figures import COLLECTIVES, MATMUL
@@ -184,3 +185,76 @@ def test_the_closing_lines_shown_again(capsys):
                    rf"\s+{re.escape(g4(row['op_us_median']))}\s+│\s+{re.escape(g3(row['algbw_gbps']))}\s+│"
                    rf"\s+{re.escape(g3(row['busbw_gbps']))}\s+│")
         assert re.search(pattern, out), (pattern, out)
+
+
+# --- the number formatting a reader sees, sizes in words, which rows are modelled, which series are drawn ----------
+
+
+@pytest.mark.parametrize("tflops, shown", [
+    (45.67, "45.7"),  # three significant digits below 1000
+    (999.4, "999"),
+    (999.7, "1000"),  # rounds up to 1000: a whole number, not "1e+03"
+    (1000.0, "1000"),  # from 1000 up, whole numbers
+    (1234.4, "1234"),
+    (12345.6, "12346"),
+    (0.0001234, "0.000123"),
+])
+def test_the_run_figures_number_format(tflops, shown):
+    doc = _matmul(aggregate_gemm_tflops=tflops, end_to_end_timing="measured")
+    assert dict(MATMUL.run_figures(doc))["aggregate GEMM (TFLOP/s)"] == shown
+    # the same format after the unit's scale: seconds shown in ms
+    doc = _matmul(end_to_end_seconds=tflops / 1e3, end_to_end_timing="measured")
+    assert dict(MATMUL.run_figures(doc))["end-to-end (ms)"] == shown
+
+
+@pytest.mark.parametrize("nbytes, shown", [
+    (1 << 30, "1 GiB"), (3 << 30, "3 GiB"), (1 << 31, "2 GiB"),
+    (1 << 20, "1 MiB"), (3 << 20, "3 MiB"), (1536 << 20, "1536 MiB"),
+    (1 << 10, "1 KiB"), (1536 << 10, "1536 KiB"), (3 << 10, "3 KiB"),
+    (1000, "1000 B"), (1023, "1023 B"), (4, "4 B"),
+])
+def test_sizes_in_words(nbytes, shown):
+    """A size in the largest binary unit it is a whole number of: what a collectives row's label and the runs
+    table's size range say."""
+    row = {"op": "allreduce", "path": "host", "size_bytes": nbytes, "dtype": "fp32"}
+    assert COLLECTIVES.describe(row) == f"allreduce host {shown} fp32"
+    doc = _collectives()
+    doc["rows"][0]["size_bytes"] = nbytes  # the smallest size of the others is 256 B, the largest 1 KiB
+    smallest, largest = (shown, "1 KiB") if nbytes < 256 else ("256 B", shown if nbytes > 1024 else "1 KiB")
+    assert dict(COLLECTIVES.run_figures(doc))["sizes"] == f"{smallest} .. {largest}"
+
+
+def test_a_collectives_rows_end_to_end_figures_are_modelled_exactly_where_its_copies_are():
+    """The end-to-end time and algbw add the host path's copies: modelled (shown with "~") where the copies' timing
+    is modelled, measured where it is measured or where the device path has no copies; the op's own time and
+    bandwidths are MPI's, measured always. Written out by hand, not read from hetbench."""
+    from hetbench.report.html import rows_table
+
+    doc = _collectives()
+    timings = ["modelled", "measured", "none", "modelled", "measured", "none"]
+    for row, timing in zip(doc["rows"], timings):
+        row["copy_timing"] = timing
+    run = Run(Path("c.json"), doc)
+    (table,) = _html_tables(rows_table(run))
+    for timing, cells in zip(timings, table["rows"]):
+        for title in ("end-to-end time (us)", "end-to-end algbw (GB/s)"):
+            assert cells[title][0].startswith("~") == (timing == "modelled"), (title, timing, cells[title])
+        for title in ("time (us)", "algbw (GB/s)", "busbw (GB/s)"):
+            assert not cells[title][0].startswith("~"), (title, timing)
+    assert [COLLECTIVES.is_modelled(COLLECTIVES.figure("end_to_end_us_median"), r) for r in doc["rows"]] == \
+        [t == "modelled" for t in timings]
+
+
+def test_the_step_series_drawn():
+    """The numeric fields logged over steps, besides `step`, in first-seen order; one that never changes over a run
+    of two steps or more is left out (nothing to draw), but every one is kept for a run of one step."""
+    from hetbench.report.figures import numeric_series_keys
+
+    two = [{"step": 1, "loss": 2.0, "loss_scale": 1.0, "lr": 0.1, "note": "a", "skipped": False},
+           {"step": 2, "loss": 1.5, "loss_scale": 1.0, "lr": 0.2, "note": "b", "skipped": True}]
+    assert numeric_series_keys(two) == ["loss", "lr"]
+    assert numeric_series_keys(two[:1]) == ["loss", "loss_scale", "lr"]
+    assert numeric_series_keys([]) == []
+    # two distinct values among three steps are a series
+    three = [*two, {"step": 3, "loss": 1.5, "loss_scale": 2.0, "lr": 0.2}]
+    assert numeric_series_keys(three) == ["loss", "loss_scale", "lr"]

@@ -78,7 +78,9 @@ def _fmt(value: Any, digits: int = 3, scale: float = 1.0) -> str:
     if value is None or isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
         return "-"
     v = value * scale
-    return f"{v:.{digits}g}" if abs(v) < 10**digits else f"{v:.0f}"
+    short = f"{v:.{digits}g}"
+    # whole numbers from 10**digits up, also where rounding to `digits` digits reaches it (999.7 is "1000", not "1e+03")
+    return short if abs(float(short)) < 10**digits else f"{v:.0f}"
 
 
 def declared(benchmark: str, key: str, label: str | None = None, unit: str | None = None) -> Figure:
