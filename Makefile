@@ -126,18 +126,19 @@ bench-torch: env
 	$(MPIEXEC) -n 2 $(PY) -m hetbench.overhead torch
 
 # Issue 9's split bench: two ranks with a real speed gap, host BLAS on one thread beside PoCL on one thread, one
-# GEMM split by auto weights (and, measured in the same run, evenly); then rebalancing from even weights
+# GEMM split by auto weights (and, measured in the same run, evenly), at 4096 in three rounds whose median the goals
+# judge; then rebalancing from even weights
 BENCH_SPLIT_DIR ?= results/bench-split-$(shell date -u +%Y%m%dT%H%M%SZ)
 BENCH_SPLIT_ENV := OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 POCL_MAX_PTHREAD_COUNT=1
 bench-split: env
 	@mkdir -p $(BENCH_SPLIT_DIR)
-	for n in 2048 4096; do $(BENCH_SPLIT_ENV) $(MPIEXEC) -n 2 $(HETBENCH) split --size $$n --backend 0=host,1=opencl \
-		--strategy rows --weights auto --warmup 1 --repeat 3 --out $(BENCH_SPLIT_DIR)/split-$$n.json >/dev/null \
-		|| exit 1; done
+	for run in 2048 4096-r1 4096-r2 4096-r3; do $(BENCH_SPLIT_ENV) $(MPIEXEC) -n 2 $(HETBENCH) split \
+		--size $${run%%-*} --backend 0=host,1=opencl --strategy rows --weights auto --warmup 1 --repeat 3 \
+		--out $(BENCH_SPLIT_DIR)/split-$$run.json >/dev/null || exit 1; done
 	$(BENCH_SPLIT_ENV) $(MPIEXEC) -n 2 $(HETBENCH) split --size 4096 --backend 0=host,1=opencl --strategy rows \
 		--weights even --rebalance 6 --no-compare-even --warmup 0 --repeat 1 \
 		--out $(BENCH_SPLIT_DIR)/split-rebalance-4096.json >/dev/null
-	$(PY) -m hetbench.overhead split $(BENCH_SPLIT_DIR)/split-2048.json $(BENCH_SPLIT_DIR)/split-4096.json \
+	$(PY) -m hetbench.overhead split $(BENCH_SPLIT_DIR)/split-2048.json $(BENCH_SPLIT_DIR)/split-4096-r*.json \
 		$(BENCH_SPLIT_DIR)/split-rebalance-4096.json
 
 # Issue 10's train bench: fsdp on the same pair. Each round runs each rank alone (one process, the whole batch),
