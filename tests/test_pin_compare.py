@@ -158,3 +158,53 @@ def test_the_command_exits_on_the_threshold(tmp_path, capsys):
     assert code == 1 and doc["failed"] is True
     assert {c["verdict"] for c in doc["changes"]} == {SLOWER}
     assert all(0.01 < c["p_value"] < 0.05 for c in doc["changes"])
+
+
+# --- the edges: a figure of zero, medians that do not move ---------------------------------------------------------
+
+
+def _collectives_doc(op_us: list[float], op_us_median: float, busbw: float) -> dict:
+    """A one-row, one-rank collectives document written out by hand: the figures as given, the raw times beside."""
+    row = {"op": "allreduce", "path": "host", "size_bytes": 1 << 20, "dtype": "fp32", "op_us_median": op_us_median,
+           "busbw_gbps": busbw, "copy_timing": "measured", "raw": {"op_us": [op_us]}}
+    return {"rows": [row]}
+
+
+def test_a_figure_of_zero_has_no_slowdown():
+    """A time or a bandwidth of 0 (a time under the clock's resolution, a rank with nothing to move) on either side:
+    no slowdown can be stated, so none is (not -100 %, not a division by zero); the change is stated where the
+    base is not 0."""
+    same = [5.0, 6.0, 7.0]
+    zero = _collectives_doc(same, 0.0, 0.0)
+    five = _collectives_doc(same, 5.0, 2.0)
+    up = _verdicts(zero, five)
+    assert up["op_us_median"].slowdown_percent is None and up["busbw_gbps"].slowdown_percent is None
+    assert up["op_us_median"].change_percent is None and up["busbw_gbps"].change_percent is None
+    down = _verdicts(five, zero)
+    assert down["op_us_median"].slowdown_percent is None and down["busbw_gbps"].slowdown_percent is None
+    assert down["op_us_median"].change_percent == -100.0 and down["busbw_gbps"].change_percent == -100.0
+    assert {c.verdict for c in (*up.values(), *down.values())} == {NOT_SIGNIFICANT}  # the same raw times: p = 1
+
+
+# 21 repeats each: the same median (100 us), means 100 and 100.95 us, p about 0.005
+TIED_MEDIAN_BASE = [99.0] * 10 + [100.0] + [101.0] * 10
+TIED_MEDIAN_NEW = [100.0] * 11 + [102.0] * 10
+
+
+def test_medians_that_do_not_move_are_not_called_faster_or_slower():
+    """The means differ significantly but the medians, the figures the table shows, are the same (change 0 %): the
+    verdict is 'not significant' both ways round, never 'faster' (or 'slower') beside a change of 0.0 %."""
+    test = significance.welch_t_test(TIED_MEDIAN_BASE, TIED_MEDIAN_NEW)
+    assert test is not None and test.p < 0.01 and test.mean_new > test.mean_base
+    assert float(np.median(TIED_MEDIAN_BASE)) == float(np.median(TIED_MEDIAN_NEW)) == 100.0
+    base = _collectives_doc(TIED_MEDIAN_BASE, 100.0, 10.0)
+    new = _collectives_doc(TIED_MEDIAN_NEW, 100.0, 10.0)
+    for a, b in ((base, new), (new, base)):
+        changes = _verdicts(a, b)
+        assert set(changes) == {"op_us_median", "busbw_gbps"}
+        for c in changes.values():
+            assert c.p_value < 0.01 and c.slowdown_percent == 0.0 and c.change_percent == 0.0
+            assert c.verdict == NOT_SIGNIFICANT, (c.key, c.verdict)
+    # a median that moves the way the means do gets the verdict
+    assert {c.verdict for c in _verdicts(base, _collectives_doc(TIED_MEDIAN_NEW, 101.0, 9.9)).values()} == {SLOWER}
+    assert {c.verdict for c in _verdicts(new, _collectives_doc(TIED_MEDIAN_BASE, 99.0, 10.1)).values()} == {FASTER}

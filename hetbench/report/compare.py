@@ -90,11 +90,15 @@ def compare_documents(figures: BenchmarkFigures, base: dict[str, Any], new: dict
             elif not test.significant:
                 verdict = NOT_SIGNIFICANT
             else:
-                mean_worse = test.mean_new > test.mean_base  # the tested values are times
+                # the tested values are times; a significant test never has equal means (welch_t_test gives p = 1
+                # to means within 1e-12 of each other), so > and >= cannot differ here
+                mean_worse = test.mean_new > test.mean_base  # mutation: equivalent (the means differ: see above)
                 median_worse = slowdown is not None and slowdown > 0
-                # the test judges the means, the table shows the medians: where they point different ways,
-                # the difference is not one to act on
-                verdict = (SLOWER if median_worse else FASTER) if mean_worse == median_worse else NOT_SIGNIFICANT
+                median_better = slowdown is not None and slowdown < 0
+                # the test judges the means, the table shows the medians: where they point different ways (or the
+                # medians do not move, or have no slowdown), the difference is not one to act on
+                verdict = (SLOWER if mean_worse and median_worse else FASTER if not mean_worse and median_better
+                           else NOT_SIGNIFICANT)
             result.changes.append(FigureChange(
                 row=label, match={k: b.get(k) for k in figures.match}, key=fig.key, label=fig.label, unit=fig.unit,
                 base=bv, new=nv, change_percent=change, slowdown_percent=slowdown,
