@@ -226,3 +226,76 @@ def test_a_failed_check_on_one_row_fails_the_summary():
     summary = Calibrate().summarize(cfg, rows, [[rows[0]], [rows[1]]])
     assert summary["verified"] is False and summary["gemm_timing"] == "mixed"
     assert summary["sum_gemm_gflops"] == {"fp32 rows": 5.0}
+
+
+# --- the edges: a large message no slower than the small one, the arguments at their limits ----------------------
+
+
+class FlatComm(RootComm):
+    """One peer whose round trips take `half_us[nbytes]` us each way, whatever the message: a link whose large
+    messages are no slower than (or as fast as) its small ones, as on a shared-memory transport in a noisy run."""
+
+    def __init__(self, clock: Clock, half_us: dict[int, float]) -> None:
+        super().__init__(clock, size=2)
+        self.half_us = half_us
+
+    def Send(self, buf, dest, tag):  # noqa: N802
+        self.clock.now += self.half_us[buf.nbytes] * US
+
+    def Recv(self, buf, source, tag):  # noqa: N802
+        self.clock.now += self.half_us[buf.nbytes] * US
+
+
+@pytest.mark.parametrize("large_half_us", [5.0, 4.0])
+def test_a_large_message_no_slower_than_the_latency_counts_its_whole_half_round_trip(monkeypatch, large_half_us):
+    """Where the large message's half round trip is not above the latency (equal to it, or below), the bandwidth
+    is the message over the whole half round trip: 1 MiB / 5 us (or / 4 us), not a division by zero or less."""
+    clock = Clock()
+    monkeypatch.setattr(probe, "time", SimpleNamespace(perf_counter=clock.perf_counter))
+    comm = FlatComm(clock, {probe.LATENCY_BYTES: 5.0, NBYTES: large_half_us})
+    probe.link_to_root(comm, root=0, nbytes=NBYTES, repeat=3)
+    rate, latency = comm.scattered[1]
+    assert latency == pytest.approx(5.0 * US, rel=1e-6)  # the fake clock counts from 100 s: rounding at 1e-8
+    assert rate == pytest.approx(NBYTES / (large_half_us * US), rel=1e-6)
+
+
+def test_link_to_root_takes_one_byte_and_one_repeat_and_names_the_ranks(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(probe, "time", SimpleNamespace(perf_counter=clock.perf_counter))
+    comm = FlatComm(clock, {probe.LATENCY_BYTES: 2.0, 1: 3.0})
+    probe.link_to_root(comm, root=0, nbytes=1, repeat=1)  # the least it takes: one byte, one timed round trip
+    assert comm.scattered[1] == pytest.approx((1 / (1.0 * US), 2.0 * US), rel=1e-6)
+    with pytest.raises(ValueError, match=r"root 3 is not a rank of this job; ranks are 0\.\.2$"):
+        probe.link_to_root(RootComm(clock, size=3), root=3)
+    for nbytes, repeat in ((0, 1), (1, 0)):
+        with pytest.raises(ValueError, match="nbytes >= 1 and repeat >= 1"):
+            probe.link_to_root(comm, root=0, nbytes=nbytes, repeat=repeat)
+
+
+def test_measure_gemm_takes_the_least_arguments_and_refuses_less():
+    """A 1 x 1 x 1 product, max_part 1, repeat 1 is measured; a dimension, max_part or repeat of 0, or min_seconds
+    of 0, is refused."""
+    got = probe.measure_gemm(ScriptedBackend([9.0, 0.5, 0.25]), "fp32", "rows", 1, 1, 1, max_part=1,
+                             min_seconds=0.1, repeat=1)
+    assert got.part == 1 and got.seconds == (0.25,) and got.probes == ((1, 0.5),) and got.rate == 2 / 0.25
+    for m, n, k in ((0, 1, 1), (1, 0, 1), (1, 1, 0), (0, 5, 5)):
+        with pytest.raises(ValueError, match="must have every dimension >= 1"):
+            probe.measure_gemm(ScriptedBackend([]), "fp32", "k", m, n, k, max_part=1)
+    with pytest.raises(ValueError, match="max_part 0 leaves no part"):
+        probe.measure_gemm(ScriptedBackend([]), "fp32", "rows", 1, 1, 1, max_part=0)
+    with pytest.raises(ValueError, match="repeat 0 must be >= 1"):
+        probe.measure_gemm(ScriptedBackend([]), "fp32", "rows", 1, 1, 1, max_part=1, repeat=0)
+    with pytest.raises(ValueError, match="min_seconds 0 must be"):
+        probe.measure_gemm(ScriptedBackend([]), "fp32", "rows", 1, 1, 1, max_part=1, min_seconds=0)
+
+
+def test_the_part_is_capped_at_the_dimension_the_strategy_slices():
+    """max_part above m: the doubling stops at m's 200 rows (64, 128, 200), not at 256."""
+    got = probe.measure_gemm(ScriptedBackend([9.0, 0.01, 0.02, 0.03, 0.05, 0.04, 0.07]), "fp32", "rows", 200, 48,
+                             130, max_part=1000, min_seconds=1.0, repeat=3)
+    assert [p for p, _ in got.probes] == [64, 128, 200] and got.part == 200 and got.shape == (200, 48, 130)
+
+
+def test_a_timer_that_gives_zero_is_refused():
+    with pytest.raises(RuntimeError, match="a rate needs times > 0"):
+        probe.measure_gemm(ScriptedBackend([9.0, 0.5, 0.0]), "fp32", "rows", 1, 1, 1, max_part=1, repeat=1)

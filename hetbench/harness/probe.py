@@ -25,7 +25,7 @@ from hetbench.harness.timing import time_repeats
 
 FIRST_PART = 64  # the doubling of a GEMM measurement starts at this many rows (or columns)
 LATENCY_BYTES = 8  # the message the latency is measured with
-_TAG = 0x4842  # the ping-pong's messages, apart from any other traffic
+_TAG = 0x4842  # the ping-pong's messages, apart from any other traffic  # mutation: equivalent (any tag both sides use)
 
 
 def _median(values: list[float]) -> float:
