@@ -1,0 +1,224 @@
+"""The rest of the collectives harness pinned (issue 17), in one process with numbers worked out by hand: the host
+memory the pre-check plans for a point and for the sweep (the metadata's host_memory_planned_bytes), the pre-check's
+refusals at their exact limits, each iteration's times on a fake clock and a fake device timer (which clock each
+figure reads, which path copies), the straggler threshold, each row's copy timing, and the sweep's progress."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+
+from hetbench.backends.base import Elapsed
+from hetbench.backends.host import RUNTIME_SCRATCH_BYTES, HostBackend
+from hetbench.benchmarks import collectives as ops
+from hetbench.comm.world import World
+from hetbench.config import CollectivesConfig
+from hetbench.dtypes import DTYPES
+from hetbench.harness import collectives as harness
+from hetbench.harness.devices import OpenDevice
+
+MiB = 1 << 20
+FP32 = DTYPES["fp32"]
+
+
+def _cfg(ops_names=("allreduce",), **kw) -> CollectivesConfig:
+    return CollectivesConfig(ops=ops_names, min_bytes=kw.pop("min_bytes", 4096), max_bytes=kw.pop("max_bytes", 4096),
+                             factor=2, dtype=FP32, backends=(), **kw)
+
+
+# --- the host memory a point holds ---------------------------------------------------------------------------------
+
+# (op, path, ranks, rank, device buffers in host memory, size S) -> bytes, fp32, root 0. s and r are the send and
+# receive buffers' bytes; a chunk of the check is 1 byte per element, at most 1 Mi elements (1 MiB); below 32 MiB
+# the C heap keeps 3 freed buffers of the larger of s and r.
+POINTS = [
+    # allreduce, 2 ranks: s = r = S, MPI's temporaries S, the staged send copy S: running 4S; the check 2S + 1 MiB
+    (("allreduce", "host", 2, 0, False, 64 * MiB), 256 * MiB),
+    # the device's copies of both (2S), and the receive buffer uploaded again before the old copy goes (S): 6S
+    (("allreduce", "host", 2, 0, True, 64 * MiB), 384 * MiB),
+    # device path: no staged copy, no second upload: 3S, or 5S with the device's copies in host memory
+    (("allreduce", "device", 2, 0, False, 64 * MiB), 192 * MiB),
+    (("allreduce", "device", 2, 0, True, 64 * MiB), 320 * MiB),
+    # bcast on a receiving rank, device path: running s + r = 128 MiB, the check more: 2r + 1 MiB
+    (("bcast", "device", 2, 1, False, 64 * MiB), 129 * MiB),
+    # allgather, 4 ranks: s = S / 4 = 16 MiB, r = S; device path with the device's copies: running 2(s + r) = 160
+    # MiB, the check 2r + r + 1 MiB = 193 MiB
+    (("allgather", "device", 4, 0, True, 64 * MiB), 193 * MiB),
+    # host path: s + r + (s + r) + staged s + the second upload r (no MPI temporaries) = 240 MiB
+    (("allgather", "host", 4, 0, True, 64 * MiB), 240 * MiB),
+    # 16 MiB: running s + r + s = 24 MiB, the check 2r + 1 MiB = 33 MiB, and the heap keeps 3 x 16 MiB: 81 MiB
+    (("allgather", "host", 4, 0, False, 16 * MiB), 81 * MiB),
+    # exactly 32 MiB: 4S + 3S kept
+    (("allreduce", "host", 2, 0, False, 32 * MiB), 224 * MiB),
+    # a page above 32 MiB: nothing kept, 4S
+    (("allreduce", "host", 2, 0, False, 32 * MiB + 4096), 4 * (32 * MiB + 4096)),
+]
+
+
+@pytest.mark.parametrize("point, want", POINTS, ids=[f"{p[0]}-{p[1]}-{p[2]}r-{p[3]}-{p[4]}-{p[5]}" for p, _ in POINTS])
+def test_a_points_host_memory_worked_by_hand(point, want):
+    name, path, nranks, rank, in_host, size = point
+    got = harness.point_host_bytes(ops.OPS[name], size, 4, rank, nranks, 0, path, in_host)
+    assert got == want, (got / MiB, want / MiB)
+
+
+def test_the_sweeps_peak_is_its_largest_size_and_the_first_op_that_needs_the_most():
+    """Sizes 1, 2 and 4 MiB, 4 ranks, rank 0: allreduce at 4 MiB holds s + r + staged + MPI's S = 16 MiB (the
+    check 9 MiB) plus 3 x 4 MiB kept = 28 MiB, allgather 21 MiB; with the runtime's 16 MiB, 44 MiB. allgather and
+    gather (at the root) need the same: the first named is reported."""
+    cfg = _cfg(("allgather", "allreduce"), min_bytes=MiB, max_bytes=4 * MiB)
+    assert cfg.sizes() == [MiB, 2 * MiB, 4 * MiB]
+    assert harness.sweep_host_bytes(cfg, 0, 4, False) == (RUNTIME_SCRATCH_BYTES + 28 * MiB,
+                                                           "allreduce on the host path")
+    assert RUNTIME_SCRATCH_BYTES == 16 * MiB
+    tie = _cfg(("allgather", "gather"), max_bytes=4 * MiB)
+    assert harness.sweep_host_bytes(tie, 0, 4, False) == (RUNTIME_SCRATCH_BYTES + 21 * MiB,
+                                                           "allgather on the host path")
+
+
+# --- the pre-check's refusals, at their limits ---------------------------------------------------------------------
+
+
+class _Device:
+    def __init__(self, free: int | None) -> None:
+        self.free = free
+
+    def free_memory_bytes(self) -> int | None:
+        return self.free
+
+
+def _prepare(monkeypatch, free: int | None, share: int | None, backend: str = "cupy"):
+    monkeypatch.setattr(harness, "host_memory_share_bytes", lambda local_size: share)
+    info = SimpleNamespace(backend=backend, index=0, name="fake", kind="gpu")
+    cfg = _cfg(("allreduce", "allgather"), min_bytes=MiB, max_bytes=4 * MiB)
+    return harness.prepare(cfg, SimpleNamespace(rank=0, size=4, local_size=4), OpenDevice(_Device(free), info, "x"))
+
+
+def test_the_device_memory_check_at_its_limit(monkeypatch):
+    """4 MiB over 4 ranks: allreduce's send and receive buffers hold 2 x 4 MiB on the device, allgather's 1 + 4 MiB:
+    8 MiB needed, so 8 MiB free passes and a byte less is refused; the host backend's free memory is the host's,
+    counted by the host check, not here."""
+    need = 8 * MiB
+    prepared, errors = _prepare(monkeypatch, need, None)
+    assert errors == [] and prepared.host_memory_planned_bytes == RUNTIME_SCRATCH_BYTES + 28 * MiB
+    _, errors = _prepare(monkeypatch, need - 1, None)
+    assert len(errors) == 1 and errors[0].startswith(f"the largest size needs {need} bytes of buffers on cupy:0 "
+                                                     f"(fake), which has {need - 1} free")
+    assert _prepare(monkeypatch, need - 1, None, backend="host")[1] == []
+
+
+def test_the_host_memory_check_at_its_limit(monkeypatch):
+    planned = RUNTIME_SCRATCH_BYTES + 28 * MiB  # 44 MiB, as above
+    assert _prepare(monkeypatch, None, planned)[1] == []
+    _, errors = _prepare(monkeypatch, None, planned - 1)
+    assert len(errors) == 1
+    assert errors[0].startswith(f"the largest size, {4 * MiB} bytes, needs up to {planned} bytes (44.0 MiB) of host "
+                                "memory per rank at its peak")
+    assert "(allreduce on the host path:" in errors[0]
+
+
+# --- one point's times, on a fake clock and a fake device timer ---------------------------------------------------
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+class _TimedHost(HostBackend):
+    """The host backend whose device timer says 3 us for every download and 5 us for every upload."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.timed: list[float] = []
+
+    @contextlib.contextmanager
+    def timer(self):
+        elapsed = Elapsed()
+        yield elapsed
+        elapsed.seconds = 3e-6 if len(self.timed) % 2 == 0 else 5e-6
+        self.timed.append(elapsed.seconds)
+
+
+class _World:
+    def __init__(self, mpi) -> None:
+        self.MPI, self.comm, self.rank, self.size = mpi, None, 0, 1
+
+    def barrier(self) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def mpi():
+    return World().MPI
+
+
+@pytest.mark.parametrize("path", ["host", "device"])
+def test_each_iterations_times_read_the_right_clock(monkeypatch, mpi, path):
+    """The op's time is the wall clock around the MPI call (7 us on the fake clock, the clock at 1000 s); the host
+    path's copies are the device timer's (download 3 us, upload 5 us); the device path copies nothing."""
+    clock = _Clock()
+    monkeypatch.setattr(harness, "time", SimpleNamespace(perf_counter=clock.perf_counter))
+
+    def call(comm, MPI, send, recv, root):
+        clock.now += 7e-6
+
+    op = dataclasses.replace(ops.OPS["allreduce"], call=call)
+    backend = _TimedHost()
+    got = harness._run_point(_cfg(warmup=1, iters=3, check=False), _World(mpi), SimpleNamespace(backend=backend),
+                             op, 4096, path)
+    assert got["op_seconds"] == pytest.approx([7e-6] * 3, rel=1e-6)
+    copies = (3e-6, 5e-6) if path == "host" else (0.0, 0.0)
+    assert got["d2h_seconds"] == [copies[0]] * 3 and got["h2d_seconds"] == [copies[1]] * 3
+    assert len(backend.timed) == (8 if path == "host" else 0)  # warm-up and 3 timed: a download and an upload each
+
+
+# --- stragglers, copy timing, progress -----------------------------------------------------------------------------
+
+
+def _per_rank(medians_us: list[float]) -> list[dict]:
+    return [{"op_seconds": [m * 1e-6] * 3, "d2h_seconds": [0.0] * 3, "h2d_seconds": [0.0] * 3, "wrong": 0}
+            for m in medians_us]
+
+
+@pytest.mark.parametrize("medians, stragglers", [
+    ([5.0, 6.5], [1]),  # 6.5 us over 1.2 x 5 us, the median rank's (the lower of two)
+    ([5.0, 6.0], []),  # exactly 1.2 x: not above
+    ([5.0, 5.0, 6.0, 7.0], [3]),
+    ([5.0], []),  # one rank is never a straggler
+])
+def test_the_straggler_threshold(medians, stragglers):
+    row = harness._row(_cfg(), ops.OPS["allreduce"], 4096, "host", _per_rank(medians), False)
+    assert row["stragglers"] == stragglers
+
+
+def test_each_rows_copy_timing():
+    per_rank = _per_rank([5.0])
+    row = lambda path, modelled: harness._row(_cfg(), ops.OPS["allreduce"], 4096, path, per_rank, modelled)  # noqa
+    assert row("host", False)["copy_timing"] == "measured" and row("host", True)["copy_timing"] == "modelled"
+    assert row("device", False)["copy_timing"] == "none" and row("device", True)["copy_timing"] == "none"
+
+
+def test_the_sweep_reports_each_step_and_measured_copies(mpi):
+    """The host backend's timing is measured: the host path's copies are; progress counts 1..n of n points."""
+    from hetbench.backends.base import BackendSpec
+    from hetbench.harness.devices import open_rank_device
+
+    world = World()
+    opened, errors = open_rank_device(BackendSpec("host"), FP32, world)
+    assert errors == []
+    steps = []
+    try:
+        cfg = _cfg(("allreduce", "bcast"), min_bytes=1024, max_bytes=2048, warmup=0, iters=1)
+        rows = harness.run_sweep(cfg, world, opened, on_step=lambda i, n, what: steps.append((i, n, what)))
+    finally:
+        opened.backend.close()
+    assert [(i, n) for i, n, _ in steps] == [(1, 4), (2, 4), (3, 4), (4, 4)]
+    assert steps[0][2] == "allreduce host 1024 B" and steps[-1][2] == "bcast host 2048 B"
+    assert [r["copy_timing"] for r in rows] == ["measured"] * 4
