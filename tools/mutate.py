@@ -43,7 +43,7 @@ TARGETS: dict[str, list[str]] = {
     "hetbench/harness/split.py": ["tests/test_pin_split.py"],
     "hetbench/harness/probe.py": ["tests/test_pin_calibrate.py"],
     "hetbench/report/compare.py": ["tests/test_pin_compare.py", "tests/test_compare.py"],
-    "hetbench/report/significance.py": ["tests/test_pin_compare.py", "tests/test_compare.py"],
+    "hetbench/report/significance.py": ["tests/test_pin_significance.py", "tests/test_pin_compare.py", "tests/test_compare.py"],
     "hetbench/report/figures.py": ["tests/test_pin_report.py", "tests/test_pin_compare.py"],
     "hetbench/pytorch/fsdp.py": ["tests/test_torch_fsdp.py"],
     "hetbench/benchmarks/split_plan.py": ["tests/test_split_plan.py"],

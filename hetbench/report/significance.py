@@ -16,7 +16,7 @@ ALPHA = 0.05  # two-sided: significant at 95 % confidence
 
 _EPS = 1e-15
 _TINY = 1e-300
-_MAX_ITERATIONS = 500
+_MAX_ITERATIONS = 500  # mutation: equivalent (a cap no converging fraction reaches: 501 changes nothing)
 
 
 def _beta_continued_fraction(a: float, b: float, x: float) -> float:
