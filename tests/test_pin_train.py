@@ -263,3 +263,116 @@ def test_the_command_fails_on_a_curve_one_percent_off(tmp_path, monkeypatch, cap
     assert doc["verified"] is False and doc["summary"]["check"]["ok"] is False
     assert doc["summary"]["check"]["max_loss_relative_difference"] == pytest.approx(0.01 / 1.01, rel=1e-6)
     assert "DIFFERS from" in capsys.readouterr().out
+
+
+# --- the check's tolerances, figures and bounds, as the README documents them -------------------------------------
+
+
+def test_the_documented_tolerances_and_windows():
+    """README (Auto weights, Mixed precision): shares measured again after each of the first 4 steps; losses within
+    1e-3 (fp32), 1e-2 (fp16), 3e-2 (bf16) over the first 40 steps; parameters within 0.05 / 0.15 / 0.2 of their
+    norms; the mean of the last 10 losses within 0.5 of the reference's."""
+    assert run.AUTO_REBALANCE_STEPS == 4
+    assert run.CHECK_RTOL_BY_DTYPE == {"fp32": 1e-3, "fp16": 1e-2, "bf16": 3e-2} and run.CHECK_RTOL == 1e-3
+    assert run.PARAM_RTOL_BY_DTYPE == {"fp32": 5e-2, "fp16": 0.15, "bf16": 0.2} and run.PARAM_RTOL == 5e-2
+    assert (run.MIXED_EARLY_STEPS, run.MIXED_FINAL_STEPS, run.MIXED_FINAL_BAND) == (40, 10, 0.5)
+
+
+def test_the_fp32_check_accepts_a_difference_equal_to_its_tolerance():
+    """'within' includes the bound: a loss exactly 1e-3 off ((1001 - 1000) / 1000 is 1e-3 in floating point too)
+    and parameters exactly 0.05 off in norm pass; a hair beyond either fails. The figures are the inputs' own."""
+    ref, no = [1000.0, 500.0, 250.0], [False] * 3
+
+    def check(losses, norm):
+        return run.compare_with_reference("fp32", 3, 0, losses, ref, no, no, norm, 0.3, True)
+
+    at = check([1001.0, 500.0, 250.0], 0.05)
+    assert at["ok"] is True and at["max_loss_relative_difference"] == 1e-3 and at["rtol"] == 1e-3
+    assert at["max_param_norm_relative_difference"] == 0.05 and at["param_rtol"] == 0.05
+    assert at["max_param_relative_difference"] == 0.3  # element-wise: shown only, not judged
+    assert (at["reference_loss_first"], at["reference_loss_last"]) == (1000.0, 250.0)
+    assert (at["skipped_steps"], at["reference_skipped_steps"], at["dtype"]) == (0, 0, "fp32")
+    assert check([1001.0 + 1e-9, 500.0, 250.0], 0.05)["ok"] is False
+    assert check([1001.0, 500.0, 250.0], 0.05 * (1 + 1e-12))["ok"] is False
+
+
+@pytest.mark.parametrize("dtype, rtol, param_rtol", [("fp16", 1e-2, 0.15), ("bf16", 3e-2, 0.2)])
+def test_the_mixed_precision_check_accepts_differences_equal_to_its_bounds(dtype, rtol, param_rtol):
+    """Mixed precision, each bound met exactly: a loss in the first 40 steps rtol off (1/100, 3/100), the mean of
+    the last 10 losses 0.5 off (165 against 110), and, where the whole run lies in the first 40 steps (40 steps: 0
+    to 39), the parameters param_rtol off in norm: all pass; a hair beyond any fails. A step both skip is no
+    difference in verdicts; each run's skips are counted."""
+    ref = [100.0] * 49 + [200.0]  # the last ten's mean: 110
+    losses = [100.0] * 40 + [160.0] * 9 + [210.0]  # the last ten's mean: 165
+    losses[5] = 100.0 + 100.0 * rtol
+    skipped = [i == 20 for i in range(50)]
+    ref_skipped = [i in (20, 45) for i in range(50)]  # after the window: no longer step by step, so not compared
+
+    def check(losses, skipped=skipped, ref_skipped=ref_skipped, steps=50, norm=10.0):
+        n = len(losses)
+        return run.compare_with_reference(dtype, steps, 0, losses, ref[:n], skipped[:n], ref_skipped[:n], norm, 0.5,
+                                          True)
+
+    at = check(losses)
+    assert at["ok"] is True and at["max_loss_relative_difference"] == rtol and at["rtol"] == rtol
+    assert at["final_loss_relative_difference"] == 0.5 and at["final_band"] == 0.5
+    assert at["compared_steps"] == 40 and at["params_checked"] is False  # 50 steps: beyond the window
+    assert at["verdicts_agree"] is False  # step 45
+    assert at["max_loss_relative_difference_all_steps"] == pytest.approx(0.6, rel=1e-15)
+    assert (at["reference_loss_first"], at["reference_loss_last"]) == (100.0, 200.0)
+    assert (at["skipped_steps"], at["reference_skipped_steps"]) == (1, 2)
+    agree = check(losses, ref_skipped=skipped)
+    assert agree["verdicts_agree"] is True and agree["ok"] is True
+    assert check([x * (1 + 1e-9) if i == 5 else x for i, x in enumerate(losses)])["ok"] is False
+    assert check([x + 1e-9 if i >= 40 else x for i, x in enumerate(losses)])["ok"] is False
+
+    # the whole run (40 steps, 0..39) lies in the window with the same verdicts: the parameters are judged
+    first = losses[:40]
+    inside = check(first, skipped=skipped, ref_skipped=skipped, steps=40, norm=param_rtol)
+    assert inside["params_checked"] is True and inside["verdicts_agree"] is True and inside["ok"] is True
+    assert inside["max_param_norm_relative_difference"] == param_rtol and inside["param_rtol"] == param_rtol
+    over = check(first, skipped=skipped, ref_skipped=skipped, steps=40, norm=param_rtol * (1 + 1e-12))
+    assert over["params_checked"] is True and over["ok"] is False
+
+
+def test_the_parameter_figures_are_the_largest_layers_relative_differences(monkeypatch):
+    """The final parameters against the reference's, layer by layer (weights and biases together): by norm,
+    ||p - p_ref|| / ||p_ref||, judged; element-wise, max |p - p_ref| / max |p_ref|, shown; each the largest over
+    the layers. Layers smaller than 1 in norm and in every element, so that the ratios are the quotients' own."""
+    import numpy as np
+
+    from hetbench.train import reference as reference_module
+
+    f32 = np.float32
+    ref_params = [(np.array([[0.3, -0.4]], f32), np.array([0.0], f32)),  # norm 0.5, largest element 0.4
+                  (np.array([[0.0, 0.6]], f32), np.array([-0.8], f32))]  # norm 1.0, largest 0.8
+    ref_losses = [4.0, 3.0, 2.0]
+    monkeypatch.setattr(reference_module, "reference", lambda *a, **kw: (list(ref_losses), ref_params))
+    got = [(np.array([[0.3, -0.3]], f32), np.array([0.0], f32)),  # 0.1 off: norm 0.1 / 0.5, element 0.1 / 0.4
+           (np.array([[0.05, 0.6]], f32), np.array([-0.8], f32))]  # 0.05 off: 0.05 / 1.0 and 0.05 / 0.8
+    c = run._check(_cfg(steps=3), MODEL, list(ref_losses), got)
+    assert c["max_param_norm_relative_difference"] == pytest.approx(0.2, rel=1e-6)
+    assert c["max_param_relative_difference"] == pytest.approx(0.25, rel=1e-6)
+    assert c["ok"] is False and c["max_loss_relative_difference"] == 0.0
+    assert (c["reference_loss_first"], c["reference_loss_last"]) == (4.0, 2.0)
+    # each figure is the largest layer's: layer 1 alone off gives its own (0.05 / 1.0, 0.05 / 0.8)
+    second = run._check(_cfg(steps=3), MODEL, list(ref_losses), [ref_params[0], got[1]])
+    assert second["max_param_norm_relative_difference"] == pytest.approx(0.05, rel=1e-6)
+    assert second["max_param_relative_difference"] == pytest.approx(0.0625, rel=1e-6) and second["ok"] is True
+
+
+def test_a_step_of_no_measurable_time_or_a_final_loss_of_zero_gives_no_rate():
+    """A step whose every rank took 0 s (a clock too coarse for it) has no samples per second, nor has a summary
+    whose median step is 0 s; a curve that ends at loss 0 has no 'fell by' factor. None, not a division by zero."""
+    import dataclasses
+
+    every = [[dataclasses.replace(log, step_seconds=0.0, loss=0.0 if log.step == 4 else log.loss) for log in logs]
+             for logs in _logs()]
+    cfg = _cfg()
+    lines = run._step_lines(cfg, every, FACTS, 2.5e-3)
+    assert [line["samples_per_second"] for line in lines] == [None] * 5
+    assert [line["step_seconds"] for line in lines] == [0.0] * 5
+    gathered = _outcomes(cfg, every, {"ok": True})
+    s = run.summarize_job(cfg, run.rows(cfg, gathered), gathered)
+    assert s["step_seconds_median"] == 0.0 and s["samples_per_second"] is None
+    assert s["loss_first"] == 10.0 and s["loss_last"] == 0.0 and s["loss_fell_by"] is None
