@@ -75,3 +75,20 @@ def test_the_cdf_at_zero_and_either_side():
     assert significance.t_cdf(0.0, 3) == 0.5
     assert significance.t_cdf(1.0, 1) == pytest.approx(0.75, rel=1e-12)  # 1/2 + atan(1)/pi
     assert significance.t_cdf(-1.0, 1) == pytest.approx(0.25, rel=1e-12)
+
+
+def test_betainc_refuses_x_above_1_and_welchs_df_by_hand():
+    """x in [0, 1] exactly (1.5 refused); Welch-Satterthwaite's df worked by hand: base [1, 2, 3, 4] (variance 5/3,
+    n 4), new [2, 4, 6] (variance 4, n 3): se2 = 5/12 + 4/3 = 7/4; df = (7/4)^2 / ((5/12)^2 / 3 + (4/3)^2 / 2)
+    = 3.0625 / (25/432 + 8/9) = 3.0625 / (409/432) = 3.23472..."""
+    with pytest.raises(ValueError, match="0 <= x <= 1, got x=1.5"):
+        significance.betainc(1.0, 1.0, 1.5)
+    test = significance.welch_t_test([1.0, 2.0, 3.0, 4.0], [2.0, 4.0, 6.0])
+    assert test.df == pytest.approx(3.0625 / (409 / 432), rel=1e-12)
+    assert test.t == pytest.approx((4.0 - 2.5) / math.sqrt(7 / 4), rel=1e-12)
+
+
+def test_a_tie_reports_the_pooled_df():
+    """Equal means (a tie) give t 0, p 1 and df n1 + n2 - 2: 4 + 3 - 2 = 5."""
+    test = significance.welch_t_test([1.0, 2.0, 3.0, 2.0], [1.0, 3.0, 2.0])
+    assert (test.t, test.p, test.df) == (0.0, 1.0, 5.0)

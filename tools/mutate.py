@@ -2,7 +2,9 @@
 reader would not notice at a glance (an operator, a comparison, a number, max for min, an index), and the tests that
 pin that module's figures run against it. A mutant the tests do not fail ("survives") is a figure nothing pins, or
 a change that cannot alter any result (an equivalent mutant): the first needs a test, the second a comment on the
-line, `# mutation: equivalent (why)`, which this script then skips.
+line, `# mutation: equivalent (why)`, which this script then skips: every mutant of the line, or with
+`# mutation: equivalent[Gt -> GtE] (why)` only the changes named in the brackets (comma-separated, as this script
+prints them), so that the line's other mutants still run.
 
     .venv/bin/python tools/mutate.py --list                      # the targets and their mutant counts
     .venv/bin/python tools/mutate.py hetbench/comm/busbw.py       # one target's mutants, its tests against each
@@ -111,6 +113,19 @@ def _docstring_lines(tree: ast.AST) -> set[int]:
     return out
 
 
+def _marked_equivalent(text: str, change: str) -> bool:
+    """Whether the line's comment marks this change equivalent: `# mutation: equivalent (why)` marks all of the
+    line's, `# mutation: equivalent[A -> B, C -> D] (why)` those named."""
+    at = text.find(EQUIVALENT)
+    if at < 0:
+        return False
+    rest = text[at + len(EQUIVALENT):]
+    if not rest.startswith("["):
+        return True
+    named = [c.strip() for c in rest[1:rest.find("]")].split(",")]
+    return change in named
+
+
 def mutants(path: str) -> list[Mutant]:
     source = (REPO / path).read_text()
     lines = source.splitlines()
@@ -120,7 +135,7 @@ def mutants(path: str) -> list[Mutant]:
     for i, (node, change) in enumerate(_sites(tree)):
         line = getattr(node, "lineno", 0)
         text = lines[line - 1] if 0 < line <= len(lines) else ""
-        if line in skip or EQUIVALENT in text:
+        if line in skip or _marked_equivalent(text, change):
             continue
         out.append(Mutant(path, line, change, i))
     return out
