@@ -39,7 +39,7 @@ TIMEOUT_S = 300
 TARGETS: dict[str, list[str]] = {
     "hetbench/comm/busbw.py": ["tests/test_collectives_spec.py", "tests/test_torch_backend.py"],
     "hetbench/pytorch/metrics.py": ["tests/test_torch_backend.py"],
-    "hetbench/harness/stats.py": ["tests/test_results.py", "tests/test_compare.py"],
+    "hetbench/harness/stats.py": ["tests/test_pin_stats.py"],
     "hetbench/harness/train.py": ["tests/test_pin_train.py", "tests/test_pin_train_run.py"],
     "hetbench/harness/collectives.py": ["tests/test_pin_collectives.py", "tests/test_pin_collectives_plan.py"],
     "hetbench/harness/split.py": ["tests/test_pin_split.py"],
