@@ -195,7 +195,8 @@ def _row(cfg: CollectivesConfig, op: ops.Op, size: int, path: str, per_rank: lis
     factor = op.busbw_factor(n)
     rank_medians = [float(np.median(r)) for r in op_us]
     typical = statistics.median_low(rank_medians)  # the median rank's own time
-    stragglers = [r for r, m in enumerate(rank_medians) if n > 1 and m > STRAGGLER_RATIO * typical]
+    # one rank alone is never above 1.2x its own time: no guard for n == 1 is needed (times are >= 0)
+    stragglers = [r for r, m in enumerate(rank_medians) if m > STRAGGLER_RATIO * typical]
     e2e_us = float(np.median(end_to_end))
     wrong = None if per_rank[0]["wrong"] is None else sum(r["wrong"] for r in per_rank)
     return {
