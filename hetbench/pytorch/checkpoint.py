@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
+from hetbench.pytorch.fsdp import UnitLayout, flatten, numel, unflatten
 from hetbench.train.checkpoint import (
     STATE_NAMES,
     TORCH_FORMAT,
@@ -72,18 +73,17 @@ class TorchCheckpoint:
             raise CheckpointError(f"{str(self.folder / 'manifest.json')!r}: steps_done {self.steps_done} is not a "
                                   "count of steps done (>= 1)")
         self.files: PieceFiles | None = None
-        self.layout: list[dict[str, Any]] | None = None
+        self.layout: list[UnitLayout] | None = None
         if "layout" in m:  # fsdp's sharded pieces
             try:
-                self.layout = [{"name": str(u["name"]), "params": [(str(n), tuple(int(d) for d in shape))
-                                                                   for n, shape in u["params"]]}
-                               for u in m["layout"]]
+                self.layout = [UnitLayout(str(u["name"]), [(str(n), tuple(int(d) for d in shape))
+                                                           for n, shape in u["params"]]) for u in m["layout"]]
                 self.optimizer_steps = int(m.get("optimizer_steps", 0))
                 pieces = manifest_pieces(list(m["ranks"]))
             except (KeyError, TypeError, ValueError) as e:
                 raise CheckpointError(f"{str(self.folder / 'manifest.json')!r} lacks {e} or holds it in another "
                                       "form") from None
-            sizes = [sum(_numel(s) for _, s in u["params"]) for u in self.layout]
+            sizes = [u.size for u in self.layout]
             self.files = PieceFiles(self.folder, pieces, ("param", *STATE_NAMES.get(self.optimizer, ())), sizes,
                                     what="unit")
             self.files.verify()
@@ -115,7 +115,7 @@ class TorchCheckpoint:
         if self.layout is None:
             return None
         want = [[(n, tuple(s)) for n, s in lay.params] for lay in layouts]
-        got = [u["params"] for u in self.layout]
+        got = [u.params for u in self.layout]
         if want != got:
             return (f"--resume {str(self.folder)!r} holds {len(got)} units of {sum(map(len, got))} parameters, "
                     f"this run's model shards into {len(want)} units of {sum(map(len, want))}: another model")
@@ -129,18 +129,13 @@ class TorchCheckpoint:
         states: dict[str, dict[str, torch.Tensor]] = {}
         names = STATE_NAMES.get(self.optimizer, ())
         for index, unit in enumerate(self.layout or []):
-            size = sum(_numel(s) for _, s in unit["params"])
-            flat = {name: torch.from_numpy(np.array(self.files.read(name, index, 0, size)))
+            flat = {name: unflatten(unit, torch.from_numpy(np.array(self.files.read(name, index, 0, unit.size))))
                     for name in ("param", *names)}
-            at = 0
-            for pname, shape in unit["params"]:
-                n = _numel(shape)
-                model[pname] = flat["param"][at:at + n].reshape(shape).clone()
-                if names and self.optimizer_steps > 0:
+            model.update(flat["param"])
+            if names and self.optimizer_steps > 0:
+                for pname, _ in unit.params:
                     states[pname] = {"step": torch.tensor(float(self.optimizer_steps)),
-                                     **{TORCH_STATE_KEYS[k]: flat[k][at:at + n].reshape(shape).clone()
-                                        for k in names}}
-                at += n
+                                     **{TORCH_STATE_KEYS[k]: flat[k][pname] for k in names}}
         return {"model": model, "optim": {"state": states, "param_groups": None}}
 
     def reader(self, layouts: list[Any]) -> tuple[Any, int]:
@@ -156,14 +151,11 @@ class TorchCheckpoint:
         def read(name: str, unit: int, start: int, stop: int) -> np.ndarray:
             key = (name, unit)
             if key not in cache:
-                params = layouts[unit].params
-                if name == "param":
-                    parts = [full["model"][n] for n, _ in params]
-                else:
-                    parts = [states[n][TORCH_STATE_KEYS[name]] if n in states else torch.zeros(_numel(s))
-                             for n, s in params]
-                cache[key] = torch.cat([p.reshape(-1).to(torch.float32) for p in parts]).numpy() if parts else \
-                    np.zeros(0, dtype=np.float32)
+                layout = layouts[unit]
+                tensors = full["model"] if name == "param" else {
+                    n: states[n][TORCH_STATE_KEYS[name]] if n in states else torch.zeros(numel(s))
+                    for n, s in layout.params}
+                cache[key] = flatten(layout, tensors).numpy()
             return cache[key][start:stop]
 
         return read, steps
@@ -187,10 +179,6 @@ class TorchCheckpoint:
                                       for g in optimizer.param_groups]}
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=optim,
                        options=StateDictOptions(full_state_dict=True))
-
-
-def _numel(shape: Any) -> int:
-    return int(np.prod(shape, dtype=np.int64))
 
 
 def shard_pieces(engine: Any, optimizer: torch.optim.Optimizer, optimizer_name: str) -> list[Any]:

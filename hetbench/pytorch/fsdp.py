@@ -58,12 +58,18 @@ from torch import nn
 
 from hetbench.benchmarks import split_plan as plan
 from hetbench.comm.vcollectives import displacements as _displs
+from hetbench.comm.vcollectives import gatherv
 
 SHARD_NAME = "hetbench_flat_shard"  # the flat-shard parameter each unit (and the root) registers
 ATTR = "_hetbench_fsdp"
 BLOCKING_PROBES = 5
 # bytes a rank holds per element of its shard between steps: parameter and gradient (float32), optimizer state
 STATE_BYTES_PER_ELEMENT = {"sgd": 8, "adamw": 16}
+
+
+def numel(shape: Sequence[int]) -> int:
+    """Elements of a tensor of `shape`."""
+    return int(np.prod(shape, dtype=np.int64))
 
 
 class WrapError(ValueError):
@@ -79,7 +85,7 @@ class UnitLayout:
 
     @property
     def size(self) -> int:
-        return sum(int(np.prod(shape, dtype=np.int64)) for _, shape in self.params)
+        return sum(numel(shape) for _, shape in self.params)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "size": self.size, "params": [[n, list(s)] for n, s in self.params]}
@@ -169,8 +175,7 @@ class _Unit:
     aliases: list[list[tuple[nn.Module, str]]]  # per parameter: every (module, attribute) that names it
     root: bool = False
     full: torch.Tensor | None = None  # the gathered flat vector, while held
-    pending: Any = None  # a started gather: (request, buffer, host buffer)
-    blocking_seconds: float | None = None
+    pending: Any = None  # a started gather: [request, buffer, host buffer, send buffer, exposed s, copy s]
 
     @property
     def size(self) -> int:
@@ -189,7 +194,7 @@ class _Gather(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, None, None]:  # type: ignore[override]
         engine, unit = ctx.engine, ctx.engine.units[ctx.index]
         out = engine._reduce_scatter(unit, grad)
-        engine._release(unit)
+        engine._drop(unit)
         return out, None, None
 
 
@@ -312,7 +317,7 @@ class ShardedModule:
         self._hooks_ctx.__enter__()
         if self.root is not None:
             if self.root.full is not None:  # a forward whose backward never came
-                self._release(self.root)
+                self._drop(self.root)
             self._unit_pre(self.root)
 
     def _root_post(self, module: nn.Module, args: Any, out: Any) -> None:
@@ -334,7 +339,7 @@ class ShardedModule:
 
     def _point(self, u: _Unit, full: torch.Tensor) -> None:
         """The unit's parameters as views of the gathered vector (every name a parameter has)."""
-        views = full.split([int(np.prod(s, dtype=np.int64)) for _, s in u.layout.params])
+        views = full.split([numel(s) for _, s in u.layout.params])
         for (name, shape), view, names_ in zip(u.layout.params, views, u.aliases):
             v = view.view(shape)
             for m, attr in names_:
@@ -423,9 +428,7 @@ class ShardedModule:
         if u.pending is not None:
             return self._wait(u)
         idle, start = self._barrier()
-        full = torch.empty(u.size, dtype=torch.float32, device=self.device)
-        send, copy = self._host(u.shard)
-        recv = self._np(full) if full.device.type == "cpu" else np.empty(u.size, dtype=np.float32)
+        full, send, recv, copy = self._gather_buffers(u)
         self.comm.Allgatherv(send, [recv, (u.counts, _displs(u.counts))])
         if full.device.type != "cpu":
             t0 = time.perf_counter()
@@ -433,6 +436,14 @@ class ShardedModule:
             copy += time.perf_counter() - t0
         self._record("allgather", 4 * u.size, time.perf_counter() - start, copy, idle)
         return self._hold(u, full)
+
+    def _gather_buffers(self, u: _Unit) -> tuple[torch.Tensor, np.ndarray, np.ndarray, float]:
+        """A fresh vector for the unit's gather, what MPI sends (its shard) and receives into (the vector itself on
+        the CPU, a host buffer for a GPU one), and the seconds of the shard's host copy."""
+        full = torch.empty(u.size, dtype=torch.float32, device=self.device)
+        send, copy = self._host(u.shard)
+        recv = self._np(full) if full.device.type == "cpu" else np.empty(u.size, dtype=np.float32)
+        return full, send, recv, copy
 
     def _hold(self, u: _Unit, full: torch.Tensor) -> torch.Tensor:
         u.full = full
@@ -450,9 +461,6 @@ class ShardedModule:
             self._live.pop(u.full.untyped_storage().data_ptr(), None)
             u.full = None
 
-    def _release(self, u: _Unit) -> None:
-        self._drop(u)
-
     def _ensure(self, u: _Unit) -> None:
         if u.full is None:
             with torch.no_grad():
@@ -468,9 +476,7 @@ class ShardedModule:
         if nxt.full is not None or nxt.pending is not None:
             return
         t0 = time.perf_counter()
-        full = torch.empty(nxt.size, dtype=torch.float32, device=self.device)
-        send, copy = self._host(nxt.shard)
-        recv = self._np(full) if full.device.type == "cpu" else np.empty(nxt.size, dtype=np.float32)
+        full, send, recv, copy = self._gather_buffers(nxt)
         request = self.comm.Iallgatherv(send, [recv, (nxt.counts, _displs(nxt.counts))])
         nxt.pending = [request, full, recv, send, time.perf_counter() - t0, copy]
         self._note_peak()
@@ -543,8 +549,7 @@ class ShardedModule:
                     times.append(time.perf_counter() - t0)
             mine = np.array([statistics.median(times)], dtype=np.float64)
             self.comm.Allreduce(MPI.IN_PLACE, mine, op=MPI.MAX)
-            u.blocking_seconds = float(mine[0])
-            out.append(u.blocking_seconds)
+            out.append(float(mine[0]))
         return out
 
     def state_bytes(self, optimizer: torch.optim.Optimizer | None = None) -> dict[str, int]:
@@ -555,22 +560,13 @@ class ShardedModule:
         return {"param_bytes": p, "grad_bytes": g, "optimizer_bytes": o}
 
     # -- state --------------------------------------------------------------------------------------------------
-    def _gather_root(self, local: torch.Tensor, u: _Unit) -> torch.Tensor | None:
-        send, _ = self._host(local.to(torch.float32))
-        if self.rank == 0:
-            recv = np.empty(u.size, dtype=np.float32)
-            self.comm.Gatherv(send, [recv, (u.counts, _displs(u.counts))], root=0)
-            return torch.from_numpy(recv)
-        self.comm.Gatherv(send, None, root=0)
-        return None
-
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         """Collective: every parameter whole, by its name in the model, on the CPU at rank 0 (None elsewhere)."""
         out: dict[str, torch.Tensor] = {}
         for u in self.units:
-            full = self._gather_root(u.shard.detach(), u)
+            full = gatherv(self.comm, self._host(u.shard)[0], u.counts, root=0)
             if full is not None:
-                out.update(unflatten(u.layout, full))
+                out.update(unflatten(u.layout, torch.from_numpy(full)))
         return out if self.rank == 0 else None
 
     def optimizer_pieces(self, optimizer: torch.optim.Optimizer) -> list[tuple[_Unit, dict[str, torch.Tensor]]]:
@@ -583,11 +579,11 @@ class ShardedModule:
         return out
 
     def load_flat(self, read: Callable[[str, int, int, int], np.ndarray], optimizer: torch.optim.Optimizer | None,
-                  state_names: Iterable[str] = (), optimizer_steps: int = 0) -> None:
-        """Each unit's shard (and optimizer state: name -> torch's key, e.g. {"m": "exp_avg"}) from `read(name,
-        unit, start, stop)`, which reads elements [start, stop) of a unit's flat vector from wherever they were
-        saved: re-sharding onto this run's weights."""
-        names = dict(state_names) if not isinstance(state_names, dict) else state_names
+                  state_keys: dict[str, str] | None = None, optimizer_steps: int = 0) -> None:
+        """Each unit's shard (and optimizer state, `state_keys` saved name -> torch's key, e.g. {"m": "exp_avg"})
+        from `read(name, unit, start, stop)`, which reads elements [start, stop) of a unit's flat vector from
+        wherever they were saved: re-sharding onto this run's weights."""
+        names = state_keys or {}
         with torch.no_grad():
             for u in self.units:
                 lo, hi = u.offset, u.offset + u.counts[self.rank]
@@ -603,7 +599,7 @@ def unflatten(layout: UnitLayout, flat: torch.Tensor) -> dict[str, torch.Tensor]
     """A unit's flat vector as its named parameters (copies)."""
     out, at = {}, 0
     for name, shape in layout.params:
-        n = int(np.prod(shape, dtype=np.int64))
+        n = numel(shape)
         out[name] = flat[at:at + n].reshape(shape).clone()
         at += n
     return out
