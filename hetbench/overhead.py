@@ -307,9 +307,11 @@ def train_figures(paths: list[str], even_goal: float | None = None) -> int:
     and the auto-weighted run of all of them (pair-auto.json), made back to back; FOLDER/pair-even.json the run with
     even weights. Prints each run's samples/s (the global batch over the median step), each round's auto over its
     summed solo samples/s, their median (goal >= 0.90), auto over even, and the share of fsdp's gathers the prefetch
-    hid. With `even_goal`, auto over even must reach it too. A round whose auto exceeds its summed solo (the
-    machine's speed moved between runs minutes apart: a measurement fault, not a gain) is flagged. Exits 1 where a
-    goal is missed or a run's check failed, 2 without rounds."""
+    hid. With `even_goal`, auto over even must reach it too. The solo runs are the upper bracket of the pair's
+    shapes (each rank alone computes the whole batch, at least its rows in the pair; printed per round). A round
+    whose auto exceeds its summed solo (the machine's speed moved between runs minutes apart: a measurement fault,
+    not a gain), or whose solo runs are smaller than a rank's part, is flagged, and the goal is then not met. Exits 1
+    where a goal is missed or a run's check failed, 2 without rounds."""
     from pathlib import Path
 
     from hetbench.results import load_results
@@ -327,6 +329,7 @@ def train_figures(paths: list[str], even_goal: float | None = None) -> int:
         return 2
     failed = False
     ratios, autos = [], []
+    faults = 0
 
     def show(d: dict, label: str) -> float:
         nonlocal failed
@@ -350,19 +353,29 @@ def train_figures(paths: list[str], even_goal: float | None = None) -> int:
         print(f" {r.name}:")
         solos = [load_results(p) for p in sorted(r.glob("solo-*.json"))]
         solo = sum(show(d, f"{d['rows'][0]['backend']} alone") for d in solos)
-        auto = show(load_results(r / "pair-auto.json"), "together, auto weights")
+        pair = load_results(r / "pair-auto.json")
+        auto = show(pair, "together, auto weights")
         ratios.append(auto / solo)
         autos.append(auto)
         fault = ("  [above 1: a measurement fault, the machine's speed moved between the solo and paired runs]"
                  if auto > solo else "")
         print(f"  auto / sum of solo ({solo:.0f}): {auto / solo:.3f}{fault}")
+        # the solo runs' shapes bracket the pair's from above: each rank alone computes the whole batch, at least
+        # the rows it computes in the pair, so its per-sample rate is its best (its GEMMs at their tallest)
+        solo_rows = min(d["config"]["batch"] for d in solos)
+        pair_rows = [int(x) for x in pair["summary"]["shares"]]
+        above = all(solo_rows >= x for x in pair_rows)
+        print(f"  shapes: each rank alone {solo_rows} rows a step, in the pair {pair_rows}"
+              f"{'' if above else '  [a solo run smaller than a rank part: not an upper bracket]'}")
+        faults += auto > solo or not above
     even = show(load_results(folder / "pair-even.json"), "together, even weights")
     median = statistics.median(ratios)
     over_even = statistics.median(autos) / even
     print(f"  auto / sum of solo over {len(ratios)} round(s): {', '.join(f'{x:.3f}' for x in ratios)}; median "
           f"{median:.3f} (spread {min(ratios):.3f}-{max(ratios):.3f}); auto / even: {over_even:.2f}x")
-    ok = median >= TRAIN_GOAL
-    print(f"  goal median auto / sum of solo >= {TRAIN_GOAL}: {median:.3f} {'met' if ok else 'NOT met'}")
+    ok = median >= TRAIN_GOAL and not faults
+    print(f"  goal median auto / sum of solo >= {TRAIN_GOAL}: {median:.3f} {'met' if ok else 'NOT met'}"
+          f"{f' [{faults} round(s) with a MEASUREMENT FAULT]' if faults else ''}")
     if even_goal is not None:
         ok_even = over_even >= even_goal
         print(f"  goal median auto / even >= {even_goal:g}: {over_even:.2f} {'met' if ok_even else 'NOT met'}")

@@ -149,11 +149,14 @@ def test_bench_train_figures_are_the_runs(tmp_path):
             assert f"{summary['samples_per_second']:.0f} samples/s" in shown.stdout
         assert f"auto / sum of solo ({solo:.0f}): {ratios[-1]:.3f}" in shown.stdout
     median = (ratios[0] + ratios[1]) / 2
+    met = median >= 0.90 and max(ratios) <= 1  # a round above 1 is a measurement fault: the goal is not met
     assert f"median {median:.3f}" in shown.stdout
-    assert shown.returncode == (0 if median >= 0.90 else 1), shown.stdout + shown.stderr
-    assert ("NOT met" in shown.stdout) == (median < 0.90)
+    assert shown.returncode == (0 if met else 1), shown.stdout + shown.stderr
+    assert ("NOT met" in shown.stdout) == (not met)
     for r, ratio in enumerate(ratios, 1):  # above 1 is flagged as the measurement fault it is
         assert (f"{ratio:.3f}  [above 1: a measurement fault" in shown.stdout) == (ratio > 1), r
+        shares = json.loads((bench / f"round-{r}" / "pair-auto.json").read_text())["summary"]["shares"]
+        assert f"each rank alone 24 rows a step, in the pair {shares}\n" in shown.stdout  # the upper bracket
     # the torch bench's reading of the same runs adds a goal: auto (median of rounds) >= 2x even
     autos = sorted(json.loads((bench / f"round-{r}" / "pair-auto.json").read_text())["summary"]["samples_per_second"]
                    for r in (1, 2))
@@ -162,7 +165,29 @@ def test_bench_train_figures_are_the_runs(tmp_path):
     torch_shown = _overhead_train(tmp_path, what="train-torch")
     assert f"goal median auto / even >= 2: {over_even:.2f} {'met' if over_even >= 2 else 'NOT met'}" in \
         torch_shown.stdout
-    assert torch_shown.returncode == (0 if median >= 0.90 and over_even >= 2 else 1)
+    assert torch_shown.returncode == (0 if met and over_even >= 2 else 1)
+    # a round above 1 fails the bench whatever the median, flagged in its line and in the goal's
+    pair_path = bench / "round-1" / "pair-auto.json"
+    pair = json.loads(pair_path.read_text())
+    solo_docs = [json.loads((bench / "round-1" / f"{n}.json").read_text()) for n in ("solo-host", "solo-sim")]
+    solo = sum(d["summary"]["samples_per_second"] for d in solo_docs)
+    pair["summary"]["samples_per_second"] = 1.25 * solo
+    pair_path.write_text(json.dumps(pair))
+    faulty = _overhead_train(tmp_path)
+    faults = 1 + (ratios[1] > 1)  # round 2 as it was measured
+    assert "1.250  [above 1: a measurement fault" in faulty.stdout
+    assert f"NOT met [{faults} round(s) with a MEASUREMENT FAULT]" in faulty.stdout and faulty.returncode == 1
+    # a solo run smaller than a rank's part in the pair is no upper bracket: flagged, and the goal not met
+    pair["summary"]["samples_per_second"] = 0.95 * solo
+    pair_path.write_text(json.dumps(pair))
+    small = solo_docs[0]
+    small["config"]["batch"] = min(pair["summary"]["shares"]) if max(pair["summary"]["shares"]) > \
+        min(pair["summary"]["shares"]) else 1
+    (bench / "round-1" / "solo-host.json").write_text(json.dumps(small))
+    unbracketed = _overhead_train(tmp_path)
+    assert "[a solo run smaller than a rank part: not an upper bracket]" in unbracketed.stdout
+    assert f"NOT met [{faults} round(s) with a MEASUREMENT FAULT]" in unbracketed.stdout
+    assert unbracketed.returncode == 1
     # a failed check fails the bench, whatever the ratio
     doc = json.loads((bench / "pair-even.json").read_text())
     doc["summary"]["verified"] = False
