@@ -1,0 +1,257 @@
+"""hetbench.pytorch.fsdp's figures, pinned fast and in-process (issue 17): the unit sizes, a rank's elements, the
+shares under memory caps, the exposed seconds of a prefetched gather and what it records, the blocking gather's
+median, and the bytes a rank holds. A fake communicator stands in for MPI (rank 1 of 2, where the shares are
+uneven), and a fake clock (fsdp's `time`) makes every timed interval a known number. Worked by hand in comments.
+
+The model throughout: Sequential(Linear(3, 2), Linear(2, 1)), unit [model[0]]: unit 0 holds 0.weight (2, 3) and
+0.bias (2,), 8 elements; the root holds 1.weight (1, 2) and 1.bias (1,), 3 elements; 11 in all.
+"""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from hetbench.benchmarks.split_plan import PlacementError
+from hetbench.pytorch import fsdp
+from hetbench.pytorch.fsdp import ShardedModule, UnitLayout
+
+
+class Clock:
+    """perf_counter for fsdp: each call moves `tick` seconds on; the fakes move it by what they 'take'."""
+
+    def __init__(self, tick: float = 0.0) -> None:
+        self.now, self.tick = 0.0, tick
+
+    def perf_counter(self) -> float:
+        self.now += self.tick
+        return self.now
+
+
+class FakeComm:
+    """Rank `rank` of `size`: Scatterv fills this rank's slice with zeros (rank 0's values are not needed here);
+    each Allgatherv takes the next of `gather_seconds` on the clock; Allreduce(MAX) meets the other ranks'
+    values `others` (one per call)."""
+
+    def __init__(self, rank: int, size: int, clock: Clock | None = None, gather_seconds=(), others=()) -> None:
+        self.rank, self.size, self.clock = rank, size, clock
+        self.gather_seconds, self.others = list(gather_seconds), list(others)
+        self.calls: list[str] = []
+
+    def Get_rank(self) -> int:
+        return self.rank
+
+    def Get_size(self) -> int:
+        return self.size
+
+    def Scatterv(self, send, recv, root=0) -> None:
+        self.calls.append("Scatterv")
+        recv[:] = 0.0
+
+    def Barrier(self) -> None:
+        self.calls.append("Barrier")
+
+    def Allgatherv(self, send, recv) -> None:
+        self.calls.append("Allgatherv")
+        self.clock.now += self.gather_seconds.pop(0)
+
+    def Allreduce(self, send, buf, op=None) -> None:
+        from mpi4py import MPI
+
+        assert send is MPI.IN_PLACE and op is MPI.MAX
+        self.calls.append("Allreduce")
+        buf[0] = max(buf[0], self.others.pop(0))
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.added: list[tuple] = []
+
+    def add(self, op, nbytes, seconds, copy_seconds, idle) -> None:
+        self.added.append((op, nbytes, seconds, copy_seconds, idle))
+
+
+def _model() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(3, 2), nn.Linear(2, 1))
+
+
+def _sharded(rank=1, size=2, weights=(3.0, 1.0), memory_bytes=None, optimizer="adamw", comm=None, metrics=None):
+    model = _model()
+    comm = comm or FakeComm(rank, size)
+    return ShardedModule(model, [model[0]], list(weights), comm, metrics=metrics, memory_bytes=memory_bytes,
+                         optimizer=optimizer)
+
+
+def test_numel_and_unit_layout_size():
+    assert fsdp.numel((2, 3)) == 6 and fsdp.numel(()) == 1 and fsdp.numel((4, 0)) == 0
+    # 2*3 + 4 = 10 elements (not 2 parameters)
+    lay = UnitLayout("u", [("a", (2, 3)), ("b", (4,))])
+    assert lay.size == 10
+    assert lay.to_dict() == {"name": "u", "size": 10, "params": [["a", [2, 3]], ["b", [4]]]}
+    assert [(x.name, x.size) for x in fsdp.flat_layout(_model(), [_model()[0]] * 0)] == [("", 11)]
+
+
+def test_counts_and_elements_by_weight():
+    # weights 3:1. unit 0 (8): quotas 6, 2 -> [6, 2]. root (3): quotas 2.25, 0.75 -> floors [2, 0], the unit left
+    # to the larger remainder (0.75, rank 1) -> [2, 1]. Rank 1 holds 2 + 1 = 3 elements, rank 0 6 + 2 = 8.
+    s = _sharded(rank=1)
+    assert [(u.name, u.size, u.counts, u.offset) for u in s.units] == [("0", 8, [6, 2], 6), ("", 3, [2, 1], 2)]
+    assert s.elements == 3
+    assert s.element_weights == [3.0, 1.0]
+    assert _sharded(rank=0).elements == 8
+    assert [u.shard.numel() for u in s.units] == [2, 1]
+
+
+def test_capped_weights_no_cap_binds_keeps_the_weights():
+    assert _sharded(memory_bytes=None).element_weights == [3.0, 1.0]
+    assert _sharded(memory_bytes=[None, None]).element_weights == [3.0, 1.0]
+    # rank 1 may hold 10**6 // 16 = 62500 elements, more than its 3: the weights stand, unchanged (not the shares)
+    assert _sharded(memory_bytes=[None, 10**6]).element_weights == [3.0, 1.0]
+
+
+def test_capped_weights_a_binding_cap():
+    # adamw: 16 bytes an element; rank 1's 16 bytes hold 16 // 16 = 1 element. shares([3, 1], 11): rank 1's quota
+    # 11/4 = 2.75 > 1, so it gets its cap, rank 0 the other 10: weights [10, 1] (the uncapped split is [8, 3]).
+    s = _sharded(memory_bytes=[None, 16])
+    assert s.element_weights == [10.0, 1.0]
+    # unit 0 (8) by 10:1: quotas 80/11 = 7.27, 8/11 = 0.73 -> [7, 1]; root (3): 2.73, 0.27 -> [3, 0]
+    assert [u.counts for u in s.units] == [[7, 1], [3, 0]]
+    assert s.elements == 1
+    # sgd: 8 bytes an element: 16 bytes hold 2; quota 2.75 > 2: [9, 2]
+    assert _sharded(memory_bytes=[None, 16], optimizer="sgd").element_weights == [9.0, 2.0]
+    # 31 bytes hold 31 // 16 = 1 element (floor), 47 bytes 2
+    assert _sharded(memory_bytes=[None, 31]).element_weights == [10.0, 1.0]
+    assert _sharded(memory_bytes=[None, 47]).element_weights == [9.0, 2.0]
+    # an unknown optimizer costs adamw's 16
+    assert _sharded(memory_bytes=[None, 16], optimizer="lion").element_weights == [10.0, 1.0]
+
+
+def test_capped_weights_too_little_memory():
+    # caps 1 + 1 = 2 elements for 11: the message gives 11 * 16 = 176 bytes
+    with pytest.raises(PlacementError) as e:
+        _sharded(memory_bytes=[16, 20])
+    assert str(e.value) == ("the model's 11 parameters need 16 bytes each of sharded state (adamw), 176 bytes in "
+                            "all; the ranks' memory holds less (rank 0: 16 bytes, rank 1: 20 bytes)")
+    with pytest.raises(PlacementError) as e:
+        _sharded(memory_bytes=[16, 16], optimizer="sgd")
+    assert "need 8 bytes each of sharded state (sgd), 88 bytes in all" in str(e.value)
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    c = Clock(tick=1.0)
+    monkeypatch.setattr(fsdp, "time", types.SimpleNamespace(perf_counter=c.perf_counter))
+    return c
+
+
+class Request:
+    def __init__(self, clock: Clock, seconds: float) -> None:
+        self.clock, self.seconds = clock, seconds
+
+    def Wait(self) -> None:
+        self.clock.now += self.seconds
+
+
+def test_wait_exposed_seconds_and_record_cpu(clock):
+    metrics = Metrics()
+    s = _sharded(metrics=metrics)
+    u = s.units[0]
+    full = torch.zeros(u.size)
+    # started with 0.5 s exposed already and 0.25 s of the shard's host copy
+    u.pending = [Request(clock, 2.0), full, full.numpy(), None, 0.5, 0.25]
+    clock.now = 0.0
+    # t0 = 1 (the tick); Wait to 3; then 4: exposed 0.5 + (4 - 1) = 3.5; on the CPU no copy is added
+    assert s._wait(u) is full
+    assert metrics.added == [("allgather", 4 * 8, 3.5, 0.25, 0.0)]
+    assert u.pending is None and u.full is full
+    # the gathered peak: unit 0's 8 float32 elements
+    figures = s.take_figures()
+    assert (figures.exposed_seconds, figures.exposed_units, figures.gathered_bytes_peak) == ([3.5], [0], 32)
+    again = s.take_figures()
+    assert (again.exposed_seconds, again.exposed_units, again.gathered_bytes_peak) == ([], [], 0)
+
+
+class DeviceVector:
+    """A gathered vector on an accelerator, as _wait sees it: its copy from the host buffer takes 0.5 s."""
+
+    device = types.SimpleNamespace(type="cuda")
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock, self.copied = clock, None
+
+    def copy_(self, src) -> None:
+        self.copied = src
+        self.clock.now += 0.5
+
+    def untyped_storage(self):
+        return types.SimpleNamespace(data_ptr=lambda: 12345)
+
+
+def test_wait_exposed_seconds_and_record_device(clock):
+    metrics = Metrics()
+    s = _sharded(metrics=metrics)
+    u = s.units[1]  # the root: 3 elements, 12 bytes
+    full = DeviceVector(clock)
+    recv = np.arange(3, dtype=np.float32)
+    u.pending = [Request(clock, 2.0), full, recv, None, 0.5, 0.25]
+    clock.now = 0.0
+    # t0 = 1; Wait to 3; t1 = 4; the copy to 4.5; 5.5: copy 0.25 + (5.5 - 4) = 1.75; 6.5: exposed 0.5 + 5.5 = 6
+    assert s._wait(u) is full
+    assert np.array_equal(full.copied.numpy(), recv)
+    assert metrics.added == [("allgather", 12, 6.0, 1.75, 0.0)]
+    assert s.take_figures().exposed_seconds == [6.0]
+
+
+def test_record_without_metrics_is_quiet():
+    s = _sharded(metrics=None)
+    s._record("allgather", 4, 1.0, 0.0, 0.0)  # no metrics: nothing to add to, no error
+    metrics = Metrics()
+    s = _sharded(metrics=metrics)
+    s._record("reduce_scatter", 44, 1.5, 0.25, 0.125)
+    assert metrics.added == [("reduce_scatter", 44, 1.5, 0.25, 0.125)]
+
+
+def test_blocking_gather_seconds_median_after_warm_up_slowest_rank(monkeypatch):
+    clock = Clock(tick=0.0)
+    monkeypatch.setattr(fsdp, "time", types.SimpleNamespace(perf_counter=clock.perf_counter))
+    # unit 0: a 100 s warm-up, then 1, 5, 2, 4, 3: median 3, the other rank's 4 is slower: 4.
+    # root: a 50 s warm-up, then 7, 7, 8, 9, 10: median 8, the other rank's 6 is faster: 8.
+    comm = FakeComm(1, 2, clock, gather_seconds=[100, 1, 5, 2, 4, 3, 50, 7, 7, 8, 9, 10], others=[4.0, 6.0])
+    s = _sharded(comm=comm)
+    comm.calls.clear()
+    assert s.blocking_gather_seconds() == [4.0, 8.0]
+    assert comm.calls == (["Barrier", "Allgatherv"] * 6 + ["Allreduce"]) * 2
+    assert comm.gather_seconds == [] and comm.others == []
+    # 3 repeats: unit 0 after a 9 s warm-up 1, 2, 6: median 2; root 1, 3, 2: median 2 (others 0: no one slower)
+    comm.gather_seconds, comm.others = [9, 1, 2, 6, 9, 1, 3, 2], [0.0, 0.0]
+    assert s.blocking_gather_seconds(repeats=3) == [2.0, 2.0]
+    assert comm.gather_seconds == []
+
+
+def test_blocking_gather_seconds_one_real_rank():
+    from mpi4py import MPI
+
+    model = _model()
+    s = ShardedModule(model, [model[0]], [1.0], MPI.COMM_WORLD.Dup())
+    times = s.blocking_gather_seconds(repeats=2)
+    assert len(times) == 2 and all(0.0 <= t < 1.0 for t in times)
+
+
+def test_state_bytes():
+    s = _sharded(rank=1)  # 3 elements: 2 of unit 0, 1 of the root
+    assert s.state_bytes() == {"param_bytes": 12, "grad_bytes": 0, "optimizer_bytes": 0}
+    for u in s.units:
+        u.shard.grad = torch.ones_like(u.shard)
+    # AdamW's state after a step, set by hand on a stand-in (torch's optimizers cost seconds of lazy imports): per
+    # unit exp_avg and exp_avg_sq of its shard, a float32 step count, and a plain number that holds no tensor bytes
+    opt = types.SimpleNamespace(state={})
+    for u in s.units:
+        opt.state[u.shard] = {"step": torch.tensor(1.0), "exp_avg": torch.zeros_like(u.shard),
+                              "exp_avg_sq": torch.zeros_like(u.shard), "note": 7}
+    # 3 elements: exp_avg and exp_avg_sq 2 * 12 bytes, one step count per unit 2 * 4
+    assert s.state_bytes(opt) == {"param_bytes": 12, "grad_bytes": 12, "optimizer_bytes": 24 + 8}
