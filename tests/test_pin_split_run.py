@@ -186,14 +186,15 @@ _CURRENT = threading.local()
 class FakeDevice:
     """A device in host memory: uploads and downloads copy, matmul multiplies (NumPy, in the dtype's host type).
     Its timer reports modelled seconds: flop / rate (+ `overhead` per GEMM), bytes / copy_rate per copy; `jitter`
-    multiplies the n-th timed GEMM's seconds by jitter[n % len]. Every GEMM is logged on the net with the rank's
+    multiplies the n-th timed GEMM's seconds by jitter[n % len]; the first zero_rows[m] timed GEMMs of m rows read 0 s. Every GEMM is logged on the net with the rank's
     epoch."""
 
     name = "fake"
 
     def __init__(self, rate: float, copy_rate: float = 2e9, host_memory: bool = True, free: int | None = None,
-                 overhead: float = 0.0, timing: str = TIMING_MODELLED, jitter=(1.0,)) -> None:
+                 overhead: float = 0.0, timing: str = TIMING_MODELLED, jitter=(1.0,), zero_rows=None) -> None:
         self.rate, self.copy_rate, self.host_memory, self.free = rate, copy_rate, host_memory, free
+        self.zero_rows = dict(zero_rows or {})  # rows -> how many timed GEMMs of that many rows read 0 s
         self.overhead, self.timing, self.jitter = overhead, timing, jitter
         self.pending = 0.0
         self.timed_gemms = 0
@@ -221,6 +222,9 @@ class FakeDevice:
         m, k = a.shape
         n = b.shape[1]
         seconds = 2 * m * n * k / self.rate + self.overhead
+        if self.in_timer and self.zero_rows.get(m, 0) > 0:
+            self.zero_rows[m] -= 1
+            seconds = 0.0
         if self.in_timer:
             seconds *= self.jitter[self.timed_gemms % len(self.jitter)]
             self.timed_gemms += 1
@@ -469,6 +473,7 @@ def test_list_weights_probes_each_rank_beside_the_others_then_alone_and_measures
         ("even", "rows", [4, 4, 4], 2), ("weighted", "rows", [7, 0, 5], 2)]
     assert root.chosen["weights"] == [3.0, 0.0, 2.0] and root.chosen["weights_kind"] == "list"
     assert root.chosen["strategy"] == "rows" and root.chosen["strategy_given"] == "rows"
+    assert set(root.chosen["rates"]) == set(root.chosen["predictions"]) == {"rows"}  # the strategy given only
     assert root.chosen["refined"] == [] and root.rebalance == []
     assert root.chosen["mnk"] == (MM, MN, MK) and root.chosen["caps"] == [MM] * 3
     # the progress: one step per iteration of each measured split, warm-up included
@@ -483,6 +488,11 @@ def test_list_weights_probes_each_rank_beside_the_others_then_alone_and_measures
     # the summary's denominator: 1 + 3 GFLOP/s at the final parts, rank 1's probe 2
     assert s["sum_solo_gflops"] == pytest.approx(6.0, rel=1e-12)
     assert s["sum_solo_gflops_probe"] == pytest.approx(6.0, rel=1e-12)
+    for f in s["splits"].values():
+        for key in ("end_to_end", "compute"):
+            gflops = f["achieved_gflops" if key == "end_to_end" else "compute_phase_gflops"]
+            assert f[f"efficiency_{key}_probe"] == pytest.approx(gflops / 6.0, rel=1e-12)
+            assert f[f"efficiency_{key}"] == pytest.approx(gflops / 6.0, rel=1e-12)
     assert s["verified"] is True and s["timing"] == "modelled" and s["parts"] == [7, 0, 5]
     # each rank's GEMMs: the weighted split's 3 iterations at its part; rank 0's 7 rows alone 1 + 3 times more
     assert shapes_of(net, 0)[(7, MN, MK)] == 3 + 4
@@ -551,6 +561,24 @@ def test_auto_weights_refine_the_parts_from_each_ranks_time_at_its_part(monkeypa
     assert root.chosen["weights"] == pytest.approx(probe_rates, rel=1e-12)
     # each refining step times each rank's part alone on its device: one untimed run and 3 timed
     assert shapes_of(net, 2)[(refined[0]["parts"][2], MN, MK)] >= 4
+
+
+def test_rebalancing_stops_under_the_goal_and_keeps_a_zero_weight_rank_out(monkeypatch):
+    devices = [FakeDevice(1e9), FakeDevice(5e9), FakeDevice(1e9)]
+    cfg = _cfg(weights=plan.parse_weights("3,0,2", 3), rebalance=4, compare_even=False)
+    rows, s, out, steps, net = measured(cfg, devices, monkeypatch)
+    root = out[0]
+    # [7, 0, 5] on equal devices: 7 / 6 - 1 = 1/6 imbalance; then the parts that equalise the times, [6, 0, 6]:
+    # 0, under the goal: stop (rank 1, given weight 0, stays out though it is the fastest)
+    t = [2 * p * MN * MK / 1e9 for p in (7, 0, 5)]
+    assert root.rebalance == [
+        {"iteration": 1, "parts": [7, 0, 5], "compute_seconds": pytest.approx(t, rel=1e-12),
+         "imbalance": pytest.approx(1 / 6, rel=1e-9)},
+        {"iteration": 2, "parts": [6, 0, 6], "compute_seconds": pytest.approx([0.96e-6, 0, 0.96e-6], rel=1e-12),
+         "imbalance": 0.0}]
+    assert root.splits[0][2] == [6, 0, 6]
+    # one timed iteration per step: rank 0 computed 7 rows once
+    assert shapes_of(net, 0)[(7, MN, MK)] == 1
 
 
 def test_auto_strategy_probes_both_and_takes_the_fastest_prediction(monkeypatch):
@@ -750,10 +778,15 @@ def test_plan_check_wants_a_rate_for_every_rank(monkeypatch):
     assert run.plan_check(cfg("0=sim:h100,1=host"), world, st, 2) == [
         "--plan has no rate for rank(s) 1=host: it models simulated devices (sim:MODEL); for real ones give "
         "--weights PROFILE.json from `hetbench calibrate`"]
-    # a model without the dtype
-    errors = run.plan_check(cfg("0=sim:h100,1=sim:mi300x", dtype=DTYPES["fp64"]).__class__(
-        **{**cfg("0=sim:h100,1=sim:mi300x").__dict__, "dtype": DTYPES["bf16"]}), world, st, 2)
-    assert errors == [] or errors[0].startswith("rank ")
+    # a model without the dtype: a V100 has no bf16, an Arc A770 no fp64
+    assert run.plan_check(cfg("0=sim:h100,1=sim:v100", dtype=DTYPES["bf16"]), world, st, 2) == [
+        "rank 1 (sim:v100): " + _sim_dtype_error("v100", "bf16")]
+    assert run.plan_check(cfg("0=sim:arc-a770,1=sim:h100", dtype=FP64), world, st, 2) == [
+        "rank 0 (sim:arc-a770): " + _sim_dtype_error("arc-a770", "fp64")]
+    # a size no device's memory holds
+    huge = cfg("0=sim:a10g,1=sim:a10g", m=1 << 20, n=1 << 20, k=1 << 20)
+    errors = run.plan_check(huge, world, st, 2)
+    assert len(errors) == 1 and "1048576" in errors[0]
     loads = []
     import hetbench.results.profile as profile_module
 
@@ -763,3 +796,84 @@ def test_plan_check_wants_a_rate_for_every_rank(monkeypatch):
         assert run.plan_check(cfg("0=host,1=host", strategy=strategy,
                                   weights=plan.Weights("profile", path="p.json")), world, st, 2) == []
         assert loads[-1][1:] == (2, "fp32", asked, None)
+
+
+def _sim_dtype_error(model: str, dtype: str) -> str:
+    from hetbench.backends import sim
+
+    with pytest.raises(ValueError) as e:
+        sim.gemm_model_seconds(sim.get_model(model), 1, 1, 1, DTYPES[dtype])
+    return str(e.value)
+
+
+# --- the figures at the edges ---------------------------------------------------------------------------------------
+
+
+def test_an_efficiency_of_exactly_1_is_no_fault_and_above_it_is():
+    faults = run.measurement_faults({"even": {"efficiency_end_to_end": 1.0, "efficiency_compute": 1.5},
+                                     "weighted": {"efficiency_end_to_end": None, "efficiency_compute": 1.0000001}})
+    assert faults == [
+        "even split efficiency_compute 1.500 > 1: a measurement fault (the devices ran faster in the split than "
+        "alone at the same parts; the machine's speed changed between them)",
+        "weighted split efficiency_compute 1.000 > 1: a measurement fault (the devices ran faster in the split than "
+        "alone at the same parts; the machine's speed changed between them)"]
+
+
+def test_a_gemm_timed_at_0_s_has_no_rate_and_ranks_without_solo_rates_no_efficiency(monkeypatch):
+    devices = [FakeDevice(1e9), FakeDevice(2e9)]
+    cfg = _cfg(compare_even=False)
+    rows, s, out, steps, net = measured(cfg, devices, monkeypatch)
+    assert rows[1]["gemm_gflops"] == pytest.approx(2 * 6 * MN * MK / (2 * 6 * MN * MK / 2e9) / 1e9, rel=1e-12)
+    for phases in out[1].splits[0][3]:
+        phases.gemm = 0.0  # a timer that read 0
+    assert run.rows(cfg, out)[1]["gemm_gflops"] is None
+    # no solo rate anywhere (and no final part timed): no efficiency, rather than a division by 0
+    out[0].chosen["solo_rates"]["rows"] = [0.0, 0.0]
+    out[0].chosen["solo_at_parts"] = None
+    s = run.summarize_job(cfg, run.rows(cfg, out), out)
+    f = s["splits"]["weighted"]
+    assert [f[k] for k in ("efficiency_end_to_end", "efficiency_compute", "efficiency_end_to_end_probe",
+                           "efficiency_compute_probe")] == [None] * 4
+    assert s["sum_solo_gflops"] == 0.0 and s["efficiency_basis"] == "each rank's probe alone"
+
+
+def test_a_plans_rates_are_each_models_at_the_even_slice_and_its_rows_name_the_devices():
+    from hetbench.backends import sim
+
+    backends = tuple(parse_backend_map("0=sim:h100,1=sim:mi300x,2=sim:a10g", 3))
+    m, n, k = 4096, 4096, 1000
+    cfg = _cfg(m=m, n=n, k=k, plan=True, backends=backends, strategy="auto", weights=plan.Weights("even"))
+    st = run.SplitState(None, None, "", None, None, (m, n, k), None)  # type: ignore[arg-type]
+    outcome = run.plan_only(cfg, None, st)  # type: ignore[arg-type]
+    summary, rows = outcome.chosen["summary"], outcome.chosen["rows"]
+    strategy = summary["strategy"]
+    dim = plan.dim_of(strategy, m, n, k)
+    hint = -(-dim // 3)
+    for r, (row, model) in enumerate(zip(rows, ("h100", "mi300x", "a10g"))):
+        assert row["device"] == sim.get_model(model).name and row["backend"] == f"sim:{model}"
+        assert row["solo_gflops"] == pytest.approx(plan.sim_rate(model, strategy, m, n, k, "fp32", hint) / 1e9,
+                                                   rel=1e-12)
+    for s_ in ("rows", "k"):
+        d = plan.dim_of(s_, m, n, k)
+        assert summary["predictions"][s_]["parts"] == plan.shares([1.0] * 3, d)
+
+
+def test_a_time_of_0_s_at_a_part_is_no_point_to_balance_by(monkeypatch):
+    """A timer that reads 0 s for a rank's GEMM at its part (a coarse clock) says nothing of its speed: the point
+    is left out of the balancing, in auto's refining and in --rebalance."""
+    # auto: probes at 6 rows, 1 and 2 GFLOP/s: 4 and 8 rows; rank 1 reads 0 s at 8 rows in the 3 refining steps
+    # (3 timed runs each), so every step balances by the probes and rank 0's 4 rows alone, and keeps 4, 8
+    devices = [FakeDevice(1e9), FakeDevice(2e9, zero_rows={8: 9})]
+    rows, s, out, steps, net = measured(_cfg(weights=plan.Weights("auto"), compare_even=False), devices,
+                                        monkeypatch)
+    refined = out[0].chosen["refined"]
+    assert [r["parts"] for r in refined] == [[4, 8]] * 3 and out[0].splits[0][2] == [4, 8]
+    assert [r["compute_seconds"][1] for r in refined] == [0.0] * 3
+    # --rebalance from even: 6, 6 on 1 and 2 GFLOP/s (imbalance 1/3), then 4, 8: rank 1 reads 0 s, rank 0's
+    # 4 rows 0.64 us: imbalance 1, still off; the point (8, 0) left out, the parts stay 4, 8
+    devices = [FakeDevice(1e9), FakeDevice(2e9, zero_rows={8: 2})]
+    cfg = _cfg(weights=plan.parse_weights("1,1", 2), rebalance=3, compare_even=False)
+    rows, s, out, steps, net = measured(cfg, devices, monkeypatch)
+    history = out[0].rebalance
+    assert [(h["iteration"], h["parts"]) for h in history] == [(1, [6, 6]), (2, [4, 8]), (3, [4, 8])]
+    assert [h["imbalance"] for h in history] == pytest.approx([1 / 3, 1.0, 1.0], rel=1e-9)
