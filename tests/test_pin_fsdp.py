@@ -156,6 +156,10 @@ class Request:
     def Wait(self) -> None:
         self.clock.now += self.seconds
 
+    def Test(self) -> bool:
+        self.clock.now += 0.5
+        return False
+
 
 def test_wait_exposed_seconds_and_record_cpu(clock):
     metrics = Metrics()
@@ -205,6 +209,27 @@ def test_wait_exposed_seconds_and_record_device(clock):
     assert np.array_equal(full.copied.numpy(), recv)
     assert metrics.added == [("allgather", 12, 6.0, 1.75, 0.0)]
     assert s.take_figures().exposed_seconds == [6.0]
+
+
+def test_a_prefetched_gather_start_poll_wait_and_the_gathered_peak(clock):
+    metrics = Metrics()
+    s = _sharded(metrics=metrics)
+    root, unit = s.units[1], s.units[0]
+    s.comm.Iallgatherv = lambda send, recv: Request(clock, 2.0)
+    s._hold(root, torch.zeros(root.size))
+    assert s.figures.gathered_bytes_peak == 4 * 3
+    assert s._sequence(backward=False) == [1, 0] and s.prefetched_units() == [0]
+    clock.now = 0.0
+    # started at 1 (the tick), the request made, 2: 1 s exposed so far; root and unit held or arriving: 4 * 11
+    s._start_next(root, s._sequence(backward=False))
+    assert unit.pending[4] == 1.0 and s.figures.gathered_bytes_peak == 44
+    # a poll: 3, the Test 0.5 s, 4.5: 1.5 s more, 2.5
+    s.poll()
+    assert unit.pending[4] == 2.5
+    # the wait: 5.5, Wait 2 s, 8.5: 3 s more, 5.5 exposed in all
+    s._wait(unit)
+    assert metrics.added == [("allgather", 32, 5.5, 0.0, 0.0)]
+    assert s.take_figures().exposed_seconds == [5.5]
 
 
 def test_record_without_metrics_is_quiet():
