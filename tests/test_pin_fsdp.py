@@ -1,6 +1,8 @@
 """hetbench.pytorch.fsdp's figures, pinned fast and in-process (issue 17): the unit sizes, a rank's elements, the
 shares under memory caps, the exposed seconds of a prefetched gather and what it records, the blocking gather's
-median, and the bytes a rank holds. A fake communicator stands in for MPI (rank 1 of 2, where the shares are
+median, the bytes a rank holds, the units it holds nothing of, which gathers are prefetched and which one starts
+next, the idle seconds of the barrier, and what a blocking gather and a reduce-scatter record (bytes, seconds, copy
+seconds, idle; on the CPU and on a device). A fake communicator stands in for MPI (rank 1 of 2, where the shares are
 uneven), and a fake clock (fsdp's `time`) makes every timed interval a known number. Worked by hand in comments.
 
 The model throughout: Sequential(Linear(3, 2), Linear(2, 1)), unit [model[0]]: unit 0 holds 0.weight (2, 3) and
@@ -37,9 +39,11 @@ class FakeComm:
     each Allgatherv takes the next of `gather_seconds` on the clock; Allreduce(MAX) meets the other ranks'
     values `others` (one per call)."""
 
-    def __init__(self, rank: int, size: int, clock: Clock | None = None, gather_seconds=(), others=()) -> None:
+    def __init__(self, rank: int, size: int, clock: Clock | None = None, gather_seconds=(), others=(),
+                 barrier_seconds: float = 0.0) -> None:
         self.rank, self.size, self.clock = rank, size, clock
         self.gather_seconds, self.others = list(gather_seconds), list(others)
+        self.barrier_seconds = barrier_seconds  # each Barrier's wait for the slowest rank
         self.calls: list[str] = []
 
     def Get_rank(self) -> int:
@@ -54,6 +58,18 @@ class FakeComm:
 
     def Barrier(self) -> None:
         self.calls.append("Barrier")
+        if self.clock is not None:
+            self.clock.now += self.barrier_seconds
+
+    def Reduce_scatter(self, send, recv, counts, op=None) -> None:
+        """Both ranks sent the same gradient: this rank's slice of it, doubled; takes the next gather_seconds."""
+        from mpi4py import MPI
+
+        assert op is MPI.SUM
+        self.calls.append("Reduce_scatter")
+        lo = sum(counts[:self.rank])
+        recv[:] = 2 * send[lo:lo + counts[self.rank]]
+        self.clock.now += self.gather_seconds.pop(0)
 
     def Allgatherv(self, send, recv) -> None:
         self.calls.append("Allgatherv")
@@ -280,3 +296,136 @@ def test_state_bytes():
                               "exp_avg_sq": torch.zeros_like(u.shard), "note": 7}
     # 3 elements: exp_avg and exp_avg_sq 2 * 12 bytes, one step count per unit 2 * 4
     assert s.state_bytes(opt) == {"param_bytes": 12, "grad_bytes": 12, "optimizer_bytes": 24 + 8}
+
+
+def _three_units(weights=(3.0, 1.0)):
+    """Sequential(Linear(3, 2), Linear(2, 2), Linear(2, 1)), units [m[0], m[1]]: unit 0 8 elements, unit 1 6
+    (2*2 + 2), the root (index 2) 3; the forward sequence root, 0, 1."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(3, 2), nn.Linear(2, 2), nn.Linear(2, 1))
+    return ShardedModule(m, [m[0], m[1]], list(weights), FakeComm(1, 2))
+
+
+@pytest.mark.filterwarnings("ignore:Initializing zero-element tensors")  # Linear(2, 0)'s init, nothing of ours
+def test_empty_units():
+    # weights 3:1 uncapped: rank 1 holds [6, 2][1] = 2 of unit 0 and [2, 1][1] = 1 of the root: nothing empty
+    assert _sharded().empty_units() == []
+    # the binding cap (test_capped_weights_a_binding_cap): counts [[7, 1], [3, 0]]: rank 1 holds none of the root
+    assert _sharded(memory_bytes=[None, 16]).empty_units() == ["root"]
+    assert _sharded(rank=0, memory_bytes=[None, 16]).empty_units() == []
+    # a unit of no elements (Linear(2, 0): weight (0, 2), bias (0,)) is held by no one, yet is not "empty": there is
+    # nothing of it to hold. The root Linear(3, 2), 8 elements by 3:1: [6, 2]
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(3, 2), nn.Linear(2, 0))
+    s = ShardedModule(m, [m[1]], [3.0, 1.0], FakeComm(1, 2))
+    assert [(u.name, u.size, u.counts) for u in s.units] == [("1", 0, [0, 0]), ("", 8, [6, 2])]
+    assert s.empty_units() == []
+
+
+def test_prefetched_units_and_sequences():
+    s = _three_units()
+    assert [(u.index, u.size, u.counts) for u in s.units] == [(0, 8, [6, 2]), (1, 6, [5, 1]), (2, 3, [2, 1])]
+    # forward: root 2 (blocking), then 0, 1 prefetched; backward: root, then 1 (kept gathered), then 0 prefetched
+    assert s._sequence(backward=False) == [2, 0, 1] and s._sequence(backward=True) == [2, 1, 0]
+    assert s.prefetched_units() == [0, 1] + [0]
+    s.prefetch = False
+    assert s.prefetched_units() == []
+
+
+def test_start_next_starts_the_following_unit_only(clock):
+    s = _three_units()
+    started = []
+    s.comm.Iallgatherv = lambda send, recv: started.append(recv[1][0]) or Request(clock, 1.0)
+    seq = s._sequence(backward=False)  # [2, 0, 1]
+    # after unit 0 comes unit 1 (not the root before it): its counts [5, 1]
+    s._start_next(s.units[0], seq)
+    assert started == [[5, 1]] and s.units[1].pending is not None and s.units[2].pending is None
+    # unit 1 ends the sequence: nothing after it to start
+    s._start_next(s.units[1], seq)
+    assert started == [[5, 1]]
+    # after the root (first) comes unit 0: counts [6, 2]; unit 1 is pending already, so after 0 nothing new starts
+    s._start_next(s.units[2], seq)
+    assert started == [[5, 1], [6, 2]] and s.units[0].pending is not None
+    s._start_next(s.units[0], seq)
+    assert len(started) == 2
+    # a unit not in the order starts nothing
+    s._start_next(s.units[0], [2])
+    assert len(started) == 2
+    # held or arriving now: 0 (8) and 1 (6): 4 * 14 = 56 bytes
+    assert s.figures.gathered_bytes_peak == 56
+
+
+def test_barrier_idle_seconds(clock):
+    comm = FakeComm(1, 2, clock, barrier_seconds=3.0)
+    s = _sharded(comm=comm)
+    comm.calls.clear()
+    clock.now = 0.0
+    # no split: start 1 (the tick), no Barrier, now 2: idle 2 - 1 = 1 (the clock's tick only)
+    assert s._barrier() == (1.0, 2.0) and comm.calls == []
+    # split by the engine: start 3, the Barrier 3 s to 6, now 7: idle 7 - 3 = 4
+    s.split_idle = True
+    assert s._barrier() == (4.0, 7.0) and comm.calls == ["Barrier"]
+    # or by its group (a StepLogger sets pg.split_idle): start 8, Barrier to 11, now 12: idle 4
+    s.split_idle, s.pg = False, types.SimpleNamespace(split_idle=True)
+    assert s._barrier() == (4.0, 12.0) and comm.calls == ["Barrier", "Barrier"]
+
+
+def test_acquire_a_blocking_gather_cpu(clock):
+    metrics = Metrics()
+    comm = FakeComm(1, 2, clock, gather_seconds=[2.0], barrier_seconds=3.0)
+    s = _sharded(comm=comm, metrics=metrics)
+    s.split_idle = True
+    u = s.units[0]
+    clock.now = 0.0
+    # barrier: start 1, Barrier to 4, now 5: idle 4, the gather's start 5. The Allgatherv 2 s to 7; on the CPU no
+    # copy: the record at 8: 8 - 5 = 3 s, 4 * 8 = 32 bytes, copy 0, idle 4
+    full = s._acquire(u)
+    assert metrics.added == [("allgather", 32, 3.0, 0.0, 4.0)]
+    assert u.full is full and full.shape == (8,)
+    assert s.figures.gathered_bytes_peak == 32
+    # held: the same vector again, nothing gathered or recorded
+    assert s._acquire(u) is full and len(metrics.added) == 1
+
+
+def test_acquire_a_blocking_gather_device(clock):
+    metrics = Metrics()
+    comm = FakeComm(1, 2, clock, gather_seconds=[2.0], barrier_seconds=3.0)
+    s = _sharded(comm=comm, metrics=metrics)
+    s.split_idle = True
+    u = s.units[1]  # the root: 3 elements, 12 bytes
+    full = DeviceVector(clock)
+    recv = np.arange(3, dtype=np.float32)
+    s._gather_buffers = lambda unit: (full, None, recv, 0.25)  # the shard's host copy took 0.25 s
+    clock.now = 0.0
+    # barrier: start 1, to 4, now 5: idle 4, start 5. Allgatherv to 7; t0 8; the copy to the device 0.5 s to 8.5;
+    # 9.5: copy 0.25 + (9.5 - 8) = 1.75; the record at 10.5: 10.5 - 5 = 5.5 s
+    assert s._acquire(u) is full
+    assert np.array_equal(full.copied.numpy(), recv)
+    assert metrics.added == [("allgather", 12, 5.5, 1.75, 4.0)]
+
+
+def test_reduce_scatter_cpu(clock):
+    metrics = Metrics()
+    comm = FakeComm(1, 2, clock, gather_seconds=[2.0], barrier_seconds=3.0)
+    s = _sharded(comm=comm, metrics=metrics)
+    s.split_idle = True
+    u = s.units[0]  # 8 elements, counts [6, 2]: rank 1 owns elements 6 and 7
+    clock.now = 0.0
+    # barrier: start 1, to 4, now 5: idle 4, start 5; Reduce_scatter 2 s to 7; record at 8: 3 s, copy 0
+    out = s._reduce_scatter(u, torch.arange(8.0))
+    assert out.tolist() == [12.0, 14.0]  # 2 * [6, 7], the two ranks' sum
+    assert metrics.added == [("reduce_scatter", 32, 3.0, 0.0, 4.0)]
+
+
+def test_reduce_scatter_device(clock):
+    metrics = Metrics()
+    comm = FakeComm(1, 2, clock, gather_seconds=[2.0], barrier_seconds=3.0)
+    s = _sharded(comm=comm, metrics=metrics)
+    s.split_idle = True
+    s.device = torch.device("meta")  # not the CPU: the reduced shard goes to it (meta: no data, no clock)
+    u = s.units[1]  # the root: 3 elements, counts [2, 1]
+    clock.now = 0.0
+    # barrier: idle 4, start 5; Reduce_scatter to 7; t0 8, the move, 9: copy 1; the record at 10: 5 s, 12 bytes
+    out = s._reduce_scatter(u, torch.arange(3.0))
+    assert out.device.type == "meta" and out.shape == (1,)
+    assert metrics.added == [("reduce_scatter", 12, 5.0, 1.0, 4.0)]

@@ -61,7 +61,11 @@ SCOPES: dict[str, list[str]] = {
     "hetbench/pytorch/fsdp.py": ["numel", "UnitLayout.size", "ShardedModule._capped_weights",
                                  "ShardedModule.elements", "ShardedModule._record", "ShardedModule._wait",
                                  "ShardedModule.take_figures", "ShardedModule.blocking_gather_seconds",
-                                 "ShardedModule.state_bytes"],
+                                 "ShardedModule.state_bytes", "ShardedModule._acquire",
+                                 "ShardedModule._reduce_scatter", "ShardedModule._barrier",
+                                 "ShardedModule.empty_units", "ShardedModule._start_next",
+                                 "ShardedModule.prefetched_units", "ShardedModule._note_peak",
+                                 "ShardedModule.poll"],
 }
 
 _BINOPS = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.FloorDiv: ast.Mult,
