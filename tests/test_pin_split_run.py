@@ -683,8 +683,7 @@ def test_the_root_refuses_a_size_whose_a_b_c_and_buffers_exceed_its_memory_share
     assert asked == [1]  # the root's share as one process's
     share.__defaults__[1][0] = need - 1
     st, errors = run.prepare(cfg, SimpleNamespace(rank=0), opened(d))
-    # (approx_bytes says "about" itself: the message reads "about about"; only its figures are pinned here)
-    assert st is None and len(errors) == 1 and errors[0].startswith("12x10 @ 10x8 in fp32 needs about")
+    assert st is None and len(errors) == 1 and errors[0].startswith("12x10 @ 10x8 in fp32 needs about 2.4 KiB of")
     assert errors[0].count("2.4 KiB") == 2 and errors[0].endswith("use a smaller size")
     share.__defaults__[1][0] = None  # unknown: no check
     assert run.prepare(cfg, SimpleNamespace(rank=0), opened(d))[1] == []

@@ -499,7 +499,7 @@ def _root_memory_error(m: int, n: int, k: int, dtype: DType) -> str | None:
     share = host_memory_share_bytes(1)
     if share is None or need <= share:
         return None
-    return (f"{m}x{k} @ {k}x{n} in {dtype.name} needs about {approx_bytes(need)} of host memory at the root (A, B, "
+    return (f"{m}x{k} @ {k}x{n} in {dtype.name} needs {approx_bytes(need)} of host memory at the root (A, B, "
             f"C and the slices' buffers); it has {approx_bytes(share)}; use a smaller size")
 
 
