@@ -13,7 +13,8 @@ prints them), so that the line's other mutants still run.
 Each mutant runs in a copy of the checkout (the tree without .venv, results/ and .git), the target file rewritten
 there (ast.unparse of the mutated tree: comments and layout go, the code is the same), with the venv's python and
 `pytest -x -q` over the target's tests, each run under a timeout (ten times the unmutated run, 1 to 5 minutes: a
-mutant that hangs counts as killed, as a hang fails CI). Prints every survivor as FILE:LINE: the change; exits 1 when any survives, 0 when none does.
+mutant that hangs counts as killed, as a hang fails CI). Prints every survivor as FILE:LINE: the change; exits 1
+when any survives, 0 when none does.
 """
 
 from __future__ import annotations
