@@ -58,7 +58,10 @@ $(VENV_OPENMPI)/.installed: pyproject.toml
 # device, the devices `auto` picks), then one GEMM split across that pair by measured speed, then a simulated
 # H100 + MI300X pair over a size sweep, then collectives; the
 # runs go to a folder of their own, and the demo ends with one HTML page of them all: results/report.html
-DEMO_DIR ?= results/demo-$(shell date -u +%Y%m%dT%H%M%SZ)
+# one time stamp a make run, read once (:=): a folder named by the clock in a recursive variable is named anew
+# at each use, and a run crossing a second wrote into a folder it had not made
+STAMP := $(shell date -u +%Y%m%dT%H%M%SZ)
+DEMO_DIR ?= results/demo-$(STAMP)
 DEMO_SWEEP ?= 256:2048
 DEMO_MAX_BYTES ?= 4M
 DEMO_REPORT ?= results/report.html
@@ -128,7 +131,7 @@ bench-torch: env
 # Issue 9's split bench: two ranks with a real speed gap, host BLAS on one thread beside PoCL on one thread, one
 # GEMM split by auto weights (and, measured in the same run, evenly), at 4096 in three rounds whose median the goals
 # judge; then rebalancing from even weights
-BENCH_SPLIT_DIR ?= results/bench-split-$(shell date -u +%Y%m%dT%H%M%SZ)
+BENCH_SPLIT_DIR ?= results/bench-split-$(STAMP)
 BENCH_SPLIT_ENV := OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 POCL_MAX_PTHREAD_COUNT=1
 bench-split: env
 	@mkdir -p $(BENCH_SPLIT_DIR)
@@ -146,7 +149,7 @@ bench-split: env
 # speed moves by 20-50 % within an hour); then once with even weights. The goal: auto >= 0.90 of the summed solo
 # samples/s, the median over the rounds. The batch is large enough that the slower rank's slice (about a tenth,
 # 300-470 rows) still makes GEMMs its device runs efficiently: at 2048 the goal was missed (README)
-BENCH_TRAIN_DIR ?= results/bench-train-$(shell date -u +%Y%m%dT%H%M%SZ)
+BENCH_TRAIN_DIR ?= results/bench-train-$(STAMP)
 BENCH_TRAIN_ARGS ?= --strategy fsdp --layers 4 --hidden 512 --batch 4096 --steps 10 --warmup-steps 4
 BENCH_TRAIN_ROUNDS ?= 3
 # each rank on its own core, alone (taskset) as in the pair (MPICH's hydra: rank r on core r)
@@ -170,7 +173,7 @@ bench-train: env
 # Goals: auto >= 0.90 of the summed solo samples/s (median of rounds) and auto >= 2x even. At batch 8192 the OpenCL
 # rank's rows (about 8 %, 650) make GEMMs PoCL runs at its one-thread rate; at 4096 (250-310 rows) the median of 3
 # rounds was 0.876 (0.857-0.966), the per-step communication and the imbalance weighing twice as much
-BENCH_TRAIN_TORCH_DIR ?= results/bench-train-torch-$(shell date -u +%Y%m%dT%H%M%SZ)
+BENCH_TRAIN_TORCH_DIR ?= results/bench-train-torch-$(STAMP)
 BENCH_TRAIN_TORCH_ARGS ?= --frontend torch --strategy fsdp --layers 4 --hidden 512 --batch 8192 --steps 9 \
 	--warmup-steps 4
 # five rounds: on this VM a device slowed by 40 % for three steps in a row now and then, and a median of three

@@ -38,6 +38,20 @@ def test_bench_target_runs_parts_the_overhead_script_accepts():
     assert "'nonesuch'" in unknown.stderr and "accepted: gemm, allreduce, opencl, torch, split, train, train-torch" in unknown.stderr
 
 
+def test_each_bench_folder_is_named_once_a_run():
+    """A folder named after the clock must take the time once (:=): named at each use, a bench crossing a second
+    made one folder and wrote into another (bench-split failed so). Every results folder the recipes use comes from
+    the one STAMP, and each recipe's mkdir and --out name the same folder."""
+    text = (REPO / "Makefile").read_text()
+    assert re.search(r"^STAMP := \$\(shell date", text, re.M)
+    assert text.count("$(shell date") == 1, "only STAMP reads the clock"
+    recipe = subprocess.run(["make", "-C", str(REPO), "-n", f"PY={sys.executable}", "-o", ".venv/.installed",
+                             "VENV=.venv", "bench-split"], capture_output=True, text=True, timeout=60)
+    made = re.findall(r"mkdir -p (\S+)", recipe.stdout)
+    written = set(re.findall(r"--out (\S+)/[^/\s]+\.json", recipe.stdout))
+    assert len(made) == 1 and written == {made[0]}, recipe.stdout
+
+
 @needs_mpi
 def test_split_figures_are_the_runs_and_unmet_goals_fail(tmp_path):
     """`overhead split` prints each run's figures as its JSON has them, and exits 1 where a goal is not met (a
