@@ -53,6 +53,8 @@ TARGETS: dict[str, list[str]] = {
     "hetbench/benchmarks/split_plan.py": ["tests/test_pin_split_plan.py", "tests/test_split_plan.py"],
     "hetbench/harness/matmul.py": ["tests/test_matmul_figures.py", "tests/test_pin_matmul.py"],
     "hetbench/pytorch/logger.py": ["tests/test_pin_torch_train.py"],
+    "hetbench/benchmarks/calibrate.py": ["tests/test_pin_calibrate.py", "tests/test_pin_calibrate_profile.py"],
+    "hetbench/results/profile.py": ["tests/test_pin_calibrate.py", "tests/test_pin_calibrate_profile.py"],
 }
 
 # Where a module is mostly mechanism, only the functions that compute its figures are mutated (a class's methods
