@@ -15,12 +15,15 @@ import types
 
 import numpy as np
 import pytest
-import torch
-from torch import nn
 
-from hetbench.benchmarks.split_plan import PlacementError
-from hetbench.pytorch import fsdp
-from hetbench.pytorch.fsdp import ShardedModule, UnitLayout
+pytest.importorskip("torch")  # the torch front end's pins: torch is an optional extra
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+from hetbench.benchmarks.split_plan import PlacementError  # noqa: E402
+from hetbench.pytorch import fsdp  # noqa: E402
+from hetbench.pytorch.fsdp import ShardedModule, UnitLayout  # noqa: E402
 
 
 class Clock:
