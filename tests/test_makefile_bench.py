@@ -154,3 +154,40 @@ def test_allreduce_bench_runs_small(tmp_path):
     (row,) = json.loads(run.stdout)
     assert row["size_mib"] == 1 and row["ratio"] == pytest.approx(row["hetbench_algbw_gbps"] / row["mpi4py_algbw_gbps"])
     assert row["staged_ratio"] > 0
+
+
+@needs_mpi
+def test_torch_bench_allreduce_ratio_is_the_medians_of_its_rounds(tmp_path):
+    """The torch bench's all_reduce figure (hetbench/pytorch/bench.py), on 2 ranks made small: each side's algbw is
+    the size over the median of its 15 rounds (each round a mean over the iterations, the slowest rank's), the ratio
+    hetbench's over bare mpi4py's; the rounds are recorded, so the medians are recomputed here from them."""
+    pytest.importorskip("torch")
+    from conftest import run_python
+
+    (tmp_path / "spy.py").write_text(
+        "import json\n"
+        "from mpi4py import MPI\n"
+        "import hetbench.pytorch as hb\n"
+        "import hetbench.pytorch.bench as b\n"
+        "seen, real = [], b._median_seconds\n"
+        "def spy(*args, **kwargs):\n"
+        "    seen.append(real(*args, **kwargs))\n"
+        "    return seen[-1]\n"
+        "b._median_seconds = spy\n"
+        "hb.init('host')\n"
+        "r = b.bench_allreduce(MPI.COMM_WORLD, mib=1, iters=2, warmup=1)\n"
+        "if MPI.COMM_WORLD.rank == 0:\n"
+        "    print(json.dumps({'r': r, 'seen': seen}))\n")
+    run = run_python(["spy.py"], nprocs=2, cwd=tmp_path, timeout=180)
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    r, seen = out["r"], out["seen"]
+    assert len(seen) == 2 * 15  # 15 rounds of each side, the order flipped each round: ours, bare, bare, ours, ...
+    ours = [seen[2 * i] if i % 2 == 0 else seen[2 * i + 1] for i in range(15)]
+    bare = [seen[2 * i + 1] if i % 2 == 0 else seen[2 * i] for i in range(15)]
+    import statistics
+
+    size = 1024**2
+    assert r["hetbench_algbw_gbps"] == pytest.approx(size / statistics.median(ours) / 1e9, rel=1e-12)
+    assert r["mpi4py_algbw_gbps"] == pytest.approx(size / statistics.median(bare) / 1e9, rel=1e-12)
+    assert r["ratio"] == pytest.approx(r["hetbench_algbw_gbps"] / r["mpi4py_algbw_gbps"], rel=1e-12)
