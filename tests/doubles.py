@@ -330,3 +330,20 @@ def make_fake_cupy(runtime, pool_free_bytes=0, matmul_ms=2.5):
         cublas=types.SimpleNamespace(CUBLASError=FakeCUBLASError),
     )
     return fake
+
+
+class HostArrays:
+    """A fake backend's arrays, held in host memory as NumPy arrays of the dtype's host type: upload, download and
+    empty copy or allocate, matmul multiplies with NumPy (the scripted-timer backends of the matmul tests mix it in)."""
+
+    def upload(self, host, dtype):
+        return np.array(host, dtype=dtype.host)
+
+    def download(self, array, dtype):
+        return np.array(array, dtype=dtype.host)
+
+    def empty(self, shape, dtype):
+        return np.empty(shape, dtype=dtype.host)
+
+    def matmul(self, a, b, out, dtype) -> None:
+        np.matmul(a, b, out=out)

@@ -17,6 +17,7 @@ from hetbench.dtypes import DTYPES
 from hetbench.harness import matmul as run
 from hetbench.harness.stats import summarize
 from hetbench.harness.timing import time_repeats
+from doubles import HostArrays
 
 
 def _row(rank: int, gemm_s: float, d2h_s: float, reduce_s: float, flops: int, timing: str = "measured") -> dict:
@@ -69,7 +70,7 @@ def test_stats_cv_is_stdev_over_mean() -> None:
     assert summarize([3.0], "x")["x_cv"] == 0.0
 
 
-class ScriptedBackend:
+class ScriptedBackend(HostArrays):
     """A host backend whose timer reports scripted durations: every call of matmul, upload and download is
     counted, and each timed block lasts the next scripted number of seconds."""
 
@@ -91,18 +92,9 @@ class ScriptedBackend:
     def max_allocation_bytes(self) -> int | None:
         return None
 
-    def upload(self, host, dtype):
-        return np.array(host, dtype=dtype.host)
-
-    def download(self, array, dtype):
-        return np.array(array, dtype=dtype.host)
-
-    def empty(self, shape, dtype):
-        return np.empty(shape, dtype=dtype.host)
-
     def matmul(self, a, b, out, dtype) -> None:
         self.matmul_calls += 1
-        np.matmul(a, b, out=out)
+        super().matmul(a, b, out, dtype)
 
     def synchronize(self) -> None:
         pass

@@ -24,6 +24,7 @@ from hetbench.dtypes import DTYPES
 from hetbench.harness import matmul as run
 from hetbench.harness import verify
 from hetbench.harness.devices import OpenDevice
+from doubles import HostArrays
 
 FP16, BF16, FP32, FP64 = DTYPES["fp16"], DTYPES["bf16"], DTYPES["fp32"], DTYPES["fp64"]
 R = RUNTIME_SCRATCH_BYTES  # 16 MiB, added to every plan
@@ -354,7 +355,7 @@ def test_prepare_inputs_from_files(tmp_path, monkeypatch: pytest.MonkeyPatch) ->
 # ---- a rank's run on a fake world and clock ----------------------------------------------------------------------
 
 
-class ClockBackend:
+class ClockBackend(HostArrays):
     """A host-memory backend whose timer reports the next scripted seconds (or `default`)."""
 
     name = "host"
@@ -366,18 +367,6 @@ class ClockBackend:
 
     def info(self) -> DeviceInfo:
         return _info("host", "cpu", peak={"fp32": 1e-9, "fp64": 1e-9})
-
-    def upload(self, host, dtype):
-        return np.array(host, dtype=dtype.host)
-
-    def download(self, array, dtype):
-        return np.array(array, dtype=dtype.host)
-
-    def empty(self, shape, dtype):
-        return np.empty(shape, dtype=dtype.host)
-
-    def matmul(self, a, b, out, dtype) -> None:
-        np.matmul(a, b, out=out)
 
     @contextlib.contextmanager
     def timer(self) -> Iterator[Elapsed]:
