@@ -281,8 +281,8 @@ def split_figures(paths: list[str]) -> int:
     measured in its run): each rank's solo rate, the auto split's end-to-end and compute-phase efficiency against
     the sum of the solo rates, the even split's, and the rebalancing's imbalance per iteration. Goals (issue 9) at
     the largest n: compute-phase efficiency >= 0.95, end-to-end >= 0.90, >= 3x the even split's throughput, each
-    judged on the median over the runs at that n (the rounds) with its spread shown; an efficiency above 1 in a
-    round is a measurement fault, flagged; a median above 1 meets no goal (`judged`)."""
+    judged on the runs at that n (the rounds) by `judged`: their median and spread, an efficiency above 1 flagged
+    as a measurement fault."""
     from hetbench.results import load_results
 
     documents = [load_results(p) for p in paths]
@@ -331,8 +331,7 @@ def train_figures(paths: list[str], even_goal: float | None = None) -> int:
     hid. With `even_goal`, auto over even must reach it too. The solo runs are the upper bracket of the pair's
     shapes (each rank alone computes the whole batch, at least its rows in the pair; printed per round). A round
     whose auto exceeds its summed solo (the machine's speed moved between runs minutes apart: a measurement fault,
-    not a gain), or whose solo runs are smaller than a rank's part, is flagged; a median above 1 meets no goal
-    (`judged`). Exits 1 where a goal is missed or a run's check failed, 2 without rounds."""
+    not a gain), or whose solo runs are smaller than a rank's part, is flagged; the rounds are judged by `judged`. Exits 1 where a goal is missed or a run's check failed, 2 without rounds."""
     from pathlib import Path
 
     from hetbench.results import load_results

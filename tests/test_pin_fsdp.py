@@ -373,11 +373,17 @@ def test_barrier_idle_seconds(clock):
     assert s._barrier() == (4.0, 12.0) and comm.calls == ["Barrier", "Barrier"]
 
 
-def test_acquire_a_blocking_gather_cpu(clock):
+def _timed_engine(clock):
+    """Rank 1 of 2 with its idle split off: each Barrier takes 3 s and each gather or reduce-scatter 2 s on the
+    clock; what it records lands in the returned Metrics."""
     metrics = Metrics()
-    comm = FakeComm(1, 2, clock, gather_seconds=[2.0], barrier_seconds=3.0)
-    s = _sharded(comm=comm, metrics=metrics)
+    s = _sharded(comm=FakeComm(1, 2, clock, gather_seconds=[2.0], barrier_seconds=3.0), metrics=metrics)
     s.split_idle = True
+    return s, metrics
+
+
+def test_acquire_a_blocking_gather_cpu(clock):
+    s, metrics = _timed_engine(clock)
     u = s.units[0]
     clock.now = 0.0
     # barrier: start 1, Barrier to 4, now 5: idle 4, the gather's start 5. The Allgatherv 2 s to 7; on the CPU no
@@ -391,10 +397,7 @@ def test_acquire_a_blocking_gather_cpu(clock):
 
 
 def test_acquire_a_blocking_gather_device(clock):
-    metrics = Metrics()
-    comm = FakeComm(1, 2, clock, gather_seconds=[2.0], barrier_seconds=3.0)
-    s = _sharded(comm=comm, metrics=metrics)
-    s.split_idle = True
+    s, metrics = _timed_engine(clock)
     u = s.units[1]  # the root: 3 elements, 12 bytes
     full = DeviceVector(clock)
     recv = np.arange(3, dtype=np.float32)
@@ -408,10 +411,7 @@ def test_acquire_a_blocking_gather_device(clock):
 
 
 def test_reduce_scatter_cpu(clock):
-    metrics = Metrics()
-    comm = FakeComm(1, 2, clock, gather_seconds=[2.0], barrier_seconds=3.0)
-    s = _sharded(comm=comm, metrics=metrics)
-    s.split_idle = True
+    s, metrics = _timed_engine(clock)
     u = s.units[0]  # 8 elements, counts [6, 2]: rank 1 owns elements 6 and 7
     clock.now = 0.0
     # barrier: start 1, to 4, now 5: idle 4, start 5; Reduce_scatter 2 s to 7; record at 8: 3 s, copy 0
@@ -421,10 +421,7 @@ def test_reduce_scatter_cpu(clock):
 
 
 def test_reduce_scatter_device(clock):
-    metrics = Metrics()
-    comm = FakeComm(1, 2, clock, gather_seconds=[2.0], barrier_seconds=3.0)
-    s = _sharded(comm=comm, metrics=metrics)
-    s.split_idle = True
+    s, metrics = _timed_engine(clock)
     s.device = torch.device("meta")  # not the CPU: the reduced shard goes to it (meta: no data, no clock)
     u = s.units[1]  # the root: 3 elements, counts [2, 1]
     clock.now = 0.0
