@@ -147,8 +147,8 @@ bench-split: env
 # Issue 10's train bench: fsdp on the same pair. Each round runs each rank alone (one process, the whole batch),
 # then the two with auto weights, back to back, so a round's ratio compares runs minutes apart at most (this VM's
 # speed moves by 20-50 % within an hour); then once with even weights. The goal: auto >= 0.90 of the summed solo
-# samples/s, judged on the rounds (overhead.judged). The batch is large enough that the slower rank's slice (about a tenth,
-# 300-470 rows) still makes GEMMs its device runs efficiently: at 2048 the goal was missed (README)
+# samples/s, judged on the rounds (overhead.judged). The batch is large enough that the slower rank's slice (about
+# a tenth, 300-470 rows) still makes GEMMs its device runs efficiently: at 2048 the goal was missed (README)
 BENCH_TRAIN_DIR ?= results/bench-train-$(STAMP)
 BENCH_TRAIN_ARGS ?= --strategy fsdp --layers 4 --hidden 512 --batch 4096 --steps 10 --warmup-steps 4
 BENCH_TRAIN_ROUNDS ?= 3
@@ -170,9 +170,9 @@ bench-train: env
 # Issue 16's torch train bench: hetbench's uneven fsdp for a torch model (the mlp task) on the same pair, rank 0 torch
 # on the host (one thread, core 0), rank 1 the OpenCL device (PoCL, one thread, core 1) through hetbench's offload;
 # rounds as bench-train's (each rank alone, then both with auto weights, back to back), then even weights once.
-# Goals: auto >= 0.90 of the summed solo samples/s (judged on the rounds) and auto >= 2x even. At batch 8192 the OpenCL
-# rank's rows (about 8 %, 650) make GEMMs PoCL runs at its one-thread rate; at 4096 (250-310 rows) the median of 3
-# rounds was 0.876 (0.857-0.966), the per-step communication and the imbalance weighing twice as much
+# Goals: auto >= 0.90 of the summed solo samples/s (judged on the rounds) and auto >= 2x even. At batch 8192 the
+# OpenCL rank's rows (about 8 %, 650) make GEMMs PoCL runs at its one-thread rate; at 4096 (250-310 rows) the
+# median of 3 rounds was 0.876 (0.857-0.966), the per-step communication and the imbalance weighing twice as much
 BENCH_TRAIN_TORCH_DIR ?= results/bench-train-torch-$(STAMP)
 BENCH_TRAIN_TORCH_ARGS ?= --frontend torch --strategy fsdp --layers 4 --hidden 512 --batch 8192 --steps 9 \
 	--warmup-steps 4
