@@ -130,7 +130,8 @@ bench-torch: env
 
 # Issue 9's split bench: two ranks with a real speed gap, host BLAS on one thread beside PoCL on one thread, one
 # GEMM split by auto weights (and, measured in the same run, evenly), at 4096 in three rounds that judge the goals
-# (overhead.judged: met only where the median and every round reach one); then rebalancing from even weights
+# (overhead.judged: met only where the rounds' spread, widened by their baselines' drift, reaches one); then
+# rebalancing from even weights
 BENCH_SPLIT_DIR ?= results/bench-split-$(STAMP)
 BENCH_SPLIT_ENV := OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 POCL_MAX_PTHREAD_COUNT=1
 bench-split: env

@@ -89,6 +89,26 @@ def test_split_figures_are_the_runs_and_unmet_goals_fail(tmp_path):
     assert "goal efficiency_end_to_end >= 0.9: median 0.930 of 3 round(s) (spread 0.910-0.950) met" in rounds.stdout
     assert "goal speedup_over_even >= 3.0: median 3.500 of 3 round(s) (spread 3.100-4.000) met" in rounds.stdout
     assert rounds.returncode == 0, rounds.stdout
+    # the rounds' baselines (their summed solo rates) moved 2 %: each goal's band widens by it, from the documents'
+    # own sum_solo_gflops; every round still above its goal, the efficiencies' bands now reach below them
+    base = doc["summary"]["sum_solo_gflops"]
+    for i, factor in enumerate((1.0, 1.02, 1.01)):
+        moved = json.loads((tmp_path / f"r{i}.json").read_text())
+        moved["summary"]["sum_solo_gflops"] = base * factor
+        (tmp_path / f"m{i}.json").write_text(json.dumps(moved))
+    drifted = subprocess.run([sys.executable, "-m", "hetbench.overhead", "split", "m0.json", "m1.json", "m2.json"],
+                             capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                             env=dict(os.environ, PYTHONPATH=str(REPO)))
+    d = 1.02 - 1
+    assert (f"goal efficiency_compute >= 0.95: median 0.970 of 3 round(s) (spread 0.960-1.013; the baselines moved "
+            f"2.0 % between rounds: band {0.96 / (1 + d):.3f}-{1.013 * (1 + d):.3f}) UNDECIDED (the goal inside the "
+            "band: within the machine's drift) [1 round(s) a MEASUREMENT FAULT, flagged]") in drifted.stdout
+    assert (f"goal efficiency_end_to_end >= 0.9: median 0.930 of 3 round(s) (spread 0.910-0.950; the baselines moved "
+            f"2.0 % between rounds: band {0.91 / (1 + d):.3f}-{0.95 * (1 + d):.3f}) UNDECIDED (the goal inside the "
+            "band: within the machine's drift)") in drifted.stdout  # 0.91 / 1.02 = 0.892
+    assert (f"goal speedup_over_even >= 3.0: median 3.500 of 3 round(s) (spread 3.100-4.000; the baselines moved "
+            f"2.0 % between rounds: band {3.1 / (1 + d):.3f}-{4.0 * (1 + d):.3f}) met") in drifted.stdout
+    assert drifted.returncode == 1, drifted.stdout
     doc["summary"]["speedup_over_even"] = 2.0  # round 3 now below the goal: the spread is across it
     (tmp_path / "r2.json").write_text(json.dumps(doc))
     across = subprocess.run([sys.executable, "-m", "hetbench.overhead", "split", "r0.json", "r1.json", "r2.json"],
@@ -99,28 +119,43 @@ def test_split_figures_are_the_runs_and_unmet_goals_fail(tmp_path):
     assert across.returncode == 1
 
 
-@pytest.mark.parametrize("values, faulty, verdict", [
-    ([0.96, 0.97, 0.99], [False] * 3, "met"),  # every round and the median reach 0.95
-    ([0.95, 0.95, 0.95], [False] * 3, "met"),  # at the goal is met
-    ([0.90, 0.93, 0.94], [False] * 3, "NOT met"),  # no round reaches it
-    ([0.90, 0.97, 0.99], [False] * 3, "UNDECIDED (the goal inside the rounds' spread)"),  # median above, a round below
-    ([0.90, 0.93, 0.99], [False] * 3, "UNDECIDED (the goal inside the rounds' spread)"),  # median below, a round above
-    ([0.96, 0.97, 1.013], [False, False, True], "met"),  # a faulty round flagged; the rest meet it
-    ([0.97, 1.02, 1.013], [False, True, True], "UNDECIDED"),  # the median itself above 1: nothing judged
-    ([], [], "UNDECIDED"),  # no round
+@pytest.mark.parametrize("values, faulty, baselines, verdict", [
+    ([0.96, 0.97, 0.99], [False] * 3, None, "met"),  # every round and the median reach 0.95
+    ([0.95, 0.95, 0.95], [False] * 3, None, "met"),  # at the goal is met
+    ([0.90, 0.93, 0.94], [False] * 3, None, "NOT met"),  # no round reaches it
+    ([0.90, 0.97, 0.99], [False] * 3, None, "UNDECIDED (the goal inside the rounds' spread)"),  # a round below
+    ([0.90, 0.93, 0.99], [False] * 3, None, "UNDECIDED (the goal inside the rounds' spread)"),  # median below
+    ([0.96, 0.97, 1.013], [False, False, True], None, "met"),  # a faulty round flagged; the rest meet it
+    ([0.97, 1.02, 1.013], [False, True, True], None, "UNDECIDED"),  # the median itself above 1: nothing judged
+    ([], [], None, "UNDECIDED"),  # no round
+    # the baselines moved 2 %: 0.96 / 1.02 = 0.941 < 0.95, every round above the goal and still undecided
+    ([0.96, 0.97, 0.99], [False] * 3, [100.0, 102.0, 101.0],
+     "UNDECIDED (the goal inside the band: within the machine's drift)"),
+    # 1 %: 0.98 / 1.01 = 0.970, met; 0 is no baseline (left out: the drift from 100 and 101 only)
+    ([0.98, 0.985, 0.99], [False] * 3, [100.0, 0.0, 101.0], "met"),
+    # 4 %: 0.94 * 1.04 = 0.978, no round reaches the goal and not NOT met either
+    ([0.90, 0.93, 0.94], [False] * 3, [104.0, 100.0, 102.0],
+     "UNDECIDED (the goal inside the band: within the machine's drift)"),
+    ([0.80, 0.85, 0.90], [False] * 3, [104.0, 100.0, 102.0], "NOT met"),  # 0.90 * 1.04 = 0.936 < 0.95
+    ([0.96, 0.97, 0.99], [False] * 3, [101.0, 101.0, 101.0], "met"),  # the same baselines: no drift, no band
 ])
-def test_bench_goal_verdicts(values, faulty, verdict):
-    """overhead.judged: met only where the median and every round reach the goal, NOT met where no round does,
-    UNDECIDED where the goal lies inside the rounds' spread or a faulty median judges nothing; the median and
-    spread as the rounds give them, and the faults counted."""
+def test_bench_goal_verdicts(values, faulty, baselines, verdict):
+    """overhead.judged: met only where the median and the band (the rounds' spread widened by the baselines'
+    drift, max / min - 1) reach the goal, NOT met where the band's top does not, UNDECIDED where the goal lies
+    inside the band or a faulty median judges nothing; the median, spread and band as the rounds give them, and
+    the faults counted."""
     from hetbench.overhead import judged
 
-    ok, text = judged(values, 0.95, faulty)
+    ok, text = judged(values, 0.95, faulty, baselines)
     assert ok == (verdict == "met")
+    known = [b for b in baselines or [] if b > 0]
+    drift = max(known) / min(known) - 1 if known else 0.0
     if values:
         median = sorted(values)[len(values) // 2]
+        band = (f"; the baselines moved {100 * drift:.1f} % between rounds: band {min(values) / (1 + drift):.3f}-"
+                f"{max(values) * (1 + drift):.3f}" if drift else "")
         assert text.startswith(f"median {median:.3f} of {len(values)} round(s) (spread {min(values):.3f}-"
-                               f"{max(values):.3f}) {verdict}")
+                               f"{max(values):.3f}{band}) {verdict}")
     else:
         assert text.startswith("no round UNDECIDED")
     if sum(faulty) and verdict == "UNDECIDED":

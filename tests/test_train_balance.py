@@ -140,23 +140,29 @@ def test_bench_train_figures_are_the_runs(tmp_path):
         _train(tmp_path, f"bench/round-{r}/pair-auto", "--backend", "0=host,1=sim:mi300x", "--weights", "auto")
     _train(tmp_path, "bench/pair-even", "--backend", "0=host,1=sim:mi300x", "--weights", "even")
     shown = _overhead_train(tmp_path)
-    ratios = []
+    ratios, solos = [], []
     for r in (1, 2):
         docs = {n: json.loads((bench / f"round-{r}" / f"{n}.json").read_text())["summary"]
                 for n in ("solo-host", "solo-sim", "pair-auto")}
         solo = docs["solo-host"]["samples_per_second"] + docs["solo-sim"]["samples_per_second"]
         ratios.append(docs["pair-auto"]["samples_per_second"] / solo)
+        solos.append(solo)
         for summary in docs.values():
             assert f"{summary['samples_per_second']:.0f} samples/s" in shown.stdout
         assert f"auto / sum of solo ({solo:.0f}): {ratios[-1]:.3f}" in shown.stdout
     median = statistics.median(ratios)
-    # met: the median and both rounds reach 0.90 (a median above 1 is a measurement fault: nothing judged)
-    met = min(ratios) >= 0.90 and median <= 1
-    assert f"median {median:.3f} of 2 round(s) (spread {min(ratios):.3f}-{max(ratios):.3f})" in shown.stdout
+    # the band: the rounds' spread widened by how far the summed solo rates moved between the rounds
+    drift = max(solos) / min(solos) - 1
+    low, high = min(ratios) / (1 + drift), max(ratios) * (1 + drift)
+    # met: the band's low end reaches 0.90 (a median above 1 is a measurement fault: nothing judged)
+    met = low >= 0.90 and median <= 1
+    band = f"; the baselines moved {100 * drift:.1f} % between rounds: band {low:.3f}-{high:.3f}" if drift else ""
+    assert f"median {median:.3f} of 2 round(s) (spread {min(ratios):.3f}-{max(ratios):.3f}{band})" in shown.stdout
     assert shown.returncode == (0 if met else 1), shown.stdout + shown.stderr
-    verdict = ("UNDECIDED [the median above 1" if median > 1 else "met" if met else
-               "NOT met" if max(ratios) < 0.90 else "UNDECIDED (the goal inside the rounds' spread)")
-    assert f"(spread {min(ratios):.3f}-{max(ratios):.3f}) {verdict}" in shown.stdout
+    verdict = ("UNDECIDED [the median above 1" if median > 1 else "met" if met else "NOT met" if high < 0.90 else
+               "UNDECIDED (the goal inside the rounds' spread)" if min(ratios) <= 0.90 <= max(ratios) else
+               "UNDECIDED (the goal inside the band: within the machine's drift)")
+    assert f"(spread {min(ratios):.3f}-{max(ratios):.3f}{band}) {verdict}" in shown.stdout
     for r, ratio in enumerate(ratios, 1):  # above 1 is flagged as the measurement fault it is
         assert (f"{ratio:.3f}  [above 1: a measurement fault" in shown.stdout) == (ratio > 1), r
         shares = json.loads((bench / f"round-{r}" / "pair-auto.json").read_text())["summary"]["shares"]
@@ -180,6 +186,12 @@ def test_bench_train_figures_are_the_runs(tmp_path):
         pair_path.write_text(json.dumps(pair))
         return pair
 
+    # round 2's solo runs as round 1's: the baselines did not move, the band is the rounds' spread
+    for n in ("solo-host", "solo-sim"):
+        first = json.loads((bench / "round-1" / f"{n}.json").read_text())
+        second = json.loads((bench / "round-2" / f"{n}.json").read_text())
+        second["summary"]["samples_per_second"] = first["summary"]["samples_per_second"]
+        (bench / "round-2" / f"{n}.json").write_text(json.dumps(second))
     set_ratio(1, 1.25)
     set_ratio(2, 0.75)
     faulty = _overhead_train(tmp_path)  # median (1.25 + 0.75) / 2 = 1.0, but round 2 below 0.90: undecided
