@@ -269,7 +269,7 @@ def judged(values: list[float], goal: float, faulty: list[bool],
     bad = sum(faulty)
     broken = median is not None and bad and median > 1
     known = [b for b in baselines or [] if b > 0]
-    drift = max(known) / min(known) - 1 if len(known) > 1 else 0.0
+    drift = max(known) / min(known) - 1 if len(known) > 1 else 0.0  # mutation: equivalent[Gt -> GtE] (one baseline: max / min - 1 is 0)
     low = min(values) / (1 + drift) if values else None
     high = max(values) * (1 + drift) if values else None
     if median is None or broken:

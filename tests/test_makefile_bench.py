@@ -125,6 +125,7 @@ def test_split_figures_are_the_runs_and_unmet_goals_fail(tmp_path):
     ([0.90, 0.93, 0.94], [False] * 3, None, "NOT met"),  # no round reaches it
     ([0.90, 0.97, 0.99], [False] * 3, None, "UNDECIDED (the goal inside the rounds' spread)"),  # a round below
     ([0.90, 0.93, 0.99], [False] * 3, None, "UNDECIDED (the goal inside the rounds' spread)"),  # median below
+    ([0.90, 0.93, 0.95], [False] * 3, None, "UNDECIDED (the goal inside the rounds' spread)"),  # the top at the goal
     ([0.96, 0.97, 1.013], [False, False, True], None, "met"),  # a faulty round flagged; the rest meet it
     ([0.97, 1.02, 1.013], [False, True, True], None, "UNDECIDED"),  # the median itself above 1: nothing judged
     ([], [], None, "UNDECIDED"),  # no round

@@ -55,7 +55,7 @@ TARGETS: dict[str, list[str]] = {
     "hetbench/pytorch/logger.py": ["tests/test_pin_torch_train.py"],
     "hetbench/benchmarks/calibrate.py": ["tests/test_pin_calibrate.py", "tests/test_pin_calibrate_profile.py"],
     "hetbench/results/profile.py": ["tests/test_pin_calibrate.py", "tests/test_pin_calibrate_profile.py"],
-    "hetbench/overhead.py": ["tests/test_makefile_bench.py::test_bench_goal_verdicts",
+    "hetbench/overhead.py": ["tests/test_pin_overhead.py", "tests/test_makefile_bench.py::test_bench_goal_verdicts",
                              "tests/test_makefile_bench.py::test_split_figures_are_the_runs_and_unmet_goals_fail",
                              "tests/test_train_balance.py::test_bench_train_figures_are_the_runs"],
 }
