@@ -87,6 +87,24 @@ needs_mpi = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (pip install 
 needs_opencl = pytest.mark.skipif(not HAVE_OPENCL, reason="no OpenCL device (apt-get install pocl-opencl-icd)")
 
 
+def _checkout_entries() -> set[str]:
+    """What a test could leave in the checkout: the top folder's entries and results/'s."""
+    results = REPO / "results"
+    return {p.name for p in REPO.iterdir()} | ({f"results/{p.name}" for p in results.iterdir()}
+                                              if results.is_dir() else set())
+
+
+@pytest.fixture(autouse=True)
+def _outside_the_checkout(tmp_path, monkeypatch):
+    """Every test runs in its own temporary folder, so a command's default outputs (results/<command>-<time>.json)
+    land there and never in the checkout; after the test, the checkout's top folder and results/ hold nothing new."""
+    before = _checkout_entries()
+    monkeypatch.chdir(tmp_path)
+    yield
+    added = _checkout_entries() - before
+    assert not added, f"the test wrote into the checkout: {sorted(added)}"
+
+
 @dataclass
 class Run:
     returncode: int
