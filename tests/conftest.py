@@ -83,8 +83,20 @@ HAND_FACTOR = {
     "reduce": lambda n: 1.0,
     "sendrecv": lambda n: 1.0,
 }
-needs_mpi = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (pip install mpich)")
+MPI_SKIP_REASON = "no mpiexec (pip install mpich)"
+# a test (or a module's pytestmark) that launches mpiexec carries this; it is marked `mpi` as well (below), and the
+# Open MPI pass (`make test-openmpi`: pytest -m mpi) runs exactly those
+needs_mpi = pytest.mark.skipif(MPIEXEC is None, reason=MPI_SKIP_REASON)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if any(str(m.kwargs.get("reason", "")).startswith("no mpiexec") for m in item.iter_markers("skipif")):
+            item.add_marker(pytest.mark.mpi)
 needs_opencl = pytest.mark.skipif(not HAVE_OPENCL, reason="no OpenCL device (apt-get install pocl-opencl-icd)")
+
+
+_CURRENT: dict[str, pytest.Item] = {}  # the running test, for run_python's check of the mpi mark
 
 
 def _checkout_entries() -> set[str]:
@@ -95,12 +107,14 @@ def _checkout_entries() -> set[str]:
 
 
 @pytest.fixture(autouse=True)
-def _outside_the_checkout(tmp_path, monkeypatch):
+def _outside_the_checkout(tmp_path, monkeypatch, request):
     """Every test runs in its own temporary folder, so a command's default outputs (results/<command>-<time>.json)
     land there and never in the checkout; after the test, the checkout's top folder and results/ hold nothing new."""
     before = _checkout_entries()
     monkeypatch.chdir(tmp_path)
+    _CURRENT["item"] = request.node
     yield
+    _CURRENT.pop("item", None)
     added = _checkout_entries() - before
     assert not added, f"the test wrote into the checkout: {sorted(added)}"
 
@@ -120,12 +134,22 @@ class Run:
         return [line for line in self.stderr.splitlines() if line.startswith("Error:")]
 
 
+def require_mpi_mark() -> None:
+    """Called wherever a test launches mpiexec: the running test must be marked `mpi` (a skipif whose reason starts
+    "no mpiexec", as needs_mpi's, marks it so), or the Open MPI pass (pytest -m mpi) would leave it out."""
+    item = _CURRENT.get("item")
+    if item is not None and item.get_closest_marker("mpi") is None:
+        pytest.fail(f"{item.nodeid} launches mpiexec but is not marked needs_mpi (or pytest.mark.mpi): the Open MPI "
+                    "pass (pytest -m mpi) would leave it out")
+
+
 def run_python(args: list[str], nprocs: int | None = None, cwd: Path | None = None, timeout: float = 120,
                env: dict[str, str] | None = None, launcher_args: list[str] | None = None) -> Run:
     """`python ARGS` (nprocs None), or `mpiexec [LAUNCHER_ARGS] -n NPROCS python ARGS`, with this checkout on the
     path."""
     cmd = [sys.executable, *args]
     if nprocs is not None:
+        require_mpi_mark()
         assert MPIEXEC is not None
         cmd = [MPIEXEC, *(launcher_args or []), "-n", str(nprocs), *cmd]
     full_env = dict(os.environ)

@@ -35,6 +35,7 @@ def test_devices_sim_catalog_is_modelled(tmp_path):
     assert all(d["modelled"] and d["peak_tflops"]["fp32"] > 0 for d in sims)
 
 
+@needs_mpi
 def test_devices_table_only_on_rank_zero(tmp_path):
     run = run_cli(["devices", "--sim"], nprocs=2, cwd=tmp_path)
     assert run.returncode == 0, run.stderr

@@ -20,7 +20,7 @@ HOSTFILES = REPO / "hostfiles"
 SLURM_SCRIPT = HOSTFILES / "slurm-nvidia-amd.sbatch"
 
 needs_known_launcher = pytest.mark.skipif(MPIEXEC_KIND is None,
-                                          reason=f"launcher {MPIEXEC} is neither MPICH nor Open MPI")
+                                          reason=f"no mpiexec, or {MPIEXEC} is neither MPICH nor Open MPI")
 
 
 def rows(run) -> list[dict]:

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import MPIEXEC, REPO, needs_mpi, run_cli
+from conftest import MPIEXEC, REPO, needs_mpi, require_mpi_mark, run_cli
 
 from hetbench.backends import host
 
@@ -107,6 +107,7 @@ def run_capped(args: list[str], cwd: Path, limit_as: int, nprocs: int | None = N
     cmd = [sys.executable, "-m", "hetbench", *args]
     if nprocs is not None:
         assert MPIEXEC is not None
+        require_mpi_mark()
         cmd = [MPIEXEC, "-n", str(nprocs), *cmd]
 
     def cap() -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 import click
 import numpy as np
 import pytest
-from conftest import MPIEXEC, REPO, Run, assert_usage_error, needs_mpi, run_cli
+from conftest import MPIEXEC, REPO, Run, assert_usage_error, needs_mpi, require_mpi_mark, run_cli
 
 from hetbench.results import io as results_io
 from hetbench.results import load_results
@@ -40,6 +40,7 @@ def run_limited(args: list[str], cwd: Path, nprocs: int | None = None, umask: in
     cmd = [sys.executable, "-m", "hetbench", *args]
     if nprocs is not None:
         assert MPIEXEC is not None
+        require_mpi_mark()
         cmd = [MPIEXEC, "-n", str(nprocs), *cmd]
 
     def limit() -> None:

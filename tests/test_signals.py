@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import MPIEXEC, REPO, needs_mpi
+from conftest import MPIEXEC, REPO, needs_mpi, require_mpi_mark
 
 END_WITHIN_SECONDS = 10.0  # the bound, from the signal to the end of every rank
 _RANK_VARIABLES = (b"PMI_RANK=", b"OMPI_COMM_WORLD_RANK=")
@@ -30,6 +30,7 @@ def _start(args: list[str], cwd: Path, nprocs: int | None = None) -> subprocess.
     cmd = [sys.executable, *args]
     if nprocs is not None:
         assert MPIEXEC is not None
+        require_mpi_mark()
         cmd = [MPIEXEC, "-n", str(nprocs), *cmd]
     # a session of its own, so that whatever is left after a failure can be killed as a group
     return subprocess.Popen(cmd, cwd=cwd, env=_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

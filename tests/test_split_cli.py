@@ -245,6 +245,7 @@ def test_plan_keeps_a_small_product_at_the_root_and_splits_a_large_one():
     assert best["seconds"] < h100_alone
 
 
+@needs_mpi
 @pytest.mark.parametrize("args, needle", [
     (["--weights", "1,-2"], "-2"),
     (["--weights", "1,2,3"], "3"),

@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import HAVE_OPENCL, MPIEXEC_KIND, REPO, assert_usage_error, needs_mpi, run_cli, run_python
+from conftest import (HAVE_OPENCL, MPIEXEC_KIND, REPO, assert_usage_error, needs_mpi,
+                      require_mpi_mark, run_cli, run_python)
 
 torch = pytest.importorskip("torch")
 
@@ -179,7 +180,7 @@ def _without_torch(tmp_path: Path) -> dict[str, str]:
     return {"PYTHONPATH": f"{REPO}{os.pathsep}{fake.parent}"}
 
 
-@pytest.mark.parametrize("nprocs", [None, 2])
+@pytest.mark.parametrize("nprocs", [None, pytest.param(2, marks=needs_mpi)])
 def test_torch_missing_is_one_line(tmp_path, nprocs):
     if nprocs is not None and MPIEXEC_KIND is None:
         pytest.skip("no mpiexec")
@@ -243,6 +244,7 @@ def test_mpmd_form_with_two_interpreters(tmp_path):
         pytest.skip(f"no second interpreter name beside {first}")
     script = str(REPO / "examples" / "torch_uneven.py")
     args = ["--strategy", "ddp", "--weights", "1,3", "--steps", "4"]
+    require_mpi_mark()
     cmd = [MPIEXEC,
            "-n", "1", str(first), "-m", "mpi4py", script, *args,
            ":", "-n", "1", str(second), "-m", "mpi4py", script, *args]
