@@ -347,7 +347,9 @@ def train_figures(paths: list[str], even_goal: float | None = None) -> int:
     hid. With `even_goal`, auto over even must reach it too. The solo runs are the upper bracket of the pair's
     shapes (each rank alone computes the whole batch, at least its rows in the pair; printed per round). A round
     whose auto exceeds its summed solo (the machine's speed moved between runs minutes apart: a measurement fault,
-    not a gain), or whose solo runs are smaller than a rank's part, is flagged; the rounds are judged by `judged`. Exits 1 where a goal is missed or a run's check failed, 2 without rounds."""
+    not a gain), or whose solo runs are smaller than a rank's part, is flagged; the rounds are judged by `judged`,
+    their baselines the summed solo samples/s. Exits 1 where a goal is missed or a run's check failed, 2 without
+    rounds."""
     from pathlib import Path
 
     from hetbench.results import load_results

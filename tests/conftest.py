@@ -83,17 +83,18 @@ HAND_FACTOR = {
     "reduce": lambda n: 1.0,
     "sendrecv": lambda n: 1.0,
 }
-MPI_SKIP_REASON = "no mpiexec (pip install mpich)"
-# a test (or a module's pytestmark) that launches mpiexec carries this; it is marked `mpi` as well (below), and the
-# Open MPI pass (`make test-openmpi`: pytest -m mpi) runs exactly those
-needs_mpi = pytest.mark.skipif(MPIEXEC is None, reason=MPI_SKIP_REASON)
+# a test (or a module's pytestmark, or a parameter) that launches mpiexec carries a skipif whose reason starts so, as
+# needs_mpi's does; it is marked `mpi` as well (pytest_collection_modifyitems), and the Open MPI pass (`make
+# test-openmpi`: pytest -m mpi) runs exactly those
+NO_MPIEXEC = "no mpiexec"
+needs_mpi = pytest.mark.skipif(MPIEXEC is None, reason=f"{NO_MPIEXEC} (pip install mpich)")
+needs_opencl = pytest.mark.skipif(not HAVE_OPENCL, reason="no OpenCL device (apt-get install pocl-opencl-icd)")
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if any(str(m.kwargs.get("reason", "")).startswith("no mpiexec") for m in item.iter_markers("skipif")):
+        if any(str(m.kwargs.get("reason", "")).startswith(NO_MPIEXEC) for m in item.iter_markers("skipif")):
             item.add_marker(pytest.mark.mpi)
-needs_opencl = pytest.mark.skipif(not HAVE_OPENCL, reason="no OpenCL device (apt-get install pocl-opencl-icd)")
 
 
 _CURRENT: dict[str, pytest.Item] = {}  # the running test, for run_python's check of the mpi mark

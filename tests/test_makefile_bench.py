@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import HAVE_OPENCL, REPO, needs_mpi, run_cli
+from conftest import HAVE_OPENCL, REPO, needs_mpi, run_cli, run_python
 
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="no make")
 
@@ -52,6 +52,10 @@ def test_each_bench_folder_is_named_once_a_run():
     assert len(made) == 1 and written == {made[0]}, recipe.stdout
 
 
+def _overhead_split(tmp_path, *documents):
+    return run_python(["-m", "hetbench.overhead", "split", *documents], cwd=tmp_path, timeout=60)
+
+
 @needs_mpi
 def test_split_figures_are_the_runs_and_unmet_goals_fail(tmp_path):
     """`overhead split` prints each run's figures as its JSON has them, and exits 1 where a goal is not met (a
@@ -61,8 +65,7 @@ def test_split_figures_are_the_runs_and_unmet_goals_fail(tmp_path):
     run = run_cli(["split", "--size", "64", "--strategy", "rows", "--weights", "3,1", "--backend", "0=host,1=sim:h100",
                    "--repeat", "1", "--out", "s.json"], nprocs=2, cwd=tmp_path)
     assert run.returncode == 0, run.stderr
-    shown = subprocess.run([sys.executable, "-m", "hetbench.overhead", "split", "s.json"], capture_output=True,
-                           text=True, timeout=60, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    shown = _overhead_split(tmp_path, "s.json")
     s = json.loads((tmp_path / "s.json").read_text())["summary"]
     w = s["splits"]["weighted"]
     assert f"efficiency {w['efficiency_end_to_end']:.3f} end-to-end, {w['efficiency_compute']:.3f} compute" in shown.stdout
@@ -81,9 +84,7 @@ def test_split_figures_are_the_runs_and_unmet_goals_fail(tmp_path):
     for i, (compute, e2e, speedup) in enumerate([(0.97, 0.93, 3.5), (0.96, 0.95, 3.1), (1.013, 0.91, 4.0)]):
         doc["summary"].update(efficiency_compute=compute, efficiency_end_to_end=e2e, speedup_over_even=speedup)
         (tmp_path / f"r{i}.json").write_text(json.dumps(doc))
-    rounds = subprocess.run([sys.executable, "-m", "hetbench.overhead", "split", "r0.json", "r1.json", "r2.json"],
-                            capture_output=True, text=True, timeout=60, cwd=tmp_path,
-                            env=dict(os.environ, PYTHONPATH=str(REPO)))
+    rounds = _overhead_split(tmp_path, "r0.json", "r1.json", "r2.json")
     assert ("goal efficiency_compute >= 0.95: median 0.970 of 3 round(s) (spread 0.960-1.013) met "
             "[1 round(s) a MEASUREMENT FAULT, flagged]") in rounds.stdout
     assert "goal efficiency_end_to_end >= 0.9: median 0.930 of 3 round(s) (spread 0.910-0.950) met" in rounds.stdout
@@ -96,9 +97,7 @@ def test_split_figures_are_the_runs_and_unmet_goals_fail(tmp_path):
         moved = json.loads((tmp_path / f"r{i}.json").read_text())
         moved["summary"]["sum_solo_gflops"] = base * factor
         (tmp_path / f"m{i}.json").write_text(json.dumps(moved))
-    drifted = subprocess.run([sys.executable, "-m", "hetbench.overhead", "split", "m0.json", "m1.json", "m2.json"],
-                             capture_output=True, text=True, timeout=60, cwd=tmp_path,
-                             env=dict(os.environ, PYTHONPATH=str(REPO)))
+    drifted = _overhead_split(tmp_path, "m0.json", "m1.json", "m2.json")
     d = 1.02 - 1
     assert (f"goal efficiency_compute >= 0.95: median 0.970 of 3 round(s) (spread 0.960-1.013; the baselines moved "
             f"2.0 % between rounds: band {0.96 / (1 + d):.3f}-{1.013 * (1 + d):.3f}) UNDECIDED (the goal inside the "
@@ -111,9 +110,7 @@ def test_split_figures_are_the_runs_and_unmet_goals_fail(tmp_path):
     assert drifted.returncode == 1, drifted.stdout
     doc["summary"]["speedup_over_even"] = 2.0  # round 3 now below the goal: the spread is across it
     (tmp_path / "r2.json").write_text(json.dumps(doc))
-    across = subprocess.run([sys.executable, "-m", "hetbench.overhead", "split", "r0.json", "r1.json", "r2.json"],
-                            capture_output=True, text=True, timeout=60, cwd=tmp_path,
-                            env=dict(os.environ, PYTHONPATH=str(REPO)))
+    across = _overhead_split(tmp_path, "r0.json", "r1.json", "r2.json")
     assert ("goal speedup_over_even >= 3.0: median 3.100 of 3 round(s) (spread 2.000-3.500) UNDECIDED (the goal "
             "inside the rounds' spread)") in across.stdout
     assert across.returncode == 1

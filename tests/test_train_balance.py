@@ -5,13 +5,10 @@ train) read from the runs it made."""
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import subprocess
-import sys
 
 import pytest
-from conftest import REPO, needs_mpi, run_cli
+from conftest import needs_mpi, run_cli, run_python
 
 from hetbench.harness.train import AUTO_REBALANCE_STEPS, gathers_hidden
 from hetbench.train import StepLog
@@ -122,8 +119,7 @@ def test_auto_weights_rebalance_the_batch_in_the_first_steps(tmp_path, strategy)
 
 
 def _overhead_train(tmp_path, folder="bench", what="train"):
-    return subprocess.run([sys.executable, "-m", "hetbench.overhead", what, folder], capture_output=True,
-                          text=True, timeout=60, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    return run_python(["-m", "hetbench.overhead", what, folder], cwd=tmp_path, timeout=60)
 
 
 @needs_mpi
