@@ -35,7 +35,7 @@ def _bare_numpy_seconds(a: np.ndarray, b: np.ndarray, repeat: int) -> float:
 
 def bench_gemm(sizes: tuple[int, ...] = (1024, 2048), repeat: int = 10) -> list[dict[str, float]]:
     from hetbench.backends.host import HostBackend
-    from hetbench.benchmarks.gemm import flops, generate_inputs
+    from hetbench.harness.gemm import flops, generate_inputs
     from hetbench.dtypes import DTYPES
     from hetbench.harness.timing import time_repeats
 
@@ -77,9 +77,9 @@ def _bare_allreduce_seconds(comm, MPI, send: np.ndarray, recv: np.ndarray, warmu
 def bench_allreduce(sizes_mib: tuple[int, ...] = (1, 16, 64), warmup: int = 3, iters: int = 20) -> list[dict] | None:
     from hetbench.backends.base import BackendSpec
     from hetbench.comm.world import World
-    from hetbench.config import CollectivesConfig
+    from hetbench.benchmarks.collectives.config import CollectivesConfig
     from hetbench.dtypes import DTYPES
-    from hetbench.harness import collectives as run
+    from hetbench.benchmarks.collectives import run
     from hetbench.harness.devices import open_rank_device
 
     world = World()
@@ -151,7 +151,7 @@ def bench_opencl(n: int = 1024, repeat: int = 5) -> dict[str, float | None] | No
 
     from hetbench.backends import opencl
     from hetbench.backends.base import BackendSpec
-    from hetbench.benchmarks.gemm import flops, generate_inputs
+    from hetbench.harness.gemm import flops, generate_inputs
     from hetbench.dtypes import DTYPES
     from hetbench.harness.timing import time_repeats
 

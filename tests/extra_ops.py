@@ -11,7 +11,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout, when run as a script
 
-from hetbench.benchmarks import collectives as ops  # noqa: E402
+from hetbench.benchmarks.collectives import ops as ops  # noqa: E402
 
 
 def _max_of_every_rank(out: np.ndarray, rank: int, nranks: int, root: int) -> None:

@@ -22,7 +22,7 @@ import numpy as np
 from mpi4py import MPI
 
 from hetbench.backends.base import BackendSpec, open_backend
-from hetbench.benchmarks.split_plan import shares
+from hetbench.harness.split_plan import shares
 from hetbench.comm.world import World
 from hetbench.train import StepLog
 from hetbench.train.model import ModelConfig

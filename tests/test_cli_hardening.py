@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from conftest import MPIEXEC, assert_usage_error, needs_mpi, run_cli
 
 from hetbench.backends import sim
-from hetbench.benchmarks import gemm
+from hetbench.harness import gemm
 from hetbench.cli import cli
 from hetbench.outputs import format_rank_errors
 from hetbench.comm.world import RankError

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from conftest import ALL_OPS, HAND_FACTOR
 
-from hetbench.benchmarks import collectives as spec
-from hetbench.config import CollectivesConfig, check_collective_sizes, parse_ops
+from hetbench.benchmarks.collectives import ops as spec
+from hetbench.benchmarks.collectives.config import CollectivesConfig, check_collective_sizes, parse_ops
 from hetbench.dtypes import DTYPES
-from hetbench.harness import collectives as harness
+from hetbench.benchmarks.collectives import run as harness
 
 FP32, FP64 = DTYPES["fp32"], DTYPES["fp64"]
 

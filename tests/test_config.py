@@ -9,14 +9,8 @@ import pytest
 
 from hetbench.backends.base import BackendSpec
 from hetbench.backends.sim import models
-from hetbench.config import (
-    MatmulConfig,
-    OutputConfig,
-    expand_rank_path,
-    parse_backend_map,
-    parse_backend_spec,
-    parse_bytes,
-)
+from hetbench.benchmarks.matmul.config import MatmulConfig
+from hetbench.config import OutputConfig, expand_rank_path, parse_backend_map, parse_backend_spec, parse_bytes
 from hetbench.dtypes import DTYPES
 
 

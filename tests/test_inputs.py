@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from conftest import MPIEXEC, REPO, assert_usage_error, needs_mpi, run_cli
 
-from hetbench.benchmarks import gemm
+from hetbench.harness import gemm
 from hetbench.dtypes import DTYPES, to_host_dtype
 
 RANKS = [None, pytest.param(2, marks=needs_mpi)]

@@ -138,7 +138,7 @@ def test_sim_pair_with_root_one_saves_fp32_sum(tmp_path):
     run = run_cli(["matmul", "--size", "48", "--repeat", "2", "--backend", "0=sim:h100,1=sim:mi300x",
                    "--root", "1", "--save", str(save), "--out", str(tmp_path / "r.json")], nprocs=2, cwd=tmp_path)
     assert run.returncode == 0, run.stderr
-    from hetbench.benchmarks.gemm import generate_inputs
+    from hetbench.harness.gemm import generate_inputs
     from hetbench.dtypes import DTYPES
 
     expected = sum(np.matmul(*generate_inputs(0, r, 48, 48, 48, DTYPES["fp32"])).astype(np.float64) for r in (0, 1))

@@ -12,9 +12,9 @@ import pytest
 
 from hetbench.backends.base import TIMING_MEASURED, BackendSpec, DeviceInfo, Elapsed
 from hetbench.comm.world import World
-from hetbench.config import MatmulConfig
+from hetbench.benchmarks.matmul.config import MatmulConfig
 from hetbench.dtypes import DTYPES
-from hetbench.harness import matmul as run
+from hetbench.benchmarks.matmul import run
 from hetbench.harness.stats import summarize
 from hetbench.harness.timing import time_repeats
 from doubles import HostArrays

@@ -103,7 +103,7 @@ def test_sweep_of_one_size_is_that_size(tmp_path):
     sweep = run_cli(["matmul", "--sizes", "24", "--repeat", "1", "--backend", "host", "--out",
                      str(tmp_path / "b.json")], cwd=tmp_path)
     assert single.returncode == 0 and sweep.returncode == 0, single.stderr + sweep.stderr
-    from hetbench.benchmarks.gemm import generate_inputs
+    from hetbench.harness.gemm import generate_inputs
     from hetbench.dtypes import DTYPES
 
     a, b = generate_inputs(0, 0, 24, 24, 24, DTYPES["fp32"])

@@ -97,7 +97,7 @@ def test_rlimit_as_is_read_against_the_virtual_size():
 
 def _baseline_vmsize() -> int:
     """Virtual size of a hetbench process ready to run (MPI up, one BLAS thread): rlimits are set above it."""
-    code = ("import hetbench.cli, hetbench.harness.matmul, hetbench.harness.collectives\n"
+    code = ("import hetbench.cli, hetbench.benchmarks.matmul.run, hetbench.benchmarks.collectives.run\n"
             "from hetbench.comm.world import World\nWorld()\n"
             "from hetbench.backends import host\nprint(host._status_bytes('VmSize'))")
     return int(_python(code))

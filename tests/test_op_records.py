@@ -13,11 +13,11 @@ from conftest import REPO, needs_mpi, run_python
 from extra_ops import ALLREDUCE_MAX, EXTRA_OPS, SENDRECV_BY_2, register_all
 
 from hetbench.backends.base import BackendSpec
-from hetbench.benchmarks import collectives as ops
+from hetbench.benchmarks.collectives import ops
 from hetbench.comm.world import World
-from hetbench.config import CollectivesConfig, check_collective_sizes, parse_ops
+from hetbench.benchmarks.collectives.config import CollectivesConfig, check_collective_sizes, parse_ops
 from hetbench.dtypes import DTYPES
-from hetbench.harness import collectives as harness
+from hetbench.benchmarks.collectives import run as harness
 from hetbench.results import load_results
 
 SCRIPT = REPO / "tests" / "extra_ops.py"

@@ -15,11 +15,11 @@ import pytest
 from conftest import ALL_OPS, HAND_FACTOR, REPO
 
 from hetbench.backends.base import BackendSpec
-from hetbench.benchmarks import collectives as ops
+from hetbench.benchmarks.collectives import ops
 from hetbench.comm.world import World
-from hetbench.config import CollectivesConfig
+from hetbench.benchmarks.collectives.config import CollectivesConfig
 from hetbench.dtypes import DTYPES
-from hetbench.harness import collectives as harness
+from hetbench.benchmarks.collectives import run as harness
 from hetbench.results import load_results
 
 FP32, FP64 = DTYPES["fp32"], DTYPES["fp64"]

@@ -13,11 +13,11 @@ import pytest
 
 from hetbench.backends.base import Elapsed
 from hetbench.backends.host import RUNTIME_SCRATCH_BYTES, HostBackend
-from hetbench.benchmarks import collectives as ops
+from hetbench.benchmarks.collectives import ops
 from hetbench.comm.world import World
-from hetbench.config import CollectivesConfig
+from hetbench.benchmarks.collectives.config import CollectivesConfig
 from hetbench.dtypes import DTYPES
-from hetbench.harness import collectives as harness
+from hetbench.benchmarks.collectives import run as harness
 from hetbench.harness.devices import OpenDevice
 
 MiB = 1 << 20

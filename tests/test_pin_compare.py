@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from conftest import REPO
 
-from hetbench.benchmarks import collectives as ops
-from hetbench.config import CollectivesConfig
+from hetbench.benchmarks.collectives import ops
+from hetbench.benchmarks.collectives.config import CollectivesConfig
 from hetbench.dtypes import DTYPES
-from hetbench.harness import collectives as harness
+from hetbench.benchmarks.collectives import run as harness
 from hetbench.report import significance
 from hetbench.report.compare import FASTER, NOT_SIGNIFICANT, SLOWER, compare_documents
 from hetbench.report.figures import COLLECTIVES, slowest_rank_op_us

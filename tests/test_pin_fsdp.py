@@ -21,7 +21,7 @@ pytest.importorskip("torch")  # the torch front end's pins: torch is an optional
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from hetbench.benchmarks.split_plan import PlacementError  # noqa: E402
+from hetbench.harness.split_plan import PlacementError  # noqa: E402
 from hetbench.pytorch import fsdp  # noqa: E402
 from hetbench.pytorch.fsdp import ShardedModule, UnitLayout  # noqa: E402
 

@@ -18,10 +18,10 @@ import pytest
 
 from hetbench.backends.base import TIMING_MEASURED, BackendSpec, DeviceInfo, Elapsed
 from hetbench.backends.host import RUNTIME_SCRATCH_BYTES
-from hetbench.benchmarks import gemm
-from hetbench.config import MatmulConfig
+from hetbench.harness import gemm
+from hetbench.benchmarks.matmul.config import MatmulConfig
 from hetbench.dtypes import DTYPES
-from hetbench.harness import matmul as run
+from hetbench.benchmarks.matmul import run
 from hetbench.harness import verify
 from hetbench.harness.devices import OpenDevice
 from doubles import HostArrays

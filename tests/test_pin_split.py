@@ -10,11 +10,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from hetbench.benchmarks import split_plan as plan
+from hetbench.harness import split_plan as plan
 from hetbench.config import parse_backend_map
 from hetbench.dtypes import DTYPES
-from hetbench.harness import split as run
-from hetbench.harness.split import Phases, RankRun, SplitFigures
+from hetbench.benchmarks.split import run
+from hetbench.benchmarks.split.run import Phases, RankRun, SplitFigures
 from hetbench.harness.verify import Verdict
 
 MS = 1e-3

@@ -9,8 +9,8 @@ from contextlib import contextmanager
 
 import pytest
 
-from hetbench.benchmarks import split_plan as sp
-from hetbench.benchmarks.split_plan import Link, PlacementError
+from hetbench.harness import split_plan as sp
+from hetbench.harness.split_plan import Link, PlacementError
 
 
 @contextmanager

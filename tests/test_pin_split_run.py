@@ -21,11 +21,12 @@ import numpy as np
 import pytest
 
 from hetbench.backends.base import TIMING_MODELLED, DeviceInfo, Elapsed
-from hetbench.benchmarks import gemm
-from hetbench.benchmarks import split_plan as plan
-from hetbench.config import SplitConfig, parse_backend_map
+from hetbench.harness import gemm
+from hetbench.harness import split_plan as plan
+from hetbench.benchmarks.split.config import SplitConfig
+from hetbench.config import parse_backend_map
 from hetbench.dtypes import DTYPES
-from hetbench.harness import split as run
+from hetbench.benchmarks.split import run
 from hetbench.harness import verify
 from hetbench.harness.devices import OpenDevice
 

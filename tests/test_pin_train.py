@@ -11,9 +11,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from hetbench.benchmarks.split_plan import Weights
+from hetbench.harness.split_plan import Weights
 from hetbench.dtypes import DTYPES
-from hetbench.harness import train as run
+from hetbench.benchmarks.train import run
+from hetbench.train import outcome
 from hetbench.train import StepLog
 from hetbench.train.model import ModelConfig
 
@@ -217,7 +218,7 @@ def test_the_mixed_precision_check_fails_outside_its_tolerances(dtype, rtol):
     # the parameters count where the whole run lies in the compared window with the same verdicts, and only there
     assert check(list(ref), norm=1.0)["ok"] is True
     short = run.compare_with_reference(dtype, 30, 0, ref[:30], ref[:30], no_skips[:30], no_skips[:30],
-                                       run.PARAM_RTOL_BY_DTYPE[dtype] * 1.1, 0.0, True)
+                                       outcome.PARAM_RTOL_BY_DTYPE[dtype] * 1.1, 0.0, True)
     assert short["ok"] is False and short["params_checked"] is True
 
 
@@ -273,9 +274,9 @@ def test_the_documented_tolerances_and_windows():
     1e-3 (fp32), 1e-2 (fp16), 3e-2 (bf16) over the first 40 steps; parameters within 0.05 / 0.15 / 0.2 of their
     norms; the mean of the last 10 losses within 0.5 of the reference's."""
     assert run.AUTO_REBALANCE_STEPS == 4
-    assert run.CHECK_RTOL_BY_DTYPE == {"fp32": 1e-3, "fp16": 1e-2, "bf16": 3e-2} and run.CHECK_RTOL == 1e-3
-    assert run.PARAM_RTOL_BY_DTYPE == {"fp32": 5e-2, "fp16": 0.15, "bf16": 0.2} and run.PARAM_RTOL == 5e-2
-    assert (run.MIXED_EARLY_STEPS, run.MIXED_FINAL_STEPS, run.MIXED_FINAL_BAND) == (40, 10, 0.5)
+    assert outcome.CHECK_RTOL_BY_DTYPE == {"fp32": 1e-3, "fp16": 1e-2, "bf16": 3e-2} and outcome.CHECK_RTOL == 1e-3
+    assert outcome.PARAM_RTOL_BY_DTYPE == {"fp32": 5e-2, "fp16": 0.15, "bf16": 0.2} and outcome.PARAM_RTOL == 5e-2
+    assert (outcome.MIXED_EARLY_STEPS, outcome.MIXED_FINAL_STEPS, outcome.MIXED_FINAL_BAND) == (40, 10, 0.5)
 
 
 def test_the_fp32_check_accepts_a_difference_equal_to_its_tolerance():

@@ -15,10 +15,10 @@ from types import SimpleNamespace
 import pytest
 
 from hetbench.backends.base import BackendSpec
-from hetbench.benchmarks.split_plan import Weights
-from hetbench.config import TrainConfig
+from hetbench.harness.split_plan import Weights
+from hetbench.benchmarks.train.config import TrainConfig
 from hetbench.dtypes import DTYPES
-from hetbench.harness import train as run
+from hetbench.benchmarks.train import run
 from hetbench.harness.devices import OpenDevice
 
 FP32 = DTYPES["fp32"]

@@ -14,7 +14,7 @@ from conftest import REPO, needs_mpi, run_python
 from hetbench.backends.host import HostBackend
 from hetbench.backends.sim import SimBackend, gemm_model_seconds, get_model
 from hetbench.dtypes import get_dtype
-from hetbench.benchmarks.split_plan import dim_of as slice_dim
+from hetbench.harness.split_plan import dim_of as slice_dim
 from hetbench.harness.probe import FIRST_PART, gemm_rate, measure_gemm, slice_shape
 
 
@@ -115,7 +115,7 @@ def test_bad_arguments(kwargs, message):
 
 def test_inputs_are_the_generated_ones():
     """The slice's inputs are gemm.generate_inputs(seed, 0, ...): the product a host run checks is A @ B of them."""
-    from hetbench.benchmarks.gemm import generate_inputs
+    from hetbench.harness.gemm import generate_inputs
 
     a, b = generate_inputs(5, 0, 64, 32, 48, get_dtype("fp64"))
     calls = []

@@ -52,7 +52,7 @@ def test_time_repeats_reports_every_run_outside_the_timer():
 
 
 def test_harness_does_not_import_rich():
-    code = ("import sys, hetbench.harness.matmul, hetbench.harness.collectives, hetbench.harness.timing; "
+    code = ("import sys, hetbench.benchmarks.matmul.run, hetbench.benchmarks.collectives.run, hetbench.harness.timing; "
             "print('rich' in sys.modules)")
     run = run_python(["-c", code])
     assert run.returncode == 0, run.stderr
@@ -147,8 +147,9 @@ def _info(backend: str):
 
 @pytest.mark.parametrize("size, estimate", [(2048, "~3 min"), (1024, "~26 s"), (48, "under 1 s")])
 def test_host_fp16_notice_estimates_the_time_before_spending_it(capsys, size, estimate):
-    from hetbench.config import MatmulConfig, parse_dtype
-    from hetbench.harness.matmul import slow_host_fp16_notices
+    from hetbench.benchmarks.matmul.config import MatmulConfig
+    from hetbench.config import parse_dtype
+    from hetbench.benchmarks.matmul.run import slow_host_fp16_notices
 
     cfg = MatmulConfig(m=size, n=size, k=size, dtype=parse_dtype("fp16"), backends=(), warmup=2, repeat=10)
     notices = slow_host_fp16_notices(cfg, _World(1), _info("host"), [(size, size, size)])
@@ -158,8 +159,9 @@ def test_host_fp16_notice_estimates_the_time_before_spending_it(capsys, size, es
 
 
 def test_host_fp16_notice_counts_every_size_of_a_sweep():
-    from hetbench.config import MatmulConfig, parse_dtype
-    from hetbench.harness.matmul import slow_host_fp16_notices
+    from hetbench.benchmarks.matmul.config import MatmulConfig
+    from hetbench.config import parse_dtype
+    from hetbench.benchmarks.matmul.run import slow_host_fp16_notices
 
     cfg = MatmulConfig(m=1024, n=1024, k=1024, dtype=parse_dtype("fp16"), backends=(), warmup=2, repeat=10,
                        sizes=(512, 1024))

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import HAVE_OPENCL, assert_usage_error, needs_mpi, run_cli
-from hetbench.benchmarks.gemm import generate_inputs
+from hetbench.harness.gemm import generate_inputs
 from hetbench.dtypes import DTYPES
 
 SECOND = "opencl" if HAVE_OPENCL else "sim:h100"
@@ -90,7 +90,7 @@ def test_figures_agree_with_each_other(tmp_path):
     weights equal to the even split's left no "even" to compare with). The simulated ranks' times are their
     model's at the slice each reports: what a rank computed is what its row says it computed."""
     from hetbench.backends.sim import gemm_model_seconds, get_model, transfer_model_seconds
-    from hetbench.benchmarks import split_plan as plan
+    from hetbench.harness import split_plan as plan
 
     _, doc, _ = split(tmp_path, 3, "--repeat", "3", "--strategy", "rows", "--weights", "2,1,3",
                       "--backend", "0=host,1=sim:h100,2=sim:mi300x")
@@ -214,7 +214,7 @@ def test_plan_for_an_h100_and_mi300x_pair(tmp_path):
     doc = json.loads(out.read_text())
     s = doc["summary"]
     assert s["plan"] is True and s["timing"] == "modelled" and s["link_gbit_per_s"] == 100
-    from hetbench.benchmarks import split_plan as plan
+    from hetbench.harness import split_plan as plan
 
     rates = [r["solo_gflops"] * 1e9 for r in doc["rows"]]
     dim = 8192
@@ -277,7 +277,7 @@ def test_profile_weights_from_calibrate(tmp_path):
     _, doc, c = split(tmp_path, 2, "--strategy", "rows", "--weights", "profile.json",
                       "--backend", "0=host,1=sim:h100")
     np.testing.assert_allclose(c, expected(), rtol=1e-4, atol=1e-4)
-    from hetbench.benchmarks import split_plan as plan
+    from hetbench.harness import split_plan as plan
 
     assert doc["summary"]["weights_kind"] == "profile"
     assert doc["summary"]["weights"] == pytest.approx([r * 1e9 for r in rates])

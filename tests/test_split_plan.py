@@ -9,8 +9,8 @@ import math
 import pytest
 
 from hetbench.backends.sim import gemm_model_seconds, get_model
-from hetbench.benchmarks import split_plan as sp
-from hetbench.benchmarks.split_plan import Link, PlacementError, Weights, WeightsError
+from hetbench.harness import split_plan as sp
+from hetbench.harness.split_plan import Link, PlacementError, Weights, WeightsError
 
 
 def _accepted(ranks: int, example: str) -> str:

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from hetbench.benchmarks import collectives as spec
-from hetbench.config import CollectivesConfig, parse_dtype
-from hetbench.harness import collectives as harness
+from hetbench.benchmarks.collectives import ops as spec
+from hetbench.benchmarks.collectives.config import CollectivesConfig
+from hetbench.config import parse_dtype
+from hetbench.benchmarks.collectives import run as harness
 from hetbench.report.console import straggler_ranks
 from hetbench.results import load_results
 from hetbench.results.io import csv_text, to_json

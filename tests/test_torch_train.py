@@ -313,7 +313,7 @@ def test_device_path_is_refused_where_mpi_takes_no_gpu_memory(monkeypatch):
 
 
 def test_batch_rows_from_weights_in_one_process():
-    from hetbench.benchmarks.split_plan import WeightsError
+    from hetbench.harness.split_plan import WeightsError
     from hetbench.pytorch import uneven
 
     assert uneven.batch_rows(10, "even") == [10] and uneven.batch_rows(10, [2.0]) == [10]

@@ -10,7 +10,7 @@ import statistics
 import pytest
 from conftest import needs_mpi, run_cli, run_python
 
-from hetbench.harness.train import AUTO_REBALANCE_STEPS, gathers_hidden
+from hetbench.benchmarks.train.run import AUTO_REBALANCE_STEPS, gathers_hidden
 from hetbench.train import StepLog
 
 SMALL = ["--layers", "4", "--hidden", "16", "--batch", "24", "--steps", "12"]
@@ -41,7 +41,7 @@ def test_hidden_percent_from_known_exposed_times():
     hidden in all: 7.75 of 2 steps x 3 gathers x 2 ms = 12 ms, 64.58 %."""
     from types import SimpleNamespace
 
-    from hetbench.harness.train import RankOutcome, _prefetch_summary, _step_lines
+    from hetbench.benchmarks.train.run import RankOutcome, _prefetch_summary, _step_lines
 
     ms = 1e-3
 

@@ -9,7 +9,7 @@ import json
 import pytest
 from conftest import HAVE_OPENCL, assert_usage_error, needs_mpi, run_cli
 
-from hetbench.benchmarks.split_plan import shares
+from hetbench.harness.split_plan import shares
 
 SECOND = "opencl" if HAVE_OPENCL else "sim:h100"
 SMALL = ["--layers", "4", "--hidden", "16", "--batch", "24", "--steps", "40"]

@@ -12,7 +12,7 @@ import pytest
 from conftest import MPIEXEC, REPO, needs_opencl, run_python
 
 from hetbench.backends import sim
-from hetbench.benchmarks.split_plan import shares
+from hetbench.harness.split_plan import shares
 from hetbench.train.data_parallel import BUCKET_BYTES, bucket_ranges, check_weights
 from hetbench.train.model import ModelConfig, layer_size
 from hetbench.train.reference import reference

@@ -14,7 +14,7 @@ from conftest import HAVE_OPENCL, assert_usage_error, needs_mpi, run_cli
 
 from hetbench.backends.base import BackendSpec
 from hetbench.backends.host import HostBackend
-from hetbench.harness.train import RESIDENT_ENV
+from hetbench.benchmarks.train.run import RESIDENT_ENV
 from hetbench.train.model import ModelConfig
 from hetbench.train.ops import Ops
 from hetbench.train.reference import reference

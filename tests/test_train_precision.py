@@ -13,9 +13,9 @@ import pytest
 from conftest import HAVE_OPENCL, assert_usage_error, needs_mpi, needs_opencl, run_cli
 from hetbench.backends import sim
 from hetbench.backends.base import BackendSpec
-from hetbench.benchmarks.split_plan import shares
+from hetbench.harness.split_plan import shares
 from hetbench.dtypes import get_dtype, round_to_bf16, round_to_dtype
-from hetbench.harness.train import CHECK_RTOL_BY_DTYPE, MIXED_EARLY_STEPS
+from hetbench.train.outcome import CHECK_RTOL_BY_DTYPE, MIXED_EARLY_STEPS
 from hetbench.train.model import ModelConfig, layer_forward
 from hetbench.train.ops import HostOps, Ops
 from hetbench.train.precision import GROWTH_INTERVAL, INITIAL_SCALE, SCALE_ENV, LossScaler

@@ -3,7 +3,7 @@ to the root (ping-pong over MPI) and the GEMM rate of its device at a slice's sh
 
 link_to_root is collective; gemm_rate and measure_gemm are one rank's own work (they touch no MPI).
 
-Slices, as hetbench/benchmarks/split_plan.py names them: strategy "rows" gives a rank `part` whole rows of A (a
+Slices, as hetbench/harness/split_plan.py names them: strategy "rows" gives a rank `part` whole rows of A (a
 part x n x k product), strategy "k" gives it `part` columns of A and the matching rows of B (an m x n x part
 product).
 """
@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from hetbench.benchmarks.split_plan import STRATEGIES, Link, dim_of
-from hetbench.benchmarks import gemm
+from hetbench.harness.split_plan import STRATEGIES, Link, dim_of
+from hetbench.harness import gemm
 from hetbench.dtypes import DType, get_dtype
 from hetbench.harness.timing import time_repeats
 

@@ -2,7 +2,7 @@
 
 torch's FSDP2 shards every parameter evenly (torch.chunk; `shard_placement_fn` picks only the dimension), so a slow
 or small device holds as much as a fast one. Here each wrapped unit's parameters are flattened into one float32
-vector of P elements and rank r owns the slice shares(weights, P)[r] of it (hetbench.benchmarks.split_plan.shares:
+vector of P elements and rank r owns the slice shares(weights, P)[r] of it (hetbench.harness.split_plan.shares:
 largest remainder; a weight of 0 owns nothing; memory caps bound a share), taken from rank 0's values, and only that slice's gradient and
 optimizer state: any torch optimizer over model.parameters() (the ranks' flat shards) updates only its part.
 
@@ -56,7 +56,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from hetbench.benchmarks import split_plan as plan
+from hetbench.harness import split_plan as plan
 from hetbench.comm.vcollectives import displacements as _displs
 from hetbench.comm.vcollectives import gatherv
 
@@ -630,7 +630,7 @@ def shard_module(model: nn.Module, units: Iterable[nn.Module] = (), weights: str
     proportion to its weight ("even", "auto": each rank's rate() or torch matmul rate, a calibrate profile, a list
     or "3,1"), bounded by `memory_bytes` (per rank, None: no cap; `optimizer` says how many bytes an element
     costs). Returns the ShardedModule (also model._hetbench_fsdp). Raises WrapError or
-    hetbench.benchmarks.split_plan.WeightsError / PlacementError with a one-line message."""
+    hetbench.harness.split_plan.WeightsError / PlacementError with a one-line message."""
     from hetbench.pytorch.logger import hetbench_group
     from hetbench.pytorch.uneven import resolve_weights
 

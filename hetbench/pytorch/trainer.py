@@ -5,7 +5,7 @@ the weights (exact under uneven shares: hetbench/pytorch/uneven.py; auto weights
 samples/s in the first steps, as the numpy trainer does), every step logged with the backend's figures, and the
 loss curve and final parameters checked at rank 0 against the same training in one process.
 
-It returns the NumPy trainer's RankOutcome (hetbench/harness/train.py), so that rows, summary, the --log lines and
+It returns the NumPy trainer's RankOutcome (hetbench/train/outcome.py), so that rows, summary, the --log lines and
 `report` read both front ends alike.
 """
 
@@ -19,10 +19,10 @@ import torch
 import torch.distributed as dist
 
 import hetbench.pytorch  # noqa: F401  registers the backend
-from hetbench.benchmarks import split_plan as plan
+from hetbench.harness import split_plan as plan
 from hetbench.comm.world import World
 from hetbench.harness.devices import OpenDevice
-from hetbench.harness.train import ROOT, RankOutcome, compare_with_reference
+from hetbench.train.outcome import ROOT, RankOutcome, compare_with_reference
 from hetbench.pytorch import backend as hb_backend
 from hetbench.pytorch.device import RankDevice, for_backend
 from hetbench.pytorch.logger import StepLogger
@@ -79,7 +79,7 @@ def prepare(cfg: Any, world: World, opened: OpenDevice) -> tuple[TorchTrainState
 def check(cfg: Any, world: World, state: TorchTrainState) -> list[str]:
     """Collective: what must hold on every rank before the process group is made. Every rank reads --resume's
     manifest itself (a folder every rank sees), so all find the same."""
-    from hetbench.harness.train import checkpoint_folder_errors
+    from hetbench.train.outcome import checkpoint_folder_errors
     from hetbench.pytorch.checkpoint import TorchCheckpoint
     from hetbench.train.checkpoint import CheckpointError
 
@@ -242,7 +242,7 @@ def run_rank(cfg: Any, world: World, state: TorchTrainState,
 
 
 def _train(cfg: Any, world: World, state: TorchTrainState, on_step: Any) -> RankOutcome:
-    from hetbench.harness.train import AUTO_REBALANCE_STEPS
+    from hetbench.train.outcome import AUTO_REBALANCE_STEPS
     from hetbench.train import BatchShares
 
     weights = _weights(cfg, world, state)
@@ -393,7 +393,7 @@ def _fsdp_details(engine: Any, blocking: list[float] | None, opt: torch.optim.Op
 def _add_hidden(lines: list[dict[str, Any]], blocking: list[float] | None, unit_ids: list[int]) -> None:
     """Each step line's prefetched gathers: exposed seconds (per gather the least of the ranks': the rank that
     arrived last waited for no one) and hidden seconds (blocking - exposed, at least 0, each gather against its
-    own unit's blocking time), as the numpy trainer's harness.train.gathers_hidden."""
+    own unit's blocking time), as the numpy trainer's benchmarks.train.run.gathers_hidden."""
     for line in lines:
         ranks = line["ranks"]
         per_rank = [r.get("gather_exposed_seconds") or [] for r in ranks]
@@ -483,7 +483,7 @@ def check_against_one_process(cfg: Any, task: TaskConfig, losses: list[float],
                               params: dict[str, torch.Tensor] | None, start: int = 0,
                               skipped: list[bool] | None = None) -> dict[str, Any]:
     """The run against the same training in one process (the reference from step 0; a resumed run's steps against
-    its same steps): the numpy trainer's rule and tolerances (hetbench.harness.train.compare_with_reference): fp32
+    its same steps): the numpy trainer's rule and tolerances (hetbench.train.outcome.compare_with_reference): fp32
     losses step by step within CHECK_RTOL and every parameter tensor within PARAM_RTOL of its norm
     (||p - p_ref|| / ||p_ref||); mixed precision the early steps, the final band and the verdicts on skipped steps.
     Only the order of the sums (and under mixed precision where the rounding falls) differs."""

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hetbench.benchmarks import split_plan as plan
+from hetbench.harness import split_plan as plan
 
 PROBE_SHAPE = 256  # auto weights: each rank's torch matmul rate at PROBE_SHAPE^3, fp32
 PROBE_REPEATS = 5

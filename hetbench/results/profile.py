@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from hetbench.harness.probe import Link
+from hetbench.comm.link import Link
 from hetbench.results.io import _kind_of
 
 PROFILE_SCHEMA = "hetbench.calibrate"

@@ -199,7 +199,7 @@ class BatchShares:
     of fsdp stay as first set. Collective: after_step is called by every rank after every step."""
 
     def __init__(self, comm: Any, weights: list[float], batch: int, rebalance_steps: int = 0) -> None:
-        from hetbench.benchmarks.split_plan import shares
+        from hetbench.harness.split_plan import shares
 
         self.comm, self.batch = comm, batch
         self.weights = list(weights)
@@ -212,7 +212,7 @@ class BatchShares:
     def after_step(self, samples: int, busy_seconds: float) -> None:
         if self.remaining <= 0:
             return
-        from hetbench.benchmarks.split_plan import shares
+        from hetbench.harness.split_plan import shares
 
         self.remaining -= 1
         step = self.comm.allgather((samples, busy_seconds) if samples > 0 and busy_seconds > 0 else (0, 0.0))

@@ -52,7 +52,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from hetbench.benchmarks.split_plan import shares
+from hetbench.harness.split_plan import shares
 from hetbench.comm.vcollectives import gatherv
 from hetbench.train import (
     CheckpointHook,

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 import hetbench.pytorch as hb
-from hetbench.benchmarks.split_plan import PlacementError
+from hetbench.harness.split_plan import PlacementError
 from hetbench.pytorch import fsdp
 from hetbench.pytorch.models import TaskConfig, build_model, make_batch, row_losses, units
 

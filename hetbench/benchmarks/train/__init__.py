@@ -3,7 +3,7 @@ mixed-vendor ranks, FSDP-style (uneven parameter shards), DDP (replicas) or as a
 rank's GEMMs on its own device; the batch or the layers shared by the weights; every step logged; the loss curve
 checked against the same run in one process.
 
-This module declares the benchmark; the run on each rank is hetbench/harness/train.py, the model and the
+This module declares the benchmark; the run on each rank is hetbench/benchmarks/train/run.py, the model and the
 strategies hetbench/train/.
 """
 
@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 import click
 
-from hetbench.benchmarks import split_plan as plan
+from hetbench.harness import split_plan as plan
 from hetbench.benchmarks.base import (
     MODELLED_WITH_DEVICE,
     RANK_COLUMNS,
@@ -24,7 +24,8 @@ from hetbench.benchmarks.base import (
     RankResult,
     register,
 )
-from hetbench.config import OutputConfig, TrainConfig, parse_dtype
+from hetbench.benchmarks.train.config import TrainConfig
+from hetbench.config import OutputConfig, parse_dtype
 from hetbench.options import MAX_SEED, int_range, parse_backends
 from hetbench.train.precision import TRAIN_DTYPES
 
@@ -201,12 +202,12 @@ class Train:
         return RankResult(outcome, files)
 
     def rows(self, cfg: TrainConfig, gathered: Sequence[Any]) -> list[dict[str, Any]]:
-        from hetbench.harness import train as run
+        from hetbench.benchmarks.train import run
 
         return run.rows(cfg, gathered)
 
     def summarize(self, cfg: TrainConfig, rows: list[dict[str, Any]], gathered: Sequence[Any]) -> dict[str, Any]:
-        from hetbench.harness import train as run
+        from hetbench.benchmarks.train import run
 
         summary = run.summarize_job(cfg, rows, gathered)
         if cfg.frontend == "torch":
@@ -214,7 +215,7 @@ class Train:
         return summary
 
     def document_extra(self, cfg: TrainConfig, gathered: Sequence[Any]) -> dict[str, Any]:
-        from hetbench.harness import train as run
+        from hetbench.benchmarks.train import run
 
         return {"steps": run.step_lines(cfg, gathered)}
 
@@ -225,7 +226,7 @@ def _harness(cfg: TrainConfig) -> Any:
         from hetbench.pytorch import trainer
 
         return trainer
-    from hetbench.harness import train as run
+    from hetbench.benchmarks.train import run
 
     return run
 

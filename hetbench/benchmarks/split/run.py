@@ -1,7 +1,7 @@
 """The split run: ONE GEMM, C = A @ B with A and B at the root, sliced across the ranks' devices, computed at once
 and gathered at the root.
 
-Strategies (hetbench/benchmarks/split_plan.py has the cost model):
+Strategies (hetbench/harness/split_plan.py has the cost model):
 - rows: rank r gets parts[r] whole rows of A and all of B, computes its rows of C; the root gathers them.
 - k: rank r gets parts[r] columns of A and the matching rows of B, computes a full-size partial product; the partial
   products are summed to the root (MPI Reduce).
@@ -27,8 +27,8 @@ from typing import Any, Callable
 import numpy as np
 
 from hetbench.backends.base import MPI_MEMORY_HOST, TIMING_MODELLED, Backend, DeviceInfo
-from hetbench.benchmarks import gemm
-from hetbench.benchmarks import split_plan as plan
+from hetbench.harness import gemm
+from hetbench.harness import split_plan as plan
 from hetbench.comm.world import World
 from hetbench.dtypes import DType
 from hetbench.harness import verify
@@ -493,7 +493,7 @@ def prepare(cfg: Any, world: World, opened: OpenDevice) -> tuple[SplitState | No
 def _root_memory_error(m: int, n: int, k: int, dtype: DType) -> str | None:
     """The root holds A, B, C, A's packed column blocks (k strategy) and the sum's buffers: check before making."""
     from hetbench.backends.host import host_memory_share_bytes
-    from hetbench.harness.matmul import approx_bytes
+    from hetbench.harness.memory import approx_bytes
 
     need = (2 * m * k + k * n + 3 * m * n) * dtype.host.itemsize
     share = host_memory_share_bytes(1)

@@ -23,12 +23,14 @@ from hetbench.backends.host import (
     reset_peak_rss,
     rss_bytes,
 )
-from hetbench.benchmarks import gemm
+from hetbench.harness import gemm
 from hetbench.comm.world import World
-from hetbench.config import MatmulConfig, expand_rank_path
+from hetbench.benchmarks.matmul.config import MatmulConfig
+from hetbench.config import expand_rank_path
 from hetbench.dtypes import DType
 from hetbench.harness import verify
 from hetbench.harness.devices import OpenDevice
+from hetbench.harness.memory import approx_bytes, device_in_host_memory  # noqa: F401 (read here by tests)
 from hetbench.harness.metadata import rank_metadata
 from hetbench.harness.stats import summarize
 from hetbench.harness.timing import time_repeats
@@ -85,10 +87,6 @@ def _memory_errors(backend: Backend, info: DeviceInfo, m: int, n: int, k: int, d
     return errors
 
 
-def device_in_host_memory(info: DeviceInfo) -> bool:
-    """Whether a device's buffers are host memory: the host itself, simulated GPUs (NumPy arrays underneath) and
-    CPU OpenCL devices. Their buffers then count against the host's memory too."""
-    return info.backend in ("host", "sim") or info.kind == "cpu"
 
 
 def _rows_block_bytes(rows: int, cols: int) -> int:
@@ -150,13 +148,6 @@ def _sim_scratch_bytes(m: int, n: int, k: int, dtype: DType) -> int:
     return 0
 
 
-def approx_bytes(n: int) -> str:
-    """A byte count to two significant digits (about 810 MiB): what ranks report alike though their own figures
-    differ a little, so the job prints one line for them."""
-    for unit, size in (("GiB", 1024**3), ("MiB", MIB), ("KiB", 1024)):
-        if n >= size:
-            return f"about {float(f'{n / size:.2g}'):g} {unit}"
-    return f"{n} bytes"
 
 
 def _host_memory_error(planned: int, m: int, n: int, k: int, dtype: DType, local_size: int) -> str | None:

@@ -2,7 +2,7 @@
 root over MPI, and every figure goes to a table, JSON and CSV.
 
 This module declares the benchmark (its options, config, columns, rows and summary); the timed run on each rank is
-hetbench/harness/matmul.py, the inputs hetbench/benchmarks/gemm.py.
+hetbench/benchmarks/matmul/run.py, the inputs hetbench/harness/gemm.py.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from hetbench.benchmarks.base import (
     RankResult,
     register,
 )
-from hetbench.config import DTYPE_NAMES, MatmulConfig, OutputConfig, parse_dtype
+from hetbench.benchmarks.matmul.config import MatmulConfig
+from hetbench.config import DTYPE_NAMES, OutputConfig, parse_dtype
 from hetbench.options import (
     MAX_RANK,
     MAX_REPEAT,
@@ -132,20 +133,20 @@ class Matmul:
         return cfg.dtype
 
     def prepare(self, cfg: MatmulConfig, world: Any, device: Any) -> tuple[Any, list[str]]:
-        from hetbench.harness import matmul as run
+        from hetbench.benchmarks.matmul import run
 
         if cfg.sizes:
             return run.prepare_sweep(cfg, world, device)
         return run.prepare_inputs(cfg, world, device)
 
     def check(self, cfg: MatmulConfig, world: Any, state: Any) -> list[str]:
-        from hetbench.harness import matmul as run
+        from hetbench.benchmarks.matmul import run
 
         # a sweep's sizes are the same on every rank
         return [] if cfg.sizes else run.shape_errors(cfg, world, state)
 
     def notices(self, cfg: MatmulConfig, world: Any, state: Any) -> list[str]:
-        from hetbench.harness import matmul as run
+        from hetbench.benchmarks.matmul import run
 
         if cfg.sizes:
             return run.slow_host_fp16_notices(cfg, world, state.opened.info, state.mnks)
@@ -153,7 +154,7 @@ class Matmul:
 
     def run(self, cfg: MatmulConfig, world: Any, state: Any, on_step: Any) -> RankResult:
         """data: (row, verdict of the sum) per size, smallest first; one pair without a sweep."""
-        from hetbench.harness import matmul as run
+        from hetbench.benchmarks.matmul import run
 
         outcomes = run.run_sweep(cfg, world, state, on_step) if cfg.sizes else [run.run_rank(cfg, world, state,
                                                                                              on_step)]
@@ -169,7 +170,7 @@ class Matmul:
     def summarize(self, cfg: MatmulConfig, rows: list[dict[str, Any]], gathered: Sequence[Any]) -> dict[str, Any]:
         """The job's figures; for a sweep, those of its largest size, with every size's under "sizes" and the
         checks of them all."""
-        from hetbench.harness import matmul as run
+        from hetbench.benchmarks.matmul import run
 
         per_size = [run.summarize_job(cfg, [ranks[i][0] for ranks in gathered], gathered[cfg.root][i][1])
                     for i in range(len(gathered[0]))]

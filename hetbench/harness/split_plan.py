@@ -39,6 +39,7 @@ from operator import index
 from typing import Callable, Sequence
 
 from hetbench.backends.sim import gemm_model_seconds, get_model
+from hetbench.comm.link import Link
 
 STRATEGIES = ("rows", "k")
 IMBALANCE_GOAL = 0.05  # --rebalance stops once imbalance() is below this
@@ -309,12 +310,6 @@ def shares(
     return parts
 
 
-@dataclass(frozen=True)
-class Link:
-    """A rank's link to the root: bandwidth in bytes/s and per-message latency in seconds."""
-
-    bytes_per_s: float
-    latency_s: float
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,8 @@
 proportion to their measured speed (or given weights), computed at once and gathered at the root; the even split is
 measured beside it, and every figure says how close the split came to the devices' combined speed.
 
-This module declares the benchmark; the run on each rank is hetbench/harness/split.py, the cost model and the
-shares hetbench/benchmarks/split_plan.py, the probes hetbench/harness/probe.py.
+This module declares the benchmark; the run on each rank is hetbench/benchmarks/split/run.py, the cost model and the
+shares hetbench/harness/split_plan.py, the probes hetbench/harness/probe.py.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import click
 
-from hetbench.benchmarks import split_plan as plan
+from hetbench.harness import split_plan as plan
 from hetbench.benchmarks.base import (
     RANK_COLUMNS,
     MODELLED_WITH_DEVICE,
@@ -23,7 +23,8 @@ from hetbench.benchmarks.base import (
     RankResult,
     register,
 )
-from hetbench.config import DTYPE_NAMES, SPLIT_STRATEGIES, OutputConfig, SplitConfig, parse_dtype
+from hetbench.benchmarks.split.config import SPLIT_STRATEGIES, SplitConfig
+from hetbench.config import DTYPE_NAMES, OutputConfig, parse_dtype
 from hetbench.options import (
     MAX_REPEAT,
     MAX_SEED,
@@ -156,17 +157,17 @@ class Split:
         return cfg.dtype
 
     def prepare(self, cfg: SplitConfig, world: Any, device: Any) -> tuple[Any, list[str]]:
-        from hetbench.harness import split as run
+        from hetbench.benchmarks.split import run
 
         return run.prepare(cfg, world, device)
 
     def check(self, cfg: SplitConfig, world: Any, state: Any) -> list[str]:
-        from hetbench.harness import split as run
+        from hetbench.benchmarks.split import run
 
         return run.check(cfg, world, state)
 
     def run(self, cfg: SplitConfig, world: Any, state: Any, on_step: Any) -> RankResult:
-        from hetbench.harness import split as run
+        from hetbench.benchmarks.split import run
 
         outcome = run.plan_only(cfg, world, state) if cfg.plan else run.measure(cfg, world, state, on_step)
         files = []
@@ -176,12 +177,12 @@ class Split:
         return RankResult(outcome, files)
 
     def rows(self, cfg: SplitConfig, gathered: Sequence[Any]) -> list[dict[str, Any]]:
-        from hetbench.harness import split as run
+        from hetbench.benchmarks.split import run
 
         return run.rows(cfg, gathered)
 
     def summarize(self, cfg: SplitConfig, rows: list[dict[str, Any]], gathered: Sequence[Any]) -> dict[str, Any]:
-        from hetbench.harness import split as run
+        from hetbench.benchmarks.split import run
 
         return run.summarize_job(cfg, rows, gathered)
 

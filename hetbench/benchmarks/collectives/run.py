@@ -24,11 +24,11 @@ from hetbench.backends.host import (
     reset_peak_rss,
     rss_bytes,
 )
-from hetbench.benchmarks import collectives as ops
+from hetbench.benchmarks.collectives import ops
 from hetbench.comm.world import World
-from hetbench.config import CollectivesConfig
+from hetbench.benchmarks.collectives.config import CollectivesConfig
 from hetbench.harness.devices import OpenDevice, device_path_error
-from hetbench.harness.matmul import approx_bytes, device_in_host_memory
+from hetbench.harness.memory import approx_bytes, device_in_host_memory
 
 STRAGGLER_RATIO = 1.2  # a rank whose median time is 20% above the median rank's is flagged
 _COMPARE_CHUNK = 1 << 20  # elements compared at a time in the check (a bool per element)

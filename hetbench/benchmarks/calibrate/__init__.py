@@ -28,7 +28,7 @@ from hetbench.benchmarks.base import (
     RankResult,
     register,
 )
-from hetbench.benchmarks.split_plan import device_bytes as slice_bytes
+from hetbench.harness.split_plan import device_bytes as slice_bytes
 from hetbench.config import DTYPE_NAMES, OutputConfig, parse_bytes, parse_dtype
 from hetbench.dtypes import DType
 from hetbench.options import MAX_REPEAT, MAX_SEED, int_range, parse_backends, shape_options
@@ -113,7 +113,7 @@ def check_bytes(strategy: str, m: int, n: int, k: int, part: int) -> int:
 
 def largest_part(strategy: str, m: int, n: int, k: int, fits: Any) -> int:
     """The largest part in 0..dim for which fits(part) holds (fits grows false with the part)."""
-    from hetbench.benchmarks.split_plan import dim_of
+    from hetbench.harness.split_plan import dim_of
 
     lo, hi = 0, dim_of(strategy, m, n, k)
     if fits(hi):
@@ -143,7 +143,7 @@ def prepare(cfg: CalibrateConfig, world: Any, opened: Any) -> tuple[Prepared | N
     free memory and this rank's share of the host's, before anything is made. Returns (prepared, errors)."""
     from hetbench.backends.base import UnsupportedDtype, check_dtype
     from hetbench.backends.host import RUNTIME_SCRATCH_BYTES, host_memory_share_bytes
-    from hetbench.harness.matmul import device_in_host_memory
+    from hetbench.harness.memory import device_in_host_memory
     from hetbench.harness.probe import slice_shape
 
     backend, info = opened.backend, opened.info
