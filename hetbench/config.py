@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from hetbench.backends.base import BACKEND_NAMES, BackendSpec
+from hetbench.backends.base import BACKEND_NAMES, BackendSpec, accepted_specs, backend_module, spec_index
 from hetbench.dtypes import DTYPES, DType, get_dtype
 
 _BYTE_SUFFIXES = {"": 1, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
@@ -33,34 +33,18 @@ def parse_bytes(text: str | int) -> int:
 
 
 def parse_backend_spec(text: str) -> BackendSpec:
-    """`auto`, `host`, `opencl`, `opencl:1`, `cupy`, `cupy:0`, `sim:mi300x`, `sim:mi300x:1`."""
+    """`auto`, `host`, `opencl`, `opencl:1`, `cupy`, `cupy:0`, `sim:mi300x`, `sim:mi300x:1`: NAME[:INDEX] for every
+    registered backend, or what its module's parse_spec takes (sim:MODEL[:INDEX])."""
     parts = text.strip().split(":")
     name = parts[0].strip().lower()
-    accepted = "auto, host, opencl[:INDEX], cupy[:INDEX], sim:MODEL[:INDEX]"
     if name not in ("auto", *BACKEND_NAMES):
-        raise ValueError(f"unknown backend {text!r}; accepted: {accepted}")
-
-    def index_of(value: str) -> int:
-        if not value.isdigit():
-            raise ValueError(f"bad device index {value!r} in backend {text!r}; accepted: an integer >= 0")
-        return int(value)
-
-    if name == "sim":
-        from hetbench.backends.sim import models
-
-        catalog = models()
-
-        if len(parts) < 2 or not parts[1]:
-            raise ValueError(f"backend {text!r} names no simulated GPU; write sim:MODEL, MODEL one of: {', '.join(catalog)}")
-        if len(parts) > 3:
-            raise ValueError(f"malformed backend {text!r}; accepted: {accepted}")
-        model = parts[1].strip().lower()
-        if model not in catalog:
-            raise ValueError(f"unknown simulated GPU {parts[1]!r} in {text!r}; accepted: {', '.join(catalog)}")
-        return BackendSpec("sim", index_of(parts[2]) if len(parts) == 3 else None, model)
+        raise ValueError(f"unknown backend {text!r}; accepted: {accepted_specs()}")
+    own = getattr(backend_module(name), "parse_spec", None) if name != "auto" else None
+    if own is not None:
+        return own(text, parts)
     if len(parts) > 2:
-        raise ValueError(f"malformed backend {text!r}; accepted: {accepted}")
-    return BackendSpec(name, index_of(parts[1]) if len(parts) == 2 else None)
+        raise ValueError(f"malformed backend {text!r}; accepted: {accepted_specs()}")
+    return BackendSpec(name, spec_index(parts[1], text) if len(parts) == 2 else None)
 
 
 def parse_backend_map(text: str, world_size: int) -> list[BackendSpec]:

@@ -148,14 +148,51 @@ class BackendSpec:
         return self.name if self.index is None else f"{self.name}:{self.index}"
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend is, declared once by its module (`CAPABILITIES`) and read wherever code outside backends/
+    would otherwise test a backend's name. A device's own facts (its dtypes, its kind, what its buffers are for MPI)
+    are in its DeviceInfo and Backend.mpi_memory_kind()."""
+
+    array_module: str  # what its arrays are: "numpy", "cupy", "pyopencl", ...
+    buffers_in_host_memory: bool  # its buffers are host memory and count against the host's (a CPU device's always are)
+    memory_is_the_hosts: bool = False  # its free memory is the host's: the host's memory check counts it already
+    computes_on_host_arrays: bool = False  # computes on NumPy arrays as they are: nothing to upload or copy back
+    limits_own_threads: bool = False  # sets its own BLAS threads per rank; else the harness shares the node's cores
+    native_low_precision: bool = True  # fp16/bf16 GEMMs in the dtype itself where its DeviceInfo offers it
+    simulated: bool = False  # times modelled from a catalog: listed by `devices` with --sim only, a spec names a model
+    gpu_aware_mpi: bool = False  # its device buffers may go to a GPU-aware MPI without host staging
+    torch_device: str | None = None  # where torch computes for its ranks: "cuda" (the GPU torch sees), "cpu", or None
+    # (torch cannot compute there: the CPU stands in)
+    spec_syntax: str = "{name}[:INDEX]"  # how --backend names it, for messages
+
+
 # The registry: the only global state. Modules are imported on first use so that a missing optional package
-# (cupy, pyopencl) only affects its own backend.
-_MODULES: dict[str, str] = {
+# (cupy, pyopencl) only affects its own backend. Backends from other packages register through the entry point
+# group "hetbench.backends" (name = module), e.g. in their pyproject.toml:
+#   [project.entry-points."hetbench.backends"]
+#   toy = "toy_backend"
+ENTRY_POINT_GROUP = "hetbench.backends"
+BUILTIN_MODULES: dict[str, str] = {
     "host": "hetbench.backends.host",
     "opencl": "hetbench.backends.opencl",
     "cupy": "hetbench.backends.cupy",
     "sim": "hetbench.backends.sim",
 }
+
+
+def _discover(group: str, builtin: dict[str, str]) -> dict[str, str]:
+    """The built-in modules, then those the installed distributions register under `group` (name -> module); a
+    name taken already keeps its first module."""
+    from importlib.metadata import entry_points
+
+    found = dict(builtin)
+    for ep in entry_points(group=group):
+        found.setdefault(ep.name.strip().lower(), ep.module)
+    return found
+
+
+_MODULES: dict[str, str] = _discover(ENTRY_POINT_GROUP, BUILTIN_MODULES)
 BACKEND_NAMES: tuple[str, ...] = tuple(_MODULES)
 # `auto` tries these, in order, and takes the first with a device
 AUTO_ORDER: tuple[str, ...] = ("cupy", "opencl", "host")
@@ -163,7 +200,11 @@ AUTO_ORDER: tuple[str, ...] = ("cupy", "opencl", "host")
 
 @runtime_checkable
 class BackendModule(Protocol):
-    """What every backend module (host.py, opencl.py, cupy.py, sim.py) defines at module level."""
+    """What every backend module (host.py, opencl.py, cupy.py, sim.py) defines at module level. A module may also
+    define `parse_spec(text, parts) -> BackendSpec` where its --backend names carry more than an index (sim:MODEL),
+    and `spec_of(info) -> str`, what --backend takes for one of its devices."""
+
+    CAPABILITIES: Capabilities
 
     def unavailable_reason(self) -> str | None:
         """None when the backend can run here, else why not (a missing package, no device, a bad setting)."""
@@ -183,6 +224,29 @@ def backend_module(name: str) -> BackendModule:
     except KeyError:
         raise ValueError(f"unknown backend {name!r}; accepted: auto, {', '.join(BACKEND_NAMES)}") from None
     return cast(BackendModule, importlib.import_module(path))
+
+
+def capabilities(name: str) -> Capabilities:
+    """What backend `name` is (its module's CAPABILITIES)."""
+    return backend_module(name).CAPABILITIES
+
+
+def spec_of(info: DeviceInfo) -> str:
+    """What --backend takes for the device `info` describes: `opencl:0`, or what its module's spec_of says."""
+    own = getattr(backend_module(info.backend), "spec_of", None)
+    return own(info) if own is not None else f"{info.backend}:{info.index}"
+
+
+def spec_index(value: str, text: str) -> int:
+    """The device index in backend spec `text`."""
+    if not value.isdigit():
+        raise ValueError(f"bad device index {value!r} in backend {text!r}; accepted: an integer >= 0")
+    return int(value)
+
+
+def accepted_specs() -> str:
+    """The --backend names every registered backend takes, for messages."""
+    return ", ".join(["auto", *(capabilities(n).spec_syntax.format(name=n) for n in BACKEND_NAMES)])
 
 
 def devices_on_node(name: str) -> list[DeviceInfo]:

@@ -12,6 +12,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from hetbench.backends.base import (
+    Capabilities,
     TIMING_MEASURED,
     BackendSpec,
     DeviceError,
@@ -21,6 +22,9 @@ from hetbench.backends.base import (
     index_for_rank,
 )
 from hetbench.dtypes import DType
+
+CAPABILITIES = Capabilities(array_module="cupy", buffers_in_host_memory=False, gpu_aware_mpi=True,
+                            torch_device="cuda")
 
 # CuPy has no bfloat16 dtype, so bf16 is not offered
 CUPY_DTYPES = ("fp64", "fp32", "fp16")

@@ -11,6 +11,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from hetbench.backends.base import (
+    Capabilities,
     MPI_MEMORY_HOST,
     TIMING_MEASURED,
     BackendSpec,
@@ -20,6 +21,10 @@ from hetbench.backends.base import (
     check_dtype,
 )
 from hetbench.dtypes import DType
+
+CAPABILITIES = Capabilities(array_module="numpy", buffers_in_host_memory=True, memory_is_the_hosts=True,
+                            computes_on_host_arrays=True, limits_own_threads=True, native_low_precision=False,
+                            torch_device="cpu", spec_syntax="{name}")
 
 # fp16 works (NumPy computes it without BLAS, slowly); bf16 has no host arithmetic
 HOST_DTYPES = ("fp64", "fp32", "fp16")

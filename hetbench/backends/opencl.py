@@ -12,6 +12,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from hetbench.backends.base import (
+    Capabilities,
     MPI_MEMORY_NONE,
     TIMING_MEASURED,
     BackendSpec,
@@ -24,6 +25,8 @@ from hetbench.backends.base import (
 )
 from hetbench.dtypes import DType
 from hetbench.kernels_path import kernel_source
+
+CAPABILITIES = Capabilities(array_module="pyopencl", buffers_in_host_memory=False)  # a CPU device's are, by its kind
 
 try:
     import pyopencl as cl

@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from hetbench.backends.base import (
+    Capabilities,
     MPI_MEMORY_NONE,
     TIMING_MODELLED,
     BackendSpec,
@@ -28,12 +29,17 @@ from hetbench.backends.base import (
     DeviceError,
     DeviceInfo,
     Elapsed,
+    accepted_specs,
     check_dtype,
+    spec_index,
 )
 from hetbench.backends.host import host_memory_available_bytes
 from hetbench.backends.sim_catalog import CATALOG, MODELS, GpuModel
 from hetbench.comm.launcher import world_rank
 from hetbench.dtypes import DType, get_dtype, round_to_bf16, to_host_dtype
+
+CAPABILITIES = Capabilities(array_module="numpy", buffers_in_host_memory=True, simulated=True,
+                            spec_syntax="{name}:MODEL[:INDEX]")
 
 FAULT_ENV = "HETBENCH_SIM_FAULT"
 FAULT_OPERATIONS = ("matmul", "upload", "corrupt", "corrupt-copy")
@@ -63,6 +69,24 @@ def get_model(key: str) -> GpuModel:
         return MODELS[key]
     except KeyError:
         raise ValueError(f"unknown simulated GPU {key!r}; accepted: {', '.join(MODELS)}") from None
+
+
+def parse_spec(text: str, parts: list[str]) -> BackendSpec:
+    """`sim:MODEL` or `sim:MODEL:INDEX`, MODEL a catalog key (the --backend syntax of this backend)."""
+    catalog = models()
+    if len(parts) < 2 or not parts[1]:
+        raise ValueError(f"backend {text!r} names no simulated GPU; write sim:MODEL, MODEL one of: {', '.join(catalog)}")
+    if len(parts) > 3:
+        raise ValueError(f"malformed backend {text!r}; accepted: {accepted_specs()}")
+    model = parts[1].strip().lower()
+    if model not in catalog:
+        raise ValueError(f"unknown simulated GPU {parts[1]!r} in {text!r}; accepted: {', '.join(catalog)}")
+    return BackendSpec(parts[0].strip().lower(), spec_index(parts[2], text) if len(parts) == 3 else None, model)
+
+
+def spec_of(info: DeviceInfo) -> str:
+    """A simulated GPU by its catalog key, `sim:h100`: its place in the catalog is no index --backend takes."""
+    return f"{info.backend}:{info.details['model']}"
 
 
 def _dtype(dtype: DType | str) -> DType:

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import click
 
-from hetbench.backends.base import DeviceInfo
+from hetbench.backends.base import DeviceInfo, spec_of
 from hetbench.results.io import to_json
 
 
 def backend_spec(info: DeviceInfo) -> str:
     """What to give --backend for this device: `opencl:0`, `host:0`; a simulated GPU by its catalog key,
     `sim:h100`, since its place in the catalog is no index `--backend` takes."""
-    if info.backend == "sim":
-        return f"sim:{info.details['model']}"
-    return f"{info.backend}:{info.index}"
+    return spec_of(info)
 
 
 @click.command()
@@ -21,13 +19,13 @@ def backend_spec(info: DeviceInfo) -> str:
 @click.option("--json", "json_stdout", is_flag=True, help="Print JSON on stdout and nothing else.")
 def devices(with_sim: bool, json_stdout: bool) -> int:
     """List the devices of every backend on every rank's node."""
-    from hetbench.backends.base import BACKEND_NAMES, backend_module
+    from hetbench.backends.base import BACKEND_NAMES, backend_module, capabilities
     from hetbench.comm.world import World
 
     world = World()
     rows, unavailable = [], []
     for name in BACKEND_NAMES:
-        if name == "sim" and not with_sim:
+        if capabilities(name).simulated and not with_sim:
             continue
         module = backend_module(name)
         reason = module.unavailable_reason()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hetbench.backends.base import (
+    capabilities,
     MPI_MEMORY_HOST,
     MPI_MEMORY_NONE,
     Backend,
@@ -35,7 +36,7 @@ def open_rank_device(spec: BackendSpec, dtype: DType, world: World) -> tuple[Ope
         backend = open_backend(spec, world.local_rank, world.local_size)
     except (BackendUnavailable, ValueError) as e:
         return None, [str(e)]
-    if backend.name != "host":  # the host backend limits its BLAS itself, and records it
+    if not capabilities(backend.name).limits_own_threads:  # the host backend limits its BLAS itself, and records it
         from hetbench.backends.host import share_blas_threads
 
         share_blas_threads(world.local_size)

@@ -3,7 +3,7 @@ said alike on every rank."""
 
 from __future__ import annotations
 
-from hetbench.backends.base import DeviceInfo
+from hetbench.backends.base import DeviceInfo, capabilities
 
 MIB = 1024**2
 
@@ -11,7 +11,7 @@ MIB = 1024**2
 def device_in_host_memory(info: DeviceInfo) -> bool:
     """Whether a device's buffers are host memory: the host itself, simulated GPUs (NumPy arrays underneath) and
     CPU OpenCL devices. Their buffers then count against the host's memory too."""
-    return info.backend in ("host", "sim") or info.kind == "cpu"
+    return capabilities(info.backend).buffers_in_host_memory or info.kind == "cpu"
 
 
 def approx_bytes(n: int) -> str:

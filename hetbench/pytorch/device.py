@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from hetbench.backends.base import MPI_MEMORY_KINDS, TIMING_MODELLED
+from hetbench.backends.base import BACKEND_NAMES, MPI_MEMORY_KINDS, TIMING_MODELLED, accepted_specs, capabilities
 
 GPU_KINDS = tuple(k for k in MPI_MEMORY_KINDS if k in ("cuda", "hip"))
 
@@ -87,15 +87,16 @@ def rank_device(backend: str | None = None, local_rank: int | None = None) -> Ra
     if local_rank is None:
         local_rank = _local_rank()
     family = name.split(":")[0]
-    if family in ("auto", "cupy") and torch.cuda.is_available():
+    if family != "auto" and family not in BACKEND_NAMES:
+        raise ValueError(f"backend {backend!r} is not one of {accepted_specs()}")
+    where = "cuda" if family == "auto" else capabilities(family).torch_device
+    if where == "cuda" and torch.cuda.is_available():
         return _gpu(local_rank, name)
-    if family in ("auto", "host"):
+    if family == "auto" or where == "cpu":
         return _cpu(name, True)
-    if family == "cupy":
+    if where == "cuda":
         return _cpu(name, False, "torch sees no GPU here (a CPU build of torch, or no device): the CPU computes")
-    if family in ("opencl", "sim"):
-        return _cpu(name, False, f"torch cannot compute on {name}: this rank's model runs on the CPU")
-    raise ValueError(f"backend {backend!r} is not one of auto, host, cupy, opencl, sim:MODEL")
+    return _cpu(name, False, f"torch cannot compute on {name}: this rank's model runs on the CPU")
 
 
 def _local_rank() -> int:

@@ -53,7 +53,7 @@ from typing import Any, Callable, Hashable
 
 import numpy as np
 
-from hetbench.backends.base import TIMING_MODELLED
+from hetbench.backends.base import BACKEND_NAMES, TIMING_MODELLED, capabilities
 from hetbench.dtypes import DType, get_dtype, round_to_dtype, to_host_dtype
 from hetbench.train.precision import is_mixed, train_dtype
 
@@ -71,11 +71,12 @@ class Ops:
         self.mixed = is_mixed(self.dtype)
         info = backend.info() if hasattr(backend, "info") else None
         offered = tuple(info.dtypes) if info is not None else ("fp32",)
-        self.native = not self.mixed or (self.dtype.name in offered and getattr(backend, "name", None) != "host")
+        caps = capabilities(backend.name) if getattr(backend, "name", None) in BACKEND_NAMES else None
+        self.native = not self.mixed or (self.dtype.name in offered and (caps is None or caps.native_low_precision))
         self.gemm_dtype = self.dtype if self.native else get_dtype("fp32")
         self.modelled = getattr(backend, "timing", None) == TIMING_MODELLED
         # the host backend computes on the arrays as they are: no copies, nothing to upload
-        self._direct = getattr(backend, "name", None) == "host"
+        self._direct = caps is not None and caps.computes_on_host_arrays
         module = getattr(backend, "array_module", None)
         self.xp: Any = module if module is not None else np
         self.resident = bool(resident) if resident is not None else self.xp is not np

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from hetbench.backends.base import TIMING_MODELLED
+from hetbench.backends.base import TIMING_MODELLED, capabilities
 from hetbench.backends.host import (
     RUNTIME_SCRATCH_BYTES,
     host_memory_share_bytes,
@@ -97,7 +97,7 @@ def prepare(cfg: CollectivesConfig, world: World, opened: OpenDevice) -> tuple[P
     largest = max(sum(ops.OPS[op].counts(cfg.sizes()[-1], cfg.dtype.itemsize, world.size)) for op in cfg.ops)
     need = largest * cfg.dtype.itemsize
     # the host backend's free memory is the host's: the host check below counts it with everything else
-    free = backend.free_memory_bytes() if info.backend != "host" else None
+    free = backend.free_memory_bytes() if not capabilities(info.backend).memory_is_the_hosts else None
     if free is not None and need > free:
         errors.append(f"the largest size needs {need} bytes of buffers on {info.backend}:{info.index} "
                       f"({info.name}), which has {free} free; lower --max-bytes")

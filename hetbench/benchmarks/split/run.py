@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from hetbench.backends.base import MPI_MEMORY_HOST, TIMING_MODELLED, Backend, DeviceInfo
+from hetbench.backends.base import MPI_MEMORY_HOST, TIMING_MODELLED, Backend, DeviceInfo, capabilities
 from hetbench.harness import gemm
 from hetbench.harness import split_plan as plan
 from hetbench.comm.world import World
@@ -552,7 +552,8 @@ def plan_check(cfg: Any, world: World, state: SplitState, ranks: int) -> list[st
         except ProfileError as e:
             return [str(e)]
         return []
-    missing = [f"{r}={spec}" for r, spec in enumerate(cfg.backends) if spec.name != "sim"]
+    missing = [f"{r}={spec}" for r, spec in enumerate(cfg.backends)
+               if spec.name == "auto" or not capabilities(spec.name).simulated]
     if missing:
         return [f"--plan has no rate for rank(s) {', '.join(missing)}: it models simulated devices (sim:MODEL); "
                 "for real ones give --weights PROFILE.json from `hetbench calibrate`"]
