@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from hetbench.backends.base import BACKEND_NAMES, BackendSpec, accepted_specs, backend_module, spec_index
+from hetbench.backends.base import BACKEND_NAMES, BackendSpec, BackendUnavailable, accepted_specs, backend_module, spec_index
 from hetbench.dtypes import DTYPES, DType, get_dtype
 
 _BYTE_SUFFIXES = {"": 1, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
@@ -39,7 +39,10 @@ def parse_backend_spec(text: str) -> BackendSpec:
     name = parts[0].strip().lower()
     if name not in ("auto", *BACKEND_NAMES):
         raise ValueError(f"unknown backend {text!r}; accepted: {accepted_specs()}")
-    own = getattr(backend_module(name), "parse_spec", None) if name != "auto" else None
+    try:
+        own = getattr(backend_module(name), "parse_spec", None) if name != "auto" else None
+    except BackendUnavailable as e:
+        raise ValueError(str(e)) from None
     if own is not None:
         return own(text, parts)
     if len(parts) > 2:

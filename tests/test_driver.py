@@ -1,12 +1,10 @@
-"""The one benchmark driver: a new benchmark is one module (tests/toy_benchmark.py) registered like the real ones,
-and the driver gives it the whole command (shared options, error agreement, files, tables, exit codes); results
-files written before the redesign still load, and today's CSV keeps their columns in their order."""
+"""Results files written before the redesign still load, and today's CSV keeps their columns in their order. (The
+driver giving a new benchmark the whole command is shown by the plugin benchmark: tests/plugins/test_plugins.py.)"""
 
 from __future__ import annotations
 
 import csv
 import json
-import os
 
 import pytest
 from conftest import REPO, needs_mpi, run_cli
@@ -15,41 +13,6 @@ from hetbench.results import SCHEMA_VERSION, load_results
 
 TESTS = REPO / "tests"
 DATA = TESTS / "data"
-TOY = {"HETBENCH_BENCHMARKS": "toy_benchmark", "PYTHONPATH": f"{REPO}{os.pathsep}{TESTS}"}
-
-
-def test_toy_benchmark_is_a_command_with_the_shared_options(tmp_path):
-    run = run_cli(["axpy", "--help"], cwd=tmp_path, env=TOY)
-    assert run.returncode == 0, run.stderr
-    for option in ("--n", "--repeat", "--backend", "--out", "--csv", "--json", "--wide", "--progress"):
-        assert option in run.stdout
-    assert "axpy" not in run_cli(["--help"], cwd=tmp_path).stdout  # only registered where asked for
-
-
-@needs_mpi
-@pytest.mark.parametrize("nprocs", [1, 2])
-def test_toy_benchmark_runs_through_the_driver(tmp_path, nprocs):
-    out, csv_path = tmp_path / "t.json", tmp_path / "t.csv"
-    run = run_cli(["axpy", "--n", "257", "--backend", "0=host,1=sim:mi300x" if nprocs == 2 else "host",
-                   "--out", str(out), "--csv", str(csv_path)], nprocs=nprocs, cwd=tmp_path, env=TOY)
-    assert run.returncode == 0, run.stderr
-    assert "hetbench axpy" in run.stdout and "AXPY median (us)" not in run.stdout  # compact header: two lines
-    doc = load_results(out)
-    assert doc["schema"] == "hetbench.axpy" and doc["verified"] is True
-    assert [r["rank"] for r in doc["rows"]] == list(range(nprocs))
-    assert len(doc["metadata"]["ranks"]) == nprocs
-    with open(csv_path, newline="") as f:
-        header = next(csv.reader(f))
-    # the declared columns, in their order, lead the CSV; the row's other fields follow
-    assert header[:4] == ["rank", "backend", "axpy_seconds_median", "verified"]
-    assert "device_timing" in header[4:]
-
-
-def test_toy_benchmark_bad_input_is_a_usage_error(tmp_path):
-    run = run_cli(["axpy", "--n", "0"], cwd=tmp_path, env=TOY)
-    assert run.returncode == 2 and "Traceback" not in run.stderr
-    run = run_cli(["axpy", "--backend", "nosuch"], cwd=tmp_path, env=TOY)
-    assert run.returncode == 2 and "'nosuch'" in run.stderr and "Traceback" not in run.stderr
 
 
 @pytest.mark.parametrize("name", ["matmul", "collectives"])

@@ -223,7 +223,13 @@ def backend_module(name: str) -> BackendModule:
         path = _MODULES[name]
     except KeyError:
         raise ValueError(f"unknown backend {name!r}; accepted: auto, {', '.join(BACKEND_NAMES)}") from None
-    return cast(BackendModule, importlib.import_module(path))
+    try:
+        return cast(BackendModule, importlib.import_module(path))
+    except Exception as e:  # a backend from another package that does not import: that backend alone is out
+        if name in BUILTIN_MODULES:
+            raise
+        raise BackendUnavailable(f"backend {name!r} (module {path}, from its entry point) cannot be imported: "
+                                 f"{type(e).__name__}: {e}") from None
 
 
 def capabilities(name: str) -> Capabilities:

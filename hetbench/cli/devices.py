@@ -19,15 +19,19 @@ def backend_spec(info: DeviceInfo) -> str:
 @click.option("--json", "json_stdout", is_flag=True, help="Print JSON on stdout and nothing else.")
 def devices(with_sim: bool, json_stdout: bool) -> int:
     """List the devices of every backend on every rank's node."""
-    from hetbench.backends.base import BACKEND_NAMES, backend_module, capabilities
+    from hetbench.backends.base import BACKEND_NAMES, BackendUnavailable, backend_module
     from hetbench.comm.world import World
 
     world = World()
     rows, unavailable = [], []
     for name in BACKEND_NAMES:
-        if capabilities(name).simulated and not with_sim:
+        try:
+            module = backend_module(name)
+        except BackendUnavailable as e:
+            unavailable.append({"rank": world.rank, "host": world.host, "backend": name, "reason": str(e)})
             continue
-        module = backend_module(name)
+        if module.CAPABILITIES.simulated and not with_sim:
+            continue
         reason = module.unavailable_reason()
         if reason is not None:
             unavailable.append({"rank": world.rank, "host": world.host, "backend": name, "reason": reason})

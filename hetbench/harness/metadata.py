@@ -20,13 +20,13 @@ _CUPY_DISTS = ("cupy-cuda12x", "cupy-cuda13x", "cupy-cuda11x", "cupy-rocm-7-0", 
 def package_versions() -> dict[str, str | None]:
     """Installed versions, read from package metadata (nothing is imported, so no device is touched)."""
     versions: dict[str, str | None] = {"hetbench": hetbench.__version__}
-    for name in _PACKAGES:
-        candidates = _CUPY_DISTS if name == "cupy" else (name,)
-        versions[name] = None
+    for package in _PACKAGES:
+        candidates = _CUPY_DISTS if package == "cupy" else (package,)
+        versions[package] = None
         for dist in candidates:
             try:
-                versions[name] = importlib.metadata.version(dist)
-                if name == "cupy" and dist != "cupy":
+                versions[package] = importlib.metadata.version(dist)
+                if package == "cupy" and dist != "cupy":
                     versions["cupy_distribution"] = dist
                 break
             except importlib.metadata.PackageNotFoundError:

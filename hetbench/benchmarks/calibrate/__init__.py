@@ -141,7 +141,7 @@ def _fmt_bytes(n: int) -> str:
 def prepare(cfg: CalibrateConfig, world: Any, opened: Any) -> tuple[Prepared | None, list[str]]:
     """Check every dtype against the device and find the largest part of each measurement that fits the device's
     free memory and this rank's share of the host's, before anything is made. Returns (prepared, errors)."""
-    from hetbench.backends.base import UnsupportedDtype, check_dtype
+    from hetbench.backends.base import UnsupportedDtype, capabilities, check_dtype
     from hetbench.backends.host import RUNTIME_SCRATCH_BYTES, host_memory_share_bytes
     from hetbench.harness.memory import device_in_host_memory
     from hetbench.harness.probe import slice_shape
@@ -155,7 +155,7 @@ def prepare(cfg: CalibrateConfig, world: Any, opened: Any) -> tuple[Prepared | N
     free = backend.free_memory_bytes()
     in_host = device_in_host_memory(info)
     # the host's own free memory is counted below, with every host buffer
-    device_free = free if info.backend != "host" else None
+    device_free = free if not capabilities(info.backend).memory_is_the_hosts else None
     host_share = host_memory_share_bytes(world.local_size)
     max_alloc = backend.max_allocation_bytes()
     label = f"{opened.spec} ({info.name})"

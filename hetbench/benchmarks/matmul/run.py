@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from hetbench.backends.base import TIMING_MODELLED, Backend, DeviceInfo
+from hetbench.backends.base import TIMING_MODELLED, Backend, DeviceInfo, capabilities
 from hetbench.backends.host import (
     RUNTIME_SCRATCH_BYTES,
     host_memory_share_bytes,
@@ -70,7 +70,7 @@ def _memory_errors(backend: Backend, info: DeviceInfo, m: int, n: int, k: int, d
     errors = []
     need = gemm.device_bytes(m, n, k, dtype)
     # the host backend's free memory is the host's, which the host check counts with every other buffer
-    free = backend.free_memory_bytes() if info.backend != "host" else None
+    free = backend.free_memory_bytes() if not capabilities(info.backend).memory_is_the_hosts else None
     label = f"{info.backend}:{info.index} ({info.name})"
     if free is not None and need > free:
         errors.append(
@@ -170,7 +170,7 @@ def _plan(cfg: MatmulConfig, world: World, opened: OpenDevice, m: int, n: int, k
     this rank's share of the host."""
     backend, info = opened.backend, opened.info
     planned = host_memory_plan_bytes(
-        m, n, k, cfg.dtype, device_in_host=device_in_host_memory(info), sim_device=info.backend == "sim",
+        m, n, k, cfg.dtype, device_in_host=device_in_host_memory(info), sim_device=capabilities(info.backend).simulated,
         inputs=headers, is_root=world.rank == cfg.root, world_size=world.size, reduce=cfg.reduce == "sum")
     error = next(iter(_memory_errors(backend, info, m, n, k, cfg.dtype)), None)
     if error is None:
@@ -438,7 +438,7 @@ def slow_host_fp16_notices(cfg: MatmulConfig, world: World, info: DeviceInfo,
     """Collective. Before the run, the notice rank 0 shows (once, on stderr) when any rank computes fp16 on the
     host, where NumPy has no BLAS: a few hundred times slower than fp32, so a run that takes seconds in fp32 takes
     minutes. `mnks`: the sizes this rank multiplies. [] where there is none, and on every other rank."""
-    slow = info.backend == "host" and cfg.dtype.name == "fp16"
+    slow = capabilities(info.backend).computes_on_host_arrays and cfg.dtype.name == "fp16"
     flop_count = sum(2 * m * n * k for m, n, k in mnks) * (cfg.warmup + cfg.repeat)
     gathered = world.gather((slow, flop_count))
     if gathered is None or not any(s for s, _ in gathered):

@@ -743,7 +743,7 @@ def plan_only(cfg: Any, world: World, state: SplitState) -> RankRun:
     caps: dict[str, list[int | None]] = {}
     names = []
     for spec in cfg.backends:
-        names.append(sim.get_model(spec.model).name if spec.name == "sim" else str(spec))
+        names.append(sim.get_model(spec.model).name if capabilities(spec.name).simulated else str(spec))
     for s in strategies:
         dim = plan.dim_of(s, m, n, k)
         hint = -(-dim // ranks)

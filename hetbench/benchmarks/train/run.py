@@ -11,7 +11,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from hetbench.backends.base import MPI_MEMORY_NONE, TIMING_MODELLED
+from hetbench.backends.base import MPI_MEMORY_NONE, TIMING_MODELLED, capabilities
 from hetbench.harness import split_plan as plan
 from hetbench.comm.world import World
 from hetbench.harness.devices import OpenDevice
@@ -43,7 +43,8 @@ RESIDENT_ENV = "HETBENCH_TRAIN_RESIDENT"
 def prepare(cfg: Any, world: World, opened: OpenDevice) -> tuple[TrainState, list[str]]:
     from hetbench.train.ops import Ops
 
-    resident = True if os.environ.get(RESIDENT_ENV) == "1" and opened.backend.name == "host" else None
+    resident = (True if os.environ.get(RESIDENT_ENV) == "1" and capabilities(opened.backend.name).computes_on_host_arrays
+                else None)
     return TrainState(opened, Ops(opened.backend, cfg.dtype, resident=resident)), []
 
 
