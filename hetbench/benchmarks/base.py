@@ -8,6 +8,7 @@ module that defines a Benchmark and calls `register`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Protocol, Sequence, runtime_checkable
 
@@ -90,7 +91,11 @@ class RankResult:
 class Benchmark(Protocol):
     """One benchmark. The driver calls, in order, on every rank: options (to build the command), configure,
     prepare, check, run; then on rank 0: rows, summarize. Errors a user can cause are returned as messages (the
-    driver agrees on them over every rank and exits 2) or raised as click.UsageError from configure."""
+    driver agrees on them over every rank and exits 2) or raised as click.UsageError from configure.
+
+    Optional: `presentation: ClassVar[Presentation]` (below), how `report`, `compare` and the HTML page show its
+    results (headline figures, tables, plots, what compare tests); hetbench's benchmarks declare theirs in their
+    package's present.py. Without one, report shows its rows and its summary's numbers, and compare refuses it."""
 
     name: ClassVar[str]  # the command, and the results schema "hetbench.<name>"
     summary: ClassVar[str]  # one line for --help
@@ -145,3 +150,203 @@ def columns_of(name: str) -> tuple[Column, ...]:
         load()
     benchmark = REGISTRY.get(name)
     return benchmark.columns if benchmark is not None else ()
+
+
+# --- How `report`, `compare` and the HTML page show a benchmark's results -----------------------------------------
+#
+# Each benchmark declares its presentation once, as plain data and functions of a results document (in its package's
+# present.py, named by its class's `presentation` attribute); hetbench/report/ draws it (tables, plots, the page,
+# compare) for every registered benchmark alike. Everything shown is read from the document: a figure the document
+# lacks is shown as absent (None), never made up, and nothing is recomputed otherwise than the command computed it.
+
+
+def number_text(value: Any, digits: int = 3, scale: float = 1.0) -> str:
+    """A figure as report writes it: `digits` significant digits, whole numbers from 10**digits up (also where
+    rounding reaches it: 999.7 is "1000", not "1e+03"); "-" for none."""
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        return "-"
+    v = value * scale
+    short = f"{v:.{digits}g}"
+    return short if abs(float(short)) < 10**digits else f"{v:.0f}"
+
+
+def shown(value: Any, scale: float = 1.0) -> float | None:
+    """A stored number in a shown unit (seconds * 1e3 = ms), or None where there is no finite number."""
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return value * scale
+
+
+def finite_numbers(values: Any) -> list[float] | None:
+    """A non-empty list of finite numbers as floats, or None where `values` is anything else."""
+    if not isinstance(values, list) or not values:
+        return None
+    out = [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return out if len(out) == len(values) and all(math.isfinite(v) for v in out) else None
+
+
+def raw_of(key: str) -> Callable[[Row], list[float] | None]:
+    """A row's per-repeat values `row["raw"][key]` (finite numbers), or None where it has none."""
+    return lambda row: finite_numbers((row.get("raw") or {}).get(key))
+
+
+@dataclass(frozen=True)
+class RunFigure:
+    """One figure of a run, read from its results document. `key` names it with its meaning and stored unit (the
+    document's field, e.g. "achieved_gflops", "end_to_end_seconds"); `value` is in the shown `unit` already (None: the
+    document lacks it, shown as absent), or a text (a size, "passed")."""
+
+    key: str
+    label: str
+    value: float | int | str | None
+    unit: str = ""
+    modelled: bool = False  # modelled (a simulated device, a cost model), not measured
+    digits: int = 3
+    headline: bool = True  # one of the run's headline figures (the page's summary, report's headline line)
+    table: bool = True  # a column of the runs table
+    note: str = ""  # what a reader must know to read it
+
+    @property
+    def title(self) -> str:
+        return f"{self.label} ({self.unit})" if self.unit else self.label
+
+    @property
+    def text(self) -> str:
+        """The value as shown: a number in its digits, "~" before a modelled one; "-" where absent."""
+        if isinstance(self.value, str):
+            return self.value
+        text = number_text(self.value, self.digits)
+        return "~" + text if self.modelled and text != "-" else text
+
+    @property
+    def text_with_unit(self) -> str:
+        """The value and its unit ("2.28 ms", "3.02x"); "-" alone where absent."""
+        text = self.text
+        if not self.unit or text == "-":
+            return text
+        return f"{text}{self.unit}" if self.unit == "x" else f"{text} {self.unit}"
+
+
+@dataclass(frozen=True)
+class Table:
+    """A table of one run: its rows (dicts) and its columns (a text column names a row; a figure column is shown as
+    value * scale in its unit, "~" where the row's timing says it was modelled)."""
+
+    name: str  # unique among the run's tables; plots and compare name it
+    title: str
+    columns: tuple[Column, ...]
+    rows: list[Row]
+
+
+@dataclass(frozen=True)
+class PlotSpec:
+    """A plot a benchmark's runs call for, drawn by hetbench/report/plots.py from one of its tables (`table`, its
+    figure columns by key). The kinds:
+
+    - "bars", per run: one panel per entry of `panels`, one bar per row (`label`), the panel's figures side by side
+    - "stacked", per run: the figures of panels[0] stacked per row (`label`), in their unit and as shares (`axis`)
+    - "lines", across runs: panels[0][0] against `x`, one line per `group`; drawn where the rows hold two x or more
+    - "sweep", across runs: one chart per value of row field `chart`, every panel's figures against `x` (log2),
+      one series per run and `group`
+
+    A series identical to one before it in its panel is not drawn again (its label is added to that one's); a plot
+    with no value to draw is left out."""
+
+    kind: str
+    id: str  # the plot's name: per run "<id>-<run id>", a sweep "<id>-<chart value>"
+    table: str = "rows"
+    panels: tuple[tuple[str, ...], ...] = ()
+    titles: tuple[str, ...] = ()  # each panel's title
+    y_labels: tuple[str, ...] = ()  # each panel's y axis, where not its first figure's title
+    title: Callable[[list[Row], str], str] | None = None  # (rows drawn, run id or chart value) -> the plot's title
+    label: Callable[[Row], str] | None = None  # bars, stacked: a row's label
+    select: Callable[[list[Row]], list[Row]] | None = None  # which of the table's rows are drawn
+    x: Callable[[Row], float] | None = None  # lines, sweep
+    x_label: str = ""
+    x_bytes: bool = False  # x is a size in bytes (ticks in KiB, MiB)
+    log_y: bool = False
+    group: Callable[[Row], str] | None = None  # lines, sweep: which line a row belongs to
+    chart: str = ""  # sweep
+    names: dict[str, str] = field(default_factory=dict)  # a figure's name in a series label, by key
+    axis: str = ""  # stacked: what a bar's length is
+    absent: str = "-"  # bars: the note where a row has no value
+
+
+@dataclass(frozen=True)
+class Compared:
+    """A figure compare tests, and the per-repeat values it is tested on (`times`: a rate is tested on the times it
+    comes from, so a row's time and rate get the same verdict). `times` None: the document holds one value of it per
+    run, so compare shows its change without a significance verdict."""
+
+    column: Column
+    times: Callable[[Row], list[float] | None] | None
+
+
+@dataclass(frozen=True)
+class CompareRows:
+    """Rows two runs are compared on: taken from a document by `rows`, matched on the fields `match`."""
+
+    rows: Callable[[dict[str, Any]], list[Row]]
+    match: tuple[str, ...]
+    figures: tuple[Compared, ...]
+    describe: Callable[[Row], str]  # a row in a few words: which rank, op, size
+
+
+@dataclass(frozen=True)
+class Presentation:
+    """How `report`, `compare` and the HTML page show a benchmark's results documents."""
+
+    run_figures: Callable[[dict[str, Any]], list[RunFigure]]  # the runs table's columns and the headline figures
+    tables: Callable[[dict[str, Any]], list[Table]]  # a run's tables, on the page
+    plots: tuple[PlotSpec, ...] = ()
+    # what compare matches and tests (a function: the declared columns it names exist once every benchmark is
+    # registered); None: compare refuses this benchmark's runs
+    compare: Callable[[], tuple[CompareRows, ...]] | None = None
+
+
+def declared(benchmark: str, key: str, label: str | None = None, unit: str | None = None) -> Column:
+    """Benchmark `benchmark`'s declared column `key`, with another label (and unit, for a column whose label is its
+    unit, such as "TFLOP/s") where a plot or table words it otherwise. Call it at report time (after `load()`)."""
+    from dataclasses import replace
+
+    column = next((c for c in columns_of(benchmark) if c.key == key), None)
+    if column is None:
+        raise LookupError(f"benchmark {benchmark!r} declares no column {key!r}")
+    return replace(column, label=column.label if label is None else label, unit=column.unit if unit is None else unit,
+                   short_label="")
+
+
+def rank_label(row: Row) -> str:
+    """A row of one rank in a plot: its rank and backend, and its device (cut at 26 characters) below."""
+    device = str(row.get("device", ""))
+    device = device if len(device) <= 26 else device[:25] + "…"
+    return f"rank {row.get('rank')} {row.get('backend')}\n{device}"
+
+
+def _generic_presentation(name: str) -> Presentation:
+    """A benchmark that declares no presentation: its rows in the columns its compact table shows, its summary's
+    numbers as its run figures; no plots, and nothing compare tests."""
+
+    def run_figures(document: dict[str, Any]) -> list[RunFigure]:
+        summary = document.get("summary") or {}
+        numbers = [(k, v) for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        return [RunFigure(k, k, v, headline=i < 4) for i, (k, v) in enumerate(numbers)]
+
+    def tables(document: dict[str, Any]) -> list[Table]:
+        rows = document.get("rows") or []
+        columns = tuple(c for c in columns_of(name) if c.shown(False)) or tuple(
+            Column(k, k, text=True) for k, v in (rows[0] if rows else {}).items() if not isinstance(v, (dict, list)))
+        return [Table("rows", "rows", columns, rows)]
+
+    return Presentation(run_figures, tables)
+
+
+def presentation_of(name: str) -> Presentation:
+    """How benchmark `name`'s runs are shown: its class's `presentation`, or a plain one (its rows, its summary's
+    numbers) for a benchmark that declares none or that this hetbench does not know."""
+    if name not in REGISTRY:
+        from hetbench.benchmarks import load
+
+        load()
+    declared_ = getattr(REGISTRY.get(name), "presentation", None)
+    return declared_ if isinstance(declared_, Presentation) else _generic_presentation(name)

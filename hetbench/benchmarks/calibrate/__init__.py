@@ -264,6 +264,7 @@ class Calibrate:
     summary = ("Measure each rank's GEMM rate per dtype and slice shape, its link to the root and its free "
                "memory: the profile `hetbench split --weights PROFILE.json` reuses.")
     columns = COLUMNS
+    from hetbench.benchmarks.calibrate.present import PRESENTATION as presentation  # report, compare, the page
 
     def options(self) -> list[click.Parameter]:
         return [

@@ -66,6 +66,7 @@ class Collectives:
     name = "collectives"
     summary = "Collective benchmarks across the ranks' devices, with nccl-tests' algbw and busbw."
     columns = COLUMNS
+    from hetbench.benchmarks.collectives.present import PRESENTATION as presentation  # report, compare, the page
 
     def options(self) -> list[click.Parameter]:
         return [

@@ -74,6 +74,7 @@ class Matmul:
     name = "matmul"
     summary = "Per-rank GEMM on each rank's device, summed to the root over MPI, verified and timed."
     columns = COLUMNS
+    from hetbench.benchmarks.matmul.present import PRESENTATION as presentation  # report, compare, the page
 
     def options(self) -> list[click.Parameter]:
         return [

@@ -81,6 +81,7 @@ class Split:
     summary = ("One GEMM sliced across the ranks' devices by their measured speed, gathered at the root, verified, "
                "and measured beside the even split.")
     columns = COLUMNS
+    from hetbench.benchmarks.split.present import PRESENTATION as presentation  # report, compare, the page
 
     def options(self) -> list[click.Parameter]:
         return [

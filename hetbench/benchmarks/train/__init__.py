@@ -64,6 +64,7 @@ class Train:
                "process: hetbench's MLP (fsdp, ddp, pipeline) or, with --frontend torch, a PyTorch MLP or GPT (torch's "
                "ddp, fsdp2, or hetbench's uneven fsdp) over the hetbench backend; shares by weights.")
     columns = COLUMNS
+    from hetbench.benchmarks.train.present import PRESENTATION as presentation  # report, compare, the page
 
     def options(self) -> list[click.Parameter]:
         return [

@@ -1,0 +1,131 @@
+"""How `report`, `compare` and the HTML page show `hetbench train`'s runs, either front end (drawn by
+hetbench/report/): the loss at the first and last step, the samples per second, each rank's share and how much of
+the gathers' time prefetching hid; each rank's row and where its step went, and the series logged over the steps;
+compare tests the step time and each rank's compute and communication on the steps, and shows the last loss's
+change (one value a run: no significance verdict)."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from hetbench.benchmarks.base import (
+    Column,
+    Compared,
+    CompareRows,
+    PlotSpec,
+    Presentation,
+    Row,
+    RunFigure,
+    Table,
+    columns_of,
+    rank_label,
+    raw_of,
+    shown,
+)
+
+NAME = "train"
+RUN_MATCH = ("frontend", "strategy", "model", "dtype", "layers", "hidden", "batch")
+RANK_MATCH = ("rank", "backend", "device", "strategy")
+TIME_PARTS = ("compute_seconds_median", "comm_seconds_median", "idle_seconds_median")
+
+# the run's figures compare reads (summary), as one row
+RUN_COLUMNS: tuple[Column, ...] = (
+    Column("step_seconds_median", "step", "ms", 1e3, better="lower"),
+    Column("samples_per_second", "throughput", "samples/s", better="higher"),
+    Column("loss_last", "loss at the last step", digits=4, better="lower"),
+)
+
+
+@cache
+def rank_columns() -> tuple[Column, ...]:
+    """Each rank's row as the command's compact table shows it."""
+    return tuple(c for c in columns_of(NAME) if c.shown(False))
+
+
+def _frontend(document: dict[str, Any]) -> str:
+    summary, config = document.get("summary") or {}, document.get("config") or {}
+    return str(summary.get("frontend") or config.get("frontend") or "numpy")
+
+
+def run_figures(document: dict[str, Any]) -> list[RunFigure]:
+    summary, config = document.get("summary") or {}, document.get("config") or {}
+    frontend = _frontend(document)
+    model = f", model {config.get('model')}" if frontend == "torch" and config.get("model") else ""
+    shares = summary.get("shares")
+    check = summary.get("check")
+    return [
+        RunFigure("frontend", "front end, strategy", f"{frontend}, {summary.get('strategy')}{model}"),
+        RunFigure("model", "layers x hidden, batch, steps, dtype",
+                  f"{config.get('layers')} x {config.get('hidden')}, {config.get('batch')}, {summary.get('steps')}, "
+                  f"{summary.get('dtype', config.get('dtype'))}", headline=False),
+        RunFigure("loss_first", f"loss at step {summary.get('first_step') or 0}", shown(summary.get("loss_first")),
+                  digits=4),
+        RunFigure("loss_last", "loss at the last step", shown(summary.get("loss_last")), digits=4),
+        RunFigure("samples_per_second", "throughput", shown(summary.get("samples_per_second")), "samples/s",
+                  note=f"the global batch over the median step ({summary.get('step_timing') or 'wall time'})"),
+        RunFigure("shares", "shares", f"{summary.get('shares_of')} {', '.join(map(str, shares))}"
+                  if isinstance(shares, list) else "-", note=f"weights {summary.get('weights_kind')}"),
+        RunFigure("comm_hidden_percent", "comm hidden", shown(summary.get("comm_hidden_percent")), "%",
+                  note="fsdp's prefetch: the share of the layer gathers' time hidden behind compute"),
+        RunFigure("verified", "checks", "not checked" if check is None else "passed" if check.get("ok") else "FAILED",
+                  headline=False),
+    ]
+
+
+def tables(document: dict[str, Any]) -> list[Table]:
+    return [Table("rows", "per rank", rank_columns(), document["rows"])]
+
+
+PLOTS = (
+    PlotSpec("stacked", "train-time", panels=(TIME_PARTS,), label=rank_label, axis="time of one step, median (ms)",
+             title=lambda rows, run: f"train: where each rank's step went (run {run})"),
+)
+
+
+def _timed_steps(document: dict[str, Any]) -> list[dict[str, Any]]:
+    """The steps the timing figures are the medians of: those after the run's --warmup-steps."""
+    steps = document.get("steps")
+    warmup = (document.get("summary") or {}).get("warmup_steps") or 0
+    return [s for s in steps[warmup:] if isinstance(s, dict)] if isinstance(steps, list) else []
+
+
+def run_rows(document: dict[str, Any]) -> list[Row]:
+    """The run's figures as one row, with each timed step's seconds as its repeats."""
+    summary, config = document.get("summary") or {}, document.get("config") or {}
+    row: Row = {"frontend": _frontend(document), "strategy": summary.get("strategy", config.get("strategy")),
+                "model": config.get("model", "mlp"), "dtype": summary.get("dtype", config.get("dtype")),
+                **{k: config.get(k) for k in ("layers", "hidden", "batch")},
+                **{c.key: summary.get(c.key) for c in RUN_COLUMNS},
+                "raw": {"step_seconds": [s.get("step_seconds") for s in _timed_steps(document)]}}
+    return [row]
+
+
+def rank_rows(document: dict[str, Any]) -> list[Row]:
+    """Each rank's row, with its compute and communication seconds of each timed step (the document's step log)."""
+    steps = _timed_steps(document)
+    out = []
+    for row in document["rows"]:
+        per_step = [next((r for r in s.get("ranks") or [] if r.get("rank") == row.get("rank")), {}) for s in steps]
+        out.append({**row, "raw": {k: [r.get(k) for r in per_step] for k in ("compute_seconds", "comm_seconds")}})
+    return out
+
+
+def _compare() -> tuple[CompareRows, ...]:
+    run = {c.key: c for c in RUN_COLUMNS}
+    ranks = {c.key: c for c in columns_of(NAME)}
+    return (
+        CompareRows(rows=run_rows, match=RUN_MATCH,
+                    figures=(Compared(run["step_seconds_median"], raw_of("step_seconds")),
+                             Compared(run["samples_per_second"], raw_of("step_seconds")),
+                             Compared(run["loss_last"], None)),
+                    describe=lambda r: f"{r.get('frontend')} {r.get('strategy')} {r.get('model')} {r.get('dtype')} "
+                                       f"{r.get('layers')}x{r.get('hidden')} batch {r.get('batch')}"),
+        CompareRows(rows=rank_rows, match=RANK_MATCH,
+                    figures=(Compared(ranks["compute_seconds_median"], raw_of("compute_seconds")),
+                             Compared(ranks["comm_seconds_median"], raw_of("comm_seconds"))),
+                    describe=lambda r: f"rank {r.get('rank')} {r.get('backend')} {r.get('device')}"),
+    )
+
+
+PRESENTATION = Presentation(run_figures, tables, PLOTS, _compare)
