@@ -14,11 +14,12 @@ import pytest
 
 from conftest import REPO, Run, needs_mpi, run_cli
 from hetbench.report.compare import FASTER, NO_RAW, NOT_SIGNIFICANT, SLOWER, compare_documents
-from hetbench.report.figures import COLLECTIVES, MATMUL
+from hetbench.report.figures import for_benchmark
 from hetbench.report.significance import betainc, t_cdf, t_two_sided_p, welch_t_test
 from hetbench.results import load_results, write_json_atomic
 
 DATA = REPO / "tests" / "data"
+MATMUL, COLLECTIVES = for_benchmark("matmul"), for_benchmark("collectives")
 
 # --- the statistics, against values known independently ----------------------------------------------------------
 
@@ -312,15 +313,21 @@ def test_compare_refuses_a_folder(tmp_path: Path) -> None:
 
 def test_report_figures_are_the_declared_columns() -> None:
     """report and compare read each figure's unit, scale, digits, modelled flag and direction from the columns the
-    benchmark declares: one declaration, not two to keep in step."""
-    from hetbench.benchmarks.base import columns_of
-    from hetbench.report import figures
+    benchmark declares: one declaration, not two to keep in step (a plot may word a figure otherwise)."""
+    from hetbench.benchmarks.base import columns_of, declared
+    from hetbench.report.compare import compared_rows
 
-    for bench in (figures.MATMUL, figures.COLLECTIVES):
-        columns = {c.key: c for c in columns_of(bench.name)}
-        for fig in bench.rows:
-            column = columns[fig.key]
-            assert (fig.scale, fig.digits, fig.modelled) == (column.scale, column.digits, bool(column.modelled))
-            assert fig.better == (column.better or "lower") and fig.unit in (column.unit, column.label, "%")
+    for name in ("matmul", "collectives", "calibrate", "split", "train"):
+        presentation = for_benchmark(name)
+        columns = {c.key: c for c in columns_of(name)}
+        shown = [c for rows in compared_rows(presentation) for c in (f.column for f in rows.figures)]
+        assert shown, name
+        for column in shown:
+            if column.key not in columns:  # a figure of the summary, declared by the presentation itself
+                continue
+            declared_ = columns[column.key]
+            assert (column.scale, column.digits, column.modelled, column.better) == (
+                declared_.scale, declared_.digits, declared_.modelled, declared_.better), (name, column.key)
+            assert column.unit in (declared_.unit, declared_.label, "%")
     with pytest.raises(LookupError, match="declares no column 'nope'"):
-        figures.declared("matmul", "nope")
+        declared("matmul", "nope")

@@ -18,7 +18,8 @@ from hetbench.dtypes import DTYPES
 from hetbench.benchmarks.collectives import run as harness
 from hetbench.report import significance
 from hetbench.report.compare import FASTER, NOT_SIGNIFICANT, SLOWER, compare_documents
-from hetbench.report.figures import COLLECTIVES, slowest_rank_op_us
+from hetbench.benchmarks.collectives.present import slowest_rank_op_us
+from hetbench.report.figures import for_benchmark
 from hetbench.results import load_results, write_json_atomic
 
 # eight repeats (us) and the same shifted: equal variances, so Welch's df is 2 (n - 1) = 14
@@ -27,6 +28,7 @@ SHIFT_P_BETWEEN_05_AND_10 = 2.5  # p = 0.082
 SHIFT_P_BETWEEN_01_AND_05 = 3.25  # p = 0.029
 # Student's t table, two-tailed, df 14 (any statistics textbook's appendix)
 T_CRITICAL_DF14 = {0.10: 1.761, 0.05: 2.145, 0.01: 2.977}
+COLLECTIVES = for_benchmark("collectives")
 
 
 def test_the_example_pairs_fall_between_the_common_thresholds():

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from hetbench.report.figures import COLLECTIVES, MATMUL
+from hetbench.benchmarks.collectives.present import describe as describe_collectives
+from hetbench.report.figures import for_benchmark
 from hetbench.results import load_results
 from hetbench.results.runs import Run
 
@@ -26,6 +27,19 @@ SHOWN = {
     "op_us_median": ("us", 1.0), "algbw_gbps": ("GB/s", 1.0), "busbw_gbps": ("GB/s", 1.0),
     "end_to_end_us_median": ("us", 1.0), "end_to_end_algbw_gbps": ("GB/s", 1.0),
 }
+# which row field says a figure was modelled: a simulated device's GEMM and copies, a host path's modelled copies;
+# MPI's times (the reduce, a collective's own time and bandwidths) are measured always
+MODELLED_BY = {
+    "gemm_seconds_median": "device_timing", "gemm_tflops": "device_timing", "peak_percent": "device_timing",
+    "h2d_seconds": "device_timing", "d2h_seconds": "device_timing", "h2d_gbps": "device_timing",
+    "d2h_gbps": "device_timing", "end_to_end_us_median": "copy_timing", "end_to_end_algbw_gbps": "copy_timing",
+}
+
+
+def run_figures(doc: dict) -> dict[str, str]:
+    """The runs table's cells of a document, by title."""
+    benchmark = doc["schema"].removeprefix("hetbench.")
+    return {f.title: f.text for f in for_benchmark(benchmark).run_figures(doc) if f.table}
 
 
 def g3(value: float) -> str:
@@ -59,19 +73,19 @@ def _collectives() -> dict:
 
 def test_matmul_run_figures_recompute_from_the_summary():
     doc = _matmul(aggregate_gemm_tflops=0.123456, end_to_end_seconds=0.0123456, end_to_end_timing="measured")
-    figures = dict(MATMUL.run_figures(doc))
+    figures = run_figures(doc)
     assert figures["m x n x k"] == "64x64x64" and figures["dtype"] == "fp32"
     assert figures["aggregate GEMM (TFLOP/s)"] == "0.123"
     assert figures["end-to-end (ms)"] == "12.3"  # 0.0123456 s
     assert figures["checks"] == "passed"
-    modelled = dict(MATMUL.run_figures(_matmul(end_to_end_seconds=2.5e-4, end_to_end_timing="modelled")))
+    modelled = run_figures(_matmul(end_to_end_seconds=2.5e-4, end_to_end_timing="modelled"))
     assert modelled["end-to-end (ms)"] == "~0.25" and modelled["aggregate GEMM (TFLOP/s)"] == "~0.105"
-    assert dict(MATMUL.run_figures(_matmul(verified=False)))["checks"] == "FAILED"
+    assert run_figures(_matmul(verified=False))["checks"] == "FAILED"
 
 
 def test_collectives_run_figures_recompute_from_the_rows_and_summary():
     doc = _collectives()
-    figures = dict(COLLECTIVES.run_figures(doc))
+    figures = run_figures(doc)
     assert figures["ops/paths"] == "allreduce/host, bcast/host"
     sizes = [r["size_bytes"] for r in doc["rows"]]
     assert (min(sizes), max(sizes)) == (256, 1024) and sizes[0] != 256 and sizes[-1] != 1024
@@ -82,7 +96,7 @@ def test_collectives_run_figures_recompute_from_the_rows_and_summary():
     assert figures["peak busbw (GB/s)"] == "6.5"
     assert figures["#wrong"] == "7"
     doc["summary"]["checked"] = False
-    assert dict(COLLECTIVES.run_figures(doc))["#wrong"] == "not checked"
+    assert run_figures(doc)["#wrong"] == "not checked"
 
 
 def _runs() -> list[Run]:
@@ -149,18 +163,18 @@ def test_the_page_shows_the_same_run_figures_and_each_rows_figures_in_their_unit
     assert [r["aggregate GEMM (TFLOP/s)"][0] for r in section["rows"]] == ["1.5", "~0.75"]
     assert [r["end-to-end (ms)"][0] for r in section["rows"]] == ["2", "~250"]
     for run in (Run(Path("m.json"), _matmul()), Run(Path("c.json"), _collectives())):
-        figures = MATMUL if run.benchmark == "matmul" else COLLECTIVES
+        (declared,) = for_benchmark(run.benchmark).tables(run.document)
+        titles = {c.key: c.header(True) for c in declared.columns}
         (table,) = _html_tables(rows_table(run))
         assert len(table["rows"]) == len(run.rows)
         for row, cells in zip(run.rows, table["rows"]):
             for key, (unit, scale) in SHOWN.items():
                 if key not in row:
                     continue
-                title = next(t for t in table["head"] if t.endswith(f"({unit})") and
-                             t == figures.figure(key).title)
+                title = next(t for t in table["head"] if t.endswith(f"({unit})") and t == titles[key])
                 text, css, _ = cells[title]
                 value = row[key]
-                modelled = figures.figure(key).modelled and figures.row_modelled(row)
+                modelled = key in MODELLED_BY and row.get(MODELLED_BY[key]) == "modelled"
                 want = "-" if value is None else ("~" if modelled else "") + g4(value * scale)
                 assert text == want, (run.benchmark, key, text, want)
                 assert ("modelled" in css) == modelled, key
@@ -201,10 +215,10 @@ def test_the_closing_lines_shown_again(capsys):
 ])
 def test_the_run_figures_number_format(tflops, shown):
     doc = _matmul(aggregate_gemm_tflops=tflops, end_to_end_timing="measured")
-    assert dict(MATMUL.run_figures(doc))["aggregate GEMM (TFLOP/s)"] == shown
+    assert run_figures(doc)["aggregate GEMM (TFLOP/s)"] == shown
     # the same format after the unit's scale: seconds shown in ms
     doc = _matmul(end_to_end_seconds=tflops / 1e3, end_to_end_timing="measured")
-    assert dict(MATMUL.run_figures(doc))["end-to-end (ms)"] == shown
+    assert run_figures(doc)["end-to-end (ms)"] == shown
 
 
 @pytest.mark.parametrize("nbytes, shown", [
@@ -217,11 +231,11 @@ def test_sizes_in_words(nbytes, shown):
     """A size in the largest binary unit it is a whole number of: what a collectives row's label and the runs
     table's size range say."""
     row = {"op": "allreduce", "path": "host", "size_bytes": nbytes, "dtype": "fp32"}
-    assert COLLECTIVES.describe(row) == f"allreduce host {shown} fp32"
+    assert describe_collectives(row) == f"allreduce host {shown} fp32"
     doc = _collectives()
     doc["rows"][0]["size_bytes"] = nbytes  # the smallest size of the others is 256 B, the largest 1 KiB
     smallest, largest = (shown, "1 KiB") if nbytes < 256 else ("256 B", shown if nbytes > 1024 else "1 KiB")
-    assert dict(COLLECTIVES.run_figures(doc))["sizes"] == f"{smallest} .. {largest}"
+    assert run_figures(doc)["sizes"] == f"{smallest} .. {largest}"
 
 
 def test_a_collectives_rows_end_to_end_figures_are_modelled_exactly_where_its_copies_are():
@@ -241,7 +255,9 @@ def test_a_collectives_rows_end_to_end_figures_are_modelled_exactly_where_its_co
             assert cells[title][0].startswith("~") == (timing == "modelled"), (title, timing, cells[title])
         for title in ("time (us)", "algbw (GB/s)", "busbw (GB/s)"):
             assert not cells[title][0].startswith("~"), (title, timing)
-    assert [COLLECTIVES.is_modelled(COLLECTIVES.figure("end_to_end_us_median"), r) for r in doc["rows"]] == \
+    (rows,) = for_benchmark("collectives").tables(doc)
+    end_to_end = next(c for c in rows.columns if c.key == "end_to_end_us_median")
+    assert [end_to_end.is_modelled(r) for r in doc["rows"]] == \
         [t == "modelled" for t in timings]
 
 

@@ -18,8 +18,11 @@ from hetbench.results import ResultsFileError, load_results
                    "rate that falls, by that much).")
 @click.option("--json", "json_stdout", is_flag=True, help="Print the comparison as JSON on stdout and nothing else.")
 def compare(base: Path, new: Path, fail_on_slowdown: float | None, json_stdout: bool) -> int:
-    """Compare two results files of one benchmark: BASE (before) and NEW (after)."""
-    from hetbench.report.compare import compare_documents
+    """Compare two results files of one benchmark: BASE (before) and NEW (after). Each figure with repeats in the
+    files (a matmul's GEMMs, a collective's iterations, a split's or a training run's steps, a calibration's GEMMs)
+    is tested for significance; one held once per run gets its change alone."""
+    from hetbench.benchmarks.base import REGISTRY
+    from hetbench.report.compare import compare_documents, compared_rows
     from hetbench.report.figures import for_benchmark
 
     documents = []
@@ -35,14 +38,17 @@ def compare(base: Path, new: Path, fail_on_slowdown: float | None, json_stdout: 
         raise click.UsageError(f"{str(base)!r} is a {schemas[0]} run but {str(new)!r} is a {schemas[1]} run; "
                                "compare takes two runs of one benchmark")
     benchmark = schemas[0].removeprefix("hetbench.")
-    figures = for_benchmark(benchmark)
-    if figures is None:
+    presentation = for_benchmark(benchmark)
+    compared = compared_rows(presentation)
+    if not compared:
+        comparable = [name for name in REGISTRY if compared_rows(for_benchmark(name))]
         raise click.UsageError(f"{str(base)!r}: this hetbench cannot compare {schemas[0]} runs "
-                               "(it compares matmul and collectives)")
-    comparison = compare_documents(figures, documents[0], documents[1], str(base), str(new))
+                               f"(it compares {', '.join(comparable)})")
+    comparison = compare_documents(presentation, documents[0], documents[1], str(base), str(new))
     if not comparison.changes:
+        matched = "; ".join(", ".join(rows.match) for rows in compared)
         raise click.UsageError(f"no row of {str(new)!r} matches a row of {str(base)!r} (rows are matched on "
-                               f"{', '.join(figures.match)}): they measured different things")
+                               f"{matched}): they measured different things")
     failed = fail_on_slowdown is not None and bool(comparison.slowdowns_over(fail_on_slowdown))
 
     if json_stdout:

@@ -1,16 +1,19 @@
 """Two runs of one benchmark side by side: rows matched on what they measured, the change of each key figure,
-and whether it is significant on the raw per-repeat values (after pyperf's compare_to). Plain data; the table is
-drawn by report/tables.py."""
+and whether it is significant on the raw per-repeat values (after pyperf's compare_to). Which rows, figures and
+repeats are the benchmark's own declaration (its presentation's `compare`); a figure a document holds once per run
+(no repeats) gets its change without a verdict. Plain data; the table is drawn by report/tables.py."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from hetbench.report.figures import BenchmarkFigures
+from hetbench.benchmarks.base import CompareRows, Presentation
+from hetbench.report.figures import better, value
 from hetbench.report.significance import ALPHA, welch_t_test
 
 FASTER, SLOWER, NOT_SIGNIFICANT, NO_RAW = "faster", "slower", "not significant", "no raw values"
+ONE_VALUE = "one value, not tested"  # a figure the documents hold once per run: the change alone, no verdict
 
 
 @dataclass
@@ -52,8 +55,13 @@ class Comparison:
                 "only_in_base": self.only_in_base, "only_in_new": self.only_in_new}
 
 
-def _key(figures: BenchmarkFigures, row: dict[str, Any]) -> tuple:
-    return tuple(row.get(k) for k in figures.match)
+def compared_rows(presentation: Presentation) -> tuple[CompareRows, ...]:
+    """What compare matches and tests for a benchmark; () where it compares nothing."""
+    return presentation.compare() if presentation.compare is not None else ()
+
+
+def _key(rows: CompareRows, row: dict[str, Any]) -> tuple:
+    return tuple(row.get(k) for k in rows.match)
 
 
 def _slowdown(base: float, new: float, better: str) -> float:
@@ -63,46 +71,56 @@ def _slowdown(base: float, new: float, better: str) -> float:
     return (ratio - 1.0) * 100.0
 
 
-def compare_documents(figures: BenchmarkFigures, base: dict[str, Any], new: dict[str, Any], base_path: str,
+def compare_documents(presentation: Presentation, base: dict[str, Any], new: dict[str, Any], base_path: str,
                       new_path: str) -> Comparison:
-    result = Comparison(figures.name, base_path, new_path)
-    new_rows = {_key(figures, r): r for r in new["rows"]}
+    result = Comparison(str(base.get("schema", "")).removeprefix("hetbench."), base_path, new_path)
+    for rows in compared_rows(presentation):
+        _compare_rows(result, rows, base, new)
+    return result
+
+
+def _compare_rows(result: Comparison, rows: CompareRows, base: dict[str, Any], new: dict[str, Any]) -> None:
+    new_rows = {_key(rows, r): r for r in rows.rows(new)}
     base_keys = set()
-    for b in base["rows"]:
-        key = _key(figures, b)
+    for b in rows.rows(base):
+        key = _key(rows, b)
         base_keys.add(key)
         n = new_rows.get(key)
-        label = figures.row_label(b)
+        label = rows.describe(b)
         if n is None:
             result.only_in_base.append(label)
             continue
-        for compared in figures.compared:
-            fig = compared.figure
-            bv, nv = fig.value(b), fig.value(n)
+        for compared in rows.figures:
+            fig = compared.column
+            bv, nv = value(fig, b), value(fig, n)
             change = None if bv is None or nv is None or bv == 0 else (nv - bv) / bv * 100.0
-            slowdown = None if bv is None or nv is None or bv <= 0 or nv <= 0 else _slowdown(bv, nv, fig.better)
-            bs, ns = compared.times(b), compared.times(n)
-            test = welch_t_test(bs, ns) if bs is not None and ns is not None else None
-            if bv is None or nv is None:
-                verdict = NO_RAW if bv is None and nv is None else NOT_SIGNIFICANT
-            elif test is None:
-                verdict = NO_RAW
-            elif not test.significant:
-                verdict = NOT_SIGNIFICANT
+            slowdown = None if bv is None or nv is None or bv <= 0 or nv <= 0 else _slowdown(bv, nv, better(fig))
+            test = None
+            if compared.times is None:  # one value a run: nothing to test
+                verdict = ONE_VALUE
             else:
-                # the tested values are times; a significant test never has equal means (welch_t_test gives p = 1
-                # to means within 1e-12 of each other), so > and >= cannot differ here
-                mean_worse = test.mean_new > test.mean_base  # mutation: equivalent (the means differ: see above)
-                median_worse = slowdown is not None and slowdown > 0
-                median_better = slowdown is not None and slowdown < 0
-                # the test judges the means, the table shows the medians: where they point different ways (or the
-                # medians do not move, or have no slowdown), the difference is not one to act on
-                verdict = (SLOWER if mean_worse and median_worse else FASTER if not mean_worse and median_better
-                           else NOT_SIGNIFICANT)
+                bs, ns = compared.times(b), compared.times(n)
+                test = welch_t_test(bs, ns) if bs is not None and ns is not None else None
+                if bv is None or nv is None:
+                    verdict = NO_RAW if bv is None and nv is None else NOT_SIGNIFICANT
+                elif test is None:
+                    verdict = NO_RAW
+                elif not test.significant:
+                    verdict = NOT_SIGNIFICANT
+                else:
+                    # the tested values are times; a significant test never has equal means (welch_t_test gives p = 1
+                    # to means within 1e-12 of each other), so > and >= cannot differ here
+                    mean_worse = test.mean_new > test.mean_base  # mutation: equivalent (the means differ: see above)
+                    median_worse = slowdown is not None and slowdown > 0
+                    median_better = slowdown is not None and slowdown < 0
+                    # the test judges the means, the table shows the medians: where they point different ways (or the
+                    # medians do not move, or have no slowdown), the difference is not one to act on
+                    verdict = (SLOWER if mean_worse and median_worse else FASTER if not mean_worse and median_better
+                               else NOT_SIGNIFICANT)
             result.changes.append(FigureChange(
-                row=label, match={k: b.get(k) for k in figures.match}, key=fig.key, label=fig.label, unit=fig.unit,
+                row=label, match={k: b.get(k) for k in rows.match}, key=fig.key, label=fig.label, unit=fig.unit,
                 base=bv, new=nv, change_percent=change, slowdown_percent=slowdown,
                 p_value=None if test is None else test.p, verdict=verdict,
-                modelled=figures.is_modelled(fig, b) or figures.is_modelled(fig, n)))
-    result.only_in_new = [figures.row_label(r) for k, r in new_rows.items() if k not in base_keys]
-    return result
+                modelled=fig.is_modelled(b) or fig.is_modelled(n)))
+    result.only_in_new += [rows.describe(r) for k, r in new_rows.items() if k not in base_keys]
+

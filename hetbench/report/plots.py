@@ -3,7 +3,10 @@
 Measured points are drawn filled (solid bars, filled markers, solid lines); modelled ones hollow (hatched bars,
 hollow markers, dashed lines), and the legend says which is which. Every plot keeps the numbers it drew
 (`Plot.series`), so a page can show them beside the picture and a test can check them against the results.
-The functions take plain rows (dicts), so rows of several runs and sizes can be drawn together.
+What is drawn is each benchmark's declaration (its presentation's `plots`, hetbench/benchmarks/base.py PlotSpec:
+bars, stacked, lines, sweep) over its tables' rows (plain dicts, so rows of several runs and sizes can be drawn
+together); this module knows the kinds, not the benchmarks. Anything a document logs over steps is drawn for any
+benchmark.
 """
 
 from __future__ import annotations
@@ -13,18 +16,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
-from hetbench.report.figures import (
-    ALGBW,
-    BUSBW,
-    COLLECTIVES,
-    END_TO_END_US,
-    GEMM_TFLOPS,
-    MATMUL,
-    MATMUL_TIME_PARTS,
-    OP_US,
-    PEAK_PERCENT,
-    numeric_series_keys,
-)
+from hetbench.benchmarks.base import Column, PlotSpec, Table, number_text
+from hetbench.report.figures import for_benchmark, numeric_series_keys, title, value
 from hetbench.results.runs import Run
 
 INSTALL_HINT = "pip install 'hetbench[report]'"
@@ -73,14 +66,15 @@ class Series:
 @dataclass
 class Plot:
     id: str  # unique in a report, usable as a file name and an HTML id
-    kind: str  # matmul-throughput, matmul-time, matmul-size, collectives-op, steps
+    kind: str  # the spec's id (matmul-throughput, collectives, ...) or "steps"
     title: str
     figure: Any
     series: list[Series]
     run_ids: list[str]
+    benchmark: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "kind": self.kind, "title": self.title, "run_ids": self.run_ids,
+        return {"id": self.id, "kind": self.kind, "benchmark": self.benchmark, "title": self.title, "run_ids": self.run_ids,
                 "series": [s.to_dict() for s in self.series]}
 
     def render(self, fmt: str, dpi: int = 110) -> bytes:
@@ -137,204 +131,248 @@ def _timing_handles(any_measured: bool, any_modelled: bool, kind: str) -> list[A
     return out
 
 
-def _rank_label(row: dict[str, Any]) -> str:
-    device = str(row.get("device", ""))
-    device = device if len(device) <= 26 else device[:25] + "…"
-    return f"rank {row.get('rank')} {row.get('backend')}\n{device}"
+
+def _bar_labels(spec: PlotSpec, rows: list[dict[str, Any]]) -> list[str]:
+    return [spec.label(r) if spec.label is not None else str(i) for i, r in enumerate(rows)]
 
 
-def _bars(ax: Any, labels: list[str], values: list[float | None], modelled: list[bool], color: str,
-          horizontal: bool = False, left: list[float] | None = None) -> None:
-    for i, (v, mod) in enumerate(zip(values, modelled)):
-        if v is None:
-            continue
-        style = dict(facecolor="white", edgecolor=color, hatch=HATCH, linewidth=1.2) if mod else \
-            dict(facecolor=color, edgecolor=color)
-        if horizontal:
-            ax.barh(i, v, left=0 if left is None else left[i], height=0.6, **style)
-        else:
-            ax.bar(i, v, width=0.6, **style)
-    ticks = range(len(labels))
-    if horizontal:
-        ax.set_yticks(list(ticks), labels, fontsize="small")
-        ax.invert_yaxis()
-    else:
-        ax.set_xticks(list(ticks), labels, fontsize="small")
+def _point(x: Any, y: float | None, modelled: bool, row: dict[str, Any], texts: Sequence[str],
+           **more: Any) -> dict[str, Any]:
+    """One drawn point and which row it came from (the run, and the row's naming fields)."""
+    return {"x": x, "y": y, "modelled": modelled, "run_id": row.get("run_id"),
+            **{k: row.get(k) for k in texts if k in row}, **more}
 
 
-def _largest_size_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    def volume(r: dict[str, Any]) -> int:
-        return int(r.get("m") or 0) * int(r.get("n") or 0) * int(r.get("k") or 0)
+def _panels(spec: PlotSpec, columns: dict[str, Column], rows: list[dict[str, Any]]) -> list[tuple[int, list[Column]]]:
+    """(panel index, its figures) of the panels with a value to draw; figures the table does not have are left out."""
+    out = []
+    for i, keys in enumerate(spec.panels):
+        figures = [columns[k] for k in keys if k in columns]
+        figures = [c for c in figures if any(value(c, r) is not None for r in rows)]
+        if figures:
+            out.append((i, figures))
+    return out
 
-    largest = max((volume(r) for r in rows), default=0)
-    return [r for r in rows if volume(r) == largest]
+
+def _at(values: tuple[str, ...], i: int, default: str) -> str:
+    return values[i] if i < len(values) and values[i] else default
 
 
-def _size_text_mnk(row: dict[str, Any]) -> str:
-    return f"{row.get('m')}x{row.get('n')}x{row.get('k')}"
-
-
-def matmul_throughput(rows: list[dict[str, Any]], run_id: str, plot_id: str | None = None) -> Plot:
-    """TFLOP/s and % of the device's peak, one bar per rank (rows of one size: the largest given)."""
-    rows = _largest_size_rows(rows)
-    fig, (ax_rate, ax_peak) = _new_figure(2)
-    labels = [_rank_label(r) for r in rows]
-    modelled = [MATMUL.row_modelled(r) for r in rows]
+def bars(spec: PlotSpec, table: Table, rows: list[dict[str, Any]], run_id: str, plot_id: str) -> Plot | None:
+    """Per run: one panel per entry of spec.panels, one bar per row, a panel's figures side by side; modelled bars
+    hatched, the value written above each bar (spec.absent where the row has none)."""
+    columns = {c.key: c for c in table.columns}
+    panels = _panels(spec, columns, rows)
+    if not rows or not panels:
+        return None
+    texts = [c.key for c in table.columns if c.text]
+    fig, axes = _new_figure(len(panels))
+    labels = _bar_labels(spec, rows)
     series = []
-    for ax, fig_def, color in ((ax_rate, GEMM_TFLOPS, "C0"), (ax_peak, PEAK_PERCENT, "C2")):
-        values = [fig_def.value(r) for r in rows]
-        _bars(ax, labels, values, modelled, color)
-        ax.set_ylabel(fig_def.title)
-        ax.set_title("GEMM throughput as % of the device's peak" if fig_def is PEAK_PERCENT else
-                     f"GEMM throughput ({fig_def.unit})", fontsize="medium")
-        ax.grid(True, axis="y", alpha=0.3)
-        for i, v in enumerate(values):
-            ax.annotate("no peak known" if v is None else f"{v:.3g}", (i, v or 0), ha="center", va="bottom",
-                        fontsize="x-small", xytext=(0, 2), textcoords="offset points")
-        series.append(Series(fig_def.label, fig_def.title, "rank", fig_def.title, [
-            {"x": lab.replace("\n", " "), "y": v, "modelled": mod, "run_id": run_id, "rank": r.get("rank")}
-            for lab, v, mod, r in zip(labels, values, modelled, rows)]))
-    ax_rate.legend(handles=_timing_handles(not all(modelled), any(modelled), "bar"), fontsize="small")
-    size = _size_text_mnk(rows[0]) if rows else "-"
-    title = f"matmul {size} {rows[0].get('dtype') if rows else ''}: throughput per rank (run {run_id})"
-    fig.suptitle(title)
-    return Plot(plot_id or f"matmul-throughput-{run_id}", "matmul-throughput", title, fig, series, [run_id])
-
-
-def matmul_time_breakdown(rows: list[dict[str, Any]], run_id: str, plot_id: str | None = None) -> Plot:
-    """Where one matmul's time went on each rank: upload, GEMM, download, reduce, stacked (ms and % of the rank's
-    total); modelled parts hatched."""
-    rows = _largest_size_rows(rows)
-    fig, (ax_ms, ax_share) = _new_figure(2, width=6.5, height=1.6 + 0.7 * max(1, len(rows)))
-    labels = [_rank_label(r) for r in rows]
-    totals = [sum(p.value(r) or 0.0 for p in MATMUL_TIME_PARTS) for r in rows]
-    left_ms = [0.0] * len(rows)
-    left_share = [0.0] * len(rows)
+    any_measured = any_modelled = False
     from matplotlib.patches import Patch
 
+    legends: list[list[Any]] = []
+    for ax, (p, figures) in zip(axes, panels):
+        width = 0.7 / len(figures)
+        figure_handles = []
+        for j, column in enumerate(figures):
+            color = f"C{(2 * p + j) % 10}"
+            values = [value(column, r) for r in rows]
+            modelled = [column.is_modelled(r) for r in rows]
+            any_modelled |= any(m for m, v in zip(modelled, values) if v is not None)
+            any_measured |= any(not m for m, v in zip(modelled, values) if v is not None)
+            for i, (v, mod) in enumerate(zip(values, modelled)):
+                at = i - 0.35 + width * (j + 0.5)
+                if v is not None:
+                    style = dict(facecolor="white", edgecolor=color, hatch=HATCH, linewidth=1.2) if mod else \
+                        dict(facecolor=color, edgecolor=color)
+                    ax.bar(at, v, width=width * 0.9, **style)
+                ax.annotate(spec.absent if v is None else number_text(v), (at, v or 0), ha="center", va="bottom",
+                            fontsize="x-small", xytext=(0, 2), textcoords="offset points")
+            figure_handles.append(Patch(facecolor=color, edgecolor=color, label=column.label))
+            series.append(Series(column.label, title(column), "row", title(column), [
+                _point(lab.replace("\n", " "), v, mod, r, texts) for lab, v, mod, r in zip(labels, values, modelled,
+                                                                                            rows)]))
+        ax.set_xticks(list(range(len(labels))), labels, fontsize="small")
+        ax.set_ylabel(_at(spec.y_labels, p, title(figures[0])))
+        ax.set_title(_at(spec.titles, p, title(figures[0])), fontsize="medium")
+        ax.grid(True, axis="y", alpha=0.3)
+        legends.append(figure_handles if len(figures) > 1 else [])
+    legends[0] = legends[0] + _timing_handles(any_measured, any_modelled, "bar")
+    for ax, handles in zip(axes, legends):
+        if handles:
+            ax.legend(handles=handles, fontsize="small")
+    heading = spec.title(rows, run_id) if spec.title is not None else f"{spec.id} (run {run_id})"
+    fig.suptitle(heading)
+    return Plot(plot_id, spec.id, heading, fig, series, [run_id])
+
+
+def stacked(spec: PlotSpec, table: Table, rows: list[dict[str, Any]], run_id: str, plot_id: str) -> Plot | None:
+    """Per run: where each row's time went, the figures of spec.panels[0] stacked (in their unit, and as shares of
+    the row's total); modelled parts hatched."""
+    columns = {c.key: c for c in table.columns}
+    parts = [columns[k] for k in (spec.panels[0] if spec.panels else ()) if k in columns]
+    if not rows or not any(value(c, r) is not None for c in parts for r in rows):
+        return None
+    from matplotlib.patches import Patch
+
+    texts = [c.key for c in table.columns if c.text]
+    fig, (ax_time, ax_share) = _new_figure(2, width=6.5, height=1.6 + 0.7 * max(1, len(rows)))
+    labels = _bar_labels(spec, rows)
+    totals = [sum(value(p, r) or 0.0 for p in parts) for r in rows]
+    left_time = [0.0] * len(rows)
+    left_share = [0.0] * len(rows)
     series = []
     part_handles: list[Any] = []
     any_measured = any_modelled = False
-    for i, part in enumerate(MATMUL_TIME_PARTS):
+    for i, part in enumerate(parts):
         color = f"C{i}"
-        values = [part.value(r) for r in rows]
-        modelled = [MATMUL.is_modelled(part, r) for r in rows]
+        values = [value(part, r) for r in rows]
+        modelled = [part.is_modelled(r) for r in rows]
         any_modelled |= any(m for m, v in zip(modelled, values) if v)
         any_measured |= any(not m for m, v in zip(modelled, values) if v)
         shares = [None if v is None or not t else 100.0 * v / t for v, t in zip(values, totals)]
-        _bars(ax_ms, labels, values, modelled, color, horizontal=True, left=left_ms)
-        _bars(ax_share, labels, shares, modelled, color, horizontal=True, left=left_share)
+        for ax, widths, left in ((ax_time, values, left_time), (ax_share, shares, left_share)):
+            for j, (v, mod) in enumerate(zip(widths, modelled)):
+                if v is None:
+                    continue
+                style = dict(facecolor="white", edgecolor=color, hatch=HATCH, linewidth=1.2) if mod else \
+                    dict(facecolor=color, edgecolor=color)
+                ax.barh(j, v, left=left[j], height=0.6, **style)
         part_handles.append(Patch(facecolor=color, edgecolor=color, label=part.label))
-        left_ms = [a + (v or 0.0) for a, v in zip(left_ms, values)]
+        left_time = [a + (v or 0.0) for a, v in zip(left_time, values)]
         left_share = [a + (v or 0.0) for a, v in zip(left_share, shares)]
-        series.append(Series("time", part.label, "rank", part.title, [
-            {"x": lab.replace("\n", " "), "y": v, "modelled": mod, "run_id": run_id, "rank": r.get("rank"),
-             "key": part.key}
+        series.append(Series("time", part.label, "row", title(part), [
+            _point(lab.replace("\n", " "), v, mod, r, texts, key=part.key)
             for lab, v, mod, r in zip(labels, values, modelled, rows)]))
-    ax_ms.set_xlabel("time of one matmul (ms)")
+    ax_time.set_yticks(list(range(len(labels))), labels, fontsize="small")
+    ax_time.invert_yaxis()
+    ax_share.set_yticks([])
+    ax_share.invert_yaxis()
+    units = {p.unit for p in parts}
+    ax_time.set_xlabel(spec.axis or (f"time ({units.pop()})" if len(units) == 1 else "time"))
     ax_share.set_xlabel("share of the rank's time (%)")
     ax_share.set_xlim(0, 100)
-    ax_share.set_yticks([])
-    for ax in (ax_ms, ax_share):
+    for ax in (ax_time, ax_share):
         ax.grid(True, axis="x", alpha=0.3)
     ax_share.legend(handles=part_handles + _timing_handles(any_measured, any_modelled, "bar"), fontsize="small",
                     loc="center left", bbox_to_anchor=(1.02, 0.5))
-    size = _size_text_mnk(rows[0]) if rows else "-"
-    title = f"matmul {size}: where one matmul's time went per rank (run {run_id})"
-    fig.suptitle(title)
-    return Plot(plot_id or f"matmul-time-{run_id}", "matmul-time", title, fig, series, [run_id])
+    heading = spec.title(rows, run_id) if spec.title is not None else f"{spec.id} (run {run_id})"
+    fig.suptitle(heading)
+    return Plot(plot_id, spec.id, heading, fig, series, [run_id])
 
 
-def matmul_vs_size(rows: list[dict[str, Any]], plot_id: str = "matmul-size") -> Plot:
-    """GEMM TFLOP/s against the size, one line per device (backend, device, dtype), from rows of any runs with
-    differing m, n, k. x is (m·n·k)^(1/3): n for square products."""
+def _nan(values: list[float | None]) -> list[float]:
+    return [float("nan") if v is None else v for v in values]
+
+
+def lines(spec: PlotSpec, table: Table, rows: list[dict[str, Any]], plot_id: str) -> Plot | None:
+    """Across runs: one figure against spec.x, one line per spec.group; drawn where the rows hold two x or more."""
+    columns = {c.key: c for c in table.columns}
+    keys = spec.panels[0] if spec.panels else ()
+    if not keys or keys[0] not in columns or spec.x is None:
+        return None
+    column = columns[keys[0]]
+    rows = [r for r in rows if value(column, r) is not None]
+    if len({spec.x(r) for r in rows}) < 2:
+        return None
+    texts = [c.key for c in table.columns if c.text]
     fig, (ax,) = _new_figure(1, width=8.0, height=4.8)
-    groups: dict[tuple, list[dict[str, Any]]] = {}
+    groups: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
-        if GEMM_TFLOPS.value(r) is not None:
-            groups.setdefault((r.get("backend"), r.get("device"), r.get("dtype")), []).append(r)
+        groups.setdefault(spec.group(r) if spec.group is not None else "", []).append(r)
     series = []
     any_measured = any_modelled = False
-    for i, ((backend, device, dtype), group) in enumerate(groups.items()):
-        group.sort(key=lambda r: (r["m"] * r["n"] * r["k"]))
-        modelled = MATMUL.row_modelled(group[0])
+    for i, (name, group) in enumerate(groups.items()):
+        group.sort(key=spec.x)
+        modelled = column.is_modelled(group[0])
         any_modelled |= modelled
         any_measured |= not modelled
-        xs = [(r["m"] * r["n"] * r["k"]) ** (1 / 3) for r in group]
-        ys = [GEMM_TFLOPS.value(r) for r in group]
+        xs = [spec.x(r) for r in group]
+        ys = [value(column, r) for r in group]
         color = f"C{i % 10}"
-        label = f"{backend} {device} {dtype}" + (" (modelled)" if modelled else "")
+        label = name + (" (modelled)" if modelled else "")
         ax.plot(xs, ys, linestyle="--" if modelled else "-", marker="o", color=color,
                 markerfacecolor="white" if modelled else color, label=label)
-        series.append(Series("throughput", label, "size (m·n·k)^(1/3)", GEMM_TFLOPS.title, [
-            {"x": x, "y": y, "modelled": modelled, "run_id": r.get("run_id"), "rank": r.get("rank"),
-             "m": r.get("m"), "n": r.get("n"), "k": r.get("k")} for x, y, r in zip(xs, ys, group)]))
-    _log2_size_axis(ax, "size: (m·n·k)^(1/3), n for square products", as_bytes=False)
+        series.append(Series(column.label, label, spec.x_label, title(column), [
+            _point(x, y, modelled, r, texts) for x, y, r in zip(xs, ys, group)]))
+    _log2_size_axis(ax, spec.x_label, as_bytes=spec.x_bytes)
     ticks = sorted({p["x"] for s in series for p in s.points})
-    if len(ticks) <= 12:  # the sizes run, whether powers of two or not
+    if len(ticks) <= 12 and not spec.x_bytes:  # the sizes run, whether powers of two or not
         ax.set_xticks(ticks, [f"{t:.4g}" for t in ticks])
-    ax.set_yscale("log")
-    ax.set_ylabel(GEMM_TFLOPS.title)
-    _style_legend(ax, _timing_handles(any_measured, any_modelled, "line"))
-    title = "matmul: GEMM throughput against size"
-    fig.suptitle(title)
-    runs = list(dict.fromkeys(str(r.get("run_id")) for r in rows))
-    return Plot(plot_id, "matmul-size", title, fig, series, runs)
-
-
-def collectives_op(op: str, rows: list[dict[str, Any]], run_labels: dict[str, str] | None = None,
-                   plot_id: str | None = None) -> Plot:
-    """One op against message size: busbw and algbw (GB/s), and the time (us, log-log, where the latency regime
-    of small messages and the bandwidth regime of large ones both read), every path (host-staged, device-direct)
-    and run on one chart. The host path's end-to-end time includes the device copies, modelled on simulated
-    devices."""
-    rows = [r for r in rows if r.get("op") == op]
-    fig, (ax_bw, ax_t) = _new_figure(2)
-    groups: dict[tuple, list[dict[str, Any]]] = {}
-    for r in rows:
-        groups.setdefault((r.get("run_id"), r.get("path")), []).append(r)
-    many_runs = len({k[0] for k in groups}) > 1
-    series = []
-    any_measured = any_modelled = False
-    for i, ((run_id, path), group) in enumerate(groups.items()):
-        group.sort(key=lambda r: r["size_bytes"])
-        color = f"C{i % 10}"
-        name = {"host": "host-staged", "device": "device-direct"}.get(str(path), str(path))
-        if many_runs:
-            name = f"{(run_labels or {}).get(str(run_id), run_id)} {name}"
-        xs = [r["size_bytes"] for r in group]
-        factor_one = all(r.get("busbw_factor") == 1 for r in group)
-        any_measured = True
-        lines = [(ax_bw, BUSBW, "-", "o", f"{name} busbw" + (" (= algbw, factor 1)" if factor_one else ""), False)]
-        if not factor_one:
-            lines.append((ax_bw, ALGBW, ":", "s", f"{name} algbw", False))
-        lines.append((ax_t, OP_US, "-", "o", f"{name} op time", False))
-        if path == "host":
-            modelled = any(COLLECTIVES.is_modelled(END_TO_END_US, r) for r in group)
-            any_modelled |= modelled
-            lines.append((ax_t, END_TO_END_US, "--" if modelled else "-.", "^",
-                          f"{name} end-to-end incl. copies" + (" (modelled copies)" if modelled else ""), modelled))
-        for ax, fig_def, linestyle, marker, label, modelled in lines:
-            ys = [fig_def.value(r) for r in group]
-            ax.plot(xs, ys, linestyle=linestyle, marker=marker, color=color,
-                    markerfacecolor="white" if modelled else color, label=label)
-            series.append(Series("bandwidth" if ax is ax_bw else "time", label, "size (B)", fig_def.title, [
-                {"x": x, "y": y, "modelled": modelled, "run_id": r.get("run_id"), "op": op, "path": path,
-                 "size_bytes": x, "key": fig_def.key} for x, y, r in zip(xs, ys, group)]))
-    for ax in (ax_bw, ax_t):
-        _log2_size_axis(ax, "message size", as_bytes=True)
+    if spec.log_y:
         ax.set_yscale("log")
-    ax_bw.set_ylabel("bandwidth (GB/s)")
-    ax_bw.set_title("bandwidth: the large-message regime", fontsize="medium")
-    ax_t.set_ylabel("time (us), slowest rank, median")
-    ax_t.set_title("time: the small-message (latency) regime", fontsize="medium")
-    _style_legend(ax_bw)
-    _style_legend(ax_t, _timing_handles(any_measured, any_modelled, "line"))
-    ranks = sorted({r.get("ranks") for r in rows if r.get("ranks") is not None})
-    title = f"{op} over {','.join(map(str, ranks))} ranks: bandwidth and time against message size"
-    fig.suptitle(title)
+    ax.set_ylabel(_at(spec.y_labels, 0, title(column)))
+    _style_legend(ax, _timing_handles(any_measured, any_modelled, "line"))
+    heading = spec.title(rows, "") if spec.title is not None else spec.id
+    fig.suptitle(heading)
     runs = list(dict.fromkeys(str(r.get("run_id")) for r in rows))
-    return Plot(plot_id or f"collectives-{slug(op)}", "collectives-op", title, fig, series, runs)
+    return Plot(plot_id, spec.id, heading, fig, series, runs)
+
+
+_LINESTYLES = ("-", ":", "-.", "--")
+_MARKERS = ("o", "s", "^", "v")
+
+
+def sweep(spec: PlotSpec, table: Table, rows: list[dict[str, Any]], chart: str, plot_id: str,
+          run_labels: dict[str, str]) -> Plot | None:
+    """Across runs, one chart (rows whose spec.chart field is `chart`): every panel's figures against spec.x (log2),
+    one series per run and spec.group; a series with no value is left out, one identical to another of its group in
+    the panel is drawn once (its label added: "busbw (= algbw)"); modelled series dashed and hollow."""
+    columns = {c.key: c for c in table.columns}
+    rows = [r for r in rows if str(r.get(spec.chart)) == chart]
+    panels = _panels(spec, columns, rows)
+    if not rows or not panels or spec.x is None:
+        return None
+    texts = [c.key for c in table.columns if c.text]
+    fig, axes = _new_figure(len(panels))
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((str(r.get("run_id")), spec.group(r) if spec.group is not None else ""), []).append(r)
+    many_runs = len({k[0] for k in groups}) > 1
+    series: list[Series] = []
+    any_measured = any_modelled = False
+    for ax, (p, figures) in zip(axes, panels):
+        for i, ((run_id, group_name), group) in enumerate(groups.items()):
+            group.sort(key=spec.x)
+            color = f"C{i % 10}"
+            name = f"{run_labels.get(run_id, run_id)} {group_name}" if many_runs else group_name
+            xs = [spec.x(r) for r in group]
+            drawn: list[tuple[list[float | None], Series, Any]] = []
+            for j, column in enumerate(figures):
+                ys = [value(column, r) for r in group]
+                if all(y is None for y in ys):
+                    continue
+                figure_name = spec.names.get(column.key, column.label)
+                same = next((d for d in drawn if d[0] == ys), None)
+                if same is not None:  # e.g. busbw = algbw where the bus factor is 1
+                    same[1].label += f" (= {figure_name})"
+                    same[2].set_label(same[1].label)
+                    continue
+                modelled = any(column.is_modelled(r) for r in group)
+                any_modelled |= modelled
+                any_measured |= not modelled
+                label = f"{name} {figure_name}".strip() + (" (modelled)" if modelled else "")
+                (line,) = ax.plot(xs, _nan(ys), linestyle="--" if modelled else _LINESTYLES[j % 4],
+                                  marker=_MARKERS[j % 4], color=color, markerfacecolor="white" if modelled else color,
+                                  label=label)
+                s = Series(_at(spec.titles, p, title(column)).split(":")[0], label, spec.x_label, title(column), [
+                    _point(x, y, modelled, r, texts, key=column.key) for x, y, r in zip(xs, ys, group)])
+                series.append(s)
+                drawn.append((ys, s, line))
+        _log2_size_axis(ax, spec.x_label, as_bytes=spec.x_bytes)
+        if spec.log_y:
+            ax.set_yscale("log")
+        ax.set_ylabel(_at(spec.y_labels, p, title(figures[0])))
+        ax.set_title(_at(spec.titles, p, title(figures[0])), fontsize="medium")
+    for ax in axes[:-1]:
+        _style_legend(ax)
+    _style_legend(axes[-1], _timing_handles(any_measured, any_modelled, "line"))
+    heading = spec.title(rows, chart) if spec.title is not None else f"{spec.id} {chart}"
+    fig.suptitle(heading)
+    runs = list(dict.fromkeys(str(r.get("run_id")) for r in rows))
+    return Plot(plot_id, spec.id, heading, fig, series, runs)
 
 
 def steps_plot(steps: Sequence[dict[str, Any]], run_id: str, plot_id: str | None = None) -> Plot:
@@ -367,14 +405,10 @@ def steps_plot(steps: Sequence[dict[str, Any]], run_id: str, plot_id: str | None
     return Plot(plot_id or f"steps-{run_id}", "steps", title, fig, series, [run_id])
 
 
-def _has_sizes(rows: Iterable[dict[str, Any]]) -> bool:
-    return len({(r.get("m"), r.get("n"), r.get("k")) for r in rows}) > 1
-
-
 def plots_for_runs(runs: list[Run]) -> list[Plot]:
-    """Every plot the runs call for, in order: per matmul run its throughput and time breakdown, matmul
-    throughput against size where the runs hold more than one size, one chart per collective op across the
-    runs, and per run with logged steps their series."""
+    """Every plot the runs call for, benchmark by benchmark (in the order their runs come), each as its
+    presentation declares: a per-run plot for each run, a plot across runs once (a sweep once per chart), then per
+    run with logged steps their series."""
     require_matplotlib()
     plots: list[Plot] = []
     ids: dict[str, int] = {}
@@ -383,25 +417,44 @@ def plots_for_runs(runs: list[Run]) -> list[Plot]:
         ids[base] = ids.get(base, 0) + 1
         return base if ids[base] == 1 else f"{base}-{ids[base]}"
 
-    matmul_rows: list[dict[str, Any]] = []
-    collective_rows: list[dict[str, Any]] = []
-    labels: dict[str, str] = {}
+    by_benchmark: dict[str, list[Run]] = {}
     for run in runs:
-        rows = [{**r, "run_id": run.run_id} for r in run.rows]
-        if run.benchmark == "matmul" and rows:
-            plots.append(matmul_throughput(rows, run.run_id, unique(f"matmul-throughput-{slug(run.run_id)}")))
-            plots.append(matmul_time_breakdown(rows, run.run_id, unique(f"matmul-time-{slug(run.run_id)}")))
-            matmul_rows += rows
-        elif run.benchmark == "collectives":
-            collective_rows += rows
-            labels[run.run_id] = f"run {run.run_id}"
-    if _has_sizes(matmul_rows):
-        plots.append(matmul_vs_size(matmul_rows, unique("matmul-size")))
-    for op in dict.fromkeys(str(r.get("op")) for r in collective_rows):
-        plots.append(collectives_op(op, collective_rows, labels, unique(f"collectives-{slug(op)}")))
+        by_benchmark.setdefault(run.benchmark, []).append(run)
+    for benchmark, group in by_benchmark.items():
+        presentation = for_benchmark(benchmark)
+        tables = [(run, {t.name: t for t in presentation.tables(run.document)}) for run in group]
+        for spec in presentation.plots:
+            drawn: list[Plot | None] = []
+            mine = [(run, t[spec.table]) for run, t in tables if spec.table in t]
+            if not mine:
+                continue
+            if spec.kind in ("bars", "stacked"):
+                draw = bars if spec.kind == "bars" else stacked
+                for run, table in mine:
+                    rows = [{**r, "run_id": run.run_id} for r in table.rows]
+                    rows = spec.select(rows) if spec.select is not None else rows
+                    drawn.append(draw(spec, table, rows, run.run_id, unique(f"{spec.id}-{slug(run.run_id)}")))
+            elif spec.kind in ("lines", "sweep"):
+                rows = [{**r, "run_id": run.run_id} for run, table in mine for r in table.rows]
+                rows = spec.select(rows) if spec.select is not None else rows
+                table = mine[0][1]
+                if spec.kind == "lines":
+                    drawn.append(lines(spec, table, rows, unique(spec.id)))
+                else:
+                    labels = {run.run_id: f"run {run.run_id}" for run, _ in mine}
+                    for chart in dict.fromkeys(str(r.get(spec.chart)) for r in rows):
+                        drawn.append(sweep(spec, table, rows, chart, unique(f"{spec.id}-{slug(chart)}"), labels))
+            else:
+                raise ValueError(f"benchmark {benchmark!r} declares a plot of unknown kind {spec.kind!r}")
+            for plot in drawn:
+                if plot is not None:
+                    plot.benchmark = benchmark
+                    plots.append(plot)
     for run in runs:
         steps = run.document.get("steps")
         if isinstance(steps, list) and steps and all(isinstance(s, dict) for s in steps) \
                 and numeric_series_keys(steps):
-            plots.append(steps_plot(steps, run.run_id, unique(f"steps-{slug(run.run_id)}")))
+            plot = steps_plot(steps, run.run_id, unique(f"steps-{slug(run.run_id)}"))
+            plot.benchmark = run.benchmark
+            plots.append(plot)
     return plots

@@ -1,5 +1,5 @@
-"""The terminal side of `hetbench report` and `hetbench compare`: a saved run's tables shown again, one table of
-all runs per benchmark, and the comparison of two runs."""
+"""The terminal side of `hetbench report` and `hetbench compare`: a saved run's tables shown again with its
+headline figures, one table of all runs per benchmark (its declared run figures), and the comparison of two runs."""
 
 from __future__ import annotations
 
@@ -10,27 +10,29 @@ from rich.markup import escape
 from rich.table import Table
 
 from hetbench.report import console as tables_as_printed
-from hetbench.report.compare import FASTER, SLOWER, Comparison
-from hetbench.report.figures import for_benchmark
+from hetbench.report.compare import FASTER, ONE_VALUE, SLOWER, Comparison
+from hetbench.report.figures import for_benchmark, headline
 from hetbench.results.runs import Run
 
 
+def headline_line(run: Run) -> str | None:
+    """The run's headline figures in one line ("~" before a modelled one), or None where it declares none."""
+    figures = headline(run.benchmark, run.document)
+    if not figures:
+        return None
+    return "headline: " + "; ".join(f"{f.label} {f.text_with_unit}" for f in figures)
+
+
 def show_run(out: Console, run: Run) -> None:
-    """A saved run's tables as its command printed them: the one call into the commands' renderers, so a change
-    of their signatures (compact / --wide tables) is met here alone."""
-    document = run.document
+    """A saved run's tables as its command printed them (the one call into the commands' renderers, so a change of
+    their signatures is met here alone), then its headline figures."""
     out.print(f"[bold]run {escape(run.run_id)}[/]  {escape(run.date_utc)}  {escape(run.command)}  "
               f"[dim]({escape(str(run.path))})[/]")
-    if run.benchmark == "matmul":
-        out.print(tables_as_printed.matmul_table(run.rows, document["summary"]))
-        for line in tables_as_printed.matmul_summary_lines(document["summary"]):
-            out.print(line)
-    elif run.benchmark == "collectives":
-        out.file.flush()  # collectives_report prints through its own console
-        tables_as_printed.collectives_report(run.rows, document["summary"], run.metadata.get("ranks") or [])
-    else:  # split, calibrate and any other benchmark: its command's own rendering
-        out.file.flush()
-        tables_as_printed.render_document(document)
+    out.file.flush()  # the commands' renderers print through their own console
+    tables_as_printed.render_document(run.document)
+    line = headline_line(run)
+    if line is not None:
+        out.print(line, markup=False)
     out.print()
 
 
@@ -40,19 +42,21 @@ def _devices_text(run: Run) -> str:
 
 def runs_table(benchmark: str, runs: list[Run]) -> Table:
     """One line per run: which run, where and how it ran, on which devices, and its key figures."""
-    figures = for_benchmark(benchmark)
     modelled = any(m for run in runs for *_, m in run.devices())
     table = Table(title=f"hetbench {benchmark}: {len(runs)} run(s)", title_justify="left", caption_justify="left",
                   caption="~ modelled (simulated device), not measured" if modelled else None, show_lines=True)
     for name in ("Run", "Date (UTC)", "Host(s)", "Command", "Rank map", "Devices"):
         table.add_column(name, overflow="fold", no_wrap=name in ("Run", "Rank map"))
-    key_titles = [title for title, _ in figures.run_figures(runs[0].document)] if figures else []
+    key_titles: dict[str, None] = {}
+    for run in runs:
+        key_titles.update(dict.fromkeys(f.title for f in for_benchmark(run.benchmark).run_figures(run.document)
+                                        if f.table))
     for title in key_titles:
         table.add_column(title, justify="right", overflow="fold")
     for run in runs:
         cells = [run.run_id, run.date_utc.replace("T", " ").removesuffix("+00:00"), ",".join(run.hosts), run.command, run.rank_map.replace(",", "\n"),
                  _devices_text(run)]
-        key = dict(figures.run_figures(run.document)) if figures else {}
+        key = {f.title: f.text for f in for_benchmark(run.benchmark).run_figures(run.document) if f.table}
         cells += [key.get(title, "-") for title in key_titles]
         table.add_row(*[escape(c) for c in cells])
     return table
@@ -68,7 +72,8 @@ def compare_table(comparison: Comparison) -> Table:
     table = Table(title=f"hetbench compare ({comparison.benchmark}): {comparison.base_path} -> {comparison.new_path}",
                   title_justify="left", caption_justify="left",
                   caption="change = (new - base) / base of the medians; significance: Welch's t-test on the raw "
-                          "repeats, 95 %; ~ modelled (simulated device)")
+                          f"repeats, 95 % ({ONE_VALUE}: one value a run, no repeats to test); ~ modelled (simulated "
+                          "device)")
     for name, justify in (("Row", "left"), ("Figure", "left"), ("Base", "right"), ("New", "right"),
                           ("Change (%)", "right"), ("p", "right"), ("Verdict", "left")):
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
@@ -90,6 +95,11 @@ def compare_lines(comparison: Comparison, fail_on_slowdown: float | None) -> lis
     faster = [c for c in comparison.changes if c.verdict == FASTER]
     lines.append(f"{len(slower)} significant slowdown(s), {len(faster)} significant speed-up(s), "
                  f"{len(comparison.changes) - len(slower) - len(faster)} figure(s) not significant or without repeats to test")
+    single = [c for c in comparison.changes if c.verdict == ONE_VALUE]
+    if single:
+        lines.append(f"{len(single)} figure(s) ({', '.join(dict.fromkeys(escape(c.label) for c in single))}) are one "
+                     "value a run in the results files, no repeats: their change is shown without a significance "
+                     "verdict")
     if fail_on_slowdown is not None:
         over = comparison.slowdowns_over(fail_on_slowdown)
         if over:
