@@ -23,7 +23,7 @@ BATCH = 24
 
 def _cfg(**kw) -> SimpleNamespace:
     base = dict(strategy="fsdp", steps=5, batch=BATCH, weights=Weights("list", (3.0, 2.0, 1.0)), warmup_steps=0,
-                path="host", dtype=DTYPES["fp32"], optimizer="adamw", lr=1e-2, layers=2, hidden=8, seed=0)
+                path="host", dtype=DTYPES["fp32"], optimizer="adamw", lr=1e-2, layers=2, hidden=8, seed=0, frontend="numpy")
     return SimpleNamespace(**{**base, **kw})
 
 

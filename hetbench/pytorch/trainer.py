@@ -33,8 +33,13 @@ from hetbench.train import StepLog
 from hetbench.train.ops import Ops
 from hetbench.train.optim import ADAMW_WEIGHT_DECAY
 from hetbench.train.precision import LossScaler
+from hetbench.train import strategies
 
-TORCH_STRATEGIES = ("ddp", "fsdp", "fsdp2")
+TORCH_STRATEGIES = strategies.names("torch")
+
+
+def _strategy(cfg: Any) -> strategies.Strategy:
+    return strategies.get("torch", cfg.strategy)
 
 
 @dataclass
@@ -102,7 +107,7 @@ def check(cfg: Any, world: World, state: TorchTrainState) -> list[str]:
         problem = hb_backend.device_path_problem(world.comm)
         if problem:
             errors.append(f"--path device: {problem}")
-    if cfg.strategy == "fsdp" or state.resume is not None:  # the same on every rank: the collective is called by all
+    if _strategy(cfg).shards_by_weights or state.resume is not None:  # the same on every rank: the collective is called by all
         errors += _fsdp_errors(cfg, world, state)
     if cfg.weights.kind == "profile":
         from hetbench.results.profile import ProfileError, load_profile
@@ -144,7 +149,7 @@ def _fsdp_errors(cfg: Any, world: World, state: TorchTrainState) -> list[str]:
         problem = state.resume.layout_mismatch(layouts)
         if problem:
             errors.append(problem)
-    if cfg.strategy == "fsdp":
+    if _strategy(cfg).shards_by_weights:
         from hetbench.pytorch.fsdp import STATE_BYTES_PER_ELEMENT
 
         state.memory_bytes = world.allgather(_state_memory_bytes(state))
@@ -220,7 +225,7 @@ def _init_group(cfg: Any) -> bool:
 
 def _full_state(cfg: Any, model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
     """Collective: the model's full parameters (CPU) at rank 0, None elsewhere."""
-    if cfg.strategy == "ddp":
+    if _strategy(cfg).replicated:
         module = model.module if hasattr(model, "module") else model
         return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()} if dist.get_rank() == ROOT \
             else None
@@ -256,9 +261,9 @@ def _train(cfg: Any, world: World, state: TorchTrainState, on_step: Any) -> Rank
     if state.ops is not None:  # torch cannot drive this rank's device: its products run there through hetbench
         offload_linears(model, state.ops)
     engine = None
-    if cfg.strategy == "ddp":
+    if _strategy(cfg).replicated:
         model = exact_ddp(model)
-    elif cfg.strategy == "fsdp":
+    elif _strategy(cfg).shards_by_weights:
         from hetbench.pytorch.fsdp import ShardedModule
         from hetbench.pytorch.logger import hetbench_group
 
@@ -556,7 +561,7 @@ def summary_extra(cfg: Any, gathered: list[RankOutcome]) -> dict[str, Any]:
         "torch_devices": [g.facts.get("torch_device") for g in gathered],
         "torch_notes": [g.details.get("note", "") for g in gathered],
         "collectives_per_rank": [g.details.get("collectives", {}) for g in gathered],
-        **(_sharded_summary(gathered) if cfg.strategy == "fsdp" else {}),
+        **(_sharded_summary(gathered) if _strategy(cfg).shards_by_weights else {}),
     }
 
 

@@ -15,6 +15,7 @@ from hetbench.backends.base import MPI_MEMORY_NONE, TIMING_MODELLED, capabilitie
 from hetbench.harness import split_plan as plan
 from hetbench.comm.world import World
 from hetbench.harness.devices import OpenDevice
+from hetbench.train import strategies
 from hetbench.train.outcome import (  # both front ends' pieces
     ROOT,
     AUTO_REBALANCE_STEPS,
@@ -125,7 +126,8 @@ def run_rank(cfg: Any, world: World, state: TrainState,
     from hetbench.train.precision import LossScaler
 
     weights = _weights(cfg, world, state)
-    total = cfg.layers if cfg.strategy == "pipeline" else cfg.batch
+    strategy = strategies.get("numpy", cfg.strategy)
+    total = cfg.layers if strategy.shares_of == "layers" else cfg.batch
     shares = plan.shares(weights, total)
     model = ModelConfig(layers=cfg.layers, hidden=cfg.hidden, batch=cfg.batch, seed=cfg.seed)
     facts = {"host": world.host, "backend": state.opened.spec, "vendor": state.opened.info.vendor,
@@ -147,16 +149,11 @@ def run_rank(cfg: Any, world: World, state: TrainState,
         if on_step is not None:
             on_step(log.step + 1, cfg.steps, f"step {log.step + 1}/{cfg.steps} loss {log.loss:.4g}")
 
-    if cfg.strategy == "pipeline":
-        from hetbench.train.pipeline import train_pipeline as train
-    else:
-        from hetbench.train.data_parallel import train_ddp, train_fsdp
-
-        train = train_fsdp if cfg.strategy == "fsdp" else train_ddp
-        if cfg.strategy == "fsdp":
-            extra["prefetch"] = cfg.prefetch
-        if cfg.weights.kind == "auto":
-            extra["rebalance_steps"] = AUTO_REBALANCE_STEPS
+    train = strategy.train_function()
+    if strategy.prefetch:
+        extra["prefetch"] = cfg.prefetch
+    if strategy.rebalances and cfg.weights.kind == "auto":
+        extra["rebalance_steps"] = AUTO_REBALANCE_STEPS
     with scaler.quiet():  # mixed precision: overflows are expected, and the scaler handles them
         outcome = train(world, state.ops, model, cfg.optimizer, cfg.lr, cfg.steps - start, weights, path=cfg.path,
                         micro_batches=cfg.micro_batches, on_step=step_done, **extra)
@@ -202,7 +199,7 @@ def _saver(cfg: Any, world: World, facts: dict[str, Any], weights: list[float], 
         "model": {"layers": cfg.layers, "hidden": cfg.hidden, "batch": cfg.batch, "seed": cfg.seed},
         "optimizer": cfg.optimizer, "lr": cfg.lr, "dtype": cfg.dtype.name, "master_dtype": "fp32",
         "strategy": cfg.strategy, "weights": list(weights), "shares": list(shares),
-        "shares_of": "layers" if cfg.strategy == "pipeline" else "samples",
+        "shares_of": strategies.get(cfg.frontend, cfg.strategy).shares_of,
         "first_step": start, "history": history,
     }
     return Saver(world, cfg.checkpoint, cfg.checkpoint_every, cfg.steps, manifest, every_facts,
@@ -330,7 +327,7 @@ def summarize_job(cfg: Any, rows_: list[dict[str, Any]], gathered: list[RankOutc
         "weights_kind": cfg.weights.kind,
         "weights": root.weights,
         "shares": root.shares,
-        "shares_of": "layers" if cfg.strategy == "pipeline" else "samples",
+        "shares_of": strategies.get(cfg.frontend, cfg.strategy).shares_of,
         **({"shares_first": root.details["batch_counts_first"],
             "shares_rebalanced": root.details["batch_counts_rebalanced"]}
            if root.details.get("batch_counts_rebalanced") else {}),
