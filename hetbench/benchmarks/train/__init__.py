@@ -27,13 +27,14 @@ from hetbench.benchmarks.base import (
 from hetbench.benchmarks.train.config import TrainConfig
 from hetbench.config import OutputConfig, parse_dtype
 from hetbench.options import MAX_SEED, int_range, parse_backends
+from hetbench.train import strategies
 from hetbench.train.precision import TRAIN_DTYPES
 
-STRATEGIES = ("fsdp", "ddp", "pipeline")
-FRONTENDS = ("numpy", "torch")
-# --frontend torch: torch's own DDP and FSDP2 (fully_shard) over the hetbench backend (hetbench/pytorch/)
-TORCH_STRATEGIES = ("ddp", "fsdp", "fsdp2")
-DEFAULT_STRATEGY = {"numpy": "fsdp", "torch": "fsdp2"}
+# the strategies of each front end, from their registry (hetbench/train/strategies.py)
+FRONTENDS = strategies.FRONTENDS
+STRATEGIES = strategies.names("numpy")
+TORCH_STRATEGIES = strategies.names("torch")
+DEFAULT_STRATEGY = strategies.DEFAULT
 MODELS = ("mlp", "gpt")
 MAX_SEQ_LEN = 1 << 16
 OPTIMIZERS = ("adamw", "sgd")
@@ -72,7 +73,7 @@ class Train:
                          help="numpy: hetbench's own trainer (every rank's GEMMs on its hetbench device); torch: a "
                               "PyTorch model trained by torch's DDP or FSDP2 over the hetbench torch.distributed "
                               "backend (needs torch: pip install 'hetbench[torch]')."),
-            click.Option(["--strategy"], type=click.Choice(STRATEGIES + ("fsdp2",)), default=None,
+            click.Option(["--strategy"], type=click.Choice(list(dict.fromkeys(STRATEGIES + TORCH_STRATEGIES))), default=None,
                          show_default="fsdp; fsdp2 with --frontend torch",
                          help="numpy: fsdp (each layer's parameters sharded by the weights, gathered for use, "
                               "gradients reduce-scattered), ddp (replicas, gradients allreduced) or pipeline "
@@ -239,9 +240,9 @@ def _check_frontend(params: dict[str, Any], world: Any) -> None:
     if params["strategy"] is None:
         params["strategy"] = DEFAULT_STRATEGY[frontend]
     strategy = params["strategy"]
-    own = STRATEGIES if frontend == "numpy" else TORCH_STRATEGIES
+    own = strategies.names(frontend)
     if strategy not in own:
-        other = "torch" if frontend == "numpy" else "numpy"
+        other = next(f for f in FRONTENDS if strategy in strategies.names(f))
         raise click.BadParameter(f"{strategy} is a strategy of --frontend {other}; accepted with --frontend "
                                  f"{frontend}: {', '.join(own)}", param_hint="'--strategy'")
     if frontend == "numpy":
