@@ -1,5 +1,6 @@
-"""`hetbench report`: saved runs shown again, one table of all runs per benchmark, and on request a merged CSV,
-the plots (PNG and SVG) and one self-contained HTML page."""
+"""`hetbench report`: saved runs shown again with their headline figures, one table of all runs per benchmark, and
+on request a merged CSV, the plots (PNG and SVG) and one self-contained HTML page that opens with a summary of the
+runs. What each benchmark shows is its declared presentation (hetbench/benchmarks/<name>/present.py)."""
 
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ def plots_dir_error(path: Path) -> str | None:
 @click.command()
 @click.argument("results", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--html", "html_path", type=click.Path(path_type=Path), default=None,
-              help="Write one self-contained HTML page (tables and plots, no network needed) here.")
+              help="Write one self-contained HTML page (a summary of the runs, then tables and plots; no network "
+                   "needed) here.")
 @click.option("--plots", "plots_dir", type=click.Path(path_type=Path), default=None,
               help="Write every plot here as PNG and SVG (the folder is made if missing).")
 @click.option("--csv", "csv_path", type=click.Path(path_type=Path), default=None,
@@ -42,8 +44,9 @@ def plots_dir_error(path: Path) -> str | None:
 @click.option("--brief", is_flag=True, help="Show only the table of all runs per benchmark, not each run's tables.")
 def report(results: tuple[Path, ...], html_path: Path | None, plots_dir: Path | None, csv_path: Path | None,
            brief: bool) -> int:
-    """Show saved runs (RESULTS: hetbench JSON files, or folders of them) again, side by side; write plots, an
-    HTML page and a merged CSV. Plots and the page need matplotlib: pip install 'hetbench[report]'."""
+    """Show saved runs (RESULTS: hetbench JSON files, or folders of them) again, each with its headline figures,
+    side by side; write plots, an HTML page (a summary of the runs first, then every benchmark's tables and plots)
+    and a merged CSV. Plots and the page need matplotlib: pip install 'hetbench[report]'."""
     from hetbench.results.runs import NoResultsError, find_results
 
     try:
