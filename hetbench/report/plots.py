@@ -14,7 +14,7 @@ from __future__ import annotations
 import io
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 from hetbench.benchmarks.base import Column, PlotSpec, Table, number_text
 from hetbench.report.figures import for_benchmark, numeric_series_keys, title, value
