@@ -106,9 +106,9 @@ demo: env
 test: env
 	$(PY) -m pytest -q
 
-# tests/conftest.py takes the launcher from HETBENCH_TEST_MPIEXEC and, for Open MPI, lets it run as root and put
+# tests/helpers.py takes the launcher from HETBENCH_TEST_MPIEXEC and, for Open MPI, lets it run as root and put
 # more ranks than cores on this machine. Only the tests that launch MPI run again (-m mpi: the launcher is what
-# differs; conftest fails a test that launches mpiexec unmarked)
+# differs; tests/helpers.py fails a test that launches mpiexec unmarked)
 test-openmpi: env-openmpi
 	@test -x $(OPENMPI_MPIRUN) || { echo "no $(OPENMPI_MPIRUN): apt-get install openmpi-bin" >&2; exit 1; }
 	HETBENCH_TEST_MPIEXEC=$(OPENMPI_MPIRUN) $(VENV_OPENMPI)/bin/python -m pytest -q -m mpi

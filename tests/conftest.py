@@ -1,110 +1,15 @@
-"""Shared test helpers: run the real CLI as a subprocess, alone or under `mpiexec -n N`, always with a timeout."""
+"""pytest's hooks and the autouse fixture; the tests' helpers are in tests/helpers.py (`from helpers import ...`)."""
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import subprocess
-import sys
-import time
-from dataclasses import dataclass
-from pathlib import Path
-
 import pytest
-
-REPO = Path(__file__).resolve().parent.parent
-
-
-def find_mpiexec() -> str | None:
-    """The launcher the MPI tests use: $HETBENCH_TEST_MPIEXEC (`make test-openmpi` sets /usr/bin/mpirun), else the
-    `mpiexec` beside this Python (the mpich wheel's), else the first on PATH."""
-    chosen = os.environ.get("HETBENCH_TEST_MPIEXEC")
-    if chosen:
-        found = shutil.which(chosen)
-        if found is None:
-            raise pytest.UsageError(f"HETBENCH_TEST_MPIEXEC={chosen!r} is not an executable")
-        return found
-    beside = Path(sys.executable).parent / "mpiexec"
-    if beside.exists():
-        return str(beside)
-    return shutil.which("mpiexec")
-
-
-def launcher_kind(mpiexec: str | None) -> str | None:
-    """'openmpi' or 'mpich' (hydra), from the launcher's --version."""
-    if mpiexec is None:
-        return None
-    try:
-        out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30,
-                             stdin=subprocess.DEVNULL).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if "Open MPI" in out or "OpenRTE" in out:
-        return "openmpi"
-    if "HYDRA" in out or "MPICH" in out:
-        return "mpich"
-    return None
-
-
-MPIEXEC = find_mpiexec()
-MPIEXEC_KIND = launcher_kind(MPIEXEC)
-if MPIEXEC_KIND == "openmpi":
-    # Open MPI's mpirun refuses root (CI and containers run as root) and more ranks than cores (the tests run 3
-    # ranks on 2 cores) unless told; set in the environment, every launch in every test inherits it.
-    # Open MPI 4 reads OMPI_MCA_rmaps_base_oversubscribe, Open MPI 5 (PRRTE) the PRTE_ one.
-    os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
-    os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-    os.environ.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
-    os.environ.setdefault("PRTE_MCA_rmaps_default_mapping_policy", ":oversubscribe")
-
-
-def opencl_devices() -> int:
-    try:
-        import pyopencl as cl
-
-        return sum(len(p.get_devices()) for p in cl.get_platforms())
-    except Exception:
-        return 0
-
-
-HAVE_OPENCL = opencl_devices() > 0
-
-ALL_OPS = ("allreduce", "reduce_scatter", "allgather", "reduce", "bcast", "gather", "scatter", "alltoall", "sendrecv")
-# nccl-tests' busbw factors (its PERFORMANCE.md), written out here rather than taken from hetbench
-HAND_FACTOR = {
-    "allreduce": lambda n: 2 * (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n,
-    "allgather": lambda n: (n - 1) / n,
-    "alltoall": lambda n: (n - 1) / n,
-    "gather": lambda n: (n - 1) / n,
-    "scatter": lambda n: (n - 1) / n,
-    "bcast": lambda n: 1.0,
-    "reduce": lambda n: 1.0,
-    "sendrecv": lambda n: 1.0,
-}
-# a test (or a module's pytestmark, or a parameter) that launches mpiexec carries a skipif whose reason starts so, as
-# needs_mpi's does; it is marked `mpi` as well (pytest_collection_modifyitems), and the Open MPI pass (`make
-# test-openmpi`: pytest -m mpi) runs exactly those
-NO_MPIEXEC = "no mpiexec"
-needs_mpi = pytest.mark.skipif(MPIEXEC is None, reason=f"{NO_MPIEXEC} (pip install mpich)")
-needs_opencl = pytest.mark.skipif(not HAVE_OPENCL, reason="no OpenCL device (apt-get install pocl-opencl-icd)")
+from helpers import _CURRENT, NO_MPIEXEC, _checkout_entries
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if any(str(m.kwargs.get("reason", "")).startswith(NO_MPIEXEC) for m in item.iter_markers("skipif")):
             item.add_marker(pytest.mark.mpi)
-
-
-_CURRENT: dict[str, pytest.Item] = {}  # the running test, for run_python's check of the mpi mark
-
-
-def _checkout_entries() -> set[str]:
-    """What a test could leave in the checkout: the top folder's entries and results/'s."""
-    results = REPO / "results"
-    return {p.name for p in REPO.iterdir()} | ({f"results/{p.name}" for p in results.iterdir()}
-                                              if results.is_dir() else set())
 
 
 @pytest.fixture(autouse=True)
@@ -118,72 +23,3 @@ def _outside_the_checkout(tmp_path, monkeypatch, request):
     _CURRENT.pop("item", None)
     added = _checkout_entries() - before
     assert not added, f"the test wrote into the checkout: {sorted(added)}"
-
-
-@dataclass
-class Run:
-    returncode: int
-    stdout: str
-    stderr: str
-    seconds: float
-
-    def json(self) -> dict:
-        return json.loads(self.stdout)
-
-    @property
-    def error_lines(self) -> list[str]:
-        return [line for line in self.stderr.splitlines() if line.startswith("Error:")]
-
-
-def require_mpi_mark() -> None:
-    """Called wherever a test launches mpiexec: the running test must be marked `mpi` (a skipif whose reason starts
-    "no mpiexec", as needs_mpi's, marks it so), or the Open MPI pass (pytest -m mpi) would leave it out."""
-    item = _CURRENT.get("item")
-    if item is not None and item.get_closest_marker("mpi") is None:
-        pytest.fail(f"{item.nodeid} launches mpiexec but is not marked needs_mpi (or pytest.mark.mpi): the Open MPI "
-                    "pass (pytest -m mpi) would leave it out")
-
-
-def run_python(args: list[str], nprocs: int | None = None, cwd: Path | None = None, timeout: float = 120,
-               env: dict[str, str] | None = None, launcher_args: list[str] | None = None) -> Run:
-    """`python ARGS` (nprocs None), or `mpiexec [LAUNCHER_ARGS] -n NPROCS python ARGS`, with this checkout on the
-    path."""
-    cmd = [sys.executable, *args]
-    if nprocs is not None:
-        require_mpi_mark()
-        assert MPIEXEC is not None
-        cmd = [MPIEXEC, *(launcher_args or []), "-n", str(nprocs), *cmd]
-    full_env = dict(os.environ)
-    full_env["PYTHONPATH"] = str(REPO) + os.pathsep + full_env.get("PYTHONPATH", "")
-    # a rank's BLAS threads must not oversubscribe the CI machine's cores
-    full_env.setdefault("OMP_NUM_THREADS", "1")
-    full_env.update(env or {})
-    start = time.monotonic()
-    try:
-        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env,
-                              stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"{' '.join(cmd)} did not finish within {timeout} s (a hang?)\nstdout: {e.stdout}\nstderr: {e.stderr}")
-    return Run(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start)
-
-
-def run_cli(args: list[str], nprocs: int | None = None, cwd: Path | None = None, timeout: float = 120,
-            env: dict[str, str] | None = None, launcher_args: list[str] | None = None) -> Run:
-    """`hetbench ARGS` (nprocs None), or `mpiexec [LAUNCHER_ARGS] -n NPROCS hetbench ARGS`."""
-    return run_python(["-m", "hetbench", *args], nprocs=nprocs, cwd=cwd, timeout=timeout, env=env,
-                      launcher_args=launcher_args)
-
-
-def assert_usage_error(run: Run, tmp_path: Path, *needles: str) -> None:
-    """Bad input: exit code 2, one line (said once, by rank 0) holding every needle, no traceback, nothing on
-    stdout, and no results file left behind."""
-    assert run.returncode == 2, f"exit {run.returncode}\nstdout: {run.stdout}\nstderr: {run.stderr}"
-    assert "Traceback" not in run.stderr
-    assert len(run.error_lines) == 1, run.stderr
-    line = run.error_lines[0]
-    for needle in needles:
-        assert needle in line, line
-    assert run.stdout == ""
-    leftovers = [p.name for p in tmp_path.rglob("*") if p.is_file() and p.suffix in (".json", ".csv", ".tmp")]
-    assert leftovers == [], leftovers
-    assert not (tmp_path / "results").exists() or not any((tmp_path / "results").iterdir())

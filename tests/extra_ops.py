@@ -1,5 +1,5 @@
 """Two collectives hetbench does not ship, each one `Op` record registered the way the built-in ones are: what a
-new op takes. Imported by tests/test_op_records.py; run as a script, it registers them and runs the real CLI
+new op takes. Imported by tests/cli/test_op_records.py; run as a script, it registers them and runs the real CLI
 (`python tests/extra_ops.py collectives --op allreduce_max ...`, under mpiexec too)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Runs hetbench.train's ddp and fsdp on every rank and prints, on rank 0, one JSON object with every rank's logs
-and rank 0's final parameters, for tests/test_train_parallel.py to check against the single-process reference.
+and rank 0's final parameters, for tests/mpi/test_train_parallel.py to check against the single-process reference.
 
     python -m mpi4py tests/mpi_train.py LAYERS HIDDEN BATCH STEPS BACKENDS CASE...
 

@@ -1,7 +1,8 @@
 """gatherv, allgatherv and reduce_scatterv against NumPy, on any number of ranks, with uneven counts and a zero.
 
 Run it as `python -m mpi4py tests/mpi_vcollectives.py [CHECK...]` (alone or under mpiexec): mpi4py's runner aborts every rank
-when one raises, so a failed check ends the job instead of leaving the other ranks waiting. Prints "ok" on rank 0.
+when one raises, so a failed check ends the job instead of leaving the other ranks waiting. Rank 0 prints each check's
+outcome (see main).
 """
 
 from __future__ import annotations
@@ -110,27 +111,50 @@ def check_bad_counts(comm) -> None:
            f"{2 * size + 1} elements", f"add up to {2 * size}")
 
 
-CHECKS = {"gatherv": check_gatherv, "allgatherv": check_allgatherv, "reduce_scatterv": check_reduce_scatter}
+def check_broken_on_rank_1(comm, counts, dtype) -> None:
+    """A check that fails on rank 1 alone, outside any collective: the suite's test that one failure is said and the
+    checks after it still run."""
+    assert comm.Get_rank() != 1, "broken on purpose"
+
+
+CHECKS = {"gatherv": check_gatherv, "allgatherv": check_allgatherv, "reduce_scatterv": check_reduce_scatter,
+          "broken_on_rank_1": check_broken_on_rank_1}
 
 
 def main(names: list[str]) -> None:
-    """Run the named checks (gatherv, allgatherv, reduce_scatterv, bad_counts), or all of them."""
+    """Run the named checks (gatherv, allgatherv, reduce_scatterv, bad_counts), or all of them, in one job (as
+    mpi4py's own suite runs its cases): each check's outcome is agreed over the ranks after it and said by rank 0,
+    "ok NAME" or "FAILED NAME: rank R: ...", so that one broken function does not hide the others; exit 1 when any
+    failed. A check that hangs (a rank failing inside a collective) is named by the "start NAME" line before it."""
     comm = MPI.COMM_WORLD
-    names = names or [*CHECKS, "bad_counts"]
+    names = names or [*(n for n in CHECKS if n != "broken_on_rank_1"), "bad_counts"]
     unknown = [n for n in names if n not in CHECKS and n != "bad_counts"]
     assert not unknown, f"unknown checks {unknown}; accepted: {', '.join(CHECKS)}, bad_counts"
     assert displacements([1, 4, 0, 3]) == [0, 1, 5, 5]
     assert displacements([]) == []
+    failed = False
     for name in names:
-        if name == "bad_counts":
-            check_bad_counts(comm)
-            continue
-        for counts in count_patterns(comm.Get_size()):
-            for dtype in DTYPES:
-                CHECKS[name](comm, counts, dtype)
+        if comm.Get_rank() == 0:
+            print(f"start {name}", flush=True)
+        problem = None
+        try:
+            if name == "bad_counts":
+                check_bad_counts(comm)
+            else:
+                for counts in count_patterns(comm.Get_size()):
+                    for dtype in DTYPES:
+                        CHECKS[name](comm, counts, dtype)
+        except Exception as e:  # this rank's; agreed below
+            problem = f"{type(e).__name__}: {e}"
+        problems = comm.allgather(problem)
+        bad = [(r, p) for r, p in enumerate(problems) if p is not None]
+        failed = failed or bool(bad)
+        if comm.Get_rank() == 0:
+            print(f"ok {name}" if not bad else f"FAILED {name}: " + "; ".join(f"rank {r}: {p}" for r, p in bad),
+                  flush=True)
     comm.Barrier()
-    if comm.Get_rank() == 0:
-        print("ok", flush=True)
+    if failed:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

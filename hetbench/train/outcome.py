@@ -102,7 +102,7 @@ def _uncreatable(folder: Any) -> str | None:
     import secrets
 
     base = next(p for p in [folder, *folder.absolute().parents] if p.exists())
-    probe = base / f".hetbench-probe-{os.getpid()}-{secrets.token_hex(4)}"  # mutation: equivalent (token_hex(4) or (5): a unique name either way, never shown, removed at once; this line's "/" is pinned by tests/test_pin_train_run.py)
+    probe = base / f".hetbench-probe-{os.getpid()}-{secrets.token_hex(4)}"  # mutation: equivalent (token_hex(4) or (5): a unique name either way, never shown, removed at once; this line's "/" is pinned by tests/unit/test_pin_train_run.py)
     try:
         probe.mkdir()
     except OSError as e:

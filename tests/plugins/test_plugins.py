@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO, needs_mpi, run_cli
+from helpers import REPO, needs_mpi, run_cli
 
 from hetbench.results import load_results
 

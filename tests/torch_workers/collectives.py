@@ -1,5 +1,5 @@
 """Every torch.distributed collective on the "hetbench" backend against a NumPy reference, run under
-`mpiexec -n 2` and `-n 3` (tests/test_torch_backend.py; `python -m mpi4py` so that an uncaught error ends every
+`mpiexec -n 2` and `-n 3` (tests/mpi/test_torch_backend.py; `python -m mpi4py` so that an uncaught error ends every
 rank).
 
 Each check draws its inputs from numpy.random.default_rng([check id, rank]), so every rank computes every other

@@ -1,0 +1,226 @@
+"""`make bench` runs hetbench/overhead.py (hetbench's overhead over the bare library call): every module its recipe
+names exists, and every part it asks for is one the script accepts."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+from helpers import HAVE_OPENCL, REPO, needs_mpi, run_cli, run_python
+
+pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="no make")
+
+
+def test_bench_target_runs_parts_the_overhead_script_accepts():
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    # -n prints the recipe without running it; PY and -o keep make from building a virtualenv
+    recipe = subprocess.run(["make", "-C", str(REPO), "-n", f"PY={sys.executable}", "-o", ".venv/.installed",
+                             "VENV=.venv", "bench"], capture_output=True, text=True, timeout=60, env=env)
+    assert recipe.returncode == 0, recipe.stderr
+    calls = re.findall(r" -m (\S+) (\S+)", recipe.stdout)
+    # the torch bench where torch is installed, the split and train benches where there is an OpenCL device for
+    # their second rank
+    have_torch = importlib.util.find_spec("torch") is not None
+    assert [part for _, part in calls] == ["gemm", "allreduce", "opencl"] + (["torch"] if have_torch else []) + (
+        ["split", "train"] if HAVE_OPENCL else []) + (["train-torch"] if HAVE_OPENCL and have_torch else [])
+    assert {module for module, _ in calls} == {"hetbench.overhead"}
+    assert importlib.util.find_spec("hetbench.overhead") is not None
+
+    unknown = subprocess.run([sys.executable, "-m", "hetbench.overhead", "nonesuch"], capture_output=True, text=True,
+                             timeout=60, env=env, cwd=REPO)
+    assert unknown.returncode == 2
+    assert "'nonesuch'" in unknown.stderr and "accepted: gemm, allreduce, opencl, torch, split, train, train-torch" in unknown.stderr
+
+
+def test_each_bench_folder_is_named_once_a_run():
+    """A folder named after the clock must take the time once (:=): named at each use, a bench crossing a second
+    made one folder and wrote into another (bench-split failed so). Every results folder the recipes use comes from
+    the one STAMP, and each recipe's mkdir and --out name the same folder."""
+    text = (REPO / "Makefile").read_text()
+    assert re.search(r"^STAMP := \$\(shell date", text, re.M)
+    assert text.count("$(shell date") == 1, "only STAMP reads the clock"
+    recipe = subprocess.run(["make", "-C", str(REPO), "-n", f"PY={sys.executable}", "-o", ".venv/.installed",
+                             "VENV=.venv", "bench-split"], capture_output=True, text=True, timeout=60)
+    made = re.findall(r"mkdir -p (\S+)", recipe.stdout)
+    written = set(re.findall(r"--out (\S+)/[^/\s]+\.json", recipe.stdout))
+    assert len(made) == 1 and written == {made[0]}, recipe.stdout
+
+
+def _overhead_split(tmp_path, *documents):
+    return run_python(["-m", "hetbench.overhead", "split", *documents], cwd=tmp_path, timeout=60)
+
+
+@needs_mpi
+def test_split_figures_are_the_runs_and_unmet_goals_fail(tmp_path):
+    """`overhead split` prints each run's figures as its JSON has them, and exits 1 where a goal is not met (a
+    tiny product: its efficiency is far below 0.95)."""
+    import json
+
+    run = run_cli(["split", "--size", "64", "--strategy", "rows", "--weights", "3,1", "--backend", "0=host,1=sim:h100",
+                   "--repeat", "1", "--out", "s.json"], nprocs=2, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    shown = _overhead_split(tmp_path, "s.json")
+    s = json.loads((tmp_path / "s.json").read_text())["summary"]
+    w = s["splits"]["weighted"]
+    assert f"efficiency {w['efficiency_end_to_end']:.3f} end-to-end, {w['efficiency_compute']:.3f} compute" in shown.stdout
+    assert f"(sum {s['sum_solo_gflops']:.2f})" in shown.stdout
+    # one round: its median, min and max are its value, so its verdict is met or NOT met; an efficiency above 1 is
+    # a measurement fault, which judges nothing (UNDECIDED)
+    met = []
+    for k, goal in (("efficiency_compute", 0.95), ("efficiency_end_to_end", 0.90), ("speedup_over_even", 3.0)):
+        v = s[k]
+        verdict = ("UNDECIDED" if k.startswith("efficiency") and v > 1 else "met" if v >= goal else "NOT met")
+        assert f"goal {k} >= {goal}: median {v:.3f} of 1 round(s) (spread {v:.3f}-{v:.3f}) {verdict}" in shown.stdout
+        met.append(verdict == "met")
+    assert shown.returncode == (0 if all(met) else 1)
+    # three rounds: each goal's line from the three documents' figures (judged's cases: test_bench_goal_verdicts)
+    doc = json.loads((tmp_path / "s.json").read_text())
+    for i, (compute, e2e, speedup) in enumerate([(0.97, 0.93, 3.5), (0.96, 0.95, 3.1), (1.013, 0.91, 4.0)]):
+        doc["summary"].update(efficiency_compute=compute, efficiency_end_to_end=e2e, speedup_over_even=speedup)
+        (tmp_path / f"r{i}.json").write_text(json.dumps(doc))
+    rounds = _overhead_split(tmp_path, "r0.json", "r1.json", "r2.json")
+    assert ("goal efficiency_compute >= 0.95: median 0.970 of 3 round(s) (spread 0.960-1.013) met "
+            "[1 round(s) a MEASUREMENT FAULT, flagged]") in rounds.stdout
+    assert "goal efficiency_end_to_end >= 0.9: median 0.930 of 3 round(s) (spread 0.910-0.950) met" in rounds.stdout
+    assert "goal speedup_over_even >= 3.0: median 3.500 of 3 round(s) (spread 3.100-4.000) met" in rounds.stdout
+    assert rounds.returncode == 0, rounds.stdout
+    # the rounds' baselines (their summed solo rates) moved 2 %: each goal's band widens by it, from the documents'
+    # own sum_solo_gflops; every round still above its goal, the efficiencies' bands now reach below them
+    base = doc["summary"]["sum_solo_gflops"]
+    for i, factor in enumerate((1.0, 1.02, 1.01)):
+        moved = json.loads((tmp_path / f"r{i}.json").read_text())
+        moved["summary"]["sum_solo_gflops"] = base * factor
+        (tmp_path / f"m{i}.json").write_text(json.dumps(moved))
+    drifted = _overhead_split(tmp_path, "m0.json", "m1.json", "m2.json")
+    d = 1.02 - 1
+    assert (f"goal efficiency_compute >= 0.95: median 0.970 of 3 round(s) (spread 0.960-1.013; the baselines moved "
+            f"2.0 % between rounds: band {0.96 / (1 + d):.3f}-{1.013 * (1 + d):.3f}) UNDECIDED (the goal inside the "
+            "band: within the machine's drift) [1 round(s) a MEASUREMENT FAULT, flagged]") in drifted.stdout
+    assert (f"goal efficiency_end_to_end >= 0.9: median 0.930 of 3 round(s) (spread 0.910-0.950; the baselines moved "
+            f"2.0 % between rounds: band {0.91 / (1 + d):.3f}-{0.95 * (1 + d):.3f}) UNDECIDED (the goal inside the "
+            "band: within the machine's drift)") in drifted.stdout  # 0.91 / 1.02 = 0.892
+    assert (f"goal speedup_over_even >= 3.0: median 3.500 of 3 round(s) (spread 3.100-4.000; the baselines moved "
+            f"2.0 % between rounds: band {3.1 / (1 + d):.3f}-{4.0 * (1 + d):.3f}) met") in drifted.stdout
+    assert drifted.returncode == 1, drifted.stdout
+    doc["summary"]["speedup_over_even"] = 2.0  # round 3 now below the goal: the spread is across it
+    (tmp_path / "r2.json").write_text(json.dumps(doc))
+    across = _overhead_split(tmp_path, "r0.json", "r1.json", "r2.json")
+    assert ("goal speedup_over_even >= 3.0: median 3.100 of 3 round(s) (spread 2.000-3.500) UNDECIDED (the goal "
+            "inside the rounds' spread)") in across.stdout
+    assert across.returncode == 1
+
+
+@pytest.mark.parametrize("values, faulty, baselines, verdict", [
+    ([0.96, 0.97, 0.99], [False] * 3, None, "met"),  # every round and the median reach 0.95
+    ([0.95, 0.95, 0.95], [False] * 3, None, "met"),  # at the goal is met
+    ([0.90, 0.93, 0.94], [False] * 3, None, "NOT met"),  # no round reaches it
+    ([0.90, 0.97, 0.99], [False] * 3, None, "UNDECIDED (the goal inside the rounds' spread)"),  # a round below
+    ([0.90, 0.93, 0.99], [False] * 3, None, "UNDECIDED (the goal inside the rounds' spread)"),  # median below
+    ([0.90, 0.93, 0.95], [False] * 3, None, "UNDECIDED (the goal inside the rounds' spread)"),  # the top at the goal
+    ([0.96, 0.97, 1.013], [False, False, True], None, "met"),  # a faulty round flagged; the rest meet it
+    ([0.97, 1.02, 1.013], [False, True, True], None, "UNDECIDED"),  # the median itself above 1: nothing judged
+    ([], [], None, "UNDECIDED"),  # no round
+    # the baselines moved 2 %: 0.96 / 1.02 = 0.941 < 0.95, every round above the goal and still undecided
+    ([0.96, 0.97, 0.99], [False] * 3, [100.0, 102.0, 101.0],
+     "UNDECIDED (the goal inside the band: within the machine's drift)"),
+    # 1 %: 0.98 / 1.01 = 0.970, met; 0 is no baseline (left out: the drift from 100 and 101 only)
+    ([0.98, 0.985, 0.99], [False] * 3, [100.0, 0.0, 101.0], "met"),
+    # 4 %: 0.94 * 1.04 = 0.978, no round reaches the goal and not NOT met either
+    ([0.90, 0.93, 0.94], [False] * 3, [104.0, 100.0, 102.0],
+     "UNDECIDED (the goal inside the band: within the machine's drift)"),
+    ([0.80, 0.85, 0.90], [False] * 3, [104.0, 100.0, 102.0], "NOT met"),  # 0.90 * 1.04 = 0.936 < 0.95
+    ([0.96, 0.97, 0.99], [False] * 3, [101.0, 101.0, 101.0], "met"),  # the same baselines: no drift, no band
+])
+def test_bench_goal_verdicts(values, faulty, baselines, verdict):
+    """overhead.judged: met only where the median and the band (the rounds' spread widened by the baselines'
+    drift, max / min - 1) reach the goal, NOT met where the band's top does not, UNDECIDED where the goal lies
+    inside the band or a faulty median judges nothing; the median, spread and band as the rounds give them, and
+    the faults counted."""
+    from hetbench.overhead import judged
+
+    ok, text = judged(values, 0.95, faulty, baselines)
+    assert ok == (verdict == "met")
+    known = [b for b in baselines or [] if b > 0]
+    drift = max(known) / min(known) - 1 if known else 0.0
+    if values:
+        median = sorted(values)[len(values) // 2]
+        band = (f"; the baselines moved {100 * drift:.1f} % between rounds: band {min(values) / (1 + drift):.3f}-"
+                f"{max(values) * (1 + drift):.3f}" if drift else "")
+        assert text.startswith(f"median {median:.3f} of {len(values)} round(s) (spread {min(values):.3f}-"
+                               f"{max(values):.3f}{band}) {verdict}")
+    else:
+        assert text.startswith("no round UNDECIDED")
+    if sum(faulty) and verdict == "UNDECIDED":
+        assert text.endswith("[the median above 1: a MEASUREMENT FAULT, nothing judged]")
+    elif sum(faulty):
+        assert text.endswith(f"[{sum(faulty)} round(s) a MEASUREMENT FAULT, flagged]")
+    else:
+        assert "FAULT" not in text
+
+
+def test_gemm_and_opencl_benches_run_small():
+    """Each part `make bench` runs, made small, runs through and gives positive figures and their ratio."""
+    from hetbench import overhead
+
+    (row,) = overhead.bench_gemm(sizes=(64,), repeat=2)
+    assert row["n"] == 64 and row["hetbench_gflops"] > 0 and row["numpy_gflops"] > 0
+    assert row["ratio"] == pytest.approx(row["hetbench_gflops"] / row["numpy_gflops"])
+    if HAVE_OPENCL:
+        r = overhead.bench_opencl(n=64, repeat=1)
+        assert r is not None and r["n"] == 64 and (r.get("hetbench_kernel_gflops") or 0) > 0
+
+
+@needs_mpi
+def test_allreduce_bench_runs_small(tmp_path):
+    from helpers import run_python
+
+    run = run_python(["-c", "from hetbench import overhead as o; import json; "
+                            "r = o.bench_allreduce(sizes_mib=(1,), warmup=1, iters=2); print(json.dumps(r)) if r else None"],
+                     nprocs=2, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    (row,) = json.loads(run.stdout)
+    assert row["size_mib"] == 1 and row["ratio"] == pytest.approx(row["hetbench_algbw_gbps"] / row["mpi4py_algbw_gbps"])
+    assert row["staged_ratio"] > 0
+
+
+@needs_mpi
+def test_torch_bench_allreduce_ratio_is_the_medians_of_its_rounds(tmp_path):
+    """The torch bench's all_reduce figure (hetbench/pytorch/bench.py), on 2 ranks made small: each side's algbw is
+    the size over the median of its 15 rounds (each round a mean over the iterations, the slowest rank's), the ratio
+    hetbench's over bare mpi4py's; the rounds are recorded, so the medians are recomputed here from them."""
+    pytest.importorskip("torch")
+    from helpers import run_python
+
+    (tmp_path / "spy.py").write_text(
+        "import json\n"
+        "from mpi4py import MPI\n"
+        "import hetbench.pytorch as hb\n"
+        "import hetbench.pytorch.bench as b\n"
+        "seen, real = [], b._median_seconds\n"
+        "def spy(*args, **kwargs):\n"
+        "    seen.append(real(*args, **kwargs))\n"
+        "    return seen[-1]\n"
+        "b._median_seconds = spy\n"
+        "hb.init('host')\n"
+        "r = b.bench_allreduce(MPI.COMM_WORLD, mib=1, iters=2, warmup=1)\n"
+        "if MPI.COMM_WORLD.rank == 0:\n"
+        "    print(json.dumps({'r': r, 'seen': seen}))\n")
+    run = run_python(["spy.py"], nprocs=2, cwd=tmp_path, timeout=180)
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    r, seen = out["r"], out["seen"]
+    assert len(seen) == 2 * 15  # 15 rounds of each side, the order flipped each round: ours, bare, bare, ours, ...
+    ours = [seen[2 * i] if i % 2 == 0 else seen[2 * i + 1] for i in range(15)]
+    bare = [seen[2 * i + 1] if i % 2 == 0 else seen[2 * i] for i in range(15)]
+    import statistics
+
+    size = 1024**2
+    assert r["hetbench_algbw_gbps"] == pytest.approx(size / statistics.median(ours) / 1e9, rel=1e-12)
+    assert r["mpi4py_algbw_gbps"] == pytest.approx(size / statistics.median(bare) / 1e9, rel=1e-12)
+    assert r["ratio"] == pytest.approx(r["hetbench_algbw_gbps"] / r["mpi4py_algbw_gbps"], rel=1e-12)

@@ -1,0 +1,269 @@
+"""Ctrl-C (SIGINT) and SIGTERM end the whole job within seconds, on one rank, on every rank, or on the launcher,
+even while the ranks are out of step (one computing, the others waiting in MPI), with exit code 130 or 143 and one
+line naming the rank, and never a traceback."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import MPIEXEC, REPO, needs_mpi, require_mpi_mark
+
+END_WITHIN_SECONDS = 10.0  # the issue's bound, from the signal to the end of every rank
+_RANK_VARIABLES = (b"PMI_RANK=", b"OMPI_COMM_WORLD_RANK=")
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def _start(args: list[str], cwd: Path, nprocs: int | None = None) -> subprocess.Popen:
+    cmd = [sys.executable, *args]
+    if nprocs is not None:
+        assert MPIEXEC is not None
+        require_mpi_mark()
+        cmd = [MPIEXEC, "-n", str(nprocs), *cmd]
+    # a session of its own, so that whatever is left after a failure can be killed as a group
+    return subprocess.Popen(cmd, cwd=cwd, env=_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _parents() -> dict[int, int]:
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry)] = int(stat[stat.rindex(")") + 2:].split()[1])
+    return parents
+
+
+def _descendants(root: int) -> list[int]:
+    parents = _parents()
+    found = []
+    for pid in parents:
+        p = pid
+        while p in parents and p not in (root, 0, 1):
+            p = parents[p]
+        if p == root and pid != root:
+            found.append(pid)
+    return found
+
+
+def _rank_of(pid: int) -> int | None:
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    for item in environ:
+        for name in _RANK_VARIABLES:
+            if item.startswith(name) and item[len(name):].isdigit():
+                return int(item[len(name):])
+    return None
+
+
+def _handles_sigterm(pid: int) -> bool:
+    """Whether hetbench's handlers are in place: Python itself catches SIGINT only, hetbench SIGTERM as well."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
+    return bool(caught & (1 << (signal.SIGTERM - 1)))
+
+
+def _rank_pids(launcher: subprocess.Popen, nprocs: int, timeout: float = 60) -> dict[int, int]:
+    """rank -> pid of the Python processes under the launcher, once all have hetbench's handlers in place."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ranks = {}
+        for pid in _descendants(launcher.pid):
+            rank = _rank_of(pid)
+            if rank is not None and _handles_sigterm(pid):
+                ranks[rank] = pid
+        if len(ranks) == nprocs:
+            return ranks
+        if launcher.poll() is not None:
+            break
+        time.sleep(0.05)
+    _kill(launcher)
+    out, err = launcher.communicate()
+    pytest.fail(f"the ranks did not start: exit {launcher.returncode}\nstdout: {out}\nstderr: {err}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _wait_after(proc: subprocess.Popen, signalled_at: float, ranks: dict[int, int] | None = None):
+    """(exit code, stdout, stderr, seconds from the signal to the end of the launcher and of every rank)."""
+    try:
+        out, err = proc.communicate(timeout=END_WITHIN_SECONDS + 20)
+    except subprocess.TimeoutExpired:
+        _kill(proc)
+        out, err = proc.communicate()
+        pytest.fail(f"the job still ran {END_WITHIN_SECONDS + 20:.0f} s after the signal (a hang)\n"
+                    f"stdout: {out}\nstderr: {err}")
+    while ranks and any(_alive(pid) for pid in ranks.values()) and time.monotonic() - signalled_at < 30:
+        time.sleep(0.05)
+    seconds = time.monotonic() - signalled_at
+    assert not any(_alive(pid) for pid in (ranks or {}).values()), "a rank outlived the launcher"
+    return proc.returncode, out, err, seconds
+
+
+def _launcher_is_hydra() -> bool:
+    version = subprocess.run([MPIEXEC, "--version"], capture_output=True, text=True).stdout if MPIEXEC else ""
+    return "HYDRA" in version
+
+
+@pytest.fixture
+def out_of_step(tmp_path: Path) -> list[str]:
+    """A matmul in which rank 0 multiplies 512x512 matrices ~forever while the other ranks' 8x8 products are done
+    in a moment: they then wait in MPI (the gather of the rows) for rank 0."""
+    rng = np.random.default_rng(0)
+    for rank, size in ((0, 512), (1, 8), (2, 8)):
+        np.save(tmp_path / f"a{rank}.npy", rng.random((size, size), dtype=np.float32))
+        np.save(tmp_path / f"b{rank}.npy", rng.random((size, size), dtype=np.float32))
+    return ["-m", "hetbench", "matmul", "--a", "a{rank}.npy", "--b", "b{rank}.npy", "--reduce", "none",
+            "--warmup", "0", "--repeat", "1000000", "--backend", "host", "--out", "r.json"]
+
+
+SETTLE_SECONDS = 3.0  # after start-up, time for ranks 1 and 2 to finish their products and wait in MPI
+
+
+@needs_mpi
+@pytest.mark.parametrize("target_rank, signum", [(1, signal.SIGINT), (0, signal.SIGINT), (2, signal.SIGTERM)])
+def test_signal_to_one_rank_ends_the_job(tmp_path, out_of_step, target_rank, signum):
+    """Rank 1 or 2 waits in MPI while rank 0 computes (before, SIGINT to rank 1 hung the job for ever: its
+    handler never ran inside the MPI call, and others waited for it); rank 0 is signalled mid-computation."""
+    proc = _start(out_of_step, tmp_path, nprocs=3)
+    try:
+        ranks = _rank_pids(proc, 3)
+        time.sleep(SETTLE_SECONDS)
+        assert proc.poll() is None, "the job ended before the signal"
+        start = time.monotonic()
+        os.kill(ranks[target_rank], signum)
+        code, out, err, seconds = _wait_after(proc, start, ranks)
+    finally:
+        _kill(proc)
+    name = signal.Signals(signum).name
+    assert seconds < END_WITHIN_SECONDS, (seconds, err)
+    assert code == 128 + signum, (code, err)
+    assert f"Error: rank {target_rank} (" in err and f"interrupted by {name}" in err, err
+    if _launcher_is_hydra():  # Open MPI stops the other ranks with SIGTERM, and they say so too
+        assert len([line for line in err.splitlines() if line.startswith("Error:")]) == 1, err
+    assert "Traceback" not in err
+    assert out == ""
+    assert not (tmp_path / "r.json").exists()
+
+
+@needs_mpi
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signal_to_the_launcher_ends_the_job(tmp_path, out_of_step, signum):
+    proc = _start(out_of_step, tmp_path, nprocs=3)
+    try:
+        ranks = _rank_pids(proc, 3)
+        time.sleep(SETTLE_SECONDS)
+        assert proc.poll() is None, "the job ended before the signal"
+        start = time.monotonic()
+        proc.send_signal(signum)
+        code, out, err, seconds = _wait_after(proc, start, ranks)
+    finally:
+        _kill(proc)
+    assert seconds < END_WITHIN_SECONDS, (seconds, err)
+    assert code != 0, err
+    if _launcher_is_hydra():  # MPICH's mpiexec hands the signal to every rank: rank 0 aborts with 128 + signal
+        assert code == 128 + signum, (code, err)
+        assert f"Error: rank 0 (" in err and f"interrupted by {signal.Signals(signum).name}" in err, err
+        assert len([line for line in err.splitlines() if line.startswith("Error:")]) == 1, err
+    assert "Traceback" not in err
+    assert not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_signal_to_a_single_process(tmp_path, signum):
+    proc = _start(["-m", "hetbench", "matmul", "--size", "512", "--warmup", "0", "--repeat", "1000000",
+                   "--backend", "host", "--out", "r.json"], tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        while not _handles_sigterm(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(2.0)  # into the timed repeats
+        start = time.monotonic()
+        proc.send_signal(signum)
+        code, out, err, seconds = _wait_after(proc, start)
+    finally:
+        _kill(proc)
+    assert seconds < END_WITHIN_SECONDS
+    assert code == 128 + signum, (code, err)
+    assert [line for line in err.splitlines() if line.strip()] == [
+        f"Error: interrupted by {signal.Signals(signum).name}"], err
+    assert out == ""
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_ctrl_c_during_start_up_prints_no_traceback(tmp_path):
+    """The signal lands while the commands are still being imported (or just after)."""
+    proc = _start(["-m", "hetbench", "matmul", "--size", "64", "--backend", "host", "--out", "r.json"], tmp_path)
+    try:
+        deadline = time.monotonic() + 30
+        while not _handles_sigterm(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        start = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        code, out, err, seconds = _wait_after(proc, start)
+    finally:
+        _kill(proc)
+    assert code == 130, (code, err)
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert "Error: interrupted by SIGINT" in err
+
+
+def test_process_stuck_in_a_c_call_still_ends(tmp_path):
+    """The main thread blocked for ever inside MPI (a receive nobody sends): Python's handler never runs, and the
+    watchdog ends the process after its grace period."""
+    script = tmp_path / "stuck.py"
+    script.write_text(
+        "import sys\n"
+        "from hetbench import signals\n"
+        "signals.install()\n"
+        "import numpy as np\n"
+        "from mpi4py import MPI\n"
+        "sys.stdout.write('blocked\\n'); sys.stdout.flush()\n"
+        "MPI.COMM_WORLD.Recv(np.empty(1), source=0, tag=7)\n"
+    )
+    proc = _start([str(script)], tmp_path)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "blocked\n"
+        time.sleep(0.5)
+        start = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        code, out, err, seconds = _wait_after(proc, start)
+    finally:
+        _kill(proc)
+    assert code == 130, (code, err)
+    assert "Error: interrupted by SIGINT" in err
+    assert "Traceback" not in err
+    assert seconds < END_WITHIN_SECONDS

@@ -1,0 +1,232 @@
+"""`hetbench train --checkpoint/--resume`: a run saved by fsdp on 2 ranks continues the single-process loss curve
+when resumed by fsdp on 3 ranks with other weights, by ddp and by pipeline (re-sharded); bad checkpoints are
+refused with one line and exit 2; a save interrupted before its manifest leaves the previous checkpoint in use."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from helpers import HAVE_OPENCL, assert_usage_error, needs_mpi, run_cli
+from hetbench.train import FullState, Piece
+from hetbench.train.checkpoint import FAULT_ENV, Checkpoint, CheckpointError, Saver
+from hetbench.train.model import ModelConfig
+from hetbench.train.optim import make_optimizer
+from hetbench.train.reference import reference
+
+SECOND = "opencl" if HAVE_OPENCL else "sim:h100"
+MODEL = ["--layers", "4", "--hidden", "16", "--batch", "24"]
+CFG = ModelConfig(layers=4, hidden=16, batch=24, seed=0)
+P = 16 * 16 + 16
+
+
+@pytest.fixture(scope="module")
+def ref_losses():
+    losses, _ = reference(CFG, "adamw", 1e-2, 40)
+    return losses
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """fsdp, 2 ranks, weights 3,1, 20 steps, saving after 10 and 20."""
+    from helpers import MPIEXEC
+
+    if MPIEXEC is None:
+        pytest.skip("no mpiexec")
+    root = tmp_path_factory.mktemp("saved")
+    ck = root / "ck"
+    run = run_cli(["train", *MODEL, "--steps", "20", "--strategy", "fsdp", "--weights", "3,1",
+                   "--backend", "0=host,1=sim:h100", "--checkpoint", str(ck), "--checkpoint-every", "10",
+                   "--out", str(root / "first.json")], nprocs=2, cwd=root, timeout=240)
+    assert run.returncode == 0, run.stdout + run.stderr
+    return ck, json.loads((root / "first.json").read_text())
+
+
+def resume(tmp_path, nprocs, *args, env=None):
+    out, log = tmp_path / "r.json", tmp_path / "r.jsonl"
+    run = run_cli(["train", *MODEL, "--out", str(out), "--log", str(log), *args], nprocs=nprocs, cwd=tmp_path,
+                  timeout=240, env=env)
+    assert run.returncode == 0, run.stdout + run.stderr
+    return json.loads(out.read_text()), [json.loads(line) for line in log.read_text().splitlines()]
+
+
+# --- in one process: the reader re-shards any layout, the optimizer state round-trips --------------------------
+
+class OneRank:
+    rank, size, is_root = 0, 1, True
+
+    def bcast(self, obj, root=0):
+        return obj
+
+    def allgather(self, obj):
+        return [obj]
+
+
+def test_optimizer_state_round_trips():
+    opt = make_optimizer("adamw", 0.1, 5)
+    p, g = np.ones(5, np.float32), np.arange(5, dtype=np.float32)
+    opt.step(p, g, 0)
+    other = make_optimizer("adamw", 0.1, 5)
+    other.load_state({k: v.copy() for k, v in opt.state().items()})
+    p2 = p.copy()
+    opt.step(p, g, 1)
+    other.step(p2, g, 1)
+    assert np.array_equal(p, p2)
+    with pytest.raises(ValueError):
+        make_optimizer("sgd", 0.1, 5).load_state({"m": np.zeros(5, np.float32)})
+
+
+def test_saved_pieces_are_read_back_by_any_range(tmp_path):
+    rng = np.random.default_rng(0)
+    full = [{n: rng.standard_normal(P).astype(np.float32) for n in ("param", "m", "v")} for _ in range(4)]
+    # one rank holding uneven pieces of every layer (as fsdp ranks would, here all in one file)
+    cuts = [0, 100, 101, P]
+    pieces = [Piece(layer, a, b, {n: full[layer][n][a:b] for n in full[layer]})
+              for layer in range(4) for a, b in zip(cuts, cuts[1:])]
+    manifest = {"model": {"layers": 4, "hidden": 16, "batch": 24, "seed": 0}, "optimizer": "adamw", "lr": 0.01,
+                "strategy": "fsdp", "weights": [1.0], "first_step": 0, "history": []}
+    saver = Saver(OneRank(), tmp_path / "ck", 0, 7, manifest, [{"device": "d", "vendor": "v"}], RuntimeError)
+    saver.save(7, pieces)
+    assert (tmp_path / "ck" / "latest").read_text().strip() == "step-7"
+    ck = Checkpoint(tmp_path / "ck")
+    assert ck.steps_done == 7 and ck.manifest["ranks"][0]["vendor"] == "v"
+    for name in ("param", "m", "v"):
+        assert np.array_equal(ck.read(name, 2, 0, P), full[2][name])
+        assert np.array_equal(ck.read(name, 3, 50, 150), full[3][name][50:150])
+    assert ck.mismatches(4, 16, 24, 0, "adamw", 0.01, 8) == []
+    assert ck.mismatches(4, 16, 24, 0, "adamw", 0.01, 7)  # --steps not beyond
+    assert ck.mismatches(4, 32, 24, 0, "adamw", 0.01, 8)  # another shape
+    # a rank's file gone: refused as incomplete
+    (tmp_path / "ck" / "step-7" / "rank-0.v.npy").unlink()
+    with pytest.raises(CheckpointError, match="incomplete"):
+        Checkpoint(tmp_path / "ck")
+    assert FullState(0, full).read("m", 1, 3, 9).tolist() == full[1]["m"][3:9].tolist()
+
+
+# --- the command ----------------------------------------------------------------------------------------------
+
+@needs_mpi
+def test_the_saved_checkpoint_names_every_rank_device(saved):
+    ck, first = saved
+    assert sorted(p.name for p in ck.iterdir()) == ["latest", "step-10", "step-20"]
+    assert (ck / "latest").read_text().strip() == "step-20"
+    manifest = json.loads((ck / "step-20" / "manifest.json").read_text())
+    assert manifest["steps_done"] == 20 and manifest["strategy"] == "fsdp" and manifest["optimizer"] == "adamw"
+    assert manifest["model"] == {"layers": 4, "hidden": 16, "batch": 24, "seed": 0}
+    ranks = first["metadata"]["ranks"]
+    for r, saved_rank in enumerate(manifest["ranks"]):
+        assert saved_rank["device"] == ranks[r]["device_info"]["name"]
+        assert saved_rank["vendor"] == ranks[r]["device_info"]["vendor"]
+        assert saved_rank["backend"] == ranks[r]["backend"]
+        # its fsdp shard of every layer: shares(3,1) of the 272 elements
+        assert [p[:3] for p in saved_rank["pieces"]] == [[layer, *((0, 204) if r == 0 else (204, 272))]
+                                                         for layer in range(4)]
+        for name in ("param", "m", "v"):
+            assert np.load(ck / "step-20" / f"rank-{r}.{name}.npy").size == 4 * (204 if r == 0 else 68)
+    assert first["summary"]["checkpoints"] == [str(ck / "step-10"), str(ck / "step-20")]
+
+
+@needs_mpi
+@pytest.mark.parametrize("nprocs, args", [
+    (3, ["--strategy", "fsdp", "--weights", "0.5,0.3,0.2", "--backend", f"0=host,1={SECOND},2=sim:mi300x"]),
+    (2, ["--strategy", "ddp", "--weights", "1,2", "--backend", "0=host,1=sim:mi300x"]),
+    (2, ["--strategy", "pipeline", "--backend", "0=sim:mi300x,1=host"]),
+], ids=["fsdp-3-ranks", "ddp-2-ranks", "pipeline-2-ranks"])
+def test_resume_continues_the_reference_curve(tmp_path, saved, ref_losses, nprocs, args):
+    ck, _ = saved
+    doc, lines = resume(tmp_path, nprocs, "--resume", str(ck), "--steps", "40", *args)
+    assert [line["step"] for line in lines] == list(range(20, 40))
+    np.testing.assert_allclose([line["loss"] for line in lines], ref_losses[20:40], rtol=1e-4)
+    s = doc["summary"]
+    assert s["verified"] is True and s["check"]["ok"] is True and s["first_step"] == 20
+    assert s["resumed_from"] == str(ck / "step-20")
+
+
+@needs_mpi
+def test_an_interrupted_save_leaves_the_previous_checkpoint(tmp_path, saved, ref_losses):
+    ck = tmp_path / "ck"
+    shutil.copytree(saved[0], ck)
+    run = run_cli(["train", *MODEL, "--steps", "30", "--resume", str(ck), "--checkpoint", str(ck), "--backend",
+                   "host", "--json"], nprocs=2, cwd=tmp_path, timeout=240, env={FAULT_ENV: "before-manifest"})
+    assert run.returncode != 0
+    assert (ck / "latest").read_text().strip() == "step-20"
+    assert not (ck / "step-30").exists()
+    unfinished = [p for p in ck.iterdir() if p.name.startswith("step-30.tmp-")]
+    assert len(unfinished) == 1 and not (unfinished[0] / "manifest.json").exists()
+    assert (unfinished[0] / "rank-0.param.npy").exists()
+    # the previous checkpoint still resumes, and the next save goes in beside the unfinished one
+    (tmp_path / "out").mkdir()
+    doc, lines = resume(tmp_path / "out", 2, "--resume", str(ck), "--checkpoint", str(ck), "--steps", "30",
+                        "--strategy", "ddp", "--backend", "host")
+    np.testing.assert_allclose([line["loss"] for line in lines], ref_losses[20:30], rtol=1e-4)
+    assert (ck / "latest").read_text().strip() == "step-30"
+    manifest = json.loads((ck / "step-30" / "manifest.json").read_text())
+    assert manifest["first_step"] == 20 and manifest["history"][0]["strategy"] == "fsdp"
+    assert [r["pieces"] != [] for r in manifest["ranks"]] == [True, False]  # ddp: rank 0 saves the replicas
+    # and an explicit step folder resumes too
+    doc, lines = resume(tmp_path / "out", 2, "--resume", str(ck / "step-10"), "--steps", "12", "--backend", "host")
+    np.testing.assert_allclose([line["loss"] for line in lines], ref_losses[10:12], rtol=1e-4)
+
+
+@needs_mpi
+@pytest.mark.parametrize("case", ["hidden", "layers", "missing", "partial", "partial-latest", "steps", "collision"])
+def test_bad_checkpoints_are_refused(tmp_path, tmp_path_factory, saved, case):
+    ck, _ = saved
+    args = ["--resume", str(ck), "--steps", "40"]
+    if case == "hidden":
+        args, needle = [*args, "--hidden", "32"], "--hidden 32 (the checkpoint's: 16)"
+    elif case == "layers":
+        args, needle = [*args, "--layers", "5"], "--layers 5 (the checkpoint's: 4)"
+    elif case == "missing":
+        args, needle = ["--resume", str(tmp_path / "nowhere"), "--steps", "40"], "does not exist"
+    elif case == "partial":
+        partial = tmp_path_factory.mktemp("partial") / "step-20"
+        shutil.copytree(ck / "step-20", partial)
+        (partial / "manifest.json").unlink()
+        args, needle = ["--resume", str(partial), "--steps", "40"], "holds no complete checkpoint"
+    elif case == "partial-latest":  # `latest` names a step folder whose manifest never came
+        ck = tmp_path_factory.mktemp("partial") / "ck"
+        shutil.copytree(saved[0], ck)
+        (ck / "step-20" / "manifest.json").unlink()
+        args, needle = ["--resume", str(ck), "--steps", "40"], "is incomplete: it has no manifest.json"
+    elif case == "steps":
+        args, needle = ["--resume", str(ck), "--steps", "20"], "--steps 20 is not beyond the checkpoint's 20 steps"
+    else:
+        args, needle = ["--steps", "20", "--checkpoint", str(ck)], "already holds step-20"
+    before = {p.relative_to(ck): p.stat().st_mtime_ns for p in ck.rglob("*")}
+    run = run_cli(["train", *MODEL, *args, "--backend", "host"], nprocs=2, cwd=tmp_path)
+    assert_usage_error(run, tmp_path, needle)
+    assert {p.relative_to(ck): p.stat().st_mtime_ns for p in ck.rglob("*")} == before
+
+
+@needs_mpi
+def test_sgd_with_a_rank_holding_nothing_resumes_as_a_pipeline(tmp_path):
+    """sgd keeps no optimizer state; fsdp with weights 1,0 leaves rank 1 no shard (no files): the pipeline that
+    resumes it takes each stage's layers from rank 0's pieces alone."""
+    ck = tmp_path / "ck"
+    sgd = [*MODEL, "--optimizer", "sgd", "--lr", "0.05", "--backend", "host"]
+    first = run_cli(["train", *sgd, "--steps", "6", "--strategy", "fsdp", "--weights", "1,0", "--checkpoint",
+                     str(ck), "--json"], nprocs=2, cwd=tmp_path, timeout=240)
+    assert first.returncode == 0, first.stderr
+    assert sorted(p.name for p in (ck / "step-6").iterdir()) == ["manifest.json", "rank-0.param.npy"]
+    (tmp_path / "out").mkdir()
+    doc, lines = resume(tmp_path / "out", 2, *sgd, "--steps", "10", "--strategy", "pipeline", "--resume", str(ck))
+    losses, _ = reference(CFG, "sgd", 0.05, 10)
+    np.testing.assert_allclose([line["loss"] for line in lines], losses[6:10], rtol=1e-4)
+    assert doc["summary"]["verified"] is True
+
+
+@needs_mpi
+def test_a_checkpoint_folder_that_cannot_be_made_is_refused_before_training(tmp_path):
+    """/proc takes no new folder (whoever runs, root included): refused with exit 2 before any step, not at the
+    first save. A folder the check could make is removed again when the run is refused for another reason."""
+    run = run_cli(["train", *MODEL, "--steps", "4", "--checkpoint", "/proc/nope/ck", "--backend", "host"], nprocs=2,
+                  cwd=tmp_path)
+    assert_usage_error(run, tmp_path, "--checkpoint '/proc/nope/ck' cannot be")
+    run = run_cli(["train", *MODEL, "--steps", "4", "--checkpoint", "new/deeper/ck", "--weights",
+                   "missing-profile.json", "--backend", "host"], nprocs=2, cwd=tmp_path)
+    assert_usage_error(run, tmp_path, "missing-profile.json")
+    assert not (tmp_path / "new").exists()

@@ -1,0 +1,60 @@
+"""The uneven collectives (hetbench.comm.vcollectives) against NumPy: tests/mpi_vcollectives.py run with one process
+and under `mpiexec -n 2` and `-n 3`: every check in one launch per rank count, each check's outcome said on its own so
+one broken function does not hide the others."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import MPIEXEC, REPO, run_python
+
+SCRIPT = REPO / "tests" / "mpi_vcollectives.py"
+RANKS = [None, pytest.param(2, marks=pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec")),
+         pytest.param(3, marks=pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec"))]
+
+
+def run_script(checks: list[str], nprocs: int | None, timeout: float = 60):
+    # `python -m mpi4py` aborts every rank when one raises, so a failed assertion cannot leave the others waiting
+    return run_python(["-m", "mpi4py", str(SCRIPT), *checks], nprocs=nprocs, timeout=timeout)
+
+
+CHECKS = ["gatherv", "allgatherv", "reduce_scatterv", "bad_counts"]
+_JOBS: dict[int | None, tuple[int, dict[str, str], str]] = {}
+
+
+def _job(nprocs: int | None) -> tuple[int, dict[str, str], str]:
+    """Every check in one launch per rank count (mpi4py's own suite runs its cases so): (exit code, each check's
+    outcome line from rank 0, stderr), made by the first test that asks for that rank count."""
+    if nprocs not in _JOBS:
+        run = run_script(CHECKS, nprocs)
+        said = {}
+        for line in run.stdout.splitlines():
+            word, _, rest = line.partition(" ")
+            if word in ("ok", "FAILED"):
+                said[rest.split(":")[0]] = line
+        _JOBS[nprocs] = (run.returncode, said, run.stderr)
+    return _JOBS[nprocs]
+
+
+@pytest.mark.parametrize("nprocs", RANKS)
+@pytest.mark.parametrize("check", CHECKS)
+def test_vcollective_matches_numpy(check, nprocs):
+    code, said, stderr = _job(nprocs)
+    assert said.get(check) == f"ok {check}", (said.get(check), stderr)
+    assert code == (0 if all(line.startswith("ok") for line in said.values()) else 1)
+
+
+@pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec")
+def test_failed_check_ends_every_rank():
+    # an unknown check name fails an assertion on every rank; the job must end, not hang, and not say ok
+    run = run_script(["no_such_check"], 2, timeout=30)
+    assert run.returncode != 0
+    assert "ok" not in run.stdout.split()
+    assert "no_such_check" in run.stderr
+
+
+@pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec")
+def test_one_failed_check_is_said_and_the_others_still_run():
+    run = run_script(["gatherv", "broken_on_rank_1", "allgatherv"], 2)
+    said = [line for line in run.stdout.splitlines() if not line.startswith("start")]
+    assert said == ["ok gatherv", "FAILED broken_on_rank_1: rank 1: AssertionError: broken on purpose", "ok allgatherv"]
+    assert run.returncode == 1
