@@ -16,7 +16,7 @@ from hetbench.backends.base import BACKEND_NAMES
 from hetbench.comm.world import RankError, World
 from hetbench.config import OutputConfig
 from hetbench.results import check_writable
-from hetbench.results.io import StagedFile, commit, discard, stage_csv, stage_json, stage_npy, stage_text, to_json
+from hetbench.results.io import StagedFile, commit, discard, stage_as, stage_csv, stage_json, to_json
 from hetbench.results.runs import csv_rows
 
 DEFAULT_RESULTS_DIR = Path("results")
@@ -198,7 +198,7 @@ def emit(world: World, document: dict[str, Any] | None, output: OutputConfig, re
         try:
             for option, path, content in files:  # an array goes to .npy, text as it is (e.g. train's --log)
                 staged_files.append(_staged(f"{option} file", path, lambda: (  # noqa: B023
-                    stage_text(path, content) if isinstance(content, str) else stage_npy(path, content))))
+                    stage_as("text" if isinstance(content, str) else "npy", path, content))))
         except BaseException:
             discard(staged_files)
             raise

@@ -108,15 +108,19 @@ def report(results: tuple[Path, ...], html_path: Path | None, plots_dir: Path | 
     for benchmark, group in by_benchmark.items():
         out.print(runs_table(benchmark, group))
 
-    from hetbench.results import write_bytes_atomic, write_text_atomic
+    from hetbench.results.io import commit, discard, format_for, stage_as
 
     if plots_dir is not None:
         plots_dir.mkdir(parents=True, exist_ok=True)
-    for path, content in files:
-        if isinstance(content, bytes):
-            write_bytes_atomic(path, content)
-        else:
-            write_text_atomic(path, content)
+    # every file staged beside its target first, then all put in place together: all of them or none
+    staged = []
+    try:
+        for path, content in files:
+            staged.append(stage_as(format_for(path, content), path, content))
+    except BaseException:
+        discard(staged)
+        raise
+    commit(staged)
     if plots_dir is not None:
         out.print(f"plots written to: {plots_dir}/ ({len(plots)} plot(s), PNG and SVG)", markup=False)
     for path, what in ((csv_path, "merged CSV"), (html_path, "report page")):

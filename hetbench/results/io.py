@@ -299,22 +299,74 @@ def write_npy_atomic(path: Path | str, array: np.ndarray) -> None:
 
 
 def stage_json(path: Path | str, document: dict[str, Any], exclusive: bool = False) -> StagedFile:
-    text = to_json(document)
-    return stage(path, lambda f: f.write(text), exclusive=exclusive)
+    return stage_as("json", path, document, exclusive)
 
 
 def stage_csv(path: Path | str, rows: Iterable[dict[str, Any]], exclusive: bool = False,
               order: Sequence[str] = ()) -> StagedFile:
-    text = csv_text(rows, order)
-    return stage(path, lambda f: f.write(text), exclusive=exclusive)
+    return stage_as("csv", path, csv_text(rows, order), exclusive)
 
 
 def stage_text(path: Path | str, text: str, exclusive: bool = False) -> StagedFile:
-    return stage(path, lambda f: f.write(text), exclusive=exclusive)
+    return stage_as("text", path, text, exclusive)
 
 
 def stage_npy(path: Path | str, array: np.ndarray, exclusive: bool = False) -> StagedFile:
-    return stage(path, lambda f: _save_npy(f, array), binary=True, exclusive=exclusive)
+    return stage_as("npy", path, array, exclusive)
+
+
+@dataclass(frozen=True)
+class OutputFormat:
+    """One kind of file hetbench writes: how its content is written, and the suffixes that name it. The writers
+    (outputs.emit for the commands' files, `report` for its page, plots and merged CSV) stage every file through
+    `stage_as` and commit them together, all or nothing."""
+
+    name: str
+    suffixes: tuple[str, ...]
+    binary: bool
+    write: Callable[[Any, Any], None]  # (open file, content)
+
+
+FORMATS: dict[str, OutputFormat] = {}
+
+
+def register_format(fmt: OutputFormat) -> OutputFormat:
+    if fmt.name in FORMATS:
+        raise ValueError(f"an output format named {fmt.name!r} is registered already")
+    FORMATS[fmt.name] = fmt
+    return fmt
+
+
+def _write_csv(f: Any, content: Any) -> None:
+    """A CSV's content: its text, or (rows, column order) made into text."""
+    f.write(content if isinstance(content, str) else csv_text(*content))
+
+
+register_format(OutputFormat("json", (".json",), False, lambda f, doc: f.write(to_json(doc))))
+register_format(OutputFormat("csv", (".csv",), False, _write_csv))
+register_format(OutputFormat("npy", (".npy",), True, lambda f, array: _save_npy(f, array)))
+register_format(OutputFormat("html", (".html", ".htm"), False, lambda f, text: f.write(text)))
+register_format(OutputFormat("svg", (".svg",), False, lambda f, text: f.write(text if isinstance(text, str) else
+                                                                              text.decode())))
+register_format(OutputFormat("png", (".png",), True, lambda f, data: f.write(data)))
+register_format(OutputFormat("text", (), False, lambda f, text: f.write(text)))
+
+
+def format_for(path: Path | str, content: Any = None) -> OutputFormat:
+    """The format a file's suffix names; else by its content: an array is .npy, bytes binary, text text."""
+    suffix = Path(path).suffix.lower()
+    for fmt in FORMATS.values():
+        if suffix in fmt.suffixes:
+            return fmt
+    if isinstance(content, np.ndarray):
+        return FORMATS["npy"]
+    return FORMATS["png"] if isinstance(content, bytes) else FORMATS["text"]
+
+
+def stage_as(fmt: OutputFormat | str, path: Path | str, content: Any, exclusive: bool = False) -> StagedFile:
+    """`content` written beside `path` in format `fmt` (a name or an OutputFormat), staged for commit()."""
+    f = FORMATS[fmt] if isinstance(fmt, str) else fmt
+    return stage(path, lambda out: f.write(out, content), binary=f.binary, exclusive=exclusive)
 
 
 def load_results(path: Path | str) -> dict[str, Any]:
