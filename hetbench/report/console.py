@@ -335,29 +335,58 @@ def collectives_report(rows: list[dict[str, Any]], summary: dict[str, Any], rank
         out.print("results not checked (--no-check)")
 
 
+# A benchmark's own terminal layout, where it has one: name -> render(document, wide). The rest get one table of their
+# declared columns and their summary's figures (render_document). Registered beside each layout below.
+LAYOUTS: dict[str, Callable[[dict[str, Any], bool], None]] = {}
+
+
+def layout(name: str) -> Callable[[Callable[[dict[str, Any], bool], None]], Callable[[dict[str, Any], bool], None]]:
+    def register(render: Callable[[dict[str, Any], bool], None]) -> Callable[[dict[str, Any], bool], None]:
+        LAYOUTS[name] = render
+        return render
+
+    return register
+
+
 def render_document(document: dict[str, Any], wide: bool = False) -> None:
-    """A results document's tables and closing lines, as its command prints them: matmul's and collectives' own
-    layouts, and for any other benchmark one table of its declared columns and its summary's figures."""
+    """A results document's tables and closing lines, as its command prints them: the benchmark's own layout
+    (LAYOUTS), and for any other benchmark one table of its declared columns and its summary's figures."""
     benchmark = document["schema"].removeprefix("hetbench.")
+    own = LAYOUTS.get(benchmark)
+    if own is not None:
+        own(document, wide)
+        return
     rows, summary = document["rows"], document["summary"]
     out = console()
-    if benchmark == "matmul":
-        print_table(out, matmul_table(rows, summary, wide=wide), wide=wide)
-        for line in matmul_summary_lines(summary):
-            out.print(line)
-    elif benchmark == "collectives":
-        out.file.flush()
-        collectives_report(rows, summary, document["metadata"].get("ranks") or [], wide=wide)
-    elif benchmark == "train":
-        train_report(rows, summary, document["config"], wide=wide)
-    elif benchmark == "split":
-        split_report(rows, summary, wide=wide)
-    else:
-        columns = [c for c in _columns(benchmark) if c.shown(wide)]
-        print_table(out, columns_table(f"hetbench {benchmark}", columns, rows, wide, _modelled_caption(rows)), wide)
-        for key, value in summary.items():
-            if not isinstance(value, (dict, list)):
-                out.print(f"{key}: {fmt(value, 4)}", markup=False)
+    columns = [c for c in _columns(benchmark) if c.shown(wide)]
+    print_table(out, columns_table(f"hetbench {benchmark}", columns, rows, wide, _modelled_caption(rows)), wide)
+    for key, value in summary.items():
+        if not isinstance(value, (dict, list)):
+            out.print(f"{key}: {fmt(value, 4)}", markup=False)
+
+
+@layout("matmul")
+def _matmul_layout(document: dict[str, Any], wide: bool) -> None:
+    out = console()
+    print_table(out, matmul_table(document["rows"], document["summary"], wide=wide), wide=wide)
+    for line in matmul_summary_lines(document["summary"]):
+        out.print(line)
+
+
+@layout("collectives")
+def _collectives_layout(document: dict[str, Any], wide: bool) -> None:
+    console().file.flush()
+    collectives_report(document["rows"], document["summary"], document["metadata"].get("ranks") or [], wide=wide)
+
+
+@layout("train")
+def _train_layout(document: dict[str, Any], wide: bool) -> None:
+    train_report(document["rows"], document["summary"], document["config"], wide=wide)
+
+
+@layout("split")
+def _split_layout(document: dict[str, Any], wide: bool) -> None:
+    split_report(document["rows"], document["summary"], wide=wide)
 
 
 def split_report(rows: list[dict[str, Any]], summary: dict[str, Any], wide: bool = False) -> None:
