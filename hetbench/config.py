@@ -61,7 +61,7 @@ def parse_backend_map(text: str, world_size: int) -> list[BackendSpec]:
     for entry in text.split(","):
         rank_text, sep, spec_text = entry.partition("=")
         rank_text = rank_text.strip()
-        if not sep or not rank_text.isdigit() or not spec_text.strip():
+        if not sep or not (rank_text.isascii() and rank_text.isdigit()) or not spec_text.strip():
             raise ValueError(
                 f"malformed rank map entry {entry!r} in {text!r}; accepted: RANK=BACKEND[,RANK=BACKEND...], "
                 "e.g. 0=cupy,1=opencl,2=sim:mi300x"

@@ -4,6 +4,8 @@ bounds a run can reach."""
 
 from __future__ import annotations
 
+import math
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -39,9 +41,61 @@ class AsciiIntRange(click.IntRange):
     def _accepted(self) -> str:
         return "an integer" if self.min is None and self.max is None else self._describe_range()
 
+    def _describe_range(self) -> str:
+        """No range shown for an unbounded integer (click would say "x<=None")."""
+        return "" if self.min is None and self.max is None else super()._describe_range()
+
 
 def int_range(min: int | None = None, max: int | None = None) -> AsciiIntRange:
     return AsciiIntRange(min=min, max=max)
+
+
+# a number on a command line: ASCII digits, an optional sign, fraction and exponent; no nan, no inf
+_ASCII_FLOAT = re.compile(r"[+-]?(?:[0-9]+(?:_[0-9]+)*(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
+class FiniteFloatRange(click.FloatRange):
+    """click.FloatRange that accepts only a finite number written in ASCII digits: nan, inf, 1e999 (which reads as
+    inf) and other scripts' digits are refused with the value as typed and what is accepted."""
+
+    name = "number"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str):
+            if not _ASCII_FLOAT.fullmatch(value.strip()):
+                self.fail(f"{value!r} is not a finite number written in the digits 0-9; accepted: "
+                          f"{self._accepted()}", param, ctx)
+            if math.isinf(float(value)):
+                self.fail(f"{value!r} is too large to be a finite number; accepted: {self._accepted()}", param, ctx)
+        elif isinstance(value, float) and not math.isfinite(value):
+            self.fail(f"{value!r} is not a finite number; accepted: {self._accepted()}", param, ctx)
+        return super().convert(value, param, ctx)
+
+    def _accepted(self) -> str:
+        return "a number" if self.min is None and self.max is None else f"a number, {self._describe_range()}"
+
+
+def float_range(min: float | None = None, max: float | None = None, min_open: bool = False) -> FiniteFloatRange:
+    return FiniteFloatRange(min=min, max=max, min_open=min_open)
+
+
+class OutputFile(click.Path):
+    """A file a command writes: a path that ends in a separator names a folder, and is refused (Path() would drop
+    the separator and write a file of the folder's name)."""
+
+    def __init__(self, dir_okay: bool = False) -> None:
+        super().__init__(dir_okay=dir_okay, path_type=Path)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and value.endswith(("/", os.sep)):
+            self.fail(f"{value!r} ends in {value[-1]!r}, so it names a folder; accepted: a file's path (a name "
+                      "inside that folder, for one)", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+def output_file(dir_okay: bool = False) -> OutputFile:
+    """dir_okay: an existing folder passes the type, for a command that says so itself (report's check_writable)."""
+    return OutputFile(dir_okay)
 
 
 DEFAULT_SIZE = 2048  # m = n = k of a GEMM benchmark's product unless given
@@ -134,11 +188,12 @@ def common_options(command: str) -> list[click.Parameter]:
         click.Option(["--wide"], is_flag=True,
                      help="Show every column of the tables. The default tables fit 100 columns."),
         click.Option(["--backend", "backend"], default="auto", show_default=True, metavar="SPEC", help=BACKEND_HELP),
-        click.Option(["--out", "out_json"], type=click.Path(dir_okay=False, path_type=Path), default=None,
+        click.Option(["--out", "out_json"], type=output_file(), default=None,
                      help=f"Write the JSON results document here. Default: results/{command}-<UTC time>.json "
                           "(and a .csv beside it) unless --csv alone is given."),
-        click.Option(["--csv", "out_csv"], type=click.Path(dir_okay=False, path_type=Path), default=None,
-                     help="Write the rows as CSV here. Default: next to --out."),
+        click.Option(["--csv", "out_csv"], type=output_file(), default=None,
+                     help=f"Write the rows as CSV here. Default: results/{command}-<UTC time>.csv where neither --out nor "
+                          "--csv is given; with --out alone, no CSV."),
         click.Option(["--json", "json_stdout"], is_flag=True,
                      help="Print the results document as JSON on stdout and nothing else."),
     ]

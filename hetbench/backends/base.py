@@ -245,7 +245,7 @@ def spec_of(info: DeviceInfo) -> str:
 
 def spec_index(value: str, text: str) -> int:
     """The device index in backend spec `text`."""
-    if not value.isdigit():
+    if not (value.isascii() and value.isdigit()):
         raise ValueError(f"bad device index {value!r} in backend {text!r}; accepted: an integer >= 0")
     return int(value)
 

@@ -7,13 +7,15 @@ from pathlib import Path
 
 import click
 
+from hetbench.options import float_range
 from hetbench.results import ResultsFileError, load_results
 
 
-@click.command()
+@click.command(short_help="Compare two results files of one benchmark: each key figure's change and whether it is "
+                          "significant (Welch's t-test).")
 @click.argument("base", type=click.Path(path_type=Path))
 @click.argument("new", type=click.Path(path_type=Path))
-@click.option("--fail-on-slowdown", "fail_on_slowdown", type=click.FloatRange(min=0), default=None, metavar="PCT",
+@click.option("--fail-on-slowdown", "fail_on_slowdown", type=float_range(min=0), default=None, metavar="PCT",
               help="Exit with code 1 when any significant slowdown exceeds PCT percent (a time that grows, or a "
                    "rate that falls, by that much).")
 @click.option("--json", "json_stdout", is_flag=True, help="Print the comparison as JSON on stdout and nothing else.")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from hetbench.options import output_file
 from hetbench.results import ResultsFileError, check_writable
 
 
@@ -31,14 +32,15 @@ def plots_dir_error(path: Path) -> str | None:
     return None
 
 
-@click.command()
+@click.command(short_help="Show saved runs again with their headline figures; write plots, one HTML page and a "
+                          "merged CSV.")
 @click.argument("results", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--html", "html_path", type=click.Path(path_type=Path), default=None,
+@click.option("--html", "html_path", type=output_file(dir_okay=True), default=None,
               help="Write one self-contained HTML page (a summary of the runs, then tables and plots; no network "
                    "needed) here.")
 @click.option("--plots", "plots_dir", type=click.Path(path_type=Path), default=None,
               help="Write every plot here as PNG and SVG (the folder is made if missing).")
-@click.option("--csv", "csv_path", type=click.Path(path_type=Path), default=None,
+@click.option("--csv", "csv_path", type=output_file(dir_okay=True), default=None,
               help="Write every run's rows here as one CSV, each row with its run's columns "
                    "(run_id, benchmark, date_utc, command, ranks, hosts, rank_map, source_file).")
 @click.option("--brief", is_flag=True, help="Show only the table of all runs per benchmark, not each run's tables.")

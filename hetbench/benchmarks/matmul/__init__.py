@@ -24,6 +24,7 @@ from hetbench.benchmarks.base import (
 from hetbench.benchmarks.matmul.config import MatmulConfig
 from hetbench.config import DTYPE_NAMES, OutputConfig, parse_dtype
 from hetbench.options import (
+    output_file,
     MAX_RANK,
     MAX_REPEAT,
     MAX_SEED,
@@ -98,7 +99,7 @@ class Matmul:
             click.Option(["--a", "a_path"], metavar="PATH", default=None,
                          help="Load A_r from this .npy file; {rank} and {host} in the path are replaced per rank."),
             click.Option(["--b", "b_path"], metavar="PATH", default=None, help="Load B_r likewise (needs --a)."),
-            click.Option(["--save"], type=click.Path(dir_okay=False, path_type=Path), default=None,
+            click.Option(["--save"], type=output_file(), default=None,
                          help="Write the summed result to this .npy file at the root."),
         ]
 

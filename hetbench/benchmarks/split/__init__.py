@@ -26,6 +26,8 @@ from hetbench.benchmarks.base import (
 from hetbench.benchmarks.split.config import SPLIT_STRATEGIES, SplitConfig
 from hetbench.config import DTYPE_NAMES, OutputConfig, parse_dtype
 from hetbench.options import (
+    output_file,
+    float_range,
     MAX_REPEAT,
     MAX_SEED,
     MAX_WARMUP,
@@ -108,16 +110,16 @@ class Split:
                          help="Seeds the generated A, B and the verification vectors."),
             click.Option(["--a", "a_path"], metavar="PATH", default=None, help="Load A from this .npy at the root."),
             click.Option(["--b", "b_path"], metavar="PATH", default=None, help="Load B likewise (needs --a)."),
-            click.Option(["--save"], type=click.Path(dir_okay=False, path_type=Path), default=None,
+            click.Option(["--save"], type=output_file(), default=None,
                          help="Write C to this .npy file at the root."),
             click.Option(["--plan"], is_flag=True,
                          help="Compute the split and its predicted times without running, for the rank map of "
                               "--backend (simulated devices, or a --weights profile for real ones); modelled."),
-            click.Option(["--link-gbps", "link_gbit_per_s"], type=click.FloatRange(min=0, min_open=True),
+            click.Option(["--link-gbps", "link_gbit_per_s"], type=float_range(min=0, min_open=True),
                          default=None, help=f"With --plan: the link between the root and each other rank, in "
                                             f"gigabits per second as links are rated (default {DEFAULT_LINK_GBIT:g}, "
                                             f"e.g. AWS EFA)."),
-            click.Option(["--link-latency-us"], type=click.FloatRange(min=0), default=None,
+            click.Option(["--link-latency-us"], type=float_range(min=0), default=None,
                          help=f"With --plan: the link's latency in microseconds (default {DEFAULT_LINK_LATENCY_US:g})."),
         ]
 
@@ -193,7 +195,7 @@ def plan_ranks(backend_text: str, world_size: int) -> int:
     highest = -1
     for item in backend_text.split(","):
         rank, eq, _ = item.partition("=")
-        if eq and rank.strip().isdigit():
+        if eq and rank.strip().isascii() and rank.strip().isdigit():
             highest = max(highest, int(rank.strip()))
     return max(world_size, highest + 1)
 

@@ -1,0 +1,143 @@
+"""Issue 19, round two of hardening: values parsed strictly (finite numbers in ASCII digits, ASCII rank numbers,
+paths ending in / are folders), every file hetbench reads checked to be a regular file of bounded size before it is
+opened (a FIFO blocked report, compare and train --resume for ever), and --help that says what the options do.
+Each bad input: exit 2, one line naming the value as typed and what is accepted, nothing written."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from helpers import REPO, assert_usage_error, needs_mpi, run_cli
+
+DATA = REPO / "tests" / "data"
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e999", "١٫٥", "0x10", ""])
+def test_fail_on_slowdown_takes_a_finite_number_only(tmp_path, value):
+    run = run_cli(["compare", str(DATA / "matmul-v1.json"), str(DATA / "matmul-v1.json"), "--fail-on-slowdown",
+                   value], cwd=tmp_path)
+    assert_usage_error(run, tmp_path, "--fail-on-slowdown", repr(value), "accepted: a number, x>=0")
+
+
+@pytest.mark.parametrize("args, option", [
+    (["train", "--lr", "nan"], "--lr"),
+    (["train", "--lr", "1e999"], "--lr"),
+    (["split", "--plan", "--backend", "sim:h100", "--link-gbps", "inf"], "--link-gbps"),
+    (["split", "--plan", "--backend", "sim:h100", "--link-gbps", "10", "--link-latency-us", "nan"],
+     "--link-latency-us"),
+])
+def test_rates_and_rates_of_learning_are_finite(tmp_path, args, option):
+    run = run_cli(args, cwd=tmp_path)
+    assert_usage_error(run, tmp_path, option, "finite number")
+
+
+@pytest.mark.parametrize("nprocs", [None, pytest.param(2, marks=needs_mpi), pytest.param(3, marks=needs_mpi)])
+@pytest.mark.parametrize("backend, needle", [("0=host,١=host", "'١=host'"), ("host:²", "'²'"),
+                                             ("0=host,１=host", "'１=host'")])
+def test_rank_numbers_and_indices_in_ascii_digits_only(tmp_path, nprocs, backend, needle):
+    run = run_cli(["matmul", "--size", "16", "--backend", backend], nprocs=nprocs, cwd=tmp_path)
+    assert_usage_error(run, tmp_path, "--backend", needle)
+
+
+@pytest.mark.parametrize("args, option", [
+    (["matmul", "--size", "16", "--out", "{d}/"], "--out"),
+    (["matmul", "--size", "16", "--csv", "{d}/"], "--csv"),
+    (["matmul", "--size", "16", "--save", "{d}/"], "--save"),
+    (["train", "--steps", "2", "--log", "{d}/"], "--log"),
+    (["report", str(DATA / "matmul-v1.json"), "--html", "{d}/"], "--html"),
+    (["report", str(DATA / "matmul-v1.json"), "--csv", "{d}/"], "--csv"),
+])
+@pytest.mark.parametrize("exists", [False, True])
+def test_an_output_path_ending_in_a_slash_is_a_folder_and_refused(tmp_path, args, option, exists):
+    folder = tmp_path / "out"
+    if exists:
+        folder.mkdir()
+    run = run_cli([a.replace("{d}", str(folder)) for a in args], cwd=tmp_path)
+    assert_usage_error(run, tmp_path, option, f"'{folder}/'", "names a folder")
+    assert folder.exists() == exists and (not exists or not any(folder.iterdir()))
+
+
+def _fifo(path):
+    os.mkfifo(path)
+    return path
+
+
+def test_report_and_compare_refuse_a_fifo_at_once(tmp_path):
+    fifo = _fifo(tmp_path / "runs.json")
+    for args in (["report", str(fifo)], ["compare", str(fifo), str(DATA / "matmul-v1.json")],
+                 ["compare", str(DATA / "matmul-v1.json"), str(fifo)]):
+        run = run_cli(args, cwd=tmp_path, timeout=30)  # blocked for ever before
+        assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+        assert len(run.error_lines) == 1 and "FIFO" in run.error_lines[0] and str(fifo) in run.error_lines[0]
+
+
+def test_a_folder_of_results_with_a_fifo_in_it_does_not_block(tmp_path):
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    (folder / "m.json").write_text((DATA / "matmul-v1.json").read_text())
+    _fifo(folder / "stuck.json")
+    run = run_cli(["report", str(folder), "--brief"], cwd=tmp_path, timeout=30)  # never waited on
+    assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr
+    assert "hetbench matmul: 1 run(s)" in run.stdout  # the FIFO is no results file of the folder
+
+
+def test_a_resume_whose_pieces_are_not_files_is_refused(tmp_path):
+    ck = tmp_path / "ck"
+    run = run_cli(["train", "--steps", "2", "--layers", "2", "--hidden", "8", "--batch", "8", "--checkpoint",
+                   str(ck), "--out", str(tmp_path / "first.json")], cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    step = ck / (ck / "latest").read_text().strip()
+    piece = sorted(step.glob("rank-0.*.npy"))[0]
+    piece.unlink()
+    _fifo(piece)
+    run = run_cli(["train", "--steps", "4", "--layers", "2", "--hidden", "8", "--batch", "8", "--resume", str(ck)],
+                  cwd=tmp_path, timeout=30)
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    assert len(run.error_lines) == 1 and piece.name in run.error_lines[0] and "FIFO" in run.error_lines[0]
+    # a `latest` that is not UTF-8, and one that is a FIFO
+    piece.unlink()
+    (ck / "latest").write_bytes(b"\xff\xfe step")
+    run = run_cli(["train", "--steps", "4", "--layers", "2", "--hidden", "8", "--batch", "8", "--resume", str(ck)],
+                  cwd=tmp_path, timeout=30)
+    assert run.returncode == 2 and "Traceback" not in run.stderr and "not UTF-8" in run.stderr, run.stderr
+    (ck / "latest").unlink()
+    _fifo(ck / "latest")
+    run = run_cli(["train", "--steps", "4", "--layers", "2", "--hidden", "8", "--batch", "8", "--resume", str(ck)],
+                  cwd=tmp_path, timeout=30)
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    assert len(run.error_lines) == 1 and "latest" in run.error_lines[0]
+
+
+def test_help_says_what_the_options_do(tmp_path):
+    env = {"COLUMNS": "80"}
+    top = run_cli(["--help"], cwd=tmp_path, env=env).stdout
+    commands = top[top.index("Commands:"):]
+    assert "..." not in commands, commands  # click cut two command summaries short
+    collectives = run_cli(["collectives", "--help"], cwd=tmp_path, env=env).stdout
+    factor = " ".join(collectives[collectives.index("--factor"):].split("\n  --")[0].split())
+    assert factor.endswith("[default: 2]"), factor  # was "[default: 2; x<=None]"
+    matmul = " ".join(run_cli(["matmul", "--help"], cwd=tmp_path, env=env).stdout.split())
+    assert "next to --out" not in matmul and "with --out alone, no CSV" in matmul
+
+
+def test_the_documented_json_still_reads(tmp_path):
+    """The checks read nothing differently: a results file and the committed v1 files load as before."""
+    run = run_cli(["report", str(DATA / "matmul-v1.json"), str(DATA / "collectives-v1.json"), "--brief"],
+                  cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert json.loads((DATA / "matmul-v1.json").read_text())["schema"] == "hetbench.matmul"
+
+
+@pytest.mark.parametrize("nprocs", [None, pytest.param(2, marks=needs_mpi)])
+@pytest.mark.parametrize("frontend", ["numpy", "torch"])
+def test_train_refuses_a_model_the_host_cannot_hold_before_allocating(tmp_path, nprocs, frontend):
+    """A MemoryError after allocating, before; now one line at once, every rank alike (torch or not: the check
+    comes before the front end makes anything, so it holds where torch is missing too)."""
+    run = run_cli(["train", "--frontend", frontend, "--hidden", "65536", "--layers", "100", "--steps", "2"],
+                  nprocs=nprocs, cwd=tmp_path, timeout=60)
+    if frontend == "torch" and "torch" in run.stderr and "needs up to" not in run.stderr:
+        pytest.skip("torch is not installed here: the front end's own check speaks first")
+    assert_usage_error(run, tmp_path, "--hidden 65536", "needs up to", "bytes of host memory on rank",
+                       "lower --batch, --hidden or --layers")
