@@ -369,11 +369,36 @@ def stage_as(fmt: OutputFormat | str, path: Path | str, content: Any, exclusive:
     return stage(path, lambda out: f.write(out, content), binary=f.binary, exclusive=exclusive)
 
 
+MAX_RESULTS_BYTES = 1 << 30  # a results document hetbench reads: far above any run's (a long train's steps: MBs)
+
+
+def regular_file_problem(path: Path | str, max_bytes: int | None = None) -> str | None:
+    """Why `path` must not be opened for reading: not a regular file (a FIFO would block the reader for ever, a
+    device never end), or larger than `max_bytes`; None where it may be read, or where it does not exist (the
+    reader says that itself)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    if stat.S_ISDIR(st.st_mode):
+        return "is a folder, not a file"
+    if not stat.S_ISREG(st.st_mode):
+        kind = ("a FIFO (named pipe)" if stat.S_ISFIFO(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode)
+                else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "not a regular file")
+        return f"is {kind}, not a regular file"
+    if max_bytes is not None and st.st_size > max_bytes:
+        return f"is {st.st_size} bytes, more than the {max_bytes} such a file may be"
+    return None
+
+
 def load_results(path: Path | str) -> dict[str, Any]:
     """A results document, checked against the schema and brought up to this hetbench's version;
     ResultsFileError says what is wrong (its `not_hetbench` is set when the file is JSON but not hetbench's)."""
     path = Path(path)
     name = repr(str(path))
+    problem = regular_file_problem(path, MAX_RESULTS_BYTES)
+    if problem:
+        raise ResultsFileError(f"cannot read results file {name}: it {problem}")
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as e:

@@ -35,7 +35,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from hetbench.results.io import write_json_atomic, write_npy_atomic, write_text_atomic
+from hetbench.results.io import regular_file_problem, write_json_atomic, write_npy_atomic, write_text_atomic
 from hetbench.train import Piece
 
 FORMAT = "hetbench-train-checkpoint/1"
@@ -45,6 +45,8 @@ MANIFEST = "manifest.json"
 LATEST = "latest"
 # a test hook: "before-manifest" fails every save after the ranks' files are written, before the manifest
 FAULT_ENV = "HETBENCH_TRAIN_CKPT_FAULT"
+MAX_MANIFEST_BYTES = 64 << 20  # a manifest lists pieces: KBs for any model hetbench trains
+MAX_LATEST_BYTES = 4096  # `latest` names one step folder
 STATE_NAMES = {"adamw": ("m", "v"), "sgd": ()}
 
 
@@ -61,6 +63,9 @@ def _load_manifest(folder: Path, fmt: str = FORMAT) -> dict[str, Any]:
     if not path.is_file():
         raise CheckpointError(f"checkpoint {str(folder)!r} is incomplete: it has no {MANIFEST} (a save that did not "
                               "finish?)")
+    problem = regular_file_problem(path, MAX_MANIFEST_BYTES)
+    if problem:
+        raise CheckpointError(f"checkpoint {str(folder)!r}: {MANIFEST} {problem}")
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
@@ -94,7 +99,15 @@ def resolve(path: Path) -> Path:
     if not latest.is_file():
         raise CheckpointError(f"checkpoint folder {str(path)!r} holds no complete checkpoint (no {LATEST} file and "
                               f"no {MANIFEST})")
-    name = latest.read_text(encoding="utf-8").strip()
+    problem = regular_file_problem(latest, MAX_LATEST_BYTES)
+    if problem:
+        raise CheckpointError(f"{str(latest)!r} {problem}")
+    try:
+        name = latest.read_text(encoding="utf-8").strip()
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{str(latest)!r} does not name a step folder: it is not UTF-8 text") from None
+    except OSError as e:
+        raise CheckpointError(f"cannot read {str(latest)!r}: {e.strerror or e}") from None
     if not name or "/" in name or name in (".", ".."):
         raise CheckpointError(f"{str(latest)!r} does not name a step folder")
     return path / name
@@ -114,6 +127,9 @@ class PieceFiles:
         key = (rank, name)
         if key not in self._arrays:
             path = self.folder / f"rank-{rank}.{name}.npy"
+            problem = regular_file_problem(path)
+            if problem:
+                raise CheckpointError(f"checkpoint {str(self.folder)!r}: {path.name} {problem}")
             try:
                 array = np.load(path, mmap_mode="r", allow_pickle=False)
             except FileNotFoundError:
