@@ -26,7 +26,7 @@ from hetbench.benchmarks.base import (
 )
 from hetbench.benchmarks.train.config import TrainConfig
 from hetbench.config import OutputConfig, parse_dtype
-from hetbench.options import MAX_SEED, int_range, parse_backends
+from hetbench.options import MAX_SEED, float_range, int_range, output_file, parse_backends
 from hetbench.train import strategies
 from hetbench.train.precision import TRAIN_DTYPES
 
@@ -98,7 +98,7 @@ class Train:
                          help="The global batch, shared by the weights (fsdp, ddp) or cut into micro-batches."),
             click.Option(["--steps"], type=int_range(1, MAX_STEPS), default=300, show_default=True,
                          help="Optimizer steps."),
-            click.Option(["--lr"], type=click.FloatRange(min=0, min_open=True), default=1e-2, show_default=True,
+            click.Option(["--lr"], type=float_range(min=0, min_open=True), default=1e-2, show_default=True,
                          help="Learning rate."),
             click.Option(["--optimizer"], type=click.Choice(OPTIMIZERS), default="adamw", show_default=True,
                          help="AdamW (decoupled weight decay) or plain SGD; state sharded with the parameters."),
@@ -132,7 +132,7 @@ class Train:
             click.Option(["--check/--no-check"], default=True, show_default=True,
                          help="Train the same run in one process at rank 0 afterwards and check the loss curve "
                               "against it (fp32 tolerance; mixed precision: the dtype's)."),
-            click.Option(["--log", "log_path"], type=click.Path(dir_okay=False, path_type=Path), default=None,
+            click.Option(["--log", "log_path"], type=output_file(), default=None,
                          help="Write one JSON line per step here (rank 0), with the results."),
             click.Option(["--checkpoint", "checkpoint"], type=click.Path(file_okay=False, path_type=Path),
                          default=None,
@@ -192,6 +192,12 @@ class Train:
         return parse_dtype("fp32")
 
     def prepare(self, cfg: TrainConfig, world: Any, device: Any) -> tuple[Any, list[str]]:
+        from hetbench.backends.host import host_memory_share_bytes
+        from hetbench.train.memory import memory_errors
+
+        errors = memory_errors(cfg, world.rank, host_memory_share_bytes(world.local_size))
+        if errors:  # before the front end makes anything
+            return None, errors
         return _harness(cfg).prepare(cfg, world, device)
 
     def check(self, cfg: TrainConfig, world: Any, state: Any) -> list[str]:
