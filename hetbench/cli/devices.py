@@ -50,7 +50,7 @@ def devices(with_sim: bool, json_stdout: bool) -> int:
     from hetbench.report.console import console, devices_table
 
     out = console()
-    out.print(devices_table(all_rows))
+    out.print(devices_table(all_rows, out.width))
     for u in all_unavailable:
         out.print(f"rank {u['rank']} ({u['host']}): backend {u['backend']} unavailable: {u['reason']}", markup=False)
     return 0

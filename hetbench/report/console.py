@@ -94,20 +94,65 @@ def _gib(nbytes: int | None) -> str:
     return "-" if nbytes is None else f"{nbytes / 1024**3:.1f}"
 
 
-def devices_table(rows: Iterable[dict[str, Any]]) -> Table:
-    table = Table(title="hetbench devices", title_justify="left")
-    for name, justify in [("Rank", "right"), ("Host", "left"), ("Backend", "left"), ("Vendor", "left"),
-                          ("Device", "left"), ("Kind", "left"), ("Memory (GiB)", "right"), ("Dtypes", "left"),
-                          ("Peak fp32 (TFLOP/s)", "right"), ("Peak fp16 (TFLOP/s)", "right"), ("Runtime", "left")]:
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+# devices' columns in display order: (header, justify, kind); a "key" (the rank, what --backend takes) or a "number"
+# is never cut or wrapped, a "text" wraps where it must. At a narrow width the least needed are dropped first.
+DEVICES_COLUMNS = (("Rank", "right", "key"), ("Host", "left", "text"), ("Backend", "left", "key"),
+                   ("Vendor", "left", "text"), ("Device", "left", "text"), ("Kind", "left", "text"),
+                   ("Memory (GiB)", "right", "number"), ("Dtypes", "left", "text"),
+                   ("Peak fp32 (TFLOP/s)", "right", "number"), ("Peak fp16 (TFLOP/s)", "right", "number"),
+                   ("Runtime", "left", "text"))
+DEVICES_DROP_ORDER = ("Runtime", "Peak fp16 (TFLOP/s)", "Dtypes", "Kind", "Host", "Vendor")
+TEXT_MIN = 12  # a wrapped text column keeps at least this many characters a line (fewer where it needs fewer)
+
+
+def devices_table(rows: Iterable[dict[str, Any]], width: int | None = None) -> Table:
+    """The devices, one row each. At `width` columns (None: as wide as they need) the least needed columns are
+    dropped until the rest fit, and each column gets a width of its own: a key (rank, the --backend spec) or a number
+    is never cut or wrapped, a header wraps at its words, text wraps instead of being cut. The dropped columns are
+    named in the caption; `--json` has every field."""
+    cells = []
     for r in rows:
         peak = r.get("peak_tflops") or {}
-        table.add_row(
-            str(r["rank"]), escape(r["host"]), escape(r.get("backend_spec") or f"{r['backend']}:{r['index']}"),
-            escape(r["vendor"]),
-            escape(r["name"] + (" [modelled]" if r.get("modelled") else "")), r["kind"], _gib(r.get("memory_bytes")),
-            ",".join(r["dtypes"]), fmt(peak.get("fp32")), fmt(peak.get("fp16")), escape(r["runtime"]),
-        )
+        cells.append([str(r["rank"]), r["host"], r.get("backend_spec") or f"{r['backend']}:{r['index']}", r["vendor"],
+                      r["name"] + (" [modelled]" if r.get("modelled") else ""), r["kind"], _gib(r.get("memory_bytes")),
+                      ",".join(r["dtypes"]), fmt(peak.get("fp32")), fmt(peak.get("fp16")), r["runtime"]])
+    natural = [max([len(h)] + [len(c[i]) for c in cells]) for i, (h, _, _) in enumerate(DEVICES_COLUMNS)]
+    least = []
+    for i, (header, _, kind) in enumerate(DEVICES_COLUMNS):
+        words = max(len(w) for w in header.split())
+        cell = max([len(c[i]) for c in cells], default=0)
+        least.append(max(words, cell) if kind != "text" else max(words, min(TEXT_MIN, cell)))
+    shown = list(range(len(DEVICES_COLUMNS)))
+    widths = natural
+    if width is not None:
+        def room(cols: list[int]) -> int:  # what the columns' contents may take: borders and padding aside
+            return width - (3 * len(cols) + 1)
+
+        def remove(header: str) -> None:
+            shown.remove(next(i for i, c in enumerate(DEVICES_COLUMNS) if c[0] == header))
+
+        # the runtime (long text) goes whenever the columns do not fit as they are; then the least needed, until
+        # every column fits at its narrowest
+        if sum(natural[i] for i in shown) > room(shown):
+            remove(DEVICES_DROP_ORDER[0])
+        for header in DEVICES_DROP_ORDER[1:]:
+            if sum(least[i] for i in shown) <= room(shown):
+                break
+            remove(header)
+        widths = list(least)
+        spare = max(room(shown) - sum(least[i] for i in shown), 0)
+        for i in shown:  # the spare columns to whichever column wraps, in display order, up to its natural width
+            give = min(spare, natural[i] - widths[i])
+            widths[i] += give
+            spare -= give
+    dropped = [c[0] for i, c in enumerate(DEVICES_COLUMNS) if i not in shown]
+    table = Table(title="hetbench devices", title_justify="left", caption_justify="left",
+                  caption=f"not shown at this width: {', '.join(dropped)} (--json has every field)" if dropped else None)
+    for i in shown:
+        header, justify, _ = DEVICES_COLUMNS[i]
+        table.add_column(header, justify=justify, overflow="fold", width=widths[i])  # type: ignore[arg-type]
+    for c in cells:
+        table.add_row(*(escape(c[i]) for i in shown))
     return table
 
 
