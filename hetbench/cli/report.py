@@ -70,6 +70,7 @@ def report(results: tuple[Path, ...], html_path: Path | None, plots_dir: Path | 
     if errors:
         raise click.UsageError("; ".join(errors))
 
+    _check_shapes(runs)
     plots = []
     if html_path is not None or plots_dir is not None:
         from hetbench.report.plots import PlottingUnavailable, plots_for_runs
@@ -130,3 +131,29 @@ def report(results: tuple[Path, ...], html_path: Path | None, plots_dir: Path | 
             out.print(f"{what} written to: {path}", markup=False)
     sys.stdout.flush()
     return 0
+
+
+# what reading a document of another shape than hetbench writes raises (a field missing, of another type)
+SHAPE_ERRORS = (KeyError, TypeError, ValueError, AttributeError, IndexError)
+
+
+def _check_shapes(runs: list) -> None:
+    """Every run rendered once, out of sight, before anything is printed or written: a document that passed the
+    schema check but whose rows or summary lack what its benchmark's tables read is one line naming the file
+    (exit 2), not a failure half-way through the output."""
+    import contextlib
+    import io
+
+    from hetbench.report.console import console
+    from hetbench.report.tables import runs_table, show_run
+
+    for run in runs:
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                out = console()
+                show_run(out, run)
+                out.print(runs_table(run.benchmark, [run]))
+        except SHAPE_ERRORS as e:
+            raise click.UsageError(f"results file {str(run.path)!r} is not of the shape hetbench writes for "
+                                   f"{run.benchmark}: {type(e).__name__}: {e}") from None
+

@@ -409,6 +409,8 @@ def load_results(path: Path | str) -> dict[str, Any]:
         raise ResultsFileError(f"results file {name} is empty")
     try:
         document = json.loads(text)
+    except RecursionError:
+        raise ResultsFileError(f"results file {name} is nested too deeply to be a results document") from None
     except json.JSONDecodeError as e:
         ending = " (the file ends early: truncated?)" if e.pos >= len(text.rstrip()) else ""
         raise ResultsFileError(f"results file {name} is not JSON: {e.msg} at line {e.lineno}{ending}") from None
@@ -432,6 +434,8 @@ def load_results(path: Path | str) -> dict[str, Any]:
     missing = [k for k in REQUIRED_KEYS if k not in document]
     if missing:
         raise ResultsFileError(f"results file {name} lacks {', '.join(missing)}: not a hetbench results file")
+    if not isinstance(document.get("rows"), list) or not all(isinstance(r, dict) for r in document["rows"]):
+        raise ResultsFileError(f"results file {name}: 'rows' must be a list of objects")
     try:
         document = upgrade(document)
     except ValueError as e:
@@ -440,4 +444,40 @@ def load_results(path: Path | str) -> dict[str, Any]:
         raise ResultsFileError(f"results file {name}: 'rows' must be a list of objects")
     if not isinstance(document["metadata"], dict):
         raise ResultsFileError(f"results file {name}: 'metadata' must be an object")
+    for key in ("summary", "config"):
+        if key in document and not isinstance(document[key], dict):
+            raise ResultsFileError(f"results file {name}: '{key}' must be an object, not "
+                                   f"{type(document[key]).__name__ if document[key] is not None else 'null'}")
+    for i, row in enumerate(document["rows"]):
+        if not row:
+            raise ResultsFileError(f"results file {name}: row {i} is empty")
+        problem = _raw_problem(row.get("raw"))
+        if problem:
+            raise ResultsFileError(f"results file {name}: row {i}'s raw values {problem}")
     return document
+
+
+MAX_RAW_VALUE = 1e15  # a raw value is a time (seconds, microseconds) or a count: anything larger is no measurement
+
+
+def _raw_problem(raw: Any, depth: int = 0) -> str | None:
+    """Why a row's "raw" (per-repeat values: numbers, lists of them, an object of such lists) is not of the form
+    hetbench writes, else None: a text, a bool, NaN or infinity, a value beyond MAX_RAW_VALUE, or nesting deeper
+    than three levels."""
+    if raw is None:
+        return None
+    if depth > 3:
+        return "are nested too deeply"
+    if isinstance(raw, dict):
+        for key, value in raw.items():
+            problem = _raw_problem(value, depth + 1)
+            if problem:
+                return f"({key!r}) {problem}" if depth == 0 else problem
+        return None
+    if isinstance(raw, list):
+        return next((p for p in (_raw_problem(v, depth + 1) for v in raw) if p), None)
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+        return f"hold {raw!r}, not a number"
+    if not math.isfinite(raw) or abs(raw) > MAX_RAW_VALUE:
+        return f"hold {raw!r}, not a measured value (finite, at most {MAX_RAW_VALUE:g} in size)"
+    return None

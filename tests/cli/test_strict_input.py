@@ -141,3 +141,53 @@ def test_train_refuses_a_model_the_host_cannot_hold_before_allocating(tmp_path, 
         pytest.skip("torch is not installed here: the front end's own check speaks first")
     assert_usage_error(run, tmp_path, "--hidden 65536", "needs up to", "bytes of host memory on rank",
                        "lower --batch, --hidden or --layers")
+
+
+def _doctored(tmp_path, name, change):
+    doc = json.loads((DATA / "matmul-v1.json").read_text())
+    change(doc)
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+SHAPES = {  # each a MemoryError, KeyError, TypeError or OverflowError with exit 1 before
+    "null_summary": (lambda d: d.update(summary=None), "'summary' must be an object, not null"),
+    "summary_a_list": (lambda d: d.update(summary=[1]), "'summary' must be an object, not list"),
+    "null_config": (lambda d: d.update(config=None), "'config' must be an object"),
+    "rows_null": (lambda d: d.update(rows=None), "'rows' must be a list of objects"),
+    "rows_of_text": (lambda d: d.update(rows=["a"]), "'rows' must be a list of objects"),
+    "empty_rows": (lambda d: d.update(rows=[{}, {}]), "row 0 is empty"),
+    "raw_text": (lambda d: d["rows"][0].update(raw={"gemm_seconds": "fast"}), "hold 'fast', not a number"),
+    "raw_huge": (lambda d: d["rows"][0].update(raw={"gemm_seconds": [1e308] * 3}), "not a measured value"),
+    "raw_nan": (lambda d: d["rows"][0].update(raw={"gemm_seconds": [float("nan")]}), "not a measured value"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SHAPES))
+def test_a_results_document_of_the_wrong_shape_is_one_line(tmp_path, name):
+    change, needle = SHAPES[name]
+    path = _doctored(tmp_path, name, change)
+    for args in (["report", str(path)], ["compare", str(path), str(DATA / "matmul-v1.json")]):
+        run = run_cli(args, cwd=tmp_path)
+        assert run.returncode == 2 and "Traceback" not in run.stderr and run.stdout == "", (args, run.stderr)
+        assert len(run.error_lines) == 1 and needle in run.error_lines[0] and str(path) in run.error_lines[0]
+
+
+def test_pathological_nesting_is_one_line(tmp_path):
+    path = tmp_path / "deep.json"
+    path.write_text('{"schema": "hetbench.matmul", "schema_version": 1, "x": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    run = run_cli(["report", str(path)], cwd=tmp_path)
+    assert run.returncode == 2 and "nested too deeply" in run.stderr and "Traceback" not in run.stderr
+
+
+@pytest.mark.parametrize("change, needle", [
+    (lambda d: d.update(rows=[{"rank": 0}]), "KeyError"),
+    (lambda d: d.update(summary={}), "KeyError"),
+])
+def test_rows_or_a_summary_without_their_fields_are_refused_before_any_output(tmp_path, change, needle):
+    path = _doctored(tmp_path, "lacking", change)
+    run = run_cli(["report", str(DATA / "collectives-v1.json"), str(path)], cwd=tmp_path)
+    assert run.returncode == 2 and run.stdout == "" and "Traceback" not in run.stderr, run.stderr
+    assert len(run.error_lines) == 1 and "not of the shape hetbench writes for matmul" in run.error_lines[0]
+    assert needle in run.error_lines[0] and str(path) in run.error_lines[0]
