@@ -251,8 +251,15 @@ def spec_index(value: str, text: str) -> int:
 
 
 def accepted_specs() -> str:
-    """The --backend names every registered backend takes, for messages."""
-    return ", ".join(["auto", *(capabilities(n).spec_syntax.format(name=n) for n in BACKEND_NAMES)])
+    """The --backend names every registered backend takes, for messages (a plugin that does not import: NAME[:INDEX],
+    so that the message is still said)."""
+    def syntax(name: str) -> str:
+        try:
+            return capabilities(name).spec_syntax.format(name=name)
+        except BackendUnavailable:
+            return f"{name}[:INDEX]"
+
+    return ", ".join(["auto", *(syntax(n) for n in BACKEND_NAMES)])
 
 
 def devices_on_node(name: str) -> list[DeviceInfo]:

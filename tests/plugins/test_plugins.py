@@ -139,6 +139,8 @@ def test_a_plugin_that_does_not_import_takes_out_itself_alone(tmp_path):
     assert any(d["backend"] == "host" for d in doc["devices"])
     bad = run_cli(["matmul", "--size", "16", "--backend", "broken"], cwd=tmp_path, env=env)
     assert bad.returncode == 2 and "needs libfoo" in bad.stderr and "Traceback" not in bad.stderr
+    bad = run_cli(["matmul", "--size", "16", "--backend", "nosuch"], cwd=tmp_path, env=env)  # the accepted list
+    assert bad.returncode == 2 and "broken[:INDEX]" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
     good = run_cli(["matmul", "--size", "16", "--repeat", "1", "--json"], cwd=tmp_path, env=env)
     assert good.returncode == 0 and json.loads(good.stdout)["verified"] is True
     (info / "entry_points.txt").write_text("[hetbench.benchmarks]\nbroken = broken_plugin.bench\n")
