@@ -75,7 +75,24 @@ def check_writable(path: Path | str, what: str) -> str | None:
         return f"{what} {str(path)!r} cannot be written: no write permission in folder {str(parent)!r}"
     if mode is not None and not os.access(path, os.W_OK):
         return f"{what} {str(path)!r} cannot be written: the file is read-only"
+    name_bytes, name_max = len(os.fsencode(path.name)), _name_max(parent)
+    if name_bytes + STAGED_NAME_EXTRA > name_max:
+        return (f"{what} {str(path)!r} cannot be written: its name is {name_bytes} bytes, and the file system takes "
+                f"names of up to {name_max}, less {STAGED_NAME_EXTRA} for the copy staged beside it")
     return None
+
+
+# what stage() adds to a target's name for its temporary file: "." + name + "." + 8 random characters + ".tmp",
+# and room for a default name's "-N" where one was taken
+STAGED_NAME_EXTRA = 1 + 1 + 8 + 4 + 4
+
+
+def _name_max(folder: Path) -> int:
+    """The longest file name (bytes) the file system of `folder` takes; 255 where it does not say."""
+    try:
+        return int(os.pathconf(folder, "PC_NAME_MAX"))
+    except (OSError, ValueError):
+        return 255
 
 
 def _umask() -> int:

@@ -191,3 +191,16 @@ def test_rows_or_a_summary_without_their_fields_are_refused_before_any_output(tm
     assert run.returncode == 2 and run.stdout == "" and "Traceback" not in run.stderr, run.stderr
     assert len(run.error_lines) == 1 and "not of the shape hetbench writes for matmul" in run.error_lines[0]
     assert needle in run.error_lines[0] and str(path) in run.error_lines[0]
+
+
+@pytest.mark.parametrize("args, option", [
+    (["matmul", "--size", "64", "--out", "{long}.json"], "--out"),
+    (["matmul", "--size", "64", "--csv", "{long}.csv"], "--csv"),
+    (["train", "--steps", "2", "--log", "{long}.jsonl"], "--log"),
+    (["report", str(DATA / "matmul-v1.json"), "--html", "{long}.html"], "--html"),
+])
+def test_an_output_name_too_long_for_the_file_system_is_refused_before_computing(tmp_path, args, option):
+    """Found only after computing, before: `File name too long` once the run was done."""
+    long = "a" * 250  # 255 bytes is the limit here (ext4, tmpfs), and the staged copy beside it adds 14
+    run = run_cli([a.replace("{long}", long) for a in args], cwd=tmp_path)
+    assert_usage_error(run, tmp_path, option, "bytes, and the file system takes names of up to")
