@@ -7,6 +7,11 @@ others waiting for ever. So CPython's C-level handler also writes the signal's n
 prints one line and calls MPI_Abort, which makes the launcher end every rank; alone, it lets the main thread unwind
 (the handler raises `Interrupted`) and ends the process itself if that takes more than a moment.
 
+A rank signalled before MPI has started on it (its first instants: the commands still importing) starts MPI before it
+ends, and aborts the job through it: a rank that left before MPI_Init would leave MPICH's other ranks waiting for it
+for ever. Before `install` runs (Python starting), the signal's default action ends the rank, and both launchers end
+the job when a rank dies before MPI has started.
+
 SIGHUP is left alone: UCX, under MPICH, takes it at MPI initialisation as its debugging signal.
 """
 
@@ -29,6 +34,11 @@ NONROOT_DELAY_SECONDS = 0.5
 # end the launcher before the line has gone through (seen once: MPICH's hydra, a rank's "failed" line lost, exit 1
 # with nothing said)
 ABORT_FLUSH_SECONDS = 0.25
+# a rank signalled before MPI started gets this long to start it and abort the job from its main thread (MPI_Init
+# returns once every rank has come to it: a peer may still be importing)
+STARTUP_GRACE_SECONDS = 30.0
+# the number of ranks each launcher exports (MPICH's hydra, Open MPI, MVAPICH2, Slurm's srun)
+SIZE_ENV = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "SLURM_NTASKS")
 
 _ending = threading.Lock()  # taken by whoever announces the end; never released (the process is ending)
 _first_signal: int | None = None
@@ -75,25 +85,67 @@ def _abort_job(signum: int, rank: int) -> None:
     """Say which rank was stopped by what, then end every rank of the job. Does not return."""
     if rank != 0:
         time.sleep(NONROOT_DELAY_SECONDS)
-    _ending.acquire()  # a second caller (the main thread, or the watchdog) waits here until the process ends
-    _say(f"Error: rank {rank} ({socket.gethostname()}) interrupted by {signal.Signals(signum).name}")
-    code = exit_code(signum)
+    end_job(f"Error: rank {rank} ({socket.gethostname()}) interrupted by {signal.Signals(signum).name}",
+            exit_code(signum))
+
+
+def end_job(line: str, code: int, mpi: object = None) -> None:
+    """Say `line` (once per process: a second caller waits here until the process ends), then end every rank of the
+    job through MPI_Abort with `code`, or this process alone where MPI has not started. Does not return."""
+    _ending.acquire()
+    _say(line)
     time.sleep(ABORT_FLUSH_SECONDS)
+    mpi = mpi or sys.modules.get("mpi4py.MPI")
     try:
-        sys.modules["mpi4py.MPI"].COMM_WORLD.Abort(code)
+        if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+            mpi.COMM_WORLD.Abort(code)
     finally:  # MPI_Abort does not return; should it fail, the launcher still sees this rank die
         os._exit(code)
+
+
+def launched_size() -> int:
+    """The number of ranks the launcher says this job has (1 where no launcher says so). Read from the environment,
+    before MPI starts; a leftover variable in a shell that started no job makes MPI start a singleton, which is
+    harmless where this is used."""
+    for name in SIZE_ENV:
+        text = os.environ.get(name, "")
+        if text.isascii() and text.isdigit():
+            return int(text)
+    return 1
+
+
+def _start_mpi() -> tuple[int, int]:
+    """Start MPI in a process the launcher started as one of several ranks, so that an abort reaches them all:
+    a rank that ends before MPI starts leaves MPICH's ranks waiting for it for ever. (rank, size) after."""
+    try:
+        from mpi4py import MPI
+
+        if not MPI.Is_initialized():
+            MPI.Init_thread(MPI.THREAD_MULTIPLE)
+    except BaseException:  # noqa: BLE001 - a second signal, or an MPI that cannot start: end this process alone
+        return 0, 1
+    return _world()
 
 
 def interrupted(signum: int) -> int:
     """The main thread's answer to `Interrupted`: in a job of several ranks, abort them all; alone, say so once and
     return the exit code."""
     rank, size = _world()
+    if size == 1 and launched_size() > 1 and not _finalized():
+        rank, size = _start_mpi()  # interrupted before MPI started: start it, or the other ranks wait for ever
     if size > 1:
         _abort_job(signum, rank)
     if _ending.acquire(blocking=False):
         _say(f"Error: interrupted by {signal.Signals(signum).name}")
     return exit_code(signum)
+
+
+def _finalized() -> bool:
+    mpi = sys.modules.get("mpi4py.MPI")
+    try:
+        return mpi is not None and bool(mpi.Is_finalized())
+    except Exception:
+        return False
 
 
 def _handler(signum: int, frame: object) -> None:
@@ -119,6 +171,13 @@ def _watch(read_fd: int) -> None:
         rank, size = _world()
         if size > 1:
             _abort_job(signum, rank)
+        if launched_size() > 1 and not _finalized():
+            # one of several ranks, MPI not started yet (or starting): the main thread starts it and aborts the job
+            # (`interrupted`); should it not get there, end this process after a while
+            time.sleep(STARTUP_GRACE_SECONDS)
+            rank, size = _world()
+            if size > 1:
+                _abort_job(signum, rank)
         # alone: the main thread unwinds through `Interrupted`; end the process if it is stuck in a long C call
         time.sleep(SINGLE_GRACE_SECONDS)
         if _ending.acquire(blocking=False):

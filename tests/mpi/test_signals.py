@@ -267,3 +267,67 @@ def test_process_stuck_in_a_c_call_still_ends(tmp_path):
     assert "Error: interrupted by SIGINT" in err
     assert "Traceback" not in err
     assert seconds < END_WITHIN_SECONDS
+
+
+def _first_instants(launcher: subprocess.Popen, nprocs: int, target: int, handlers: bool,
+                    timeout: float = 30) -> int:
+    """The pid of rank `target` as soon as it exists (handlers=False: Python has not yet run a line of hetbench) or
+    as soon as hetbench's handlers are in place (handlers=True: before MPI starts, before the slow imports)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for pid in _descendants(launcher.pid):
+            if _rank_of(pid) == target and (_handles_sigterm(pid) or not handlers):
+                try:
+                    if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0] == sys.executable.encode():
+                        return pid
+                except OSError:
+                    continue
+        if launcher.poll() is not None:
+            break
+        time.sleep(0.001)
+    _kill(launcher)
+    out, err = launcher.communicate()
+    pytest.fail(f"rank {target} did not start: exit {launcher.returncode}\nstdout: {out}\nstderr: {err}")
+
+
+@needs_mpi
+@pytest.mark.parametrize("nprocs, target, signum, after", [
+    (2, 1, signal.SIGINT, 0.0), (2, 0, signal.SIGTERM, 0.0), (3, 2, signal.SIGTERM, 0.0), (3, 1, signal.SIGINT, 0.15),
+    (2, 1, signal.SIGTERM, 0.3)])
+def test_signal_in_a_ranks_first_instants_ends_the_job(tmp_path, nprocs, target, signum, after):
+    """Before MPI has started on the signalled rank (its handlers just installed, the commands still importing):
+    before, that rank said the one-process line and left; the others then waited for it in MPI for ever (MPICH)."""
+    proc = _start(["-m", "hetbench", "matmul", "--size", "64", "--backend", "host", "--repeat", "1000000",
+                   "--warmup", "0", "--out", "r.json"], tmp_path, nprocs=nprocs)
+    try:
+        pid = _first_instants(proc, nprocs, target, handlers=True)
+        time.sleep(after)
+        start = time.monotonic()
+        os.kill(pid, signum)
+        code, out, err, seconds = _wait_after(proc, start)
+    finally:
+        _kill(proc)
+    assert seconds < END_WITHIN_SECONDS, (seconds, err)
+    assert code == 128 + signum, (code, err)
+    assert f"Error: rank {target} (" in err and f"interrupted by {signal.Signals(signum).name}" in err, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert not (tmp_path / "r.json").exists()
+
+
+@needs_mpi
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signal_before_a_rank_runs_hetbench_ends_the_job(tmp_path, signum):
+    """Before hetbench's first line runs on the rank (Python starting): the signal's default action ends that
+    rank, and the launcher, seeing a rank end before MPI started, ends the rest; no hang either way."""
+    proc = _start(["-m", "hetbench", "matmul", "--size", "64", "--backend", "host", "--repeat", "1000000",
+                   "--warmup", "0", "--out", "r.json"], tmp_path, nprocs=2)
+    try:
+        pid = _first_instants(proc, 2, 1, handlers=False)
+        start = time.monotonic()
+        os.kill(pid, signum)
+        code, out, err, seconds = _wait_after(proc, start)
+    finally:
+        _kill(proc)
+    assert seconds < END_WITHIN_SECONDS, (seconds, err)
+    assert code != 0, err
+    assert not (tmp_path / "r.json").exists()
