@@ -25,6 +25,13 @@ from hetbench.harness.timing import time_repeats
 
 FIRST_PART = 64  # the doubling of a GEMM measurement starts at this many rows (or columns)
 LATENCY_BYTES = 8  # the message the latency is measured with
+# The latency's round trips come after a warm-up of at least this many round trips lasting at least this long: right
+# after start-up the first round trips carry the connection's set-up (0.5-3 ms each over a two-node TCP link whose
+# round trips settle at 15 us, then a few ms-long stalls among the next ten or twenty), and a warm-up counted in
+# round trips alone would be over in a fraction of a millisecond on a fast link
+LATENCY_WARMUP_ROUND_TRIPS = 10
+LATENCY_WARMUP_SECONDS = 0.01
+LATENCY_ROUND_TRIPS = 50  # timed after the warm-up; the latency is their median (a few slow ones do not move it)
 _TAG = 0x4842  # the ping-pong's messages, apart from any other traffic  # mutation: equivalent (any tag both sides use)
 
 
@@ -50,14 +57,49 @@ def _ping_pong(comm: Any, peer: int, buf: np.ndarray, repeat: int, initiator: bo
     return halves
 
 
+def _latency_ping_pong(comm: Any, peer: int, buf: np.ndarray, initiator: bool) -> list[float]:
+    """The small message's round trips with `peer`: the warm-up (at least LATENCY_WARMUP_ROUND_TRIPS round trips and
+    LATENCY_WARMUP_SECONDS), then LATENCY_ROUND_TRIPS timed ones. The initiator decides when the warm-up ends and
+    says so in the message itself (its first byte 1 while the warm-up goes on, 0 in its last round trip), so the
+    other side needs no clock of its own; it answers and returns [], the initiator returns each timed round trip's
+    half (seconds)."""
+    if initiator:
+        start, done = time.perf_counter(), 0
+        while True:
+            done += 1
+            last = done >= LATENCY_WARMUP_ROUND_TRIPS and time.perf_counter() - start >= LATENCY_WARMUP_SECONDS
+            buf[0] = 0 if last else 1
+            comm.Send(buf, dest=peer, tag=_TAG)
+            comm.Recv(buf, source=peer, tag=_TAG)
+            if last:
+                break
+        halves = []
+        for _ in range(LATENCY_ROUND_TRIPS):
+            begin = time.perf_counter()
+            comm.Send(buf, dest=peer, tag=_TAG)
+            comm.Recv(buf, source=peer, tag=_TAG)
+            halves.append((time.perf_counter() - begin) / 2)
+        return halves
+    while True:
+        comm.Recv(buf, source=peer, tag=_TAG)
+        comm.Send(buf, dest=peer, tag=_TAG)
+        if buf[0] == 0:
+            break
+    for _ in range(LATENCY_ROUND_TRIPS):
+        comm.Recv(buf, source=peer, tag=_TAG)
+        comm.Send(buf, dest=peer, tag=_TAG)
+    return []
+
+
 def link_to_root(world: Any, root: int = 0, nbytes: int = 4 * 2**20, repeat: int = 5) -> Link | None:
     """Collective: this rank's Link to the root, None on the root.
 
     The root ping-pongs with every other rank in turn (the others wait in their receive from the root): first
-    LATENCY_BYTES-byte messages, whose half round trip's median is the latency, then `nbytes` messages, whose
-    bandwidth is nbytes / (half round trip - latency), median over the repeats (the half round trip alone where
-    it is not above the latency). Host buffers (NumPy), one warm-up round trip before each timed series; the
-    root times, then hands each rank its figures. `world` is a hetbench World or an mpi4py communicator."""
+    LATENCY_BYTES-byte messages, whose half round trip's median over LATENCY_ROUND_TRIPS round trips after a
+    warm-up (_latency_ping_pong) is the latency, then `nbytes` messages, whose bandwidth is nbytes / (half round
+    trip - latency), median over `repeat` round trips after one untimed one (the half round trip alone where it is
+    not above the latency). Host buffers (NumPy); the root times, then hands each rank its figures. `world` is a
+    hetbench World or an mpi4py communicator."""
     comm = getattr(world, "comm", world)
     rank, size = comm.Get_rank(), comm.Get_size()
     if not 0 <= root < size:
@@ -72,12 +114,12 @@ def link_to_root(world: Any, root: int = 0, nbytes: int = 4 * 2**20, repeat: int
         for peer in range(size):
             if peer == root:
                 continue
-            latency = _median(_ping_pong(comm, peer, small, repeat, initiator=True))
+            latency = _median(_latency_ping_pong(comm, peer, small, initiator=True))
             rates = [nbytes / (half - latency) if half > latency else nbytes / half
                      for half in _ping_pong(comm, peer, large, repeat, initiator=True)]
             figures[peer] = (_median(rates), latency)
     else:
-        _ping_pong(comm, root, small, repeat, initiator=False)
+        _latency_ping_pong(comm, root, small, initiator=False)
         _ping_pong(comm, root, large, repeat, initiator=False)
     mine = comm.scatter(figures, root=root)
     return None if mine is None else Link(bytes_per_s=mine[0], latency_s=mine[1])

@@ -23,9 +23,17 @@ from hetbench.results.schema import make_document
 US = 1e-6
 NBYTES = 2**20  # --link-bytes 1M
 # Each peer's link: one message of b bytes takes latency + b / bandwidth each way; every round trip a little
-# more (the noise of a real machine): the untimed first one 1 ms, then the five timed ones as listed
+# more (the noise of a real machine). The large message: the untimed first one 1 ms, then the five timed ones as
+# listed. The small one: its first STARTUP round trips 8 ms more each (start-up: a timed series among them, as
+# calibrate had, read 4 ms), then the five listed over and over
 PEERS = {1: (2 * US, 1e9, [1000, 0, 4, 1, 9, 2]),   # 2 us, 1 GB/s
          2: (10 * US, 4e9, [1000, 3, 0, 5, 1, 2])}  # 10 us, 4 GB/s
+STARTUP = 8
+
+
+def small_extra_us(peer: int, done: int) -> float:
+    """The small message's extra in its round trip number `done` (from 0) with `peer`."""
+    return 8000.0 if done < STARTUP else PEERS[peer][2][1 + (done - STARTUP) % 5]
 
 
 class Clock:
@@ -59,7 +67,8 @@ class RootComm:
         latency, bandwidth, extra = PEERS[source]
         done = self.round_trips.get((source, buf.nbytes), 0)
         self.round_trips[source, buf.nbytes] = done + 1
-        self.clock.now += latency + buf.nbytes / bandwidth + extra[done] * US
+        extra_us = small_extra_us(source, done) if buf.nbytes == probe.LATENCY_BYTES else extra[done]
+        self.clock.now += latency + buf.nbytes / bandwidth + extra_us * US
 
     def scatter(self, figures, root):
         self.scattered = figures
@@ -89,8 +98,11 @@ class PeerComm:
         return self.mine
 
 
-# The expected figures, by hand. Peer 1: the 8-byte message's half round trip is 2 us + 8 B / 1 GB/s = 2.008 us
-# plus half the extra: 2.008, 4.008, 2.508, 6.508, 3.008 us; median 3.008 us, the latency. The 1 MiB message's half
+# The expected figures, by hand. The small message's warm-up: 10 round trips (the 8 slow ones among them; 10 ms
+# passed after the second), then 50 timed ones: the listed five ten times each. Peer 1: the 8-byte message's half
+# round trip is 2 us + 8 B / 1 GB/s = 2.008 us plus half the extra: 2.008, 4.008, 2.508, 6.508, 3.008 us, ten of each;
+# median 3.008 us, the latency (a median of five of the first six, as calibrate took it, is 4002.008 us). The 1 MiB
+# message's half
 # round trip is 2 us + 1048.576 us plus half the extra: its median (extras 0, 4, 1, 9, 2 us: the 2) 1051.576 us; the
 # bandwidth is the message over its half round trip less the latency (one way, one message): 1 MiB / 1048.568 us.
 # (The median of the rates is the rate of the median half, the rate falling as the half grows.)
@@ -110,8 +122,8 @@ def test_each_peers_latency_is_half_a_small_round_trip_and_bandwidth_one_message
         got_rate, got_latency = comm.scattered[peer]
         assert got_latency == pytest.approx(latency_s, rel=1e-9), peer
         assert got_rate == pytest.approx(bytes_per_s, rel=1e-9), peer
-    # one untimed and five timed round trips of each message with each peer
-    assert comm.round_trips == {(1, 8): 6, (1, NBYTES): 6, (2, 8): 6, (2, NBYTES): 6}
+    # the small message: a warm-up of 10 round trips and 50 timed ones; the large one: one untimed and five timed
+    assert comm.round_trips == {(1, 8): 60, (1, NBYTES): 6, (2, 8): 60, (2, NBYTES): 6}
     assert 1.0e9 < PEER1[0] < 1.0001e9 and 3.99e9 < PEER2[0] < 4.01e9  # the links' own bandwidth, near enough
     # a peer is handed its own figures, as a Link
     link = probe.link_to_root(PeerComm(1, PEER1), root=0, nbytes=NBYTES, repeat=5)
@@ -270,6 +282,78 @@ def test_link_to_root_takes_one_byte_and_one_repeat_and_names_the_ranks(monkeypa
     for nbytes, repeat in ((0, 1), (1, 0)):
         with pytest.raises(ValueError, match="nbytes >= 1 and repeat >= 1"):
             probe.link_to_root(comm, root=0, nbytes=nbytes, repeat=repeat)
+
+
+class TransientComm(RootComm):
+    """One peer whose small message's half round trip is `slow_us` in a start-up transient (its first `slow_trips`
+    round trips, or while the clock is within `slow_seconds` of the first), 5 us after it; each Send's first byte
+    (the warm-up's flag) is recorded."""
+
+    def __init__(self, clock: Clock, slow_us: float, slow_trips: int = 0, slow_seconds: float = 0.0) -> None:
+        super().__init__(clock, size=2)
+        self.slow_us, self.slow_trips, self.slow_seconds = slow_us, slow_trips, slow_seconds
+        self.flags: list[int] = []
+        self.began: float | None = None
+
+    def Send(self, buf, dest, tag):  # noqa: N802
+        if buf.nbytes == probe.LATENCY_BYTES:
+            self.flags.append(int(buf[0]))
+            self.began = self.clock.now if self.began is None else self.began
+
+    def Recv(self, buf, source, tag):  # noqa: N802
+        if buf.nbytes != probe.LATENCY_BYTES:
+            self.clock.now += 100 * US
+            return
+        slow = len(self.flags) <= self.slow_trips or self.clock.now - self.began < self.slow_seconds
+        self.clock.now += 2 * (self.slow_us if slow else 5.0) * US
+
+
+@pytest.mark.parametrize("transient, warmup", [
+    # 30 round trips of 8 ms: the warm-up's 10 round trips (10 ms passed after the second) leave 20 of them among
+    # the 50 timed, fewer than half; a warm-up of 10 ms alone (2 round trips) would leave 28, and calibrate's old
+    # series (one untimed, five timed) had only slow ones
+    ({"slow_us": 4000.0, "slow_trips": 30}, 10),
+    # 8 ms of 104 us round trips (77, to 8.008 ms): the warm-up lasts 10 ms, past them (then 200 round trips of 10
+    # us, to 10.008 ms; the 278th says it is the last); one of 10 round trips (1.04 ms) would leave 67 of them, all
+    # 50 timed ones
+    ({"slow_us": 52.0, "slow_seconds": 0.008}, 77 + 200 + 1),
+])
+def test_the_latency_is_measured_after_a_warm_up_of_round_trips_and_of_time(monkeypatch, transient, warmup):
+    """The latency's round trips come after a warm-up of at least 10 round trips and 10 ms, the root's flag in the
+    message saying which is its last (1, then 0), then 50 timed ones: a start-up transient, long in round trips or
+    long in time, does not reach their median."""
+    assert (probe.LATENCY_WARMUP_ROUND_TRIPS, probe.LATENCY_WARMUP_SECONDS, probe.LATENCY_ROUND_TRIPS) == (10, 0.01, 50)
+    clock = Clock()
+    monkeypatch.setattr(probe, "time", SimpleNamespace(perf_counter=clock.perf_counter))
+    comm = TransientComm(clock, **transient)
+    probe.link_to_root(comm, root=0, nbytes=NBYTES, repeat=1)
+    _, latency = comm.scattered[1]
+    assert latency == pytest.approx(5.0 * US, rel=1e-6)
+    assert comm.flags[:warmup] == [1] * (warmup - 1) + [0]  # the warm-up: its last round trip says so
+    assert len(comm.flags) == warmup + 50  # then the 50 timed ones
+
+
+class AnsweringComm(PeerComm):
+    """A rank other than the root, answering a root whose small messages carry the flags listed (then 0s)."""
+
+    def __init__(self, flags: list[int]) -> None:
+        super().__init__(1, (1.0, 1.0))
+        self.flags = iter(flags)
+        self.answered: dict[int, int] = {}
+
+    def Recv(self, buf, source, tag):  # noqa: N802
+        assert source == 0
+        if buf.nbytes == probe.LATENCY_BYTES:
+            buf[0] = next(self.flags, 0)
+
+    def Send(self, buf, dest, tag):  # noqa: N802
+        self.answered[buf.nbytes] = self.answered.get(buf.nbytes, 0) + 1
+
+
+def test_the_other_side_answers_the_warm_up_until_its_last_round_trip_then_fifty():
+    comm = AnsweringComm([1, 1, 1, 1, 1, 1, 1, 0])
+    probe.link_to_root(comm, root=0, nbytes=NBYTES, repeat=3)
+    assert comm.answered == {probe.LATENCY_BYTES: 8 + 50, NBYTES: 1 + 3}
 
 
 def test_measure_gemm_takes_the_least_arguments_and_refuses_less():
