@@ -61,10 +61,10 @@ def compare(base: Path, new: Path, fail_on_slowdown: float | None, json_stdout: 
         document["failed"] = failed
         click.echo(to_json(document), nl=False)
     else:
-        from hetbench.report.console import console
+        from hetbench.report.console import console, print_table
         from hetbench.report.tables import compare_lines, compare_table, print_lines
 
         out = console()
-        out.print(compare_table(comparison))
+        print_table(out, compare_table(comparison))
         print_lines(out, compare_lines(comparison, fail_on_slowdown))
     return 1 if failed else 0

@@ -96,7 +96,7 @@ def report(results: tuple[Path, ...], html_path: Path | None, plots_dir: Path | 
 
         files.append((html_path, page(runs, plots)))
 
-    from hetbench.report.console import console
+    from hetbench.report.console import console, print_table
     from hetbench.report.tables import describe_skipped, runs_table, show_run
 
     out = console()
@@ -109,7 +109,7 @@ def report(results: tuple[Path, ...], html_path: Path | None, plots_dir: Path | 
     for run in runs:
         by_benchmark.setdefault(run.benchmark, []).append(run)
     for benchmark, group in by_benchmark.items():
-        out.print(runs_table(benchmark, group))
+        print_table(out, runs_table(benchmark, group))
 
     from hetbench.results.io import commit, discard, format_for, stage_as
 

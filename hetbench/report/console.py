@@ -13,11 +13,15 @@ import math
 import os
 import re
 import sys
+from dataclasses import replace
 from typing import Any, Callable, Iterable, Iterator
 
-from rich.console import Console
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, RenderResult
 from rich.markup import escape
+from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
 
 from hetbench.benchmarks.base import MODELLED_WITH_COPIES
 
@@ -156,6 +160,127 @@ def devices_table(rows: Iterable[dict[str, Any]], width: int | None = None) -> T
     return table
 
 
+# What a table column holds, for fitting it to a width: a key (a rank, a --backend spec, a run id: what a user copies)
+# or a number is never cut or wrapped; a text (a device name, a command) wraps between its words.
+KEY, NUMBER, TEXT = "key", "number", "text"
+
+
+def _plain_lines(renderable: Any) -> list[str]:
+    """A cell's or header's lines as they show (markup taken out)."""
+    if isinstance(renderable, Text):
+        text = renderable.plain
+    elif isinstance(renderable, str):
+        text = Text.from_markup(renderable).plain
+    else:
+        text = str(renderable)
+    return text.splitlines() or [""]
+
+
+def _longest_word(lines: list[str]) -> int:
+    return max((cell_len(word) for line in lines for word in line.split()), default=0)
+
+
+class FittedTable(Table):
+    """A rich Table that fits itself to the width it is printed at, without cutting a key or a number.
+
+    Each column says what it holds (`kind`: KEY, NUMBER or TEXT) and whether it may be dropped (`drop`: lower numbers
+    go first; None never). Where the columns do not fit as they are, every header wraps at its words and text
+    columns wrap at theirs; where even that does not fit, the droppable columns go, one by one, until the rest fit,
+    and the caption names them. A key or a number cell is always as wide as it is: never folded, never cut with "…".
+    Where nothing more can be dropped and the rest still does not fit, the table keeps its narrowest layout and is
+    wider than the console (print_table then widens the console: the terminal wraps the lines, nothing is cut).
+    The columns stay those added (for code that reads `table.columns`); the fitting happens at rendering."""
+
+    def __init__(self, *args: Any, dropped_note: str = "", **kwargs: Any) -> None:
+        kwargs.setdefault("title_justify", "left")
+        kwargs.setdefault("caption_justify", "left")
+        super().__init__(*args, **kwargs)
+        self.kinds: list[str] = []
+        self.drops: list[int | None] = []
+        self.grows: list[int] = []
+        self.dropped_note = dropped_note  # said after the dropped columns' names: where every field is
+
+    def add_column(self, header: Any = "", *args: Any, kind: str = KEY, drop: int | None = None,
+                   grow: int | None = None, **kwargs: Any) -> None:
+        """A column of `kind`; `drop`: its turn to go where the width is short (lower first; None: never);
+        `grow`: its turn to get spare width when it wraps (lower first; None: after those given, in display order)."""
+        super().add_column(header, *args, **kwargs)
+        self.kinds.append(kind)
+        self.drops.append(drop)
+        self.grows.append(1000 + len(self.grows) if grow is None else grow)
+
+    def _widths(self) -> tuple[list[int], list[int]]:
+        """Each column's natural width (as wide as its longest line) and its least (headers and text wrapped at
+        their words, keys and numbers whole)."""
+        natural, least = [], []
+        for column, kind in zip(self.columns, self.kinds):
+            header = _plain_lines(column.header)
+            cells = [_plain_lines(c) for c in column.cells]
+            lines = header + [line for c in cells for line in c]
+            natural.append(max(cell_len(line) for line in lines))
+            body = [line for c in cells for line in c]
+            whole = max((cell_len(line) for line in body), default=0) if kind != TEXT else _longest_word(body)
+            least.append(max(_longest_word(header), whole, 1))
+        return natural, least
+
+    def _overhead(self, columns: int) -> int:
+        """What borders and padding take beside the columns' contents."""
+        edges = (2 if self.show_edge else 0) + (columns - 1) if self.box else 0
+        _, right, _, left = self.padding
+        return edges + columns * (left + right)
+
+    def layout(self, width: int | None) -> tuple[list[int], list[int]]:
+        """The columns shown at `width` (None: all, as wide as they need) and their widths."""
+        natural, least = self._widths()
+        shown = list(range(len(self.columns)))
+        if width is None or sum(natural) + self._overhead(len(shown)) <= width:
+            return shown, natural
+        def fits(columns: list[int]) -> bool:
+            return sum(least[j] for j in columns) + self._overhead(len(columns)) <= width
+
+        dropped = []
+        for i in sorted((i for i, d in enumerate(self.drops) if d is not None), key=lambda i: (self.drops[i], -i)):
+            if fits(shown):
+                break
+            shown.remove(i)
+            dropped.append(i)
+        for i in reversed(dropped):  # a narrower column dropped on the way comes back where it fits after all
+            if fits(sorted(shown + [i])):
+                shown = sorted(shown + [i])
+        widths = list(least)
+        spare = max(width - self._overhead(len(shown)) - sum(least[i] for i in shown), 0)
+        for i in sorted(shown, key=lambda i: self.grows[i]):  # the spare to those that wrap, up to their natural
+            give = min(spare, natural[i] - widths[i])
+            widths[i] += give
+            spare -= give
+        return shown, widths
+
+    def fitted(self, width: int | None) -> Table:
+        """A plain Table of the columns shown at `width`, each of its own width, the dropped ones named."""
+        shown, widths = self.layout(width)
+        table = Table.__new__(Table)
+        table.__dict__.update({k: v for k, v in self.__dict__.items() if k not in ("kinds", "drops", "grows", "dropped_note")})
+        table.columns = [replace(self.columns[i], width=widths[i], min_width=None, max_width=None, ratio=None,
+                                 overflow="fold", no_wrap=False, _index=n) for n, i in enumerate(shown)]
+        dropped = [" ".join(" ".join(_plain_lines(c.header)).split()) for i, c in enumerate(self.columns)
+                   if i not in shown]
+        if dropped:
+            note = f"not shown at this width: {', '.join(dropped)}" + (f" ({self.dropped_note})"
+                                                                      if self.dropped_note else "")
+            table.caption = note if not self.caption else f"{self.caption}\n{note}"
+        return table
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield self.fitted(options.max_width)
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        natural, least = self._widths()
+        kept = [i for i, d in enumerate(self.drops) if d is None]
+        narrowest = sum(least[i] for i in kept) + self._overhead(len(kept))
+        widest = sum(natural) + self._overhead(len(natural))
+        return Measurement(narrowest, widest)
+
+
 # PoCL names its CPU device <driver>-<LLVM CPU name>-<model>, or <driver>-<model>
 _POCL_PREFIX = re.compile(r"^(?:pthread|basic|cpu|cpu-minimal|cpu-threaded)-(?:[a-z0-9_]+-)*")
 _NAME_NOISE = re.compile(r"\((?:R|TM|C)\)|®|™|\s@\s*[\d.]+\s*[GM]Hz|\b(?:CPU|Processor|\d+-Core)\b|\(simulated\)",
@@ -214,17 +339,36 @@ def cell(column: Any, row: dict[str, Any], wide: bool = True) -> str:
     return fmt(row.get(column.key), column.digits, column.scale, column.is_modelled(row))
 
 
+# The compact tables' columns that go first where a width runs short, first to go first: a device's name (its
+# backend column names it too) and host, then the figures a reader needs least. A column not named here and not a
+# key goes after them, the last declared first; a key (rank, backend, the split, the size, the check) never goes.
+DROP_ORDER = ("device", "host", "count_elements", "peak_percent", "solo_gflops", "end_to_end_us_median",
+              "idle_seconds_median", "link_gbps", "algbw_gbps", "comm_seconds_median", "reduce_seconds_median",
+              "stragglers", "compute_seconds_median")
+WRAPPING_COLUMNS = ("device", "host", "stragglers")  # text that may wrap between its words; the rest stays whole
+
+
+def _right_justified(column: Any) -> bool:
+    return not column.text or column.key.endswith(("rank", "bytes", "elements", "wrong", "root", "ranks"))
+
+
 def columns_table(title: str, columns: Iterable[Any], rows: list[dict[str, Any]], wide: bool,
                   caption: str | None = None) -> Table:
-    """A table of `rows` with the declared `columns` (those shown at this width), in their declared order.
-    Numbers never wrap (a cut number is worse than none); names wrap between words where the width runs short."""
-    table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
+    """A table of `rows` with the declared `columns` (those shown at this width), in their declared order. It fits
+    the width it is printed at (FittedTable): numbers and keys never wrap or get cut; names wrap between words where
+    the width runs short, and where that is not enough the least needed columns (DROP_ORDER) go and are named under
+    the table."""
     shown = list(columns)
-    for column in shown:
-        names = column.key in ("device", "host", "backend_spec")
-        table.add_column(column.header(wide), justify="left" if column.text and not column.key.endswith(
-            ("rank", "bytes", "elements", "wrong", "root", "ranks")) and column.key != "rank" else "right",
-            no_wrap=not names, overflow="fold" if names else "ellipsis")
+    table = FittedTable(title=title, caption=caption, dropped_note="--wide shows every column, the JSON every field")
+    for position, column in enumerate(shown):
+        if column.key in DROP_ORDER:
+            drop: int | None = DROP_ORDER.index(column.key)
+        elif column.text:
+            drop = None
+        else:
+            drop = len(DROP_ORDER) + len(shown) - position
+        table.add_column(column.header(wide), justify="right" if _right_justified(column) else "left",
+                         kind=TEXT if column.key in WRAPPING_COLUMNS else (KEY if column.text else NUMBER), drop=drop)
     for r in rows:
         table.add_row(*[cell(c, r, wide) for c in shown])
     return table
@@ -264,11 +408,12 @@ def matmul_table(rows: list[dict[str, Any]], summary: dict[str, Any], wide: bool
 
 def print_table(out: Console, table: Table, wide: bool = False) -> None:
     """Print a table; a --wide one at its full width even where the console is narrower (the terminal then wraps
-    its lines), since cutting its numbers to fit would defeat asking for it."""
-    if wide:
-        natural = out.measure(table, options=out.options.update_width(10_000)).maximum
-        if natural > out.width:
-            out.width = natural
+    its lines), since cutting its numbers to fit would defeat asking for it. A compact one fits the console (a
+    FittedTable drops what it can); where even its narrowest layout is wider, it too is printed whole."""
+    measured = out.measure(table, options=out.options.update_width(10_000))
+    needed = measured.maximum if wide else measured.minimum
+    if needed > out.width:
+        out.width = needed
     out.print(table)
 
 
