@@ -20,13 +20,16 @@ and only when all have succeeded does rank 0 write the manifest, rename the fold
 `latest`. A run killed before that leaves an unfinished step-<N>.tmp-* folder and the previous checkpoint and
 `latest` untouched. The checkpoint folder must be one every rank sees (a shared file system across hosts).
 
-Resuming: the manifest is read and checked against the run's options; each layer's vectors are read back by
-element range from whichever pieces cover it (memory-mapped), so each rank takes its own new slice: re-sharding.
+Resuming: the manifest is read and checked against its schema (every field it is read for, of its type and in its
+range: MANIFEST_SCHEMA), then against the run's options, and only then are the pieces checked against the model's
+size and the files (no allocation sized by the manifest before that); each layer's vectors are read back by element
+range from whichever pieces cover it (memory-mapped), so each rank takes its own new slice: re-sharding.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import secrets
 import shutil
@@ -37,6 +40,7 @@ import numpy as np
 
 from hetbench.results.io import regular_file_problem, write_json_atomic, write_npy_atomic, write_text_atomic
 from hetbench.train import Piece
+from hetbench.train.precision import TRAIN_DTYPES
 
 FORMAT = "hetbench-train-checkpoint/1"
 TORCH_FORMAT = "hetbench-torch-checkpoint/1"  # --frontend torch's: hetbench/pytorch/checkpoint.py
@@ -48,6 +52,7 @@ FAULT_ENV = "HETBENCH_TRAIN_CKPT_FAULT"
 MAX_MANIFEST_BYTES = 64 << 20  # a manifest lists pieces: KBs for any model hetbench trains
 MAX_LATEST_BYTES = 4096  # `latest` names one step folder
 STATE_NAMES = {"adamw": ("m", "v"), "sgd": ()}
+MAX_COUNT = 2**63 - 1  # any count, size, seed or offset in a manifest: an int64
 
 
 class CheckpointError(ValueError):
@@ -68,14 +73,108 @@ def _load_manifest(folder: Path, fmt: str = FORMAT) -> dict[str, Any]:
         raise CheckpointError(f"checkpoint {str(folder)!r}: {MANIFEST} {problem}")
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"checkpoint {str(folder)!r}: cannot read {MANIFEST}: {e}") from None
+    except OSError as e:
+        raise CheckpointError(f"cannot read {str(path)!r}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{str(path)!r} is not JSON: it is not UTF-8 text") from None
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{str(path)!r} is not JSON: {e.msg} at line {e.lineno}") from None
+    except RecursionError:
+        raise CheckpointError(f"{str(path)!r} is not a manifest hetbench wrote: it is nested too deeply") from None
+    except ValueError:  # Python reads no integer of more than 4300 digits
+        raise CheckpointError(f"{str(path)!r} is not a manifest hetbench wrote: it holds a number too long to "
+                              "read") from None
     if isinstance(manifest, dict) and manifest.get("format") in FRONTEND_OF and manifest.get("format") != fmt:
         raise CheckpointError(f"checkpoint {str(folder)!r} was saved by --frontend {FRONTEND_OF[manifest['format']]}; "
                               f"resume it with --frontend {FRONTEND_OF[manifest['format']]}")
     if not isinstance(manifest, dict) or manifest.get("format") != fmt:
         raise CheckpointError(f"{str(path)!r} is not a hetbench train checkpoint ({fmt})")
     return manifest
+
+
+def _shown(value: Any) -> str:
+    """A manifest's value as the file holds it (JSON), cut to a line's worth."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _is_int(value: Any, low: int = 0) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= MAX_COUNT
+
+
+def _is_positive_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+# Every field of a numpy manifest the resume reads, with what it must be (the test and its words). The others are
+# provenance (host, device, strategy, weights ...): copied into the next save's history as they are.
+COUNT = (lambda v: _is_int(v, 1), "an integer from 1 to 2**63 - 1")
+MANIFEST_SCHEMA: dict[str, Any] = {
+    "steps_done": COUNT,
+    "model": {"layers": COUNT, "hidden": COUNT, "batch": COUNT, "seed": (_is_int, "an integer from 0 to 2**63 - 1")},
+    "optimizer": (lambda v: v in STATE_NAMES, "one of " + ", ".join(map(json.dumps, STATE_NAMES))),
+    "lr": (_is_positive_number, "a finite number > 0"),
+}
+OPTIONAL_SCHEMA: dict[str, Any] = {
+    "dtype": (lambda v: v in TRAIN_DTYPES, "one of " + ", ".join(map(json.dumps, TRAIN_DTYPES))),
+    "history": (lambda v: isinstance(v, list), "a list"),
+}
+SCALER_SCHEMA: dict[str, Any] = {"scale": (_is_positive_number, "a finite number > 0"),
+                                 "good_steps": (_is_int, "an integer from 0 to 2**63 - 1")}
+PIECE_WORDS = "[layer, start, stop, offset]: 4 integers from 0 to 2**63 - 1"
+
+
+def _check_fields(where: str, holder: dict[str, Any], schema: dict[str, Any], prefix: str = "",
+                  optional: bool = False) -> None:
+    for key, rule in schema.items():
+        name = f"{prefix}{key}"
+        if key not in holder:
+            if optional:
+                continue
+            raise CheckpointError(f"{where} lacks {name}")
+        value = holder[key]
+        if isinstance(rule, dict):
+            if not isinstance(value, dict):
+                raise CheckpointError(f"{where}: {name} is {_shown(value)}, not an object")
+            _check_fields(where, value, rule, f"{name}.")
+            continue
+        test, words = rule
+        if not test(value):
+            raise CheckpointError(f"{where}: {name} is {_shown(value)}, not {words}")
+
+
+def check_manifest(m: dict[str, Any], path: Path) -> None:
+    """A numpy trainer's manifest against MANIFEST_SCHEMA: each field the resume reads there, of its type and in its
+    range; every rank listed in order with its pieces, each of 4 integers. CheckpointError names the file, the
+    field, its value as the file holds it and what is accepted. How the pieces fit the model and the files is
+    checked after the run's options (Checkpoint.verify)."""
+    where = repr(str(path))
+    _check_fields(where, m, MANIFEST_SCHEMA)
+    _check_fields(where, m, OPTIONAL_SCHEMA, optional=True)
+    scaler = m.get("loss_scaler")
+    if scaler is not None:
+        if not isinstance(scaler, dict):
+            raise CheckpointError(f"{where}: loss_scaler is {_shown(scaler)}, not an object")
+        _check_fields(where, scaler, SCALER_SCHEMA, "loss_scaler.")
+    ranks = m.get("ranks")
+    if not isinstance(ranks, list) or not ranks:
+        raise CheckpointError(f"{where}: ranks is {_shown(ranks)}, not a list of the saving ranks"
+                              if "ranks" in m else f"{where} lacks ranks")
+    for i, r in enumerate(ranks):
+        if not isinstance(r, dict):
+            raise CheckpointError(f"{where}: ranks[{i}] is {_shown(r)}, not an object")
+        if not _is_int(r.get("rank")) or r["rank"] != i:
+            raise CheckpointError(f"{where}: ranks[{i}].rank is {_shown(r.get('rank'))}, not {i} (the ranks are "
+                                  "listed in order, from 0)")
+        pieces = r.get("pieces")
+        if not isinstance(pieces, list):
+            raise CheckpointError(f"{where}: ranks[{i}].pieces is {_shown(pieces)}, not a list of {PIECE_WORDS}")
+        for j, piece in enumerate(pieces):
+            if not (isinstance(piece, list) and len(piece) == 4 and all(_is_int(v) for v in piece)):
+                raise CheckpointError(f"{where}: ranks[{i}].pieces[{j}] is {_shown(piece)}, not {PIECE_WORDS}")
 
 
 def run_facts(m: dict[str, Any]) -> tuple[str, float, int, str, dict[str, Any] | None]:
@@ -127,37 +226,57 @@ class PieceFiles:
         key = (rank, name)
         if key not in self._arrays:
             path = self.folder / f"rank-{rank}.{name}.npy"
+            where = repr(str(path))
             problem = regular_file_problem(path)
             if problem:
-                raise CheckpointError(f"checkpoint {str(self.folder)!r}: {path.name} {problem}")
+                raise CheckpointError(f"checkpoint file {where} {problem}")
             try:
                 array = np.load(path, mmap_mode="r", allow_pickle=False)
             except FileNotFoundError:
-                raise CheckpointError(
-                    f"checkpoint {str(self.folder)!r} is incomplete: {path.name} is missing") from None
-            except (OSError, ValueError) as e:
-                raise CheckpointError(f"checkpoint {str(self.folder)!r}: cannot read {path.name}: {e}") from None
+                raise CheckpointError(f"checkpoint {str(self.folder)!r} is incomplete: {path.name}, which its "
+                                      f"{MANIFEST} names, is missing") from None
+            except EOFError:  # an empty file (click would take EOFError for an interrupted prompt: exit 130)
+                raise CheckpointError(f"checkpoint file {where} is empty, not a .npy array") from None
+            except OSError as e:
+                raise CheckpointError(f"cannot read checkpoint file {where}: {e.strerror or e}") from None
+            except ValueError:
+                raise CheckpointError(f"checkpoint file {where} is not a .npy array (truncated, or of another "
+                                      "format)") from None
             if array.dtype != np.float32 or array.ndim != 1:
-                raise CheckpointError(f"checkpoint {str(self.folder)!r}: {path.name} is not a flat float32 array")
+                raise CheckpointError(f"checkpoint file {where} holds {array.dtype} of shape {array.shape}, not "
+                                      "a flat float32 array")
             self._arrays[key] = array
         return self._arrays[key]
 
     def verify(self) -> None:
-        """Every file the manifest names is there and long enough, and every vector is covered whole."""
-        covered = [np.zeros(size, dtype=bool) for size in self.sizes]
+        """Every piece lies within its vector, every file the manifest names is there and long enough, and every
+        vector is covered whole. Nothing is allocated by the vectors' sizes (a doctored manifest may name any)."""
+        manifest = repr(str(self.folder / MANIFEST))
+        spans: dict[int, list[tuple[int, int]]] = {}
         for vector, start, stop, rank, offset in self.pieces:
-            if not (0 <= vector < len(self.sizes) and 0 <= start <= stop <= self.sizes[vector] and offset >= 0):
-                raise CheckpointError(f"{str(self.folder / MANIFEST)!r} is malformed (piece {vector}, "
-                                      f"{start}..{stop})")
-            covered[vector][start:stop] = True
+            piece = f"rank {rank}'s piece [{vector}, {start}, {stop}, {offset}]"
+            if not 0 <= vector < len(self.sizes):
+                raise CheckpointError(f"{manifest}: {piece} names {self.what} {vector}, but the model has "
+                                      f"{len(self.sizes)} ({self.what}s 0 to {len(self.sizes) - 1})")
+            if not (0 <= start <= stop <= self.sizes[vector] and offset >= 0):
+                raise CheckpointError(f"{manifest}: {piece} is not a range within {self.what} {vector}'s "
+                                      f"{self.sizes[vector]} elements (0 <= start <= stop <= {self.sizes[vector]})")
+            spans.setdefault(vector, []).append((start, stop))
             for name in self.names:
                 if self._file(rank, name).size < offset + stop - start:
-                    raise CheckpointError(f"checkpoint {str(self.folder)!r} is incomplete: rank-{rank}.{name}.npy "
-                                          "is shorter than its pieces")
-        for vector, c in enumerate(covered):
-            if not c.all():
-                raise CheckpointError(f"checkpoint {str(self.folder)!r} is incomplete: {self.what} {vector} is not "
-                                      "covered by the saved pieces")
+                    raise CheckpointError(f"checkpoint file {str(self.folder / f'rank-{rank}.{name}.npy')!r} holds "
+                                          f"{self._file(rank, name).size} elements, fewer than its pieces in "
+                                          f"{MANIFEST} need ({offset + stop - start})")
+        for vector, size in enumerate(self.sizes):
+            reach = 0
+            for start, stop in sorted(spans.get(vector, [])):
+                if start > reach:
+                    break
+                reach = max(reach, stop)
+            if reach < size:
+                gap = next((start for start, _ in sorted(spans.get(vector, [])) if start > reach), size)
+                raise CheckpointError(f"checkpoint {str(self.folder)!r} is incomplete: no saved piece holds "
+                                      f"elements {reach} to {gap} of {self.what} {vector} (of {size})")
 
     def read(self, name: str, vector: int, start: int, stop: int) -> np.ndarray:
         out = np.empty(stop - start, dtype=np.float32)
@@ -182,36 +301,45 @@ def manifest_pieces(ranks: list[dict[str, Any]]) -> list[tuple[int, int, int, in
 
 
 class Checkpoint:
-    """A saved state opened for resuming (an hetbench.train.InitialState)."""
+    """A saved state opened for resuming (an hetbench.train.InitialState). Opening it checks the manifest against
+    its schema; mismatches() then the run's options, and only where the model is the run's the pieces and the
+    files (verify())."""
 
     def __init__(self, path: Path) -> None:
         self.folder = resolve(Path(path))
         if not self.folder.is_dir():
             raise CheckpointError(f"checkpoint {str(self.folder)!r} (named by {LATEST}) does not exist")
         m = _load_manifest(self.folder)
+        check_manifest(m, self.folder / MANIFEST)
         self.manifest = m
-        try:
-            self.model = {k: int(m["model"][k]) for k in ("layers", "hidden", "batch", "seed")}
-            self.optimizer, self.lr, self.steps_done, self.dtype, self.loss_scaler = run_facts(m)
-            self.ranks = list(m["ranks"])
-            pieces = manifest_pieces(self.ranks)
-        except (KeyError, TypeError, ValueError) as e:
-            raise CheckpointError(f"{str(self.folder / MANIFEST)!r} is malformed ({e!r})") from None
-        self.names = ("param", *STATE_NAMES.get(self.optimizer, ()))
-        hidden = self.model["hidden"]
-        self.files = PieceFiles(self.folder, pieces, self.names, [hidden * hidden + hidden] * self.model["layers"])
-        self.files.verify()
+        self.model = {k: m["model"][k] for k in ("layers", "hidden", "batch", "seed")}
+        self.optimizer, self.lr, self.steps_done, self.dtype, self.loss_scaler = run_facts(m)
+        self.ranks = list(m["ranks"])
+        self.names = ("param", *STATE_NAMES[self.optimizer])
+        self.files: PieceFiles | None = None
+
+    def verify(self) -> None:
+        """The pieces against the model's size, and the files against the pieces (CheckpointError: what is wrong).
+        Called by mismatches() once the model is the run's, and before the first read()."""
+        if self.files is None:
+            hidden = self.model["hidden"]
+            files = PieceFiles(self.folder, manifest_pieces(self.ranks), self.names,
+                               [hidden * hidden + hidden] * self.model["layers"])
+            files.verify()
+            self.files = files
 
     def mismatches(self, layers: int, hidden: int, batch: int, seed: int, optimizer: str, lr: float,
                    steps: int, dtype: str = "fp32") -> list[str]:
-        """What stops this run (its options) from continuing this checkpoint, one message each."""
+        """What stops this run (its options) from continuing this checkpoint, one message each: the options that
+        differ from the checkpoint's, --steps not beyond it, and (where the model and optimizer are the run's) what
+        is wrong with its pieces or files."""
         errors = []
         want = {"layers": layers, "hidden": hidden, "batch": batch, "seed": seed}
         differ = [f"--{k} {want[k]} (the checkpoint's: {self.model[k]})" for k in want if want[k] != self.model[k]]
         if optimizer != self.optimizer:
             differ.append(f"--optimizer {optimizer} (the checkpoint's: {self.optimizer})")
         if float(lr) != self.lr:
-            differ.append(f"--lr {lr:g} (the checkpoint's: {self.lr:g})")
+            differ.append(f"--lr {lr!r} (the checkpoint's: {self.lr!r})")
         if dtype != self.dtype:
             differ.append(f"--dtype {dtype} (the checkpoint's: {self.dtype})")
         if differ:
@@ -219,9 +347,16 @@ class Checkpoint:
         if steps <= self.steps_done:
             errors.append(f"--steps {steps} is not beyond the checkpoint's {self.steps_done} steps done "
                           f"({str(self.folder)!r}): --steps counts from step 0")
+        if not differ:
+            try:
+                self.verify()
+            except CheckpointError as e:
+                errors.append(str(e))
         return errors
 
     def read(self, name: str, layer: int, start: int, stop: int) -> np.ndarray:
+        self.verify()
+        assert self.files is not None
         return self.files.read(name, layer, start, stop)
 
 

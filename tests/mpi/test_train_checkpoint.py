@@ -99,10 +99,11 @@ def test_saved_pieces_are_read_back_by_any_range(tmp_path):
     assert ck.mismatches(4, 16, 24, 0, "adamw", 0.01, 8) == []
     assert ck.mismatches(4, 16, 24, 0, "adamw", 0.01, 7)  # --steps not beyond
     assert ck.mismatches(4, 32, 24, 0, "adamw", 0.01, 8)  # another shape
-    # a rank's file gone: refused as incomplete
+    # a rank's file gone: refused as incomplete, by the run's check or before the first read
     (tmp_path / "ck" / "step-7" / "rank-0.v.npy").unlink()
+    assert any("incomplete" in e for e in Checkpoint(tmp_path / "ck").mismatches(4, 16, 24, 0, "adamw", 0.01, 8))
     with pytest.raises(CheckpointError, match="incomplete"):
-        Checkpoint(tmp_path / "ck")
+        Checkpoint(tmp_path / "ck").read("v", 0, 0, 1)
     assert FullState(0, full).read("m", 1, 3, 9).tolist() == full[1]["m"][3:9].tolist()
 
 
@@ -230,3 +231,133 @@ def test_a_checkpoint_folder_that_cannot_be_made_is_refused_before_training(tmp_
                    "missing-profile.json", "--backend", "host"], nprocs=2, cwd=tmp_path)
     assert_usage_error(run, tmp_path, "missing-profile.json")
     assert not (tmp_path / "new").exists()
+
+
+# --- doctored checkpoints: one line naming the file and what is wrong, exit 2, on every rank, before allocating ---
+
+def _set(path, value):
+    """A change to a manifest: the field at `path` (keys and list indices) set to `value`."""
+    def change(m):
+        holder = m
+        for key in path[:-1]:
+            holder = holder[key]
+        holder[path[-1]] = value
+    return change
+
+
+def _empty_piece(step):
+    (step / "rank-1.m.npy").write_bytes(b"")
+
+
+def _text(text):
+    def write(step):
+        (step / "manifest.json").write_text(text)
+    return write
+
+
+# name: (change to the manifest (a dict) or to the step folder, extra options, what the one line says). Before:
+# empty_piece exit 130 with blank lines; negative_steps, big_layers a ValueError or MemoryError with exit 1;
+# huge_hidden a MemoryError (888 PiB) and big_hidden GBs allocated for "layer 0 is not covered"; larger_hidden
+# "layer 0 is not covered"; lr_text, piece_short, ranks_object, rank_text, scaler_text, digits "malformed
+# (ValueError(...))" or Python's own text; steps_bool, steps_fraction, history_text accepted (4.7 read as 4);
+# rank_negative "rank--1.param.npy is missing"; lr_rounded "--lr 0.01 (the checkpoint's: 0.01)".
+DOCTORED = {
+    "empty_piece": (_empty_piece, [], ["rank-1.m.npy' is empty, not a .npy array"]),
+    "negative_steps": (_set(["steps_done"], -3), [], ["steps_done is -3, not an integer from 1"]),
+    "huge_hidden": (_set(["model", "hidden"], 10**9), [], ["--hidden 16 (the checkpoint's: 1000000000)"]),
+    "big_hidden": (_set(["model", "hidden"], 30_000), [], ["--hidden 16 (the checkpoint's: 30000)"]),
+    "big_layers": (_set(["model", "layers"], 10**12), [], ["--layers 4 (the checkpoint's: 1000000000000)"]),
+    "larger_hidden": (_set(["model", "hidden"], 32), [], ["is of another run: --hidden 16 (the checkpoint's: 32)"]),
+    "larger_hidden_asked": (_set(["model", "hidden"], 32), ["--hidden", "32"],
+                            ["no saved piece holds elements 272 to 1056 of layer 0 (of 1056)"]),
+    "lr_text": (_set(["lr"], "abc"), [], ['lr is "abc", not a finite number > 0']),
+    "lr_nan": (_set(["lr"], float("nan")), [], ["lr is NaN, not a finite number > 0"]),
+    "lr_rounded": (_set(["lr"], 0.0100000001), [], ["--lr 0.01 (the checkpoint's: 0.0100000001)"]),
+    "steps_bool": (_set(["steps_done"], True), [], ["steps_done is true, not an integer from 1"]),
+    "steps_fraction": (_set(["steps_done"], 4.7), [], ["steps_done is 4.7, not an integer from 1"]),
+    "steps_missing": (lambda m: m.pop("steps_done"), [], ["lacks steps_done"]),
+    "model_list": (_set(["model"], [4, 16]), [], ["model is [4, 16], not an object"]),
+    "seed_negative": (_set(["model", "seed"], -1), [], ["model.seed is -1, not an integer from 0"]),
+    "optimizer_unknown": (_set(["optimizer"], "lion"), [], ['optimizer is "lion", not one of "adamw", "sgd"']),
+    "dtype_unknown": (_set(["dtype"], "fp8"), [], ['dtype is "fp8", not one of "fp32", "fp16", "bf16"']),
+    "scaler_text": (_set(["loss_scaler", "scale"], "x"), [], ['loss_scaler.scale is "x", not a finite number > 0']),
+    "good_steps_negative": (_set(["loss_scaler", "good_steps"], -2), [],
+                            ["loss_scaler.good_steps is -2, not an integer from 0"]),
+    "history_text": (_set(["history"], "abc"), [], ['history is "abc", not a list']),
+    "ranks_object": (_set(["ranks"], {"a": 1}), [], ['ranks is {"a": 1}, not a list of the saving ranks']),
+    "ranks_empty": (_set(["ranks"], []), [], ["ranks is [], not a list of the saving ranks"]),
+    "rank_negative": (_set(["ranks", 1, "rank"], -1), [], ["ranks[1].rank is -1, not 1"]),
+    "rank_text": (_set(["ranks", 1, "rank"], "../x"), [], ['ranks[1].rank is "../x", not 1']),
+    "pieces_text": (_set(["ranks", 0, "pieces"], "all"), [], ['ranks[0].pieces is "all", not a list of']),
+    "piece_short": (_set(["ranks", 0, "pieces", 0], [0, 0]), [],
+                    ["ranks[0].pieces[0] is [0, 0], not [layer, start, stop, offset]"]),
+    "piece_negative": (_set(["ranks", 0, "pieces", 0], [0, -5, 204, 0]), [],
+                       ["ranks[0].pieces[0] is [0, -5, 204, 0], not [layer, start, stop, offset]"]),
+    "piece_offset_beyond_int64": (_set(["ranks", 0, "pieces", 0], [0, 0, 204, 10**30]), [],
+                                  ["ranks[0].pieces[0] is [0, 0, 204, 1000000000000000000000000000000], not"]),
+    "piece_beyond_layer": (_set(["ranks", 0, "pieces", 0], [0, 0, 10**18, 0]), [],
+                           ["rank 0's piece [0, 0, 1000000000000000000, 0] is not a range within layer 0's 272 "
+                            "elements"]),
+    "piece_layer_beyond": (_set(["ranks", 0, "pieces", 0], [7, 0, 204, 0]), [],
+                           ["rank 0's piece [7, 0, 204, 0] names layer 7, but the model has 4"]),
+    "piece_longer_than_file": (_set(["ranks", 1, "pieces", 3], [3, 204, 272, 10**6]), [],
+                               ["rank-1.param.npy' holds 272 elements, fewer than its pieces in manifest.json need"]),
+    "not_json": (_text('{"format": "hetbench-train-checkpoint/1", "steps_done": 2'), [],
+                 ["manifest.json' is not JSON:"]),
+    "digits": (_text('{"format": "hetbench-train-checkpoint/1", "steps_done": 1' + "0" * 5000 + "}"), [],
+               ["manifest.json' is not a manifest hetbench wrote: it holds a number too long to read"]),
+}
+NEVER_ALLOCATED = 256 << 20  # what a case may trace at its peak: the run's own state is KBs, hetbench's imports MBs
+
+
+@pytest.fixture(scope="module")
+def doctored(saved, tmp_path_factory):
+    """Every case's checkpoint (a copy of the saved one, doctored) and its arguments in CASES.json."""
+    ck, _ = saved
+    root = tmp_path_factory.mktemp("doctored")
+    cases = []
+    for name, (change, extra, _) in DOCTORED.items():
+        copy = root / name
+        shutil.copytree(ck, copy)
+        step = copy / "step-20"
+        if change.__name__ in ("_empty_piece", "write"):
+            change(step)
+        else:
+            manifest = json.loads((step / "manifest.json").read_text())
+            change(manifest)
+            (step / "manifest.json").write_text(json.dumps(manifest))
+        cases.append({"name": name, "args": ["train", *MODEL, "--steps", "40", "--backend", "host", "--resume",
+                                             str(copy), "--out", str(root / f"{name}.json"), *extra]})
+    (root / "cases.json").write_text(json.dumps(cases))
+    return root
+
+
+@pytest.fixture(scope="module", params=[2, 3])
+def doctored_runs(request, doctored):
+    """Every case in one launch per rank count: {name: every rank's outcome}."""
+    from helpers import REPO, run_python
+
+    run = run_python([str(REPO / "tests" / "mpi_resume_cases.py"), str(doctored / "cases.json")],
+                     nprocs=request.param, cwd=doctored, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    return request.param, doctored, {case["name"]: case["ranks"] for case in json.loads(run.stdout)}
+
+
+@needs_mpi
+@pytest.mark.parametrize("name", sorted(DOCTORED))
+def test_a_doctored_checkpoint_is_one_line_on_every_rank(doctored_runs, name):
+    nprocs, root, runs = doctored_runs
+    ranks = runs[name]
+    assert len(ranks) == nprocs
+    first = ranks[0]
+    lines = first["stderr"].splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), first["stderr"]
+    for needle in DOCTORED[name][2]:
+        assert needle in lines[0], lines[0]
+    assert str(root / name) in lines[0]  # the file (or its checkpoint folder) is named
+    assert "Traceback" not in lines[0] and "Error(" not in lines[0] and "malformed" not in lines[0]
+    for r, outcome in enumerate(ranks):
+        assert outcome["code"] == 2, (r, outcome)
+        assert outcome["stdout"] == "" and (r == 0 or outcome["stderr"] == ""), (r, outcome)
+        assert outcome["peak_bytes"] < NEVER_ALLOCATED, (r, outcome["peak_bytes"])
+    assert not (root / f"{name}.json").exists()

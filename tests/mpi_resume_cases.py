@@ -1,0 +1,55 @@
+"""Runs `hetbench` in this process once per case, on every rank of one launch, and prints on rank 0 one JSON list:
+per case, every rank's exit code, stdout, stderr and the peak of memory traced while it ran (tracemalloc, which
+NumPy's arrays report to), for tests/mpi/test_train_checkpoint.py.
+
+    mpiexec -n N python tests/mpi_resume_cases.py CASES.json
+
+CASES.json: a list of {"name": ..., "args": [...]} (hetbench's arguments). Every case must end alike on every rank
+(bad input: exit 2 after the ranks agreed), or the ranks fall out of step; one that fails while running aborts the
+whole launch, as the command does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import sys
+import tracemalloc
+
+
+def run_case(args: list[str]) -> dict:
+    from hetbench.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    tracemalloc.start()
+    tracemalloc.reset_peak()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                main(args)
+                code = 0
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else 1
+    finally:
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+    return {"code": code, "stdout": out.getvalue(), "stderr": err.getvalue(), "peak_bytes": peak}
+
+
+def main_cases(path: str) -> None:
+    from hetbench.comm.world import World
+
+    cases = json.loads(open(path, encoding="utf-8").read())
+    results = []
+    for case in cases:
+        results.append({"name": case["name"], "rank": run_case(case["args"])})
+    world = World()
+    every = world.gather([r["rank"] for r in results])
+    if world.rank == 0:
+        print(json.dumps([{"name": r["name"], "ranks": [ranks[i] for ranks in every]}
+                          for i, r in enumerate(results)]))
+
+
+if __name__ == "__main__":
+    main_cases(sys.argv[1])
