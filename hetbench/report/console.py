@@ -12,8 +12,10 @@ import contextlib
 import math
 import os
 import re
+import stat
 import sys
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from rich.cells import cell_len
@@ -55,19 +57,102 @@ def _terminal_columns(stream: Any) -> int | None:
         return 0
 
 
-def console(stderr: bool = False, force_terminal: bool | None = None, fallback_width: int = LOG_WIDTH) -> Console:
-    """A new Console for stdout (or stderr) that writes escape codes only to a real terminal.
+# The processes an MPI launcher is made of (their /proc comm, cut at 15 characters): MPICH's hydra (mpiexec, its
+# hydra_pmi_proxy), Open MPI's (mpirun, orterun, prterun and their orted/prted daemons), Slurm's srun.
+LAUNCHER_PROCESSES = ("mpiexec", "mpirun", "orterun", "prterun", "hydra_", "orted", "prted", "srun")
 
-    A file, a pipe (a rank's output under mpiexec) or a terminal of width 0 (a rank's under Open MPI, even when
-    mpirun writes to a file) gets plain text at $COLUMNS or `fallback_width` columns; a terminal gets its own width
-    ($COLUMNS first, as rich reads it). FORCE_COLOR and TTY_COMPATIBLE, where set, still decide colour."""
-    columns = _terminal_columns(sys.stderr if stderr else sys.stdout)
-    if columns is None:  # a file or a pipe
-        is_terminal, width = False, fallback_width
-    elif columns == 0:  # a launcher's pseudo-terminal: the user's terminal, a file or a pipe, nobody knows
-        is_terminal, width = False, _env_columns() or fallback_width
-    else:
-        is_terminal, width = True, _env_columns() or (columns if columns in _SANE_WIDTHS else TERMINAL_WIDTH)
+
+def _proc_parent(proc: Path, pid: int) -> int | None:
+    try:
+        fields = (proc / str(pid) / "stat").read_text()
+        return int(fields.rsplit(")", 1)[1].split()[1])  # the name in parentheses may hold spaces
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _sized_terminal(path: Path) -> int | None:
+    """The columns of the terminal at `path` (a process's /proc/PID/fd/N); None where it is none, 0 where it has no
+    size. Opened without becoming this process's controlling terminal and without blocking."""
+    try:
+        if not stat.S_ISCHR(os.stat(path).st_mode):
+            return None
+        fd = os.open(path, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        return os.get_terminal_size(fd).columns if os.isatty(fd) else None
+    except OSError:
+        return 0
+    finally:
+        os.close(fd)
+
+
+def launching_terminal_columns(fd: int = 1, proc: Path = Path("/proc"), pid: int | None = None) -> int | None:
+    """Under an MPI launcher, the width of the terminal the launcher itself writes to; None where it writes to a
+    file or a pipe, or where that cannot be learnt.
+
+    A rank's output reaches the user through the launcher: under MPICH's hydra the rank's stdout is a pipe to its
+    hydra_pmi_proxy, whose output goes to mpiexec; under Open MPI it is a pseudo-terminal of size 0 held by mpirun
+    (or its daemon). Neither passes on the user's terminal size, and hydra's ranks have no controlling terminal
+    (/dev/tty: ENXIO), while Open MPI's /dev/tty is the user's terminal even when mpirun writes to a file. So this
+    walks up the rank's parents (Linux /proc) as long as they are the launcher's processes (LAUNCHER_PROCESSES),
+    and takes the size of the first terminal with a size one of them writes to on the same descriptor; it stops
+    at a process that is not the launcher's or at an output that is neither a pipe, a socket nor such a terminal
+    (`mpiexec ... > log`: the log width stays)."""
+    pid = os.getpid() if pid is None else pid
+    for _ in range(8):  # a rank, its proxy or daemon, the launcher: a few levels at most
+        parent = _proc_parent(proc, pid)
+        if parent is None or parent <= 1:
+            return None
+        try:
+            name = (proc / str(parent) / "comm").read_text().strip()
+        except OSError:
+            return None
+        if not name.startswith(LAUNCHER_PROCESSES):
+            return None
+        out = proc / str(parent) / "fd" / str(fd)
+        try:
+            target = os.readlink(out)
+        except OSError:
+            return None
+        if not target.startswith(("pipe:", "socket:")):
+            columns = _sized_terminal(out)
+            if columns is None:  # a file, /dev/null: the user asked for no terminal
+                return None
+            if columns in _SANE_WIDTHS:
+                return columns
+        pid = parent  # a pipe, a socket or a size-less terminal: the launcher passes it on further up
+    return None
+
+
+def output_width(stderr: bool = False, fallback_width: int = LOG_WIDTH) -> tuple[bool, int]:
+    """Whether stdout (or stderr) is a terminal, and the width to print at: $COLUMNS where it holds a sane width,
+    whatever the output (the user said so; under mpiexec the ranks get the launching shell's exported COLUMNS);
+    else a terminal's own width; else, for a rank started by an MPI launcher, the width of the terminal the launcher
+    writes to (launching_terminal_columns); else `fallback_width` for a file or a pipe."""
+    stream = sys.stderr if stderr else sys.stdout
+    columns = _terminal_columns(stream)
+    env = _env_columns()
+    if columns is not None and columns > 0:  # a terminal of its own
+        return True, env or (columns if columns in _SANE_WIDTHS else TERMINAL_WIDTH)
+    # a file, a pipe, or a launcher's pseudo-terminal of size 0 (the user's terminal, a file or a pipe: unknown)
+    if env:
+        return False, env
+    from hetbench.comm.launcher import started_by_launcher
+
+    if started_by_launcher():
+        launching = launching_terminal_columns(2 if stderr else 1)
+        if launching is not None:
+            return False, launching
+    return False, fallback_width
+
+
+def console(stderr: bool = False, force_terminal: bool | None = None, fallback_width: int = LOG_WIDTH) -> Console:
+    """A new Console for stdout (or stderr) that writes escape codes only to a real terminal, at the width
+    output_width decides: $COLUMNS first, a terminal's own, under a launcher its terminal's, else `fallback_width`
+    (a file, a pipe, a rank's output under mpiexec with nothing known of the terminal). FORCE_COLOR and
+    TTY_COMPATIBLE, where set, still decide colour."""
+    is_terminal, width = output_width(stderr, fallback_width)
     if force_terminal is None and not any(k in os.environ for k in ("FORCE_COLOR", "TTY_COMPATIBLE")):
         force_terminal = is_terminal
     return Console(stderr=stderr, force_terminal=force_terminal, highlight=False, soft_wrap=False, width=width)
