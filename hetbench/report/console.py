@@ -92,9 +92,10 @@ def launching_terminal_columns(fd: int = 1, proc: Path = Path("/proc"), pid: int
     file or a pipe, or where that cannot be learnt.
 
     A rank's output reaches the user through the launcher: under MPICH's hydra the rank's stdout is a pipe to its
-    hydra_pmi_proxy, whose output goes to mpiexec; under Open MPI it is a pseudo-terminal of size 0 held by mpirun
-    (or its daemon). Neither passes on the user's terminal size, and hydra's ranks have no controlling terminal
-    (/dev/tty: ENXIO), while Open MPI's /dev/tty is the user's terminal even when mpirun writes to a file. So this
+    hydra_pmi_proxy, whose output goes to mpiexec, and nothing passes on the user's terminal size; under Open MPI it
+    is a pseudo-terminal held by mpirun (or its daemon), of mpirun's terminal's size, or of size 0 where mpirun
+    writes to a file or a pipe. hydra's ranks have no controlling terminal (/dev/tty: ENXIO), and Open MPI's
+    /dev/tty is the user's terminal even when mpirun writes to a file, so /dev/tty cannot tell. So this
     walks up the rank's parents (Linux /proc) as long as they are the launcher's processes (LAUNCHER_PROCESSES),
     and takes the size of the first terminal with a size one of them writes to on the same descriptor; it stops
     at a process that is not the launcher's or at an output that is neither a pipe, a socket nor such a terminal

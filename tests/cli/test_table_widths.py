@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import MPIEXEC, REPO, needs_mpi, require_mpi_mark, run_cli
+from helpers import MPIEXEC, REPO, needs_mpi, require_mpi_mark
 
 import hetbench.report.console as console_module
 from hetbench.benchmarks.base import columns_of
@@ -44,10 +44,17 @@ JOBS = {
     "train": ["train", "--steps", "4", "--layers", "2", "--hidden", "8", "--batch", "8", "--backend", "sim:h100"],
     "plan": ["split", "--plan", "--size", "4096", "--backend", "0=sim:h100,1=sim:mi300x,2=sim:a10g"],
 }
+# the commands' entry point through a pipe (as a rank's output under mpiexec) with COLUMNS set, after the runs:
+# split --plan at 80 columns, report at 100, compare at 80
+COMMANDS = {"plan at 80": ("80", JOBS["plan"] + ["--out", "plan-80.json"]),
+            "report at 100": ("100", ["report", "plan-80.json", "train.json"]),
+            "compare at 80": ("80", ["compare", "train.json", "train.json"])}
 RUNNER = """
-import sys
+import os, sys
 from hetbench.cli import main
-for args in {jobs!r}:
+for label, columns, args in {jobs!r}:
+    os.environ["COLUMNS"] = columns
+    print("=== " + label, flush=True)
     try:
         main(args)
     except SystemExit as e:
@@ -61,14 +68,19 @@ MORE_RANKS = [("sim:h100", "NVIDIA H100 SXM5 80GB (simulated)", "gpu-node-with-a
 
 @pytest.fixture(scope="module")
 def runs_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The results files of JOBS, run in one process (a few seconds)."""
+    """The results files of JOBS, and the output of COMMANDS (<label>.txt), all run in one process (a few
+    seconds)."""
     folder = tmp_path_factory.mktemp("widths")
-    jobs = [[*args, "--out", str(folder / f"{name}.json")] for name, args in JOBS.items()]
+    jobs = [(name, "200", [*args, "--out", f"{name}.json"]) for name, args in JOBS.items()]
+    jobs += [(label, columns, args) for label, (columns, args) in COMMANDS.items()]
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-c", RUNNER.format(jobs=jobs)], capture_output=True, text=True,
                           timeout=120, env=env, cwd=folder, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr
+    for part in proc.stdout.split("=== ")[1:]:
+        label, output = part.split("\n", 1)
+        (folder / f"{label}.txt").write_text(output)
     return folder
 
 
@@ -225,22 +237,17 @@ def test_compare_keeps_figures_and_verdicts_whole(documents, monkeypatch, capsys
                                               for word in change.verdict.split()), (width, change.verdict, text)
 
 
-def test_the_commands_through_a_pipe_with_columns_set(runs_folder, tmp_path):
-    """The real commands, as a rank's output under mpiexec reaches them (a pipe), with COLUMNS set: split --plan at
-    80 columns, report at 100, compare at 80."""
-    plan = run_cli(JOBS["plan"] + ["--out", str(tmp_path / "plan.json")], cwd=tmp_path, env={"COLUMNS": "80"})
-    assert plan.returncode == 0, plan.stderr
-    _assert_whole(plan.stdout, 80, {"Backend": ["sim:h100", "sim:mi300x", "sim:a10g"], "Part": ["1066", "2531", "499"]})
-    assert "Device" in _not_shown(plan.stdout)  # it went, and it is said so
-    (tmp_path / "train.json").write_bytes((runs_folder / "train.json").read_bytes())
-    report = run_cli(["report", "plan.json", "train.json"], cwd=tmp_path, env={"COLUMNS": "100"})
-    assert report.returncode == 0, report.stderr
-    _assert_whole(report.stdout, 100, {"Run": [load_results(tmp_path / f).get("metadata", {})["run_id"]
-                                               for f in ("plan.json", "train.json")]})
-    compare = run_cli(["compare", "train.json", "train.json"], cwd=tmp_path, env={"COLUMNS": "80"})
-    assert compare.returncode == 0, compare.stderr
-    _assert_whole(compare.stdout, 80, {})
-    assert "not significant" in _segments(compare.stdout), compare.stdout  # was "not significa…"
+def test_the_commands_through_a_pipe_with_columns_set(runs_folder):
+    """The commands' entry point writing to a pipe (as a rank's output under mpiexec) with COLUMNS set."""
+    plan = (runs_folder / "plan at 80.txt").read_text()
+    _assert_whole(plan, 80, {"Backend": ["sim:h100", "sim:mi300x", "sim:a10g"], "Part": ["1066", "2531", "499"]})
+    assert "Device" in _not_shown(plan)  # it went, and it is said so
+    report = (runs_folder / "report at 100.txt").read_text()
+    _assert_whole(report, 100, {"Run": [load_results(runs_folder / f)["metadata"]["run_id"]
+                                        for f in ("plan-80.json", "train.json")]})
+    compare = (runs_folder / "compare at 80.txt").read_text()
+    _assert_whole(compare, 80, {})
+    assert "not significant" in _segments(compare), compare  # was "not significa…"
 
 
 # --- the width under an MPI launcher ------------------------------------------------------------------------------
@@ -327,15 +334,13 @@ def _run_in_terminal(cmd: list[str], cwd: Path, columns: int, env: dict, timeout
 
 
 @needs_mpi
-def test_mpiexec_on_a_terminal_prints_at_its_width_and_to_a_file_at_the_log_width(tmp_path):
+def test_mpiexec_on_a_terminal_prints_at_its_terminals_width(tmp_path):
     require_mpi_mark()
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "FORCE_COLOR", "TTY_COMPATIBLE")}
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     args = [MPIEXEC, "-n", "2", sys.executable, "-m", "hetbench", *JOBS["plan"], "--out", "plan.json"]
-    text = _run_in_terminal(args, tmp_path, 93, env)
+    # Open MPI sizes each rank's pseudo-terminal as mpirun's terminal (colour then, as on any terminal)
+    text = re.sub(r"\x1b\[[0-9;]*m", "", _run_in_terminal(args, tmp_path, 93, env))
     assert "Split" in text and "…" not in text, text
     assert max(len(line) for line in text.splitlines()) == 93, text  # was 102: the fixed log width's table
-    quoted = " ".join(f"'{a}'" for a in args)
-    text = _run_in_terminal(["sh", "-c", f"{quoted} > out.txt"], tmp_path, 93, env)
-    log = (tmp_path / "out.txt").read_text()
-    assert max(len(line) for line in log.splitlines()) > 93, log  # a file: the log width, not the terminal's
+    # mpiexec writing to a file keeps the log width: test_a_launcher_writing_to_a_file_keeps_the_log_width
