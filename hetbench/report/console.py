@@ -1,10 +1,11 @@
 """Rich output for hetbench's commands: the results tables (from each benchmark's declared columns), the devices
 table, the progress bar, and the plain `Error:`/`Note:` lines. Only rank 0 prints through it; the driver and the
-commands see to that.
+commands see to that. Tables fit the width they are printed at without cutting a key or a number (FittedTable).
 
 Not hatch's single console: `console()` makes a new Console at every call, sized and coloured for its stream as it
-is at that moment (a terminal, a file or pipe, a launcher's size-less pseudo-terminal), and `print_table` widens the
-one it is given for a --wide table, which must not carry over to the next print."""
+is at that moment (a terminal, a file or pipe, a launcher's pipe or pseudo-terminal: output_width), and
+`print_table` widens the one it is given for a --wide table (or one that cannot fit even at its narrowest), which
+must not carry over to the next print."""
 
 from __future__ import annotations
 
@@ -353,7 +354,7 @@ class FittedTable(Table):
         if dropped:
             note = f"not shown at this width: {', '.join(dropped)}" + (f" ({self.dropped_note})"
                                                                       if self.dropped_note else "")
-            table.caption = note if not self.caption else f"{self.caption}\n{note}"
+            table.caption = escape(note) if not self.caption else f"{self.caption}\n{escape(note)}"
         return table
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:

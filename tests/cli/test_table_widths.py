@@ -24,6 +24,8 @@ import pytest
 from helpers import MPIEXEC, REPO, needs_mpi, require_mpi_mark
 
 import hetbench.report.console as console_module
+from hetbench.backends import sim
+from hetbench.backends.base import spec_of
 from hetbench.benchmarks.base import columns_of
 from hetbench.report.compare import compare_documents
 from hetbench.report.console import cell, launching_terminal_columns, render_document
@@ -48,7 +50,8 @@ JOBS = {
 # split --plan at 80 columns, report at 100, compare at 80
 COMMANDS = {"plan at 80": ("80", JOBS["plan"] + ["--out", "plan-80.json"]),
             "report at 100": ("100", ["report", "plan-80.json", "train.json"]),
-            "compare at 80": ("80", ["compare", "train.json", "train.json"])}
+            "compare at 80": ("80", ["compare", "train.json", "train.json"]),
+            "devices at 80": ("80", ["devices", "--sim"]), "devices at 100": ("100", ["devices", "--sim"])}
 RUNNER = """
 import os, sys
 from hetbench.cli import main
@@ -248,6 +251,10 @@ def test_the_commands_through_a_pipe_with_columns_set(runs_folder):
     compare = (runs_folder / "compare at 80.txt").read_text()
     _assert_whole(compare, 80, {})
     assert "not significant" in _segments(compare), compare  # was "not significa…"
+    specs = ["host:0"] + [spec_of(info) for info in sim.list_devices()]
+    for width in (80, 100):  # devices: every --backend value whole (80 showed "sim…", 100 "sim:a1…")
+        devices = (runs_folder / f"devices at {width}.txt").read_text()
+        _assert_whole(devices, width, {"Backend": specs})
 
 
 # --- the width under an MPI launcher ------------------------------------------------------------------------------
