@@ -42,10 +42,11 @@ def _devices_text(run: Run) -> str:
     return "\n".join(f"{rank}: {name}" + (" ~" if modelled else "") for rank, _, name, modelled in run.devices())
 
 
-# what goes first where the runs table does not fit its width: the command (the run's own header says it), its hosts,
-# date and devices, then its rank map; then the figures, the last first; the run id and its checks never go
-LIST_WHOLE = 24
+LIST_WHOLE = 24  # a figure that lists more than this many characters shows an entry a line
 _FIGURE = re.compile(r"~?[-+]?(\d[\d.]*(e[-+]?\d+)?x?|inf|nan)|-")  # a figure as RunFigure.text writes it
+# what goes first where the runs table does not fit its width: the command (the run's own header says it), its hosts,
+# date and devices, then its rank map; then the figures, those that describe a run before those it measured, the
+# last first; the run id and its checks never go
 RUNS_CONTEXT = (("Run", KEY, None), ("Date (UTC)", KEY, 2), ("Host(s)", KEY, 1), ("Command", TEXT, 0),
                 ("Rank map", KEY, 4), ("Devices", TEXT, 3))
 
