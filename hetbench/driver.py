@@ -17,7 +17,7 @@ from hetbench.benchmarks.base import Benchmark, RankResult
 from hetbench.options import common_options, parse_backends
 from hetbench.outputs import agree_or_exit, check_distinct_outputs, emit, output_path_errors, resolve_outputs, utc_stamp
 
-COMMON_PARAMS = ("backend", "out_json", "out_csv", "json_stdout", "progress", "wide")
+COMMON_PARAMS = ("backend", "out_json", "out_csv", "json_stdout", "progress", "wide", "timeout_seconds")
 
 
 def command_for(benchmark: Benchmark) -> click.Command:
@@ -38,7 +38,10 @@ def run(benchmark: Benchmark, params: dict[str, Any]) -> int:
     from hetbench.harness.metadata import job_metadata, rank_description
     from hetbench.results import check_writable, make_document
 
+    from hetbench.comm import watchdog
+
     own = {k: v for k, v in params.items() if k not in COMMON_PARAMS}
+    watchdog.arm(params["timeout_seconds"])
     world = World()
     stamp = world.bcast(utc_stamp())
     output = resolve_outputs(benchmark.name, params["out_json"], params["out_csv"], params["json_stdout"], stamp)

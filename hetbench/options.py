@@ -36,7 +36,13 @@ class AsciiIntRange(click.IntRange):
         if isinstance(value, str) and not _ASCII_INT.fullmatch(value.strip()):
             self.fail(f"{value!r} is not an integer written in the digits 0-9; accepted: {self._accepted()}",
                       param, ctx)
-        return super().convert(value, param, ctx)
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter:
+            if not isinstance(value, str):
+                raise
+            # click says the number it read (10000000 for 1_000_000_0, 0 for -0): say the value as typed
+            self.fail(f"{value!r} is not in the range {self._describe_range()}", param, ctx)
 
     def _accepted(self) -> str:
         return "an integer" if self.min is None and self.max is None else self._describe_range()
@@ -69,7 +75,16 @@ class FiniteFloatRange(click.FloatRange):
                 self.fail(f"{value!r} is too large to be a finite number; accepted: {self._accepted()}", param, ctx)
         elif isinstance(value, float) and not math.isfinite(value):
             self.fail(f"{value!r} is not a finite number; accepted: {self._accepted()}", param, ctx)
-        return super().convert(value, param, ctx)
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter:
+            if not isinstance(value, str):
+                raise
+            # click says the number it read (0.0 for 1e-400 or -0): say the value as typed, and why it reads so
+            mantissa = re.split("[eE]", value)[0]
+            underflow = float(value) == 0 and any(c in "123456789" for c in mantissa)
+            self.fail(f"{value!r} is not in the range {self._describe_range()}"
+                      + (" (it is below the smallest number held, and reads as 0)" if underflow else ""), param, ctx)
 
     def _accepted(self) -> str:
         return "a number" if self.min is None and self.max is None else f"a number, {self._describe_range()}"
@@ -196,7 +211,22 @@ def common_options(command: str) -> list[click.Parameter]:
                           "--csv is given; with --out alone, no CSV."),
         click.Option(["--json", "json_stdout"], is_flag=True,
                      help="Print the results document as JSON on stdout and nothing else."),
+        timeout_option(),
     ]
+
+
+# A healthy run waits in one MPI operation for as long as its slowest peer computes one step (a large GEMM on a slow
+# device, torch's import on a peer, a checkpoint written): minutes at most. Ten of them is a hang.
+DEFAULT_TIMEOUT_SECONDS = 600.0
+
+
+def timeout_option() -> click.Option:
+    """--timeout, shared by every command that starts MPI (nccl-tests' -T)."""
+    return click.Option(["--timeout", "timeout_seconds"], type=float_range(min=0.0), default=DEFAULT_TIMEOUT_SECONDS,
+                        show_default=True, metavar="SECONDS",
+                        help="End the job, with one line naming the rank, its host and the MPI operation, when a rank "
+                             "has waited this long in one MPI operation (a peer gone silent: a cut link, a stopped "
+                             "process). Files already committed are kept. 0: wait for ever.")
 
 
 def parse_backends(world: Any, text: str) -> tuple:

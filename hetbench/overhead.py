@@ -82,6 +82,10 @@ def bench_allreduce(sizes_mib: tuple[int, ...] = (1, 16, 64), warmup: int = 3, i
     from hetbench.benchmarks.collectives import run
     from hetbench.harness.devices import open_rank_device
 
+    from hetbench.comm import watchdog
+    from hetbench.options import DEFAULT_TIMEOUT_SECONDS
+
+    watchdog.arm(DEFAULT_TIMEOUT_SECONDS)  # as every command runs: hetbench's side pays the watchdog's notes
     world = World()
     results = []
     for mib in sizes_mib:
@@ -105,7 +109,7 @@ def bench_allreduce(sizes_mib: tuple[int, ...] = (1, 16, 64), warmup: int = 3, i
                 assert rows is not None and [r["wrong"] for r in rows] == [0, 0]
                 ours.append(rows[0]["algbw_gbps"])
                 staged.append(rows[1]["algbw_gbps"])
-            seconds = _bare_allreduce_seconds(world.comm, world.MPI, send, recv, warmup, iters)
+            seconds = _bare_allreduce_seconds(world.raw_comm, world.MPI, send, recv, warmup, iters)
             bare.append(size / seconds / 1e9)
         prepared.backend.close()
         if world.is_root:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -170,3 +171,68 @@ def assert_usage_error(run: Run, tmp_path: Path, *needles: str) -> None:
     leftovers = [p.name for p in tmp_path.rglob("*") if p.is_file() and p.suffix in (".json", ".csv", ".tmp")]
     assert leftovers == [], leftovers
     assert not (tmp_path / "results").exists() or not any((tmp_path / "results").iterdir())
+
+
+# Processes of a launched job: who they are, whether they live (for tests that signal, stop or time out a rank)
+
+RANK_VARIABLES = (b"PMI_RANK=", b"OMPI_COMM_WORLD_RANK=")
+
+
+def process_parents() -> dict[int, int]:
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry)] = int(stat[stat.rindex(")") + 2:].split()[1])
+    return parents
+
+
+def descendants(root: int) -> list[int]:
+    parents = process_parents()
+    found = []
+    for pid in parents:
+        p = pid
+        while p in parents and p not in (root, 0, 1):
+            p = parents[p]
+        if p == root and pid != root:
+            found.append(pid)
+    return found
+
+
+def rank_of(pid: int) -> int | None:
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    for item in environ:
+        for name in RANK_VARIABLES:
+            if item.startswith(name) and item[len(name):].isdigit():
+                return int(item[len(name):])
+    return None
+
+
+def handles_sigterm(pid: int) -> bool:
+    """Whether hetbench's handlers are in place: Python itself catches SIGINT only, hetbench SIGTERM as well."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
+    return bool(caught & (1 << (signal.SIGTERM - 1)))
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

@@ -5,7 +5,13 @@ from __future__ import annotations
 import click
 
 from hetbench.backends.base import DeviceInfo, spec_of
+from hetbench.options import timeout_option
 from hetbench.results.io import to_json
+
+
+def timeout_decorator(f):
+    f.__click_params__ = [*getattr(f, "__click_params__", []), timeout_option()]
+    return f
 
 
 def backend_spec(info: DeviceInfo) -> str:
@@ -17,11 +23,14 @@ def backend_spec(info: DeviceInfo) -> str:
 @click.command()
 @click.option("--sim", "with_sim", is_flag=True, help="Also list the simulated GPUs of the sim catalog (modelled).")
 @click.option("--json", "json_stdout", is_flag=True, help="Print JSON on stdout and nothing else.")
-def devices(with_sim: bool, json_stdout: bool) -> int:
+@timeout_decorator
+def devices(with_sim: bool, json_stdout: bool, timeout_seconds: float) -> int:
     """List the devices of every backend on every rank's node."""
     from hetbench.backends.base import BACKEND_NAMES, BackendUnavailable, backend_module
+    from hetbench.comm import watchdog
     from hetbench.comm.world import World
 
+    watchdog.arm(timeout_seconds)
     world = World()
     rows, unavailable = [], []
     for name in BACKEND_NAMES:

@@ -665,9 +665,10 @@ def groups() -> list[HetbenchProcessGroup]:
 
 def create(dist_opts: Any, backend_options: Any = None) -> HetbenchProcessGroup:
     """torch's creator (extended API): a communicator for the group's global ranks, in their order."""
-    from mpi4py import MPI
+    from hetbench.comm import watchdog
 
-    world = MPI.COMM_WORLD
+    # watched where a command armed the watchdog (--timeout): its groups' operations end a job whose peer is silent
+    world = watchdog.world_comm()
     ranks = [int(r) for r in getattr(dist_opts, "global_ranks_in_group", []) or []]
     size = int(dist_opts.group_size)
     if not ranks:

@@ -26,9 +26,9 @@ _original: Any = None
 
 
 def _mpi_store(timeout: timedelta) -> tuple[Any, int, int]:
-    from mpi4py import MPI
+    from hetbench.comm import watchdog
 
-    comm = MPI.COMM_WORLD
+    comm = watchdog.world_comm()
     rank, size = comm.Get_rank(), comm.Get_size()
     if size == 1:
         return dist.HashStore(), 0, 1

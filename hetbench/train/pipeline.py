@@ -246,7 +246,7 @@ def train_pipeline(
         # every send of the step completed, then the loss from the last stage to all
         if pending:
             requests = [req for _, req in pending]
-            clock.comm(lambda: world.MPI.Request.Waitall(requests))
+            clock.comm(lambda: world.wait_all(requests))
             pending.clear()
         skipped = False
         if scaler.checks:

@@ -13,10 +13,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import MPIEXEC, REPO, needs_mpi, require_mpi_mark
+from helpers import MPIEXEC, REPO, alive, descendants, handles_sigterm, kill_group, needs_mpi, rank_of, require_mpi_mark
 
 END_WITHIN_SECONDS = 10.0  # the issue's bound, from the signal to the end of every rank
-_RANK_VARIABLES = (b"PMI_RANK=", b"OMPI_COMM_WORLD_RANK=")
 
 
 def _env() -> dict[str, str]:
@@ -37,83 +36,23 @@ def _start(args: list[str], cwd: Path, nprocs: int | None = None) -> subprocess.
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
-def _parents() -> dict[int, int]:
-    parents = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry)] = int(stat[stat.rindex(")") + 2:].split()[1])
-    return parents
-
-
-def _descendants(root: int) -> list[int]:
-    parents = _parents()
-    found = []
-    for pid in parents:
-        p = pid
-        while p in parents and p not in (root, 0, 1):
-            p = parents[p]
-        if p == root and pid != root:
-            found.append(pid)
-    return found
-
-
-def _rank_of(pid: int) -> int | None:
-    try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return None
-    for item in environ:
-        for name in _RANK_VARIABLES:
-            if item.startswith(name) and item[len(name):].isdigit():
-                return int(item[len(name):])
-    return None
-
-
-def _handles_sigterm(pid: int) -> bool:
-    """Whether hetbench's handlers are in place: Python itself catches SIGINT only, hetbench SIGTERM as well."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return False
-    caught = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
-    return bool(caught & (1 << (signal.SIGTERM - 1)))
-
-
 def _rank_pids(launcher: subprocess.Popen, nprocs: int, timeout: float = 60) -> dict[int, int]:
     """rank -> pid of the Python processes under the launcher, once all have hetbench's handlers in place."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         ranks = {}
-        for pid in _descendants(launcher.pid):
-            rank = _rank_of(pid)
-            if rank is not None and _handles_sigterm(pid):
+        for pid in descendants(launcher.pid):
+            rank = rank_of(pid)
+            if rank is not None and handles_sigterm(pid):
                 ranks[rank] = pid
         if len(ranks) == nprocs:
             return ranks
         if launcher.poll() is not None:
             break
         time.sleep(0.05)
-    _kill(launcher)
+    kill_group(launcher)
     out, err = launcher.communicate()
     pytest.fail(f"the ranks did not start: exit {launcher.returncode}\nstdout: {out}\nstderr: {err}")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
-    except OSError:
-        return False
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def _wait_after(proc: subprocess.Popen, signalled_at: float, ranks: dict[int, int] | None = None):
@@ -121,14 +60,14 @@ def _wait_after(proc: subprocess.Popen, signalled_at: float, ranks: dict[int, in
     try:
         out, err = proc.communicate(timeout=END_WITHIN_SECONDS + 20)
     except subprocess.TimeoutExpired:
-        _kill(proc)
+        kill_group(proc)
         out, err = proc.communicate()
         pytest.fail(f"the job still ran {END_WITHIN_SECONDS + 20:.0f} s after the signal (a hang)\n"
                     f"stdout: {out}\nstderr: {err}")
-    while ranks and any(_alive(pid) for pid in ranks.values()) and time.monotonic() - signalled_at < 30:
+    while ranks and any(alive(pid) for pid in ranks.values()) and time.monotonic() - signalled_at < 30:
         time.sleep(0.05)
     seconds = time.monotonic() - signalled_at
-    assert not any(_alive(pid) for pid in (ranks or {}).values()), "a rank outlived the launcher"
+    assert not any(alive(pid) for pid in (ranks or {}).values()), "a rank outlived the launcher"
     return proc.returncode, out, err, seconds
 
 
@@ -166,7 +105,7 @@ def test_signal_to_one_rank_ends_the_job(tmp_path, out_of_step, target_rank, sig
         os.kill(ranks[target_rank], signum)
         code, out, err, seconds = _wait_after(proc, start, ranks)
     finally:
-        _kill(proc)
+        kill_group(proc)
     name = signal.Signals(signum).name
     assert seconds < END_WITHIN_SECONDS, (seconds, err)
     assert code == 128 + signum, (code, err)
@@ -190,7 +129,7 @@ def test_signal_to_the_launcher_ends_the_job(tmp_path, out_of_step, signum):
         proc.send_signal(signum)
         code, out, err, seconds = _wait_after(proc, start, ranks)
     finally:
-        _kill(proc)
+        kill_group(proc)
     assert seconds < END_WITHIN_SECONDS, (seconds, err)
     assert code != 0, err
     if _launcher_is_hydra():  # MPICH's mpiexec hands the signal to every rank: rank 0 aborts with 128 + signal
@@ -207,14 +146,14 @@ def test_signal_to_a_single_process(tmp_path, signum):
                    "--backend", "host", "--out", "r.json"], tmp_path)
     try:
         deadline = time.monotonic() + 60
-        while not _handles_sigterm(proc.pid) and time.monotonic() < deadline:
+        while not handles_sigterm(proc.pid) and time.monotonic() < deadline:
             time.sleep(0.02)
         time.sleep(2.0)  # into the timed repeats
         start = time.monotonic()
         proc.send_signal(signum)
         code, out, err, seconds = _wait_after(proc, start)
     finally:
-        _kill(proc)
+        kill_group(proc)
     assert seconds < END_WITHIN_SECONDS
     assert code == 128 + signum, (code, err)
     assert [line for line in err.splitlines() if line.strip()] == [
@@ -228,13 +167,13 @@ def test_ctrl_c_during_start_up_prints_no_traceback(tmp_path):
     proc = _start(["-m", "hetbench", "matmul", "--size", "64", "--backend", "host", "--out", "r.json"], tmp_path)
     try:
         deadline = time.monotonic() + 30
-        while not _handles_sigterm(proc.pid) and time.monotonic() < deadline:
+        while not handles_sigterm(proc.pid) and time.monotonic() < deadline:
             time.sleep(0.001)
         start = time.monotonic()
         proc.send_signal(signal.SIGINT)
         code, out, err, seconds = _wait_after(proc, start)
     finally:
-        _kill(proc)
+        kill_group(proc)
     assert code == 130, (code, err)
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     assert "Error: interrupted by SIGINT" in err
@@ -262,7 +201,7 @@ def test_process_stuck_in_a_c_call_still_ends(tmp_path):
         proc.send_signal(signal.SIGINT)
         code, out, err, seconds = _wait_after(proc, start)
     finally:
-        _kill(proc)
+        kill_group(proc)
     assert code == 130, (code, err)
     assert "Error: interrupted by SIGINT" in err
     assert "Traceback" not in err
@@ -275,8 +214,8 @@ def _first_instants(launcher: subprocess.Popen, nprocs: int, target: int, handle
     as soon as hetbench's handlers are in place (handlers=True: before MPI starts, before the slow imports)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for pid in _descendants(launcher.pid):
-            if _rank_of(pid) == target and (_handles_sigterm(pid) or not handlers):
+        for pid in descendants(launcher.pid):
+            if rank_of(pid) == target and (handles_sigterm(pid) or not handlers):
                 try:
                     if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0] == sys.executable.encode():
                         return pid
@@ -285,7 +224,7 @@ def _first_instants(launcher: subprocess.Popen, nprocs: int, target: int, handle
         if launcher.poll() is not None:
             break
         time.sleep(0.001)
-    _kill(launcher)
+    kill_group(launcher)
     out, err = launcher.communicate()
     pytest.fail(f"rank {target} did not start: exit {launcher.returncode}\nstdout: {out}\nstderr: {err}")
 
@@ -306,7 +245,7 @@ def test_signal_in_a_ranks_first_instants_ends_the_job(tmp_path, nprocs, target,
         os.kill(pid, signum)
         code, out, err, seconds = _wait_after(proc, start)
     finally:
-        _kill(proc)
+        kill_group(proc)
     assert seconds < END_WITHIN_SECONDS, (seconds, err)
     assert code == 128 + signum, (code, err)
     assert f"Error: rank {target} (" in err and f"interrupted by {signal.Signals(signum).name}" in err, err
@@ -327,7 +266,7 @@ def test_signal_before_a_rank_runs_hetbench_ends_the_job(tmp_path, signum):
         os.kill(pid, signum)
         code, out, err, seconds = _wait_after(proc, start)
     finally:
-        _kill(proc)
+        kill_group(proc)
     assert seconds < END_WITHIN_SECONDS, (seconds, err)
     assert code != 0, err
     assert not (tmp_path / "r.json").exists()
