@@ -201,7 +201,9 @@ def common_options(command: str) -> list[click.Parameter]:
                      help="A progress bar on stderr while the run goes. Default: when stderr is a terminal; under "
                           "mpiexec, which hands rank output on through pipes, give --progress to see it."),
         click.Option(["--wide"], is_flag=True,
-                     help="Show every column of the tables. The default tables fit 100 columns."),
+                     help="Show every column of the tables at full width. The default tables fit the terminal "
+                          "(COLUMNS, or the launching terminal's width under mpiexec): names wrap, and the least "
+                          "needed columns are left out and named; no key or number is cut."),
         click.Option(["--backend", "backend"], default="auto", show_default=True, metavar="SPEC", help=BACKEND_HELP),
         click.Option(["--out", "out_json"], type=output_file(), default=None,
                      help=f"Write the JSON results document here. Default: results/{command}-<UTC time>.json "

@@ -138,6 +138,8 @@ def run_python(args: list[str], nprocs: int | None = None, cwd: Path | None = No
         assert MPIEXEC is not None
         cmd = [MPIEXEC, *(launcher_args or []), "-n", str(nprocs), *cmd]
     full_env = dict(os.environ)
+    # the tables take COLUMNS wherever it is sane, a pipe too: a developer's exported COLUMNS must not narrow them
+    full_env.pop("COLUMNS", None)
     full_env["PYTHONPATH"] = str(REPO) + os.pathsep + full_env.get("PYTHONPATH", "")
     # a rank's BLAS threads must not oversubscribe the CI machine's cores
     full_env.setdefault("OMP_NUM_THREADS", "1")
