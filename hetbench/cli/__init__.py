@@ -2,17 +2,21 @@
 `report` and `compare`; and the one place errors become messages and exit codes.
 
 Exit codes: 0 all checks passed; 1 a check failed or a rank failed while running; 2 bad input (usage); 130 and
-143 interrupted by SIGINT (Ctrl-C) and SIGTERM. Usage errors are decided alike on every rank and printed once, by
-rank 0. A rank that fails while running, or is interrupted, prints its own message and aborts the whole MPI job, so
-no rank is left waiting.
+143 interrupted by SIGINT (Ctrl-C) and SIGTERM. A reader of the output that went away (a broken pipe:
+`hetbench devices | head -1`) ends the command quietly by SIGPIPE, which a shell reports as 141, as `yes | head -1`
+and mpiexec itself end; the files the command writes are in place by then. Usage errors are decided alike on every rank and printed once,
+by rank 0. A rank that fails while running, or is interrupted, prints its own message (naming the rank only in a
+job of several) and aborts the whole MPI job, so no rank is left waiting.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import sys
+from typing import Any
 
 import click
 
@@ -22,8 +26,44 @@ from hetbench.cli.compare import compare
 from hetbench.cli.devices import devices
 from hetbench.cli.report import report
 from hetbench.comm.launcher import world_rank
+from hetbench.signals import launched_size
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+# 128 + SIGPIPE: what a shell reports for a tool that SIGPIPE ended (mpiexec, for a closed reader, among them)
+BROKEN_PIPE_EXIT = 128 + signal.SIGPIPE
+
+
+class OutputClosed(Exception):
+    """Writing to stdout or stderr met a closed reader (EPIPE). Not an OSError, so that click does not turn it
+    into a silent exit 1 on its way out."""
+
+
+class _Group(click.Group):
+    """The `hetbench` group: a broken pipe anywhere in a command, its help included, becomes OutputClosed."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        with _broken_pipe_closes():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with _broken_pipe_closes():
+            return super().invoke(ctx)
+
+
+@contextlib.contextmanager
+def _broken_pipe_closes() -> Any:
+    try:
+        yield
+    except OSError as e:
+        if e.errno != errno.EPIPE:
+            raise
+        raise OutputClosed() from e
+    except SystemExit as e:  # rich's console meets a broken pipe with SystemExit(1), raised while handling it
+        if not isinstance(e.__context__, BrokenPipeError):
+            raise
+        raise OutputClosed() from e
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="hetbench")
 def cli() -> None:
     """Run one computation across GPUs of different vendors, and measure it honestly."""
@@ -44,11 +84,69 @@ def _mpi_world_size() -> int:
     return mpi.COMM_WORLD.Get_size()
 
 
+# what runs where the working directory was deleted: nothing is read or written relative to it
+NEEDS_NO_FOLDER = ("devices",)
+ALWAYS = ("-h", "--help", "--version")
+
+
+def _working_directory_error(args: list[str]) -> str | None:
+    """Why the command cannot run in this working directory: one that was deleted (every relative path, the
+    default results folder among them, would fail half-way, as a FileNotFoundError); None where it exists, or
+    where the command reads and writes nothing there."""
+    try:
+        os.getcwd()
+        return None
+    except FileNotFoundError:
+        pass
+    command = next((a for a in args if not a.startswith("-")), None)
+    if command is None or command in NEEDS_NO_FOLDER or any(a in ALWAYS for a in args):
+        return None
+    gone = os.environ.get("PWD", "")
+    named = f" {gone!r}" if gone and not os.path.isdir(gone) else ""
+    return (f"the working directory{named} no longer exists (deleted or moved away): cd to a folder that exists "
+            "and run the command again")
+
+
+def _failure(e: BaseException, rank: int, ranks: int) -> str:
+    """A rank's failure while running, in one line: the rank and host only in a job of several; an OSError names
+    its file and says its reason without Python's errno text."""
+    if isinstance(e, OSError) and e.strerror:
+        if e.filename is not None:
+            verb = "write" if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS) else "use"
+            what = f"cannot {verb} {str(e.filename)!r}: {e.strerror}"
+        else:
+            what = e.strerror
+    else:
+        what = f"{type(e).__name__}: {e}"
+    if ranks > 1:
+        return f"rank {rank} ({os.uname().nodename}) failed: {what}"
+    return what
+
+
+def _output_closed(rank: int) -> int:
+    """A reader that went away: no message (there is no one to read it), nothing more written to the closed
+    stream, and the whole job ended as the launcher would end it."""
+    with contextlib.suppress(OSError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                os.dup2(devnull, stream.fileno())  # Python's flush at exit must not fail on the closed pipe
+        os.close(devnull)
+    if _mpi_world_size() > 1:
+        from mpi4py import MPI
+
+        MPI.COMM_WORLD.Abort(BROKEN_PIPE_EXIT)
+    return BROKEN_PIPE_EXIT
+
+
 def main(argv: list[str] | None = None) -> None:
     rank = 0
     try:
         signals.install()  # before MPI starts (done already when run as the `hetbench` command)
         rank = world_rank()
+        gone = _working_directory_error(sys.argv[1:] if argv is None else list(argv))
+        if gone:  # every rank finds it alike (the ranks of a job on one host share the folder): rank 0 says it
+            raise click.UsageError(gone)
         with contextlib.ExitStack() as stack:
             if rank != 0:
                 # only rank 0 writes to stdout: this also keeps --help and --version, which click prints while
@@ -76,9 +174,10 @@ def main(argv: list[str] | None = None) -> None:
             code = signals.interrupted(cause.signum if isinstance(cause, signals.Interrupted) else signal.SIGINT)
         else:
             code = 130
+    except OutputClosed:
+        code = _output_closed(rank)
     except Exception as e:  # a failure while running: this rank's message, then end every rank
-        host = os.uname().nodename
-        print(f"Error: rank {rank} ({host}) failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        print(f"Error: {_failure(e, rank, max(_mpi_world_size(), launched_size()))}", file=sys.stderr, flush=True)
         if os.environ.get("HETBENCH_DEBUG"):
             import traceback
 
@@ -91,4 +190,8 @@ def main(argv: list[str] | None = None) -> None:
             time.sleep(signals.ABORT_FLUSH_SECONDS)  # let the launcher forward the line before the abort
             MPI.COMM_WORLD.Abort(1)
         code = 1
+    if code == BROKEN_PIPE_EXIT:
+        # ended by SIGPIPE itself, as `yes | head -1` and mpiexec are: the shell says 141, a parent sees the signal
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGPIPE)
     sys.exit(code if isinstance(code, int) else 0)

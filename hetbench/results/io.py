@@ -121,7 +121,8 @@ def stage(path: Path | str, write: Callable[[Any], None], binary: bool = False,
     """Write a temporary file in `path`'s folder with `write(f)`, flushed and fsynced, with the mode the target
     will have: an existing target's own mode, or 0666 less the umask for a new one (mkstemp alone makes 0600).
 
-    Raises OSError (and leaves no temporary file) if anything fails, or if `path` is not a regular file."""
+    Raises OSError (and leaves no temporary file) if anything fails, or if `path` is not a regular file; its
+    `filename` is the target's where the failing call named none (a write, flush or fsync on a full disk)."""
     path = Path(path)
     folder = path.parent if str(path.parent) else Path(".")
     existing = None
@@ -140,9 +141,11 @@ def stage(path: Path | str, write: Callable[[Any], None], binary: bool = False,
             write(f)
             f.flush()
             os.fsync(f.fileno())
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(e, OSError) and e.filename is None:  # a full disk's flush or fsync names no file: the target
+            e.filename = str(path)
         raise
     return StagedFile(path, Path(tmp), exclusive)
 
@@ -453,10 +456,18 @@ def load_results(path: Path | str) -> dict[str, Any]:
         raise ResultsFileError(f"results file {name} lacks {', '.join(missing)}: not a hetbench results file")
     if not isinstance(document.get("rows"), list) or not all(isinstance(r, dict) for r in document["rows"]):
         raise ResultsFileError(f"results file {name}: 'rows' must be a list of objects")
+    if version == 1:  # version 1 wrote a row's stragglers as text, "0,2": ranks in ASCII digits
+        for i, row in enumerate(document["rows"]):
+            text = row.get("stragglers")
+            if isinstance(text, str) and not all(r.strip().isascii() and r.strip().isdigit()
+                                                 for r in text.split(",") if r.strip()):
+                raise ResultsFileError(f"results file {name}: row {i}'s stragglers {text!r} is not a list of ranks "
+                                       "(version 1 writes them as rank numbers between commas, e.g. '0,2')")
     try:
         document = upgrade(document)
-    except ValueError as e:
-        raise ResultsFileError(f"results file {name}: {e}") from None
+    except (ValueError, TypeError, AttributeError):
+        raise ResultsFileError(f"results file {name} (schema_version {version}) cannot be brought up to version "
+                               f"{SCHEMA_VERSION}: it is not of the shape hetbench wrote then") from None
     if not isinstance(document["rows"], list) or not all(isinstance(r, dict) for r in document["rows"]):
         raise ResultsFileError(f"results file {name}: 'rows' must be a list of objects")
     if not isinstance(document["metadata"], dict):

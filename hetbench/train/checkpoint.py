@@ -416,7 +416,9 @@ class Saver:
                     flat = np.concatenate([np.asarray(p.arrays[name], dtype=np.float32) for p in pieces])
                     write_npy_atomic(tmp / f"rank-{rank}.{name}.npy", flat)
         except OSError as e:
-            mine = f"cannot write checkpoint file in {str(tmp)!r}: {e.strerror or e}"
+            name = f" ({Path(e.filename).name})" if e.filename else ""
+            mine = (f"cannot write checkpoint {str(final)!r}{name}: {e.strerror or e}; the previous checkpoint, if "
+                    "any, is kept")
         everyone = world.allgather((index, mine))
         failed = [m for _, m in everyone if m]
         if failed:
@@ -443,7 +445,9 @@ class Saver:
                 os.rename(tmp, final)
                 write_text_atomic(self.folder / LATEST, final.name + "\n")
             except OSError as e:
-                error = f"cannot write checkpoint {str(final)!r}: {e.strerror or e}"
+                name = f" ({Path(e.filename).name})" if e.filename else ""
+                error = (f"cannot write checkpoint {str(final)!r}{name}: {e.strerror or e}; the previous checkpoint, "
+                         "if any, is kept")
                 shutil.rmtree(tmp, ignore_errors=True)
         error = world.bcast(error)
         if error:

@@ -204,3 +204,31 @@ def test_an_output_name_too_long_for_the_file_system_is_refused_before_computing
     long = "a" * 250  # 255 bytes is the limit here (ext4, tmpfs), and the staged copy beside it adds 14
     run = run_cli([a.replace("{long}", long) for a in args], cwd=tmp_path)
     assert_usage_error(run, tmp_path, option, "bytes, and the file system takes names of up to")
+
+
+@pytest.mark.parametrize("args, shown", [
+    (["train", "--lr", "1e-400"], "'1e-400' is not in the range x>0 (it is below the smallest number held, and reads "
+                                  "as 0)"),
+    (["train", "--lr", "-0.0"], "'-0.0' is not in the range x>0"),
+    (["matmul", "--repeat", "1_000_000_0"], "'1_000_000_0' is not in the range 1<=x<=1000000"),
+    (["matmul", "--size", "-0"], "'-0' is not in the range 1<=x<=2147483647"),
+    (["matmul", "--warmup", "01000000"], "'01000000' is not in the range 0<=x<=100000"),
+    (["split", "--plan", "--backend", "sim:h100", "--link-gbps", "0"], "'0' is not in the range x>0"),
+])
+def test_a_value_out_of_range_is_shown_as_typed(tmp_path, args, shown):
+    """click showed the number it read: 0.0 for 1e-400, 10000000 for 1_000_000_0, 1000000 for 01000000."""
+    run = run_cli(args, cwd=tmp_path)
+    assert_usage_error(run, tmp_path, shown)
+
+
+def test_version_1_stragglers_that_are_not_ranks_are_one_line(tmp_path):
+    """Python's own int() text before: "invalid literal for int() with base 10: 'x'"."""
+    for value in ("0,x", "٣", "1;2"):
+        path = _doctored(tmp_path, "stragglers", lambda d: None)
+        doc = json.loads((DATA / "collectives-v1.json").read_text())
+        doc["rows"][0]["stragglers"] = value
+        path.write_text(json.dumps(doc))
+        run = run_cli(["report", str(path)], cwd=tmp_path)
+        assert run.returncode == 2 and run.stdout == "" and "Traceback" not in run.stderr, run.stderr
+        assert run.error_lines == [f"Error: results file {str(path)!r}: row 0's stragglers {value!r} is not a list of "
+                                   "ranks (version 1 writes them as rank numbers between commas, e.g. '0,2')"]
