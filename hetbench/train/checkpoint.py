@@ -39,7 +39,7 @@ from typing import Any, Callable
 import numpy as np
 
 from hetbench.results.io import regular_file_problem, write_json_atomic, write_npy_atomic, write_text_atomic
-from hetbench.train import Piece
+from hetbench.train import Piece, strategies
 from hetbench.train.precision import TRAIN_DTYPES
 
 FORMAT = "hetbench-train-checkpoint/1"
@@ -118,10 +118,29 @@ MANIFEST_SCHEMA: dict[str, Any] = {
     "optimizer": (lambda v: v in STATE_NAMES, "one of " + ", ".join(map(json.dumps, STATE_NAMES))),
     "lr": (_is_positive_number, "a finite number > 0"),
 }
+def _is_weight(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+def _is_history_entry(value: Any) -> bool:
+    return isinstance(value, dict) and _is_int(value.get("steps_done"), 1)
+
+
+# Provenance a resume copies into its own saves' history, as a save writes it (absent from a checkpoint of an
+# earlier hetbench: then left out); the lists of one entry per rank are checked against "ranks" below.
 OPTIONAL_SCHEMA: dict[str, Any] = {
     "dtype": (lambda v: v in TRAIN_DTYPES, "one of " + ", ".join(map(json.dumps, TRAIN_DTYPES))),
-    "history": (lambda v: isinstance(v, list), "a list"),
+    "strategy": (lambda v: v in strategies.names("numpy"),
+                 "one of " + ", ".join(map(json.dumps, strategies.names("numpy")))),
+    "first_step": (_is_int, "an integer from 0 to 2**63 - 1"),
+    "weights": (lambda v: isinstance(v, list) and all(_is_weight(w) for w in v),
+                "a list of weights (finite numbers >= 0), one per rank"),
+    "shares": (lambda v: isinstance(v, list) and all(_is_int(n) for n in v),
+               "a list of shares (integers >= 0), one per rank"),
+    "history": (lambda v: isinstance(v, list) and all(_is_history_entry(h) for h in v),
+                "a list of the earlier runs (objects, each with its steps_done)"),
 }
+PER_RANK = ("weights", "shares")
 SCALER_SCHEMA: dict[str, Any] = {"scale": (_is_positive_number, "a finite number > 0"),
                                  "good_steps": (_is_int, "an integer from 0 to 2**63 - 1")}
 PIECE_WORDS = "[layer, start, stop, offset]: 4 integers from 0 to 2**63 - 1"
@@ -154,8 +173,10 @@ def check_manifest(m: dict[str, Any], path: Path) -> None:
     where = repr(str(path))
     _check_fields(where, m, MANIFEST_SCHEMA)
     _check_fields(where, m, OPTIONAL_SCHEMA, optional=True)
-    scaler = m.get("loss_scaler")
-    if scaler is not None:
+    if "first_step" in m and m["first_step"] >= m["steps_done"]:
+        raise CheckpointError(f"{where}: first_step {m['first_step']} is not below steps_done {m['steps_done']}")
+    if "loss_scaler" in m:  # absent from a checkpoint of an earlier hetbench: a fresh scaler then
+        scaler = m["loss_scaler"]
         if not isinstance(scaler, dict):
             raise CheckpointError(f"{where}: loss_scaler is {_shown(scaler)}, not an object")
         _check_fields(where, scaler, SCALER_SCHEMA, "loss_scaler.")
@@ -175,6 +196,9 @@ def check_manifest(m: dict[str, Any], path: Path) -> None:
         for j, piece in enumerate(pieces):
             if not (isinstance(piece, list) and len(piece) == 4 and all(_is_int(v) for v in piece)):
                 raise CheckpointError(f"{where}: ranks[{i}].pieces[{j}] is {_shown(piece)}, not {PIECE_WORDS}")
+    for key in PER_RANK:
+        if key in m and len(m[key]) != len(ranks):
+            raise CheckpointError(f"{where}: {key} holds {len(m[key])} entries, for {len(ranks)} ranks")
 
 
 def run_facts(m: dict[str, Any]) -> tuple[str, float, int, str, dict[str, Any] | None]:
@@ -249,8 +273,9 @@ class PieceFiles:
         return self._arrays[key]
 
     def verify(self) -> None:
-        """Every piece lies within its vector, every file the manifest names is there and long enough, and every
-        vector is covered whole. Nothing is allocated by the vectors' sizes (a doctored manifest may name any)."""
+        """Every piece lies within its vector, every file the manifest names is there and long enough, every vector
+        is covered whole, and every value is finite. Nothing is allocated by the vectors' sizes (a doctored manifest
+        may name any)."""
         manifest = repr(str(self.folder / MANIFEST))
         spans: dict[int, list[tuple[int, int]]] = {}
         for vector, start, stop, rank, offset in self.pieces:
@@ -277,6 +302,14 @@ class PieceFiles:
                 gap = next((start for start, _ in sorted(spans.get(vector, [])) if start > reach), size)
                 raise CheckpointError(f"checkpoint {str(self.folder)!r} is incomplete: no saved piece holds "
                                       f"elements {reach} to {gap} of {self.what} {vector} (of {size})")
+        for vector, start, stop, rank, offset in self.pieces:  # what a resume reads: the pieces' elements
+            for name in self.names:
+                array = self._file(rank, name)
+                bad = _first_nonfinite(array, offset, offset + stop - start)
+                if bad is not None:
+                    raise CheckpointError(f"checkpoint file {str(self.folder / f'rank-{rank}.{name}.npy')!r} holds "
+                                          f"{array[bad]} at element {bad}: the state of a run that diverged, or a "
+                                          "damaged file, is not resumed")
 
     def read(self, name: str, vector: int, start: int, stop: int) -> np.ndarray:
         out = np.empty(stop - start, dtype=np.float32)
@@ -292,6 +325,19 @@ class PieceFiles:
             raise CheckpointError(f"checkpoint {str(self.folder)!r}: {self.what} {vector} {start}..{stop} not "
                                   "covered")
         return out
+
+
+FINITE_CHUNK = 1 << 20  # elements checked at a time: a bounded scratch array, however large the file
+
+
+def _first_nonfinite(array: np.ndarray, start: int, stop: int) -> int | None:
+    """The index of the first NaN or infinity in array[start:stop] (memory-mapped), or None."""
+    for lo in range(start, stop, FINITE_CHUNK):
+        chunk = np.asarray(array[lo:min(lo + FINITE_CHUNK, stop)])
+        finite = np.isfinite(chunk)
+        if not finite.all():
+            return lo + int(np.argmin(finite))
+    return None
 
 
 def manifest_pieces(ranks: list[dict[str, Any]]) -> list[tuple[int, int, int, int, int]]:

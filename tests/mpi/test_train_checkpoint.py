@@ -249,6 +249,12 @@ def _empty_piece(step):
     (step / "rank-1.m.npy").write_bytes(b"")
 
 
+def _nan_in_piece(step):
+    values = np.load(step / "rank-0.param.npy")
+    values[5] = np.nan
+    np.save(step / "rank-0.param.npy", values)
+
+
 def _text(text):
     def write(step):
         (step / "manifest.json").write_text(text)
@@ -260,7 +266,9 @@ def _text(text):
 # huge_hidden a MemoryError (888 PiB) and big_hidden GBs allocated for "layer 0 is not covered"; larger_hidden
 # "layer 0 is not covered"; lr_text, piece_short, ranks_object, rank_text, scaler_text, digits "malformed
 # (ValueError(...))" or Python's own text; steps_bool, steps_fraction, history_text accepted (4.7 read as 4);
-# rank_negative "rank--1.param.npy is missing"; lr_rounded "--lr 0.01 (the checkpoint's: 0.01)".
+# rank_negative "rank--1.param.npy is missing"; lr_rounded "--lr 0.01 (the checkpoint's: 0.01)"; the provenance
+# (strategy, weights, shares, history, a null loss_scaler) accepted as it came, and copied into the next saves;
+# piece_nan trained on NaN to a failed check, exit 1.
 DOCTORED = {
     "empty_piece": (_empty_piece, [], ["rank-1.m.npy' is empty, not a .npy array"]),
     "negative_steps": (_set(["steps_done"], -3), [], ["steps_done is -3, not an integer from 1"]),
@@ -284,6 +292,14 @@ DOCTORED = {
     "good_steps_negative": (_set(["loss_scaler", "good_steps"], -2), [],
                             ["loss_scaler.good_steps is -2, not an integer from 0"]),
     "history_text": (_set(["history"], "abc"), [], ['history is "abc", not a list']),
+    "history_entries": (_set(["history"], [{"step": 0}]), [], ['history is [{"step": 0}], not a list of the earlier']),
+    "scaler_null": (_set(["loss_scaler"], None), [], ["loss_scaler is null, not an object"]),
+    "strategy_unknown": (_set(["strategy"], "bogus"), [], ['strategy is "bogus", not one of "fsdp"']),
+    "weights_empty": (_set(["weights"], []), [], ["weights holds 0 entries, for 2 ranks"]),
+    "weights_negative": (_set(["weights"], [3, -1]), [], ["weights is [3, -1], not a list of weights"]),
+    "shares_negative": (_set(["shares"], [-8, 32]), [], ["shares is [-8, 32], not a list of shares"]),
+    "first_step_beyond": (_set(["first_step"], 20), [], ["first_step 20 is not below steps_done 20"]),
+    "piece_nan": (_nan_in_piece, [], ["rank-0.param.npy' holds nan at element 5: the state of a run that diverged"]),
     "ranks_object": (_set(["ranks"], {"a": 1}), [], ['ranks is {"a": 1}, not a list of the saving ranks']),
     "ranks_empty": (_set(["ranks"], []), [], ["ranks is [], not a list of the saving ranks"]),
     "rank_negative": (_set(["ranks", 1, "rank"], -1), [], ["ranks[1].rank is -1, not 1"]),
@@ -320,7 +336,7 @@ def doctored(saved, tmp_path_factory):
         copy = root / name
         shutil.copytree(ck, copy)
         step = copy / "step-20"
-        if change.__name__ in ("_empty_piece", "write"):
+        if change.__name__ in ("_empty_piece", "_nan_in_piece", "write"):
             change(step)
         else:
             manifest = json.loads((step / "manifest.json").read_text())
