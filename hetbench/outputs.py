@@ -68,6 +68,16 @@ def utc_stamp() -> str:
 def output_path_errors(output: OutputConfig) -> list[str]:
     """Rank 0 writes the results files: it checks their paths before any computing. The default folder is made."""
     errors = []
+    if isinstance(output, DefaultOutputConfig):  # one folder for both: one cause, said once
+        folder = DEFAULT_RESULTS_DIR
+        if os.path.lexists(folder) and not folder.is_dir():
+            return [f"the default results folder {str(folder)!r} is not a folder; move it away, or name the outputs "
+                    "with --out and --csv"]
+        if not folder.exists():
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                return [f"cannot make the results folder {str(folder)!r}: {e.strerror}"]
     for path, what in ((output.out_json, "--out"), (output.out_csv, "--csv")):
         if path is None:
             continue

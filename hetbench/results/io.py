@@ -50,7 +50,8 @@ def _kind_of(mode: int) -> str | None:
 
 
 def check_writable(path: Path | str, what: str) -> str | None:
-    """Why `path` cannot be written, or None. Checked before any computing so no work is lost to a bad path.
+    """Why `path` cannot be written, or None. Checked before any computing so no work is lost to a bad path: a
+    file is made in its folder and removed again, as the staged copy will be.
 
     A result replaces its target by a rename, so the target must be a regular file or not exist yet: a symbolic
     link, a device (/dev/null), a FIFO or a socket would be replaced by a regular file, and is refused."""
@@ -79,6 +80,16 @@ def check_writable(path: Path | str, what: str) -> str | None:
     if name_bytes + STAGED_NAME_EXTRA > name_max:
         return (f"{what} {str(path)!r} cannot be written: its name is {name_bytes} bytes, and the file system takes "
                 f"names of up to {name_max}, less {STAGED_NAME_EXTRA} for the copy staged beside it")
+    # permissions do not tell it all (/proc, a read-only mount, a folder that takes no new files): the file is
+    # staged beside its target, so make one there and take it away again
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".hetbench-probe-", suffix=".tmp", dir=parent)
+    except OSError as e:
+        return (f"{what} {str(path)!r} cannot be written: no file can be made in folder {str(parent)!r} "
+                f"({e.strerror or e})")
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
     return None
 
 

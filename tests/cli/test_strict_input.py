@@ -232,3 +232,34 @@ def test_version_1_stragglers_that_are_not_ranks_are_one_line(tmp_path):
         assert run.returncode == 2 and run.stdout == "" and "Traceback" not in run.stderr, run.stderr
         assert run.error_lines == [f"Error: results file {str(path)!r}: row 0's stragglers {value!r} is not a list of "
                                    "ranks (version 1 writes them as rank numbers between commas, e.g. '0,2')"]
+
+
+@pytest.mark.parametrize("args, option", [
+    (["matmul", "--size", "16", "--backend", "host", "--out", "/proc/hetbench-x.json"], "--out"),
+    (["matmul", "--size", "16", "--backend", "host", "--out", "{d}/m.json", "--csv", "/proc/hetbench-x.csv"],
+     "--csv"),
+    (["matmul", "--size", "16", "--backend", "host", "--out", "{d}/m.json", "--save", "/proc/hetbench-x.npy"],
+     "--save"),
+    (["train", "--steps", "2", "--layers", "2", "--hidden", "8", "--batch", "8", "--out", "{d}/t.json", "--log",
+      "/proc/hetbench-x.jsonl"], "--log"),
+    (["report", str(DATA / "matmul-v1.json"), "--html", "/proc/hetbench-x.html"], "--html"),
+    (["report", str(DATA / "matmul-v1.json"), "--csv", "/proc/hetbench-x.csv"], "--csv"),
+])
+def test_an_output_folder_that_takes_no_new_file_is_refused_before_computing(tmp_path, args, option):
+    """/proc passes every permission test (root), but takes no new file: found only after computing before
+    (report: after printing its tables), exit 1."""
+    run = run_cli([a.replace("{d}", str(tmp_path)) for a in args], cwd=tmp_path)
+    assert_usage_error(run, tmp_path, option, "cannot be written: no file can be made in folder '/proc'")
+
+
+@pytest.mark.parametrize("nprocs", [None, pytest.param(2, marks=needs_mpi)])
+def test_a_default_results_folder_that_is_a_file_is_one_line(tmp_path, nprocs):
+    """Two lines before, one for --out and one for --csv, of the one cause."""
+    (tmp_path / "results").write_text("x")
+    run = run_cli(["matmul", "--size", "16", "--backend", "host"], nprocs=nprocs, cwd=tmp_path)
+    assert run.returncode == 2 and run.stdout == "" and "Traceback" not in run.stderr, run.stderr
+    lines = run.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and lines[0].endswith(  # rank 0 checks the outputs
+        "the default results folder 'results' is not a folder; move it away, or name the outputs with --out and "
+        "--csv"), run.stderr
+    assert (tmp_path / "results").read_text() == "x"
