@@ -140,6 +140,19 @@ def _output_closed(rank: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
+    try:
+        code = _main(argv)
+    except BrokenPipeError:  # an error line (or the help) said to a stderr or stdout whose reader went away
+        code = _output_closed(world_rank())
+    if code == BROKEN_PIPE_EXIT:
+        # ended by SIGPIPE itself, as `yes | head -1` and mpiexec are: the shell says 141, a parent sees the signal
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGPIPE)
+    sys.exit(code)
+
+
+def _main(argv: list[str] | None) -> int:
+    """The command's exit code, its errors said (see the module's docstring)."""
     rank = 0
     try:
         signals.install()  # before MPI starts (done already when run as the `hetbench` command)
@@ -190,8 +203,4 @@ def main(argv: list[str] | None = None) -> None:
             time.sleep(signals.ABORT_FLUSH_SECONDS)  # let the launcher forward the line before the abort
             MPI.COMM_WORLD.Abort(1)
         code = 1
-    if code == BROKEN_PIPE_EXIT:
-        # ended by SIGPIPE itself, as `yes | head -1` and mpiexec are: the shell says 141, a parent sees the signal
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGPIPE)
-    sys.exit(code if isinstance(code, int) else 0)
+    return code if isinstance(code, int) else 0

@@ -113,6 +113,15 @@ def test_a_reader_that_went_away_ends_the_command_quietly_by_sigpipe(tmp_path, n
         assert (tmp_path / "m.json").is_file()
 
 
+def test_an_error_said_to_a_reader_that_went_away_ends_by_sigpipe_too(tmp_path):
+    """`hetbench matmul --size abc 2>&1 | true`: the error line met EPIPE inside the error handling, and Python's
+    own traceback of it went nowhere: exit 1 before."""
+    proc = subprocess.Popen([sys.executable, "-m", "hetbench", "matmul", "--size", "abc"], cwd=tmp_path, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    proc.stdout.close()
+    assert proc.wait(timeout=60) == ENDED_BY_SIGPIPE
+
+
 @needs_mpi
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_a_reader_that_went_away_under_mpiexec_ends_it_alike(tmp_path, nprocs):
