@@ -37,8 +37,9 @@ def _plan(m: int, n: int, k: int, dtype=FP32, **kw: Any) -> int:
 
 
 # ---- the host memory plan, phase by phase ----------------------------------------------------------------------
-# Names: a = m k hs, b = k n hs, c = m n hs (hs: the host's itemsize); tb(r, c) = verify's two float64 blocks of
-# rows = (min(2048, r) + min(2048, max(r - 2048, 0))) c 8; rb(r, c) = one block = min(2048, r) c 8.
+# Names: a = m k hs, b = k n hs, c = m n hs (hs: the host's itemsize); br(r, c) = verify's rows a block =
+# max(1, min(r, 2048, 4 MiB // (8 c))); tb(r, c) = its two float64 blocks of rows = (br + min(br, max(r - br, 0))) c 8;
+# rb(r, c) = one block = br c 8.
 
 
 def test_plan_check_phase_with_the_weighted_norms_of_c_largest() -> None:
@@ -120,16 +121,27 @@ def test_plan_gemm_phase_on_a_simulated_gpu() -> None:
 
 def test_plan_gemm_phase_on_a_host_memory_device() -> None:
     # fp32 8192^3 on a host-memory device: a = b = c = 2^28; gemm = a + b + (a + b + c) = 5*2^28;
-    # copy = a + b + 2c = 4*2^28; check = 3*2^28 + max(tb(8192,8192) = 4096*8192*8 = 2^28, ...) = 4*2^28
+    # copy = a + b + 2c = 4*2^28; check = 3*2^28 + max(tb(8192,8192): br = 2^22 // 2^16 = 64 rows,
+    # (64 + 64)*8192*8 = 2^23, ...) = 3*2^28 + 2^23
     s = 8192
     assert _plan(s, s, s, device_in_host=True) == 5 * 2**28
-    assert _plan(s, s, s, device_in_host=False) == 4 * 2**28
+    # on a device of its own memory: copy = a + b + c = 3*2^28, so the check is the largest
+    assert _plan(s, s, s, device_in_host=False) == 3 * 2**28 + 2**23
+
+
+def test_plan_in_place_on_the_host() -> None:
+    # the host computing on A and B where they are, into C: gemm = a + b + c = copy = 3*2^28; check = 3*2^28 + 2^23
+    s = 8192
+    assert _plan(s, s, s, device_in_host=True, in_place=True) == 3 * 2**28 + 2**23
+    # 4096 with the reduce at the root of one rank: c + the sum received = 2*2^26 < check = 3*2^26 + tb(4096, 4096)
+    # = 3*2^26 + (128 + 128)*4096*8 = 3*2^26 + 2^23
+    assert _plan(4096, 4096, 4096, device_in_host=True, in_place=True, reduce=True) == 3 * 2**26 + 2**23
 
 
 def test_plan_copy_back_phase() -> None:
     # fp32 100000x1 @ 1x100000 on a host-memory device: a = b = 4e5, c = 4e10; copy = a + b + c (the device's) +
     # c = 80_000_800_000; gemm = 2a + 2b + c = 40_001_600_000; check = a + b + c + 2 rb(100000, 100000) =
-    # 40_000_800_000 + 2*2048*100000*8 = 43_277_600_000
+    # 40_000_800_000 + 2*5*100000*8 = 40_008_800_000 (br = 4 MiB // 800000 = 5 rows)
     assert _plan(100_000, 100_000, 1, device_in_host=True) == 80_000_800_000
 
 
@@ -143,7 +155,7 @@ def test_sim_scratch() -> None:
     assert run._sim_scratch_bytes(2, 4, 3, FP32) == 0
 
 
-# the reduce phases: 100000x1 @ 1x100000, so c dwarfs a and b (the check phase is 43_277_600_000 in fp32)
+# the reduce phases: 100000x1 @ 1x100000, so c dwarfs a and b (the check phase is 40_008_800_000 in fp32)
 BIG = dict(m=100_000, n=100_000, k=1)
 
 
@@ -152,10 +164,10 @@ def test_plan_reduce_at_the_root() -> None:
     # temporary 4e10: c + 0 + 4e10 + 4e10 = 1.2e11
     assert _plan(**BIG, device_in_host=False, reduce=True, is_root=True, world_size=2) == 120_000_000_000
     # root of 1: no temporary: c + 4e10 = 8e10, and the check of the sum c + 4e10 + tb(m,n) = 8e10 +
-    # 4096*100000*8 = 83_276_800_000 is larger
-    assert _plan(**BIG, device_in_host=False, reduce=True, is_root=True, world_size=1) == 83_276_800_000
+    # (5 + 5)*100000*8 = 80_008_000_000 is larger
+    assert _plan(**BIG, device_in_host=False, reduce=True, is_root=True, world_size=1) == 80_008_000_000
     # no reduce: the check phase
-    assert _plan(**BIG, device_in_host=False) == 43_277_600_000
+    assert _plan(**BIG, device_in_host=False) == 40_008_800_000
 
 
 def test_plan_reduce_off_the_root() -> None:
@@ -166,15 +178,15 @@ def test_plan_reduce_off_the_root() -> None:
     assert _plan(**BIG, dtype=FP16, device_in_host=False, reduce=True, is_root=False, world_size=2) \
         == 140_000_000_000
     # rank 1 of 1 (no temporary, nothing received): c = 4e10 only, below the check phase
-    assert _plan(**BIG, device_in_host=False, reduce=True, is_root=False, world_size=1) == 43_277_600_000
+    assert _plan(**BIG, device_in_host=False, reduce=True, is_root=False, world_size=1) == 40_008_800_000
 
 
 def test_plan_check_of_the_sum() -> None:
     # fp16 4096x1 @ 1x1000 at the root of 1: a = 8192, b = 2000, c = 8_192_000; the message 4096*1000*4 =
     # 16_384_000 as its float32 copy and as the sum received: the check of the sum c + 16_384_000*2 +
-    # tb(4096,1000) = 4096*1000*8 = 32_768_000 -> 73_728_000; the reduce 40_960_000; check = a + b + c +
-    # 2 rb(4096,1000) = 32_768_000 -> 40_970_192
-    assert _plan(4096, 1000, 1, FP16, device_in_host=False, reduce=True, is_root=True, world_size=1) == 73_728_000
+    # tb(4096,1000) = (524 + 524)*1000*8 = 8_384_000 (br = 4 MiB // 8000 = 524 rows) -> 49_344_000; the reduce
+    # 40_960_000; check = a + b + c + 2 rb(4096,1000) = 8_384_000 -> 16_586_192
+    assert _plan(4096, 1000, 1, FP16, device_in_host=False, reduce=True, is_root=True, world_size=1) == 49_344_000
 
 
 # ---- the refusals -------------------------------------------------------------------------------------------------
@@ -300,15 +312,15 @@ def _cfg(reduce: str = "sum", dtype=FP32, warmup: int = 2, repeat: int = 3, m: i
 def test_plan_reads_the_run_from_the_config_and_the_world(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(run, "host_memory_share_bytes", lambda local: None)
     big = dict(m=100_000, n=100_000, k=1)
-    # rank 0 = the root of 1, reducing: the check of the sum, 83_276_800_000 (test_plan_reduce_at_the_root)
+    # rank 0 = the root of 1, reducing: the check of the sum, 80_008_000_000 (test_plan_reduce_at_the_root)
     planned, error = run._plan(_cfg(), FakeWorld(0, 1), _open(_info()), **big)
-    assert (planned - R, error) == (83_276_800_000, None)
+    assert (planned - R, error) == (80_008_000_000, None)
     # not reducing: the check phase
     planned, _ = run._plan(_cfg(reduce="none"), FakeWorld(0, 1), _open(_info()), **big)
-    assert planned - R == 43_277_600_000
+    assert planned - R == 40_008_800_000
     # rank 0 when the root is rank 1 (of 1): c alone, below the check phase
     planned, _ = run._plan(_cfg(root=1), FakeWorld(0, 1), _open(_info()), **big)
-    assert planned - R == 43_277_600_000
+    assert planned - R == 40_008_800_000
     # a simulated GPU holds its buffers in host memory and adds its scratch: 368 (test_plan_gemm_phase_on_a_sim...)
     planned, _ = run._plan(_cfg(reduce="none", dtype=BF16), FakeWorld(), _open(_info("sim")), 3, 5, 2)
     assert planned - R == 368
@@ -388,8 +400,8 @@ def test_rank_row_reduce_figures_and_the_check_of_the_sum(monkeypatch: pytest.Mo
     m, n, k = 6, 5, 4
     world = FakeWorld(0, 2, reduce_seconds=[9.0, 9.0, 0.004, 0.001, 0.002])
     monkeypatch.setattr(run, "time", world)  # the reduce's clock
-    # timed blocks: upload 0 s (no rate), 2 warm-ups, 3 GEMMs, download 0 s
-    backend = ClockBackend([0.0, 1.0, 1.0, 0.002, 0.004, 0.003, 0.0])
+    # timed blocks: 2 warm-ups, 3 GEMMs (the host computes on A and B in place: no upload or download is timed)
+    backend = ClockBackend([1.0, 1.0, 0.002, 0.004, 0.003])
     prepared, a, b = _prepared(backend, m, n, k, dtype)
     steps: list[tuple[int, int, str]] = []
     outcome = run.run_rank(_cfg(dtype=dtype, m=m, n=n, k=k), world, prepared, lambda *s: steps.append(s))
@@ -397,8 +409,8 @@ def test_rank_row_reduce_figures_and_the_check_of_the_sum(monkeypatch: pytest.Mo
     # (2 + 3) GEMMs, then as many reduces: 10 steps
     assert [s[:2] for s in steps] == [(i, 10) for i in range(1, 11)]
     assert steps[1][2] == "GEMM warm-up 2/5" and steps[2][2] == "GEMM timed 3/5" and steps[5][2] == "reduce 1/5"
-    assert row["h2d_seconds"] == 0.0 and row["h2d_gbps"] is None
-    assert row["d2h_seconds"] == 0.0 and row["d2h_gbps"] is None
+    assert row["h2d_seconds"] == 0.0 and row["h2d_gbps"] is None and row["h2d_bytes"] == 0
+    assert row["d2h_seconds"] == 0.0 and row["d2h_gbps"] is None and row["d2h_bytes"] == 0
     # 2 * 6*5*4 = 240 flop over the median 0.003 s: 8e-8 TFLOP/s, 8000% of a 1e-9 TFLOP/s peak
     assert row["gemm_tflops"] == pytest.approx(240 / 0.003 / 1e12)
     assert row["peak_percent"] == pytest.approx(100 * 8e-8 / 1e-9)

@@ -105,10 +105,10 @@ def check_bytes(strategy: str, m: int, n: int, k: int, part: int) -> int:
     """What Freivalds' check of the slice's product holds besides A, B and C: two blocks of rows of the largest
     matrix it reads (A, B, B transposed, C) converted to float64 at once."""
     from hetbench.harness.probe import slice_shape
-    from hetbench.harness.verify import _ROW_BLOCK
+    from hetbench.harness.verify import block_rows
 
     pm, pn, pk = slice_shape(strategy, m, n, k, part)
-    return max(2 * min(_ROW_BLOCK, rows) * cols * 8 for rows, cols in ((pm, pk), (pk, pn), (pn, pk), (pm, pn)))
+    return max(2 * block_rows(rows, cols) * cols * 8 for rows, cols in ((pm, pk), (pk, pn), (pn, pk), (pm, pn)))
 
 
 def largest_part(strategy: str, m: int, n: int, k: int, fits: Any) -> int:

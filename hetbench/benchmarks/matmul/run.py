@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from hetbench.backends.base import TIMING_MODELLED, Backend, DeviceInfo, capabilities
+from hetbench.backends.base import TIMING_MODELLED, Backend, DeviceInfo, Elapsed, capabilities
 from hetbench.backends.host import (
     RUNTIME_SCRATCH_BYTES,
     host_memory_share_bytes,
@@ -91,22 +91,24 @@ def _memory_errors(backend: Backend, info: DeviceInfo, m: int, n: int, k: int, d
 
 def _rows_block_bytes(rows: int, cols: int) -> int:
     """What verify converts to float64 at a time: a block of rows."""
-    return min(verify._ROW_BLOCK, rows) * cols * 8
+    return min(verify.block_rows(rows, cols), rows) * cols * 8
 
 
 def _two_blocks_bytes(rows: int, cols: int) -> int:
     """verify's loops make the next float64 block while the loop still holds the last one: two blocks at once."""
-    return (min(verify._ROW_BLOCK, rows) + min(verify._ROW_BLOCK, max(rows - verify._ROW_BLOCK, 0))) * cols * 8
+    block = verify.block_rows(rows, cols)
+    return (min(block, rows) + min(block, max(rows - block, 0))) * cols * 8
 
 
 def host_memory_plan_bytes(m: int, n: int, k: int, dtype: DType, *, device_in_host: bool, sim_device: bool = False,
                            inputs: tuple[gemm.MatrixFile, gemm.MatrixFile] | None = None, is_root: bool = True,
-                           world_size: int = 1, reduce: bool = True) -> int:
+                           world_size: int = 1, reduce: bool = True, in_place: bool = False) -> int:
     """The most host memory one rank holds at once during the run, above what it held before: the largest of its
     phases, counting every buffer each phase has alive (run_rank frees what a phase no longer needs).
 
     inputs: A_r, B_r (host) and the scratch of making or loading them; GEMM: A_r, B_r and, on a device whose memory
-    is host memory, its copies of A, B and C; the copy back: A_r, B_r, C on the device and C_r; the check: A_r,
+    is host memory, its copies of A, B and C (with `in_place`, a device computing on A_r and B_r as they are: its C
+    alone, which is C_r too); the copy back: A_r, B_r, C on the device and C_r; the check: A_r,
     B_r, C_r and verify's float64 blocks; the reduce (A_r and B_r freed): C_r, its copy in the MPI type where that
     differs, the sum at the root, MPI's own temporary of the message when there are several ranks, and the check
     of the sum."""
@@ -116,9 +118,12 @@ def host_memory_plan_bytes(m: int, n: int, k: int, dtype: DType, *, device_in_ho
         make = max(a + gemm.load_scratch_bytes(inputs[0], dtype), a + b + gemm.load_scratch_bytes(inputs[1], dtype))
     else:
         make = max(a + gemm.generate_scratch_bytes(m, k, dtype), a + b + gemm.generate_scratch_bytes(k, n, dtype))
-    on_device = a + b + c if device_in_host else 0
+    if in_place:  # the device computes on A_r and B_r where they are, into a C that is the host's C_r
+        on_device, copy_back = c, a + b + c
+    else:
+        on_device = a + b + c if device_in_host else 0
+        copy_back = a + b + (c if device_in_host else 0) + c
     gemm_phase = a + b + on_device + (_sim_scratch_bytes(m, n, k, dtype) if sim_device else 0)
-    copy_back = a + b + (c if device_in_host else 0) + c
     # A (B x) and the row norms of A and B^T go through blocks of A, B and B^T; the weighted norms of C square
     # each block of C
     check = a + b + c + max(_two_blocks_bytes(k, n), _two_blocks_bytes(m, k), _two_blocks_bytes(n, k),
@@ -135,6 +140,15 @@ def host_memory_plan_bytes(m: int, n: int, k: int, dtype: DType, *, device_in_ho
         if is_root:
             phases.append(c + send_copy + received + _two_blocks_bytes(m, n))  # the check of the sum
     return RUNTIME_SCRATCH_BYTES + max(phases)
+
+
+def computes_in_place(info: DeviceInfo, dtype: DType, *arrays: np.ndarray | None) -> bool:
+    """Whether the device computes on these host arrays as they are (the host backend, with arrays of the dtype's
+    host type in C order): no upload, no copy back, nothing beside them in memory. With no arrays: whether it
+    would for arrays made for the run (those are made so)."""
+    if not capabilities(info.backend).computes_on_host_arrays:
+        return False
+    return all(a is not None and a.dtype == dtype.host and a.flags.c_contiguous for a in arrays)
 
 
 def _sim_scratch_bytes(m: int, n: int, k: int, dtype: DType) -> int:
@@ -171,7 +185,8 @@ def _plan(cfg: MatmulConfig, world: World, opened: OpenDevice, m: int, n: int, k
     backend, info = opened.backend, opened.info
     planned = host_memory_plan_bytes(
         m, n, k, cfg.dtype, device_in_host=device_in_host_memory(info), sim_device=capabilities(info.backend).simulated,
-        inputs=headers, is_root=world.rank == cfg.root, world_size=world.size, reduce=cfg.reduce == "sum")
+        inputs=headers, is_root=world.rank == cfg.root, world_size=world.size, reduce=cfg.reduce == "sum",
+        in_place=computes_in_place(info, cfg.dtype))
     error = next(iter(_memory_errors(backend, info, m, n, k, cfg.dtype)), None)
     if error is None:
         error = _host_memory_error(planned, m, n, k, cfg.dtype, world.local_size)
@@ -293,15 +308,23 @@ def run_rank(cfg: MatmulConfig, world: World, prepared: Prepared,
     world.barrier()
 
     assert prepared.a is not None and prepared.b is not None
-    with backend.timer() as h2d:
-        a_dev = backend.upload(prepared.a, dtype)
-        b_dev = backend.upload(prepared.b, dtype)
+    # a device that computes on the host's arrays takes A and B as they are, and its C is the host's: no copy
+    in_place = computes_in_place(prepared.info, dtype, prepared.a, prepared.b)
+    if in_place:
+        h2d, a_dev, b_dev = Elapsed(0.0), prepared.a, prepared.b
+    else:
+        with backend.timer() as h2d:
+            a_dev = backend.upload(prepared.a, dtype)
+            b_dev = backend.upload(prepared.b, dtype)
     c_dev = backend.empty((m, n), dtype)
     gemm_seconds = time_repeats(backend, lambda: backend.matmul(a_dev, b_dev, c_dev, dtype), cfg.warmup, cfg.repeat,
                                 gemm_step)
     a_dev = b_dev = None  # freed before C comes back: host-memory devices would otherwise hold six matrices
-    with backend.timer() as d2h:
-        c_host = backend.download(c_dev, dtype)
+    if in_place:
+        d2h, c_host = Elapsed(0.0), c_dev
+    else:
+        with backend.timer() as d2h:
+            c_host = backend.download(c_dev, dtype)
     c_dev = None  # the device's memory is free again before the reduce
     release_free_memory()
 
@@ -326,8 +349,8 @@ def run_rank(cfg: MatmulConfig, world: World, prepared: Prepared,
     gemm_stats = summarize(gemm_seconds, "gemm_seconds")
     gemm_tflops = flop_count / gemm_stats["gemm_seconds_median"] / 1e12
     peak = prepared.info.peak_tflops.get(dtype.name)
-    h2d_bytes = (m * k + k * n) * dtype.itemsize
-    d2h_bytes = m * n * dtype.itemsize
+    h2d_bytes = 0 if in_place else (m * k + k * n) * dtype.itemsize
+    d2h_bytes = 0 if in_place else m * n * dtype.itemsize
     row: dict[str, Any] = {
         "rank": world.rank,
         "host": world.host,
