@@ -169,3 +169,18 @@ def test_a_checkpoint_on_a_full_disk_names_its_step_and_file(tmp_path, full_disk
     assert run.error_lines == [f"Error: cannot write checkpoint {str(full_disk / 'ck' / 'step-2')!r} "
                                "(rank-0.param.npy): No space left on device; the previous checkpoint, if any, is "
                                "kept"], run.stderr
+
+
+@needs_mpi
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_a_plugin_that_does_not_import_is_said_once_under_mpiexec(tmp_path, nprocs):
+    """Hostile finding F12: every rank said it (the same line 2 or 3 times)."""
+    (tmp_path / "plugin_boom.py").write_text("raise RuntimeError('boom')\n")
+    env = {**_env(), "HETBENCH_BENCHMARKS": "plugin_boom"}
+    env["PYTHONPATH"] = os.pathsep.join((str(tmp_path), env["PYTHONPATH"]))
+    proc = subprocess.run([MPIEXEC, "-n", str(nprocs), sys.executable, "-m", "hetbench", "devices"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == ["Error: benchmark module 'plugin_boom' (from an entry point in group "
+                                        "'hetbench.benchmarks' or HETBENCH_BENCHMARKS) cannot be imported: "
+                                        "RuntimeError: boom"], proc.stderr
