@@ -145,7 +145,11 @@ def stage(path: Path | str, write: Callable[[Any], None], binary: bool = False,
         mode = stat.S_IMODE(existing.st_mode)
     else:
         mode = 0o666 & ~_umask()
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    except OSError as e:  # it names the staged copy's random name: the user gave the target's
+        e.filename = str(path)
+        raise
     try:
         os.fchmod(fd, mode)
         with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8", "newline": ""})) as f:
@@ -445,6 +449,9 @@ def load_results(path: Path | str) -> dict[str, Any]:
     except json.JSONDecodeError as e:
         ending = " (the file ends early: truncated?)" if e.pos >= len(text.rstrip()) else ""
         raise ResultsFileError(f"results file {name} is not JSON: {e.msg} at line {e.lineno}{ending}") from None
+    except ValueError:  # Python reads no integer of more than 4300 digits
+        raise ResultsFileError(f"results file {name} holds a number too long to read (an integer of more than 4300 "
+                               "digits): not a measurement") from None
     if not isinstance(document, dict):
         raise ResultsFileError(f"results file {name} holds a {type(document).__name__}, not a results object",
                                not_hetbench=True)

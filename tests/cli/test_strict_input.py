@@ -263,3 +263,25 @@ def test_a_default_results_folder_that_is_a_file_is_one_line(tmp_path, nprocs):
         "the default results folder 'results' is not a folder; move it away, or name the outputs with --out and "
         "--csv"), run.stderr
     assert (tmp_path / "results").read_text() == "x"
+
+
+def test_an_integer_too_long_to_read_is_one_line(tmp_path):
+    """Hostile finding F9: 'ValueError: Exceeds the limit (4300 digits) for integer string conversion', exit 1."""
+    path = tmp_path / "long.json"
+    path.write_text((DATA / "matmul-v1.json").read_text().replace('"schema_version"', '"x": ' + "9" * 5000
+                                                                  + ', "schema_version"', 1))
+    for args in (["report", str(path)], ["compare", str(path), str(DATA / "matmul-v1.json")],
+                 ["compare", str(DATA / "matmul-v1.json"), str(path)]):
+        run = run_cli(args, cwd=tmp_path)
+        assert run.returncode == 2 and run.stdout == "" and "Traceback" not in run.stderr, (args, run.stderr)
+        assert run.error_lines == [f"Error: results file {str(path)!r} holds a number too long to read (an integer "
+                                   "of more than 4300 digits): not a measurement"], run.stderr
+
+
+def test_a_staged_file_that_cannot_be_made_names_the_target():
+    """Hostile finding F2: the error named the staged copy ('/proc/.x.json.eiorhvv6.tmp'), not the path given."""
+    from hetbench.results.io import stage_text
+
+    with pytest.raises(OSError) as e:
+        stage_text("/proc/hetbench-x.json", "{}")
+    assert e.value.filename == "/proc/hetbench-x.json"
