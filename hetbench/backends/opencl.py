@@ -1,9 +1,11 @@
-"""The OpenCL backend: any OpenCL device through pyopencl; GEMM through CLBlast when pyclblast imports, else
-through hetbench's own kernel (kernels/gemm.cl)."""
+"""The OpenCL backend: any OpenCL device through pyopencl; GEMM through the self-tuning kernel
+(kernels/gemm_tuned.cl, opencl_tune.py), CLBlast (pyclblast) or hetbench's first kernel (kernels/gemm.cl), as
+HETBENCH_OPENCL_GEMM asks."""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import time
 import weakref
@@ -23,6 +25,7 @@ from hetbench.backends.base import (
     check_dtype,
     index_for_rank,
 )
+from hetbench.backends import opencl_tune
 from hetbench.dtypes import DType
 from hetbench.kernels_path import kernel_source
 
@@ -40,9 +43,15 @@ try:
 except ImportError:  # also when libclblast itself cannot be loaded
     pyclblast = None
 
-# which GEMM matmul uses: auto (CLBlast when pyclblast imports, else the kernel), clblast, kernel
+# which GEMM matmul uses: auto (per dtype and shape class, whichever of the tuned kernel and CLBlast `hetbench tune`
+# measured faster on this device; before a tune, the tuned kernel's defaults on a CPU device, CLBlast elsewhere
+# where it imports), tuned (the self-tuning kernel, searched on first use where no cached winner is there), clblast,
+# kernel (kernels/gemm.cl)
 GEMM_ENV = "HETBENCH_OPENCL_GEMM"
-GEMM_CHOICES = ("auto", "clblast", "kernel")
+GEMM_CHOICES = ("auto", "clblast", "kernel", "tuned")
+# where the backend's notes go (a foreign or corrupt tuning cache, a search on first use): one line each on stderr
+# through logging's last-resort handler unless the application configures logging
+_log = logging.getLogger("hetbench.opencl")
 INSTALL_OPENCL = "pip install 'hetbench[opencl]'"
 INSTALL_CLBLAST = "pip install 'hetbench[clblast]' (it needs the CLBlast library, e.g. apt install libclblast-dev)"
 
@@ -64,7 +73,7 @@ _TILES_GPU = ((64, 64, 16, 4, 4), (32, 32, 16, 2, 2), (16, 16, 16, 1, 1), (4, 4,
 
 
 def gemm_implementation() -> str:
-    """'clblast' or 'kernel': the GEMM that devices opened now will use, as HETBENCH_OPENCL_GEMM asks."""
+    """The GEMM choice devices opened now take, as HETBENCH_OPENCL_GEMM asks: one of GEMM_CHOICES."""
     choice = os.environ.get(GEMM_ENV, "auto").strip().lower() or "auto"
     if choice not in GEMM_CHOICES:
         raise BackendUnavailable(
@@ -72,8 +81,6 @@ def gemm_implementation() -> str:
         )
     if choice == "clblast" and pyclblast is None:
         raise BackendUnavailable(f"{GEMM_ENV}=clblast but pyclblast does not import: {INSTALL_CLBLAST}")
-    if choice == "auto":
-        return "clblast" if pyclblast is not None else "kernel"
     return choice
 
 
@@ -207,13 +214,32 @@ class OpenCLBackend:
             raise BackendUnavailable(f"cannot open {self._info.label}: {e}") from e
         self._ledger = _Ledger()
         self._kernels: dict[str, tuple[Any, tuple[int, int, int, int, int]]] = {}
+        self._tuned = opencl_tune.TunedKernels(cl, self._context, self._queue, device)
+        self._facts = opencl_tune.DeviceFacts.of(device, self._info.kind)
+        self.tuning_key = opencl_tune.DeviceKey(
+            platform=platform.name.strip(), platform_version=platform.version.strip(), name=device.name.strip(),
+            driver_version=device.driver_version.strip(),
+        )
+        self._tuning_entries: dict[str, dict[str, Any]] = {}
+        # (dtype, shape class) -> ("tuned", params) or ("clblast", None): decided once per backend
+        self._paths: dict[tuple[str, str], tuple[str, opencl_tune.GemmParams | None]] = {}
+        self.gemm_notes: list[str] = []
+        if gemm in ("auto", "tuned"):
+            self._tuning_entries, note = opencl_tune.load_entries(self.tuning_key)
+            if note:
+                self._note(note)
+
+    def _note(self, text: str) -> None:
+        self.gemm_notes.append(text)
+        _log.warning("Note: %s", text)
 
     def info(self) -> DeviceInfo:
         return self._info
 
     def free_memory_bytes(self) -> int | None:
         # OpenCL has no query for free memory: count what this backend holds, nothing else is known
-        return max(0, int(self._device.global_mem_size) - self._ledger.held_bytes)
+        held = self._ledger.held_bytes + self._tuned.scratch_bytes
+        return max(0, int(self._device.global_mem_size) - held)
 
     def max_allocation_bytes(self) -> int | None:
         return int(self._device.max_mem_alloc_size)
@@ -268,14 +294,85 @@ class OpenCLBackend:
         with self._device_errors("matmul"):
             if k == 0:
                 out.fill(0)
-            elif self._gemm == "clblast":
-                itemsize = dtype.host.itemsize
-                pyclblast.gemm(
-                    self._queue, m, n, k, a, b, out, a_ld=k, b_ld=n, c_ld=n,
-                    a_offset=a.offset // itemsize, b_offset=b.offset // itemsize, c_offset=out.offset // itemsize,
-                )  # fmt: skip
-            else:
+                return
+            path, params = self.gemm_path(dtype, m, n, k)
+            if path == "clblast":
+                self._clblast_matmul(a, b, out, m, n, k, dtype)
+            elif path == "kernel":
                 self._kernel_matmul(a, b, out, m, n, k, dtype)
+            else:
+                itemsize = dtype.host.itemsize
+                self._tuned.enqueue(params, dtype.name, itemsize, m, n, k, a.base_data, a.offset // itemsize,
+                                    b.base_data, b.offset // itemsize, out.base_data, out.offset // itemsize)
+
+    def gemm_path(self, dtype: DType, m: int, n: int, k: int) -> tuple[str, opencl_tune.GemmParams | None]:
+        """Which GEMM computes an m x k by k x n product in dtype here: ("clblast", None), ("kernel", None) or
+        ("tuned", its parameters). With HETBENCH_OPENCL_GEMM=tuned and no cached winner for the dtype and shape
+        class, the search runs now (once; its winner cached)."""
+        if self._gemm in ("clblast", "kernel"):
+            return self._gemm, None
+        cls = opencl_tune.shape_class(m, n, k)
+        decided = self._paths.get((dtype.name, cls))
+        if decided is not None:
+            return decided
+        entry = self._tuning_entries.get(opencl_tune.entry_key(dtype.name, cls))
+        if entry is None and self._gemm == "tuned":
+            self._note(f"tuning the OpenCL GEMM for {dtype.name} {cls} products on {self._info.label} (once; "
+                       f"at most {opencl_tune.DEFAULT_BUDGET_SECONDS:.0f} s, cached in {self.tuning_key.path()})")
+            entry = self.tune_gemm(dtype, cls)
+        if entry is None:  # auto before any tune
+            if self._info.kind != "cpu" and pyclblast is not None:
+                decided = ("clblast", None)
+            else:
+                decided = ("tuned", opencl_tune.default_params(self._facts, dtype.name))
+        else:
+            clblast = entry.get("clblast_gflops")
+            faster_clblast = clblast is not None and clblast > entry["tuned_gflops"]
+            if self._gemm == "auto" and pyclblast is not None and faster_clblast:
+                decided = ("clblast", None)
+            else:
+                decided = ("tuned", opencl_tune.GemmParams.from_dict(entry["params"]))
+        self._paths[(dtype.name, cls)] = decided
+        return decided
+
+    def tune_gemm(self, dtype: DType, cls: str, on_step: Any = None,
+                  budget_seconds: float = opencl_tune.DEFAULT_BUDGET_SECONDS,
+                  axes: list[list[dict[str, int]]] | None = None,
+                  shape: tuple[int, int, int] | None = None) -> dict[str, Any]:
+        """Search the tuned kernel's parameters for dtype and shape class on this device, measure CLBlast and
+        kernels/gemm.cl at the same shape, cache the winner; returns the cache entry. Raises DeviceError where no
+        candidate computes a right product."""
+        check_dtype(self._info, dtype)
+        if cls not in opencl_tune.SHAPE_CLASSES:
+            raise ValueError(f"shape class {cls!r} is not one of {', '.join(opencl_tune.SHAPE_CLASSES)}")
+        others: dict[str, Any] = {"kernel": lambda a, b, c, m, n, k: self._kernel_matmul(a, b, c, m, n, k, dtype)}
+        if pyclblast is not None:
+            others["clblast"] = lambda a, b, c, m, n, k: self._clblast_matmul(a, b, c, m, n, k, dtype)
+        with self._device_errors("GEMM tuning"):
+            try:
+                outcome = opencl_tune.tune(self._tuned, self._facts, dtype, cls, others=others, on_step=on_step,
+                                           budget_seconds=budget_seconds, axes=axes, shape=shape)
+            except opencl_tune.NoWinner as e:
+                raise DeviceError(f"{e} on {self._info.label}") from e
+        entry = outcome.entry()
+        entry["candidates_tried"] = [
+            {"label": label, "gflops": gflops, "why_not": why} for label, gflops, why in outcome.candidates
+        ]
+        try:
+            entry["cache_path"] = str(opencl_tune.save_entry(self.tuning_key, dtype.name, cls, entry))
+        except OSError as e:  # a read-only home: the winner still serves this process
+            self._note(f"the OpenCL GEMM tuning cache cannot be written ({e}); the winner serves this run only")
+            entry["cache_path"] = None
+        self._tuning_entries[opencl_tune.entry_key(dtype.name, cls)] = entry
+        self._paths.pop((dtype.name, cls), None)
+        return entry
+
+    def _clblast_matmul(self, a: Any, b: Any, out: Any, m: int, n: int, k: int, dtype: DType) -> None:
+        itemsize = dtype.host.itemsize
+        pyclblast.gemm(
+            self._queue, m, n, k, a, b, out, a_ld=k, b_ld=n, c_ld=n,
+            a_offset=a.offset // itemsize, b_offset=b.offset // itemsize, c_offset=out.offset // itemsize,
+        )  # fmt: skip
 
     def _kernel_matmul(self, a: Any, b: Any, out: Any, m: int, n: int, k: int, dtype: DType) -> None:
         kernel, (ts_m, ts_n, _, wpt_m, wpt_n) = self._gemm_kernel(dtype)
@@ -349,6 +446,7 @@ class OpenCLBackend:
             with contextlib.suppress(cl.Error):
                 self._queue.finish()
         self._kernels.clear()
+        self._tuned.release()
         self._queue = None
         self._context = None
 

@@ -23,6 +23,7 @@ BUILTIN = (
     "hetbench.benchmarks.calibrate",
     "hetbench.benchmarks.split",
     "hetbench.benchmarks.train",
+    "hetbench.benchmarks.tune",
 )
 ENTRY_POINT_GROUP = "hetbench.benchmarks"
 PLUGINS_ENV = "HETBENCH_BENCHMARKS"

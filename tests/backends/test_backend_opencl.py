@@ -27,9 +27,10 @@ FP32, FP64, FP16 = DTYPES["fp32"], DTYPES["fp64"], DTYPES["fp16"]
 
 
 @pytest.fixture(autouse=True)
-def _default_gemm(monkeypatch):
-    # a HETBENCH_OPENCL_GEMM set in the caller's shell must not decide what these tests exercise
+def _default_gemm(monkeypatch, tmp_path):
+    # a HETBENCH_OPENCL_GEMM set in the caller's shell must not decide what these tests exercise, nor a tuning cache
     monkeypatch.delenv(opencl.GEMM_ENV, raising=False)
+    monkeypatch.setenv("HETBENCH_CACHE_DIR", str(tmp_path / "cache"))
 
 
 def _open(monkeypatch, gemm: str, index: int = 0) -> opencl.OpenCLBackend:
@@ -62,7 +63,7 @@ def test_list_devices_describes_every_device():
         assert d.peak_tflops == {}
         assert d.runtime.startswith("OpenCL ") and ", driver " in d.runtime
         assert d.details["max_mem_alloc_bytes"] > 0 and d.details["compute_units"] > 0
-        assert d.details["gemm"] in ("clblast", "kernel")
+        assert d.details["gemm"] in opencl.GEMM_CHOICES
 
 
 def test_pocl_cpu_device_has_cpu_vendor():
@@ -187,9 +188,14 @@ def test_gemm_choice_from_environment(monkeypatch):
     with pytest.raises(BackendUnavailable, match="fastest"):
         opencl.gemm_implementation()
     assert "fastest" in opencl.unavailable_reason()
+    monkeypatch.setenv(opencl.GEMM_ENV, "tuned")
+    assert opencl.gemm_implementation() == "tuned"
     monkeypatch.setattr(opencl, "pyclblast", None)
     monkeypatch.setenv(opencl.GEMM_ENV, "auto")
-    assert opencl.gemm_implementation() == "kernel"
+    assert opencl.gemm_implementation() == "auto"
+    backend = _open(monkeypatch, "auto")  # without CLBlast, auto computes with the tuned kernel
+    assert backend.gemm_path(FP32, 64, 64, 64)[0] == "tuned"
+    backend.close()
     with pytest.raises(BackendUnavailable, match=r"hetbench\[clblast\]"):
         _open(monkeypatch, "clblast")
 
