@@ -106,6 +106,15 @@ demo: env
 test: env
 	$(PY) -m pytest -q
 
+# Issue 19's hostile battery (tests/hostile/): several hundred bad inputs, bad paths, doctored files, signals to one
+# rank, a deleted working directory and a closed stdout over every command, run as the real CLI (under this
+# virtualenv's MPICH mpiexec), two at a time; prints its counts, writes results/hostile-report.json, exits 1 if
+# any case fails (a hang, a traceback, a wrong exit code, more than one line, a lost or partial file, an orphan)
+HOSTILE_JOBS ?= 2
+.PHONY: hostile
+hostile: env
+	$(PY) tests/hostile/battery.py --jobs $(HOSTILE_JOBS)
+
 # tests/helpers.py takes the launcher from HETBENCH_TEST_MPIEXEC and, for Open MPI, lets it run as root and put
 # more ranks than cores on this machine. Only the tests that launch MPI run again (-m mpi: the launcher is what
 # differs; tests/helpers.py fails a test that launches mpiexec unmarked)

@@ -1,0 +1,543 @@
+#!/usr/bin/env python3
+"""Issue 19's hostile battery: every case of tests/hostile/cases.py run as the real `hetbench` (alone, or under
+`mpiexec -n 2|3`), each in a folder and a session of its own, under a timeout, and judged.
+
+A case passes when it shows
+- no hang: it ended within its time (a signalled job: within END_SECONDS of the signal);
+- no traceback (on stderr or stdout);
+- the exit code it should: 2 for bad input, 0 for good input, 128+N for signal N, the end by SIGPIPE for a closed
+  stdout (quietly, as `yes | head -1`);
+- one line: bad input and a signal say exactly one non-empty line on stderr, `Error: ...`, and bad input prints
+  nothing on stdout (what tests/helpers.assert_usage_error asks, made strict: no other line at all, only MPICH's
+  own `Abort(N) on node ...` and `[mpiexec@host] ...` lines are left out); a closed stdout says nothing;
+- no lost file: every file in the case's folder before the run is there after it, byte for byte (unless the case
+  names it as an output it may replace);
+- no partial file: bad input and a signal write nothing at all; a good run leaves only complete files (JSON that
+  parses, CSV with a header and a final newline, .npy that loads) and no staged or temporary ones;
+- no orphan: no process of the case's session outlives it.
+
+Usage: python tests/hostile/battery.py [--jobs 2] [--only SUBSTRING[,...]] [--failed-from REPORT] [--report FILE]
+       [--keep] [--list]
+Exit status: 0 when every case passes, 1 when any fails, 2 on a bad command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+sys.path.insert(0, str(HERE))
+
+from cases import Case, build_cases  # noqa: E402
+
+TRACEBACK = "Traceback (most recent call last)"
+END_SECONDS = 10.0  # a signalled job must end this soon after the signal (tests/mpi/test_signals.py's bound)
+ORPHAN_GRACE = 3.0  # seconds a case's processes get to go after its launcher ended
+TEMP_MARKERS = (".tmp", ".partial", ".part", ".staged", "~", ".swp")
+LAUNCHER_LINE = re.compile(r"^(Abort\(\d+\) on node \d+ \(rank \d+ in comm \d+\): application called MPI_Abort"
+                           r"|\[mpiexec@[^\]]+\] )")
+CATEGORIES = ("hang", "traceback", "exit", "message", "lost", "partial", "orphan", "setup")
+
+
+def find_tools() -> tuple[str, str | None]:
+    """The hetbench command and the mpiexec to use: $HETBENCH_HOSTILE_BIN / $HETBENCH_HOSTILE_MPIEXEC, else the
+    ones beside this Python (the virtualenv's), else PATH's."""
+    here = Path(sys.executable).parent
+    hb = os.environ.get("HETBENCH_HOSTILE_BIN") or (str(here / "hetbench") if (here / "hetbench").exists()
+                                                    else shutil.which("hetbench"))
+    if not hb:
+        sys.exit("battery: no hetbench command (run it with the virtualenv's python)")
+    mpi = os.environ.get("HETBENCH_HOSTILE_MPIEXEC") or (str(here / "mpiexec") if (here / "mpiexec").exists()
+                                                         else shutil.which("mpiexec"))
+    return hb, mpi
+
+
+# --- processes --------------------------------------------------------------------------------------------------
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2:].split()
+
+
+MARK = "HETBENCH_HOSTILE_CASE"  # set in every case's environment: MPI's proxies start new sessions, env is kept
+
+
+def members(mark: str) -> list[int]:
+    """Live (not zombie) processes whose environment carries this case's mark: the launcher, its proxies, the
+    ranks, and whatever any of them left behind."""
+    needle = f"{MARK}={mark}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        fields = _stat_fields(int(entry))
+        if not fields or fields[0] == "Z":
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:
+            continue
+        if needle in environ.split(b"\0"):
+            found.append(int(entry))
+    return found
+
+
+def rank_of(pid: int) -> int | None:
+    """The MPI rank of a process (from its environment), for a Python process running hetbench."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    if b"hetbench" not in cmdline or b"mpiexec" in cmdline or b"hydra" in cmdline:
+        return None
+    for item in environ:
+        for name in (b"PMI_RANK=", b"OMPI_COMM_WORLD_RANK="):
+            if item.startswith(name) and item[len(name):].isdigit():
+                return int(item[len(name):])
+    return None
+
+
+def handles_sigterm(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
+    return bool(caught & (1 << (signal.SIGTERM - 1)))
+
+
+def kill_case(mark: str) -> list[int]:
+    """SIGKILL every process left of a case (only ever ours: found by the mark the battery gave the case)."""
+    left = members(mark)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return left
+
+
+# --- files ------------------------------------------------------------------------------------------------------
+
+def snapshot(folder: Path) -> dict[str, tuple[str, str]]:
+    """relative path -> (kind, digest) of everything under folder, without following links."""
+    found: dict[str, tuple[str, str]] = {}
+    for root, dirs, files in os.walk(folder, followlinks=False):
+        for name in dirs + files:
+            path = Path(root) / name
+            rel = str(path.relative_to(folder))
+            try:
+                st = path.lstat()
+            except OSError:
+                continue
+            if stat.S_ISLNK(st.st_mode):
+                found[rel] = ("link", os.readlink(path))
+            elif stat.S_ISDIR(st.st_mode):
+                found[rel] = ("dir", "")
+            elif stat.S_ISREG(st.st_mode):
+                if st.st_size > 64 * 1024 * 1024:  # a sparse giant made by a case: its size and mtime stand in
+                    found[rel] = ("file", f"size={st.st_size} mtime={st.st_mtime_ns}")
+                else:
+                    h = hashlib.sha256()
+                    with open(path, "rb") as f:
+                        for block in iter(lambda: f.read(1 << 20), b""):
+                            h.update(block)
+                    found[rel] = ("file", h.hexdigest())
+            else:
+                found[rel] = ("special", oct(stat.S_IFMT(st.st_mode)))
+    return found
+
+
+def complete(path: Path) -> str | None:
+    """Why a file a good run wrote is not a whole one (None: it is)."""
+    name = path.name
+    if any(marker in name for marker in TEMP_MARKERS) or (name.startswith(".") and name != ".keep"):
+        return "a staged or temporary file"
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        return f"unreadable ({e})"
+    if name.endswith(".json"):
+        try:
+            json.loads(data)
+        except ValueError as e:
+            return f"not whole JSON ({e})"
+    elif name.endswith(".jsonl"):
+        if data and not data.endswith(b"\n"):
+            return "a JSON-lines file without its last newline"
+        for line in data.splitlines():
+            try:
+                json.loads(line)
+            except ValueError as e:
+                return f"a JSON line that does not parse ({e})"
+    elif name.endswith(".csv"):
+        if not data or not data.endswith(b"\n") or b"," not in data.split(b"\n", 1)[0]:
+            return "an empty or unterminated CSV"
+    elif name.endswith(".npy"):
+        try:
+            import numpy as np
+
+            np.load(path, allow_pickle=False)
+        except Exception as e:  # noqa: BLE001 - any failure to load is the finding
+            return f"an .npy that does not load ({type(e).__name__})"
+    elif name.endswith(".html"):
+        if b"</html>" not in data[-4096:].lower():
+            return "an HTML page without its end"
+    return None
+
+
+# --- one case ---------------------------------------------------------------------------------------------------
+
+@dataclass
+class Outcome:
+    id: str
+    command: str
+    kind: str
+    expect: str
+    cmdline: str
+    returncode: int | None = None
+    seconds: float = 0.0
+    failures: dict[str, str] = field(default_factory=dict)
+    stderr_tail: str = ""
+    stdout_head: str = ""
+    known: bool = False
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+
+def _fmt(text: str, subs: dict[str, str]) -> str:
+    for key, value in subs.items():
+        text = text.replace("{" + key + "}", value)
+    return text
+
+
+def run_case(case: Case, work: Path, hb: str, mpi: str | None) -> Outcome:
+    folder = work / case.id
+    folder.mkdir(parents=True)
+    subs = {"d": str(folder), "data": str(REPO / "tests" / "data"), "repo": str(REPO)}
+    args = [_fmt(a, subs) for a in case.argv]
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PMI_", "PMIX_", "OMPI_COMM_WORLD", "SLURM_", "HYDRA_"))}
+    env.update({"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "COLUMNS": "100", "PYTHONUNBUFFERED": "1"})
+    env.update({k: _fmt(v, subs) for k, v in case.env.items()})
+    mark = f"{case.id}-{os.getpid()}-{time.monotonic_ns()}"
+    env[MARK] = mark
+    cmd = [hb, *args]
+    if case.nprocs:
+        if mpi is None:
+            return Outcome(case.id, case.command, case.kind, case.expect, " ".join(cmd),
+                           failures={"setup": "no mpiexec"})
+        cmd = [mpi, "-n", str(case.nprocs), *cmd]
+    shown = " ".join(cmd)
+    if case.special == "pipe":
+        shown += "  (stdout a pipe whose reader is gone)"
+    elif case.special == "gone_cwd":
+        shown = f"(cd DIR; rmdir DIR) && {shown}"
+    elif case.special == "signal":
+        rank, signum, when = case.signal
+        shown += f"  ({signal.Signals(signum).name} to rank {rank} {when})"
+    out = Outcome(case.id, case.command, case.kind, case.expect, shown, known=case.known)
+    try:
+        if case.setup:
+            case.setup(folder)
+    except Exception as e:  # noqa: BLE001
+        out.failures["setup"] = f"{type(e).__name__}: {e}"
+        return out
+    before = snapshot(folder)
+    cwd = folder
+    if case.special == "gone_cwd":
+        gone = folder / "gone"
+        gone.mkdir()
+        cmd = [sys.executable, "-c", "import os, sys; os.chdir(sys.argv[1]); os.rmdir(sys.argv[1]); "
+               "os.execv(sys.argv[2], sys.argv[2:])", str(gone), *cmd]
+        before = snapshot(folder)
+        before.pop("gone", None)
+    stdout = subprocess.PIPE
+    pipe_w = None
+    if case.special == "pipe":
+        pipe_r, pipe_w = os.pipe()
+        os.close(pipe_r)  # the reader is gone before the first byte: every write is EPIPE
+        stdout = pipe_w
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=stdout,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    if pipe_w is not None:
+        os.close(pipe_w)
+    signalled_at = None
+    if case.special == "signal":
+        signalled_at = _send_signal(case, proc, out, mark)
+    hang = None
+    try:
+        o, e = proc.communicate(timeout=case.timeout)
+    except subprocess.TimeoutExpired:
+        hang = f"still running after {case.timeout:.0f} s: killed"
+        kill_case(mark)
+        o, e = proc.communicate()
+    out.seconds = time.monotonic() - start
+    out.returncode = proc.returncode
+    # orphans: whatever of the session outlives the launcher
+    deadline = time.monotonic() + ORPHAN_GRACE
+    while members(mark) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = kill_case(mark)
+    if left:
+        out.failures["orphan"] = f"{len(left)} process(es) of the case still alive {ORPHAN_GRACE:.0f} s after it ended"
+    stdout_text = (o or b"").decode("utf-8", "replace")
+    stderr_text = (e or b"").decode("utf-8", "replace")
+    out.stderr_tail = stderr_text[-1500:]
+    out.stdout_head = stdout_text[:300]
+    if hang:
+        out.failures["hang"] = hang
+    if signalled_at is not None and hang is None:
+        took = (start + out.seconds) - signalled_at
+        if took > END_SECONDS:
+            out.failures["hang"] = f"ended {took:.1f} s after the signal (bound {END_SECONDS:.0f} s)"
+    if "signal_missed" in out.failures:
+        out.failures["setup"] = out.failures.pop("signal_missed")
+    if TRACEBACK in stderr_text or TRACEBACK in stdout_text:
+        out.failures["traceback"] = "a Python traceback on " + ("stderr" if TRACEBACK in stderr_text else "stdout")
+    _judge_exit_and_message(case, out, stdout_text, stderr_text)
+    _judge_files(case, folder, before, out)
+    return out
+
+
+def _send_signal(case: Case, proc: subprocess.Popen, out: Outcome, mark: str) -> float | None:
+    """Find the target rank's process, wait as the case says, signal it; returns when it was signalled."""
+    rank, signum, when = case.signal
+    rng = random.Random(case.id)
+    deadline = time.monotonic() + 30
+    pid = None
+    while time.monotonic() < deadline and proc.poll() is None:
+        if not case.nprocs:
+            pid = proc.pid  # the hetbench process itself
+            break
+        pid = next((p for p in members(mark) if rank_of(p) == rank), None)
+        if pid is not None:
+            break
+        time.sleep(0.002)
+    if pid is None:
+        out.failures["signal_missed"] = "the rank's process never showed (the job ended or did not start)"
+        return None
+    if when == "early":  # within its first half second, handlers in place or not
+        time.sleep(rng.uniform(0.0, 0.5))
+    else:  # after its handlers are in place, while it runs
+        while not handles_sigterm(pid) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0.5, 2.5))
+    if proc.poll() is not None:
+        out.failures["signal_missed"] = "the job ended before the signal"
+        return None
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        out.failures["signal_missed"] = "the rank was gone before the signal"
+        return None
+    return time.monotonic()
+
+
+def _judge_exit_and_message(case: Case, out: Outcome, stdout: str, stderr: str) -> None:
+    # MPICH's MPI_Abort says "Abort(N) on node R (rank R in comm 0): application called MPI_Abort(...)" itself
+    # after the rank's own line, and its mpiexec says "[mpiexec@host] ..." of its own troubles (a deleted working
+    # directory) before any rank starts: the launcher's and the library's lines, not hetbench's, left out
+    lines = [line for line in stderr.splitlines() if line.strip() and not LAUNCHER_LINE.match(line)]
+    errors = [line for line in lines if line.startswith("Error:")]
+    rc = out.returncode
+    one_line = len(lines) == 1 and len(errors) == 1
+
+    def need_one_line(what: str) -> None:
+        if not one_line:
+            out.failures["message"] = f"{what}: {len(lines)} stderr line(s), {len(errors)} 'Error:' line(s)"
+        else:
+            for needle in case.needles:
+                if needle not in errors[0]:
+                    out.failures["message"] = f"the line lacks {needle!r}"
+
+    if case.expect == "usage":
+        if rc != 2:
+            out.failures["exit"] = f"exit {rc}, expected 2 (bad input)"
+        need_one_line("bad input must say one line")
+        if stdout.strip():
+            out.failures.setdefault("message", "bad input printed on stdout")
+    elif case.expect == "ok":
+        if rc != 0:
+            out.failures["exit"] = f"exit {rc}, expected 0"
+    elif case.expect == "ok_or_usage":
+        if rc == 2:
+            need_one_line("refused input must say one line")
+        elif rc != 0:
+            out.failures["exit"] = f"exit {rc}, expected 0 or 2"
+    elif case.expect == "signal":
+        rank, signum, _ = case.signal
+        if rc != 128 + signum:
+            out.failures["exit"] = f"exit {rc}, expected {128 + signum}"
+        name = signal.Signals(signum).name
+        need_one_line("a signal must end with one line")
+        if one_line and (f"interrupted by {name}" not in errors[0]
+                         or (case.nprocs and f"rank {rank} (" not in errors[0])):
+            out.failures["message"] = f"the line does not say rank {rank} was interrupted by {name}"
+    elif case.expect == "pipe":
+        # hetbench ends quietly by SIGPIPE, as `yes | head -1` and mpiexec do (a shell says 141)
+        if rc not in (-signal.SIGPIPE, 128 + signal.SIGPIPE):
+            out.failures["exit"] = f"exit {rc}, expected the end by SIGPIPE (-13, or 141 from a shell)"
+        if lines:
+            out.failures["message"] = f"a closed stdout ends quietly; said {len(lines)} line(s)"
+    else:
+        raise ValueError(case.expect)
+
+
+def _judge_files(case: Case, folder: Path, before: dict, out: Outcome) -> None:
+    after = snapshot(folder)
+    may_change = set(case.may_change)
+    lost = [p for p, v in before.items() if p not in may_change and after.get(p) != v
+            and not (v[0] == "dir" and after.get(p, ("",))[0] == "dir")]
+    if lost:
+        out.failures["lost"] = "changed or gone: " + ", ".join(sorted(lost)[:5])
+    new = sorted(p for p in after if p not in before or (p in may_change and after[p] != before.get(p)))
+    if case.expect in ("usage", "signal") or (case.expect == "ok_or_usage" and out.returncode == 2):
+        # an empty folder (results/ made before the refusal) is no file: tests/helpers.assert_usage_error allows it
+        written = [p for p in new if after[p][0] != "dir"]
+        if case.expect == "signal":  # committed files may stay; only half or staged ones are findings
+            written = [p for p in new if after[p][0] == "file" and complete(folder / p)]
+        if written:
+            out.failures["partial"] = "written on refused input: " + ", ".join(written[:5]) \
+                if case.expect != "signal" else "half or staged: " + ", ".join(written[:5])
+    else:
+        bad = [f"{p} ({why})" for p in new if after[p][0] == "file" and (why := complete(folder / p))]
+        if bad:
+            out.failures["partial"] = "; ".join(bad[:3])
+
+
+# --- the battery ------------------------------------------------------------------------------------------------
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=2, help="cases at a time (default 2)")
+    parser.add_argument("--only", default=None, help="run the cases whose id contains this (comma: any of these)")
+    parser.add_argument("--failed-from", default=None, metavar="REPORT",
+                        help="run only the cases that failed in this earlier JSON report")
+    parser.add_argument("--report", default=str(REPO / "results" / "hostile-report.json"),
+                        help="write the JSON report here (default: results/hostile-report.json)")
+    parser.add_argument("--keep", action="store_true", help="keep the cases' folders")
+    parser.add_argument("--list", action="store_true", help="list the cases and exit")
+    opts = parser.parse_args()
+    if opts.jobs < 1:
+        parser.error("--jobs must be >= 1")
+    hb, mpi = find_tools()
+    cases = build_cases()
+    ids = [c.id for c in cases]
+    dupes = {i for i in ids if ids.count(i) > 1}
+    if dupes:
+        sys.exit(f"battery: duplicate case ids: {sorted(dupes)}")
+    if opts.only:
+        cases = [c for c in cases if any(part in c.id for part in opts.only.split(","))]
+    if opts.failed_from:
+        failed_before = {o["id"] for o in json.loads(Path(opts.failed_from).read_text())["outcomes"]
+                         if not o["passed"]}
+        cases = [c for c in cases if c.id in failed_before]
+    if opts.list:
+        for c in cases:
+            print(f"{c.id:60} {c.command:12} {c.kind:10} {c.expect}")
+        print(f"{len(cases)} cases")
+        return 0
+    work = Path(tempfile.mkdtemp(prefix="hetbench-hostile-"))
+    print(f"hostile battery: {len(cases)} cases, {opts.jobs} at a time, hetbench {hb}, mpiexec {mpi}, in {work}",
+          flush=True)
+    from cases import prepare  # templates (a checkpoint, a profile) made once
+
+    prepare(work / "_templates", hb)
+    started = time.monotonic()
+    outcomes: list[Outcome] = []
+    lock = threading.Lock()
+
+    def one(case: Case) -> Outcome:
+        try:
+            result = run_case(case, work, hb, mpi)
+        except Exception as e:  # noqa: BLE001 - a battery bug is a failed case, not a lost run
+            result = Outcome(case.id, case.command, case.kind, case.expect, " ".join(case.argv),
+                             failures={"setup": f"battery error: {type(e).__name__}: {e}"})
+        with lock:
+            outcomes.append(result)
+            mark = "ok  " if result.passed else ("KNOWN" if result.known else "FAIL")
+            if not result.passed:
+                print(f"{mark} {result.id} ({result.seconds:.1f} s): "
+                      + "; ".join(f"{k}: {v}" for k, v in result.failures.items()), flush=True)
+            if len(outcomes) % 50 == 0:
+                print(f"  ... {len(outcomes)}/{len(cases)} done, {time.monotonic() - started:.0f} s", flush=True)
+        return result
+
+    with ThreadPoolExecutor(max_workers=opts.jobs) as pool:
+        list(pool.map(one, cases))
+    wall = time.monotonic() - started
+    outcomes.sort(key=lambda o: ids.index(o.id))
+    failed = [o for o in outcomes if not o.passed]
+    counts = {"cases": len(outcomes), "passes": len(outcomes) - len(failed), "failed": len(failed)}
+    for cat in CATEGORIES:
+        counts[cat] = sum(cat in o.failures for o in outcomes)
+    by: dict[str, dict[str, int]] = {}
+    for o in outcomes:
+        by.setdefault(o.command, {}).setdefault(o.kind, 0)
+        by[o.command][o.kind] += 1
+    print()
+    print("cases per command and kind:")
+    for command in sorted(by):
+        kinds = ", ".join(f"{k} {n}" for k, n in sorted(by[command].items()))
+        print(f"  {command:12} {sum(by[command].values()):4}  ({kinds})")
+    print()
+    labels = {"hang": "hangs", "traceback": "tracebacks", "exit": "wrong exit codes",
+              "message": "multi-line/missing messages", "lost": "lost files", "partial": "partial files",
+              "orphan": "orphan processes", "setup": "cases that could not run"}
+    print(f"cases {counts['cases']}, passes {counts['passes']}, failed {counts['failed']}; wall {wall:.0f} s")
+    print("  " + ", ".join(f"{labels[c]} {counts[c]}" for c in CATEGORIES))
+    known = [o for o in failed if o.known]
+    if known:
+        print()
+        print("!" * 100)
+        print(f"!!! {len(known)} KNOWN FAILURE(S), listed in tests/hostile/cases.py KNOWN: still open, still failures")
+        for o in known:
+            print(f"!!!   {o.id}: " + "; ".join(f"{k}: {v}" for k, v in o.failures.items()))
+        print("!" * 100)
+    if failed:
+        print()
+        print("failed cases:")
+        for o in failed:
+            print(f"  {o.id}: {o.cmdline}")
+            print("    " + "; ".join(f"{k}: {v}" for k, v in o.failures.items()))
+            tail = " | ".join(line for line in o.stderr_tail.splitlines()[-3:] if line.strip())
+            if tail:
+                print(f"    stderr: {tail[:400]}")
+    report = {"counts": counts, "wall_seconds": round(wall, 1), "per_command": by,
+              "outcomes": [asdict(o) | {"passed": o.passed} for o in outcomes]}
+    path = Path(opts.report)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1))
+    print(f"report: {path}")
+    if not opts.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
