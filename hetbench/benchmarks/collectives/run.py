@@ -48,15 +48,18 @@ class PreparedDevice(OpenDevice):
 
 
 def point_host_bytes(op: ops.Op, size: int, itemsize: int, rank: int, nranks: int, root: int, path: str,
-                     device_in_host: bool) -> int:
+                     device_in_host: bool, in_place: bool = False) -> int:
     """The most host memory one point (op, size, path) holds on this rank at once, as _run_point runs it: the send
     and receive buffers on the host, the device's copies where its memory is the host's, the copy of the send
     buffer the host path stages, MPI's own temporaries, and in the check the expected result (built in the
     receive buffer), the result copied back and the comparison's chunk; and below 32 MiB, the freed buffers the C
-    heap keeps."""
+    heap keeps. `in_place`: a device that computes on the host's arrays (the host backend) takes the send and receive
+    buffers as they are, on either path: no copies; its check builds the expected result beside the result."""
     send_count, recv_count = op.counts(size, itemsize, nranks)
     s_b, r_b = send_count * itemsize, recv_count * itemsize
     mpi = op.mpi_scratch_bytes(size, rank, nranks, root)
+    if in_place:
+        return max(s_b + r_b + mpi, 2 * r_b + min(recv_count, _COMPARE_CHUNK))
     if path == "host":
         staged = s_b if op.sends(rank, root) else 0
         device = s_b + r_b if device_in_host else 0
@@ -71,7 +74,8 @@ def point_host_bytes(op: ops.Op, size: int, itemsize: int, rank: int, nranks: in
     return max(running, check) + kept
 
 
-def sweep_host_bytes(cfg: CollectivesConfig, rank: int, nranks: int, device_in_host: bool) -> tuple[int, str]:
+def sweep_host_bytes(cfg: CollectivesConfig, rank: int, nranks: int, device_in_host: bool,
+                     in_place: bool = False) -> tuple[int, str]:
     """What this rank's host memory holds at the sweep's peak (its largest size: every point's buffers are freed
     before the next), and the op and path that reach it."""
     size = cfg.sizes()[-1]
@@ -79,7 +83,7 @@ def sweep_host_bytes(cfg: CollectivesConfig, rank: int, nranks: int, device_in_h
     for op in cfg.ops:
         for path in cfg.paths:
             need = point_host_bytes(ops.OPS[op], size, cfg.dtype.itemsize, rank, nranks, cfg.root, path,
-                                    device_in_host)
+                                    device_in_host, in_place)
             if need > best:
                 best, where = need, f"{op} on the {path} path"
     return RUNTIME_SCRATCH_BYTES + best, where
@@ -92,7 +96,7 @@ def prepare(cfg: CollectivesConfig, world: World, opened: OpenDevice) -> tuple[P
     reset_peak_rss()
     backend, info = opened.backend, opened.info
     in_host = device_in_host_memory(info)
-    planned, where = sweep_host_bytes(cfg, world.rank, world.size, in_host)
+    planned, where = sweep_host_bytes(cfg, world.rank, world.size, in_host, _in_place(info))
     prepared = PreparedDevice(opened.backend, opened.info, opened.spec, planned, rss_bytes())
     largest = max(sum(ops.OPS[op].counts(cfg.sizes()[-1], cfg.dtype.itemsize, world.size)) for op in cfg.ops)
     need = largest * cfg.dtype.itemsize
@@ -117,6 +121,12 @@ def prepare(cfg: CollectivesConfig, world: World, opened: OpenDevice) -> tuple[P
     return prepared, errors
 
 
+def _in_place(info: Any) -> bool:
+    """Whether the device computes on the host's arrays as they are (the host backend): its buffers are the host
+    buffers, so neither path copies anything."""
+    return capabilities(info.backend).computes_on_host_arrays
+
+
 def _count_wrong(got: np.ndarray, want: np.ndarray) -> int:
     """Elements that differ (NaN left from the poison counts as wrong), a chunk at a time: no full-size mask."""
     return sum(int(np.count_nonzero(got[i : i + _COMPARE_CHUNK] != want[i : i + _COMPARE_CHUNK]))
@@ -132,13 +142,14 @@ def _run_point(cfg: CollectivesConfig, world: World, prepared: OpenDevice, op: o
     send_host = ops.send_data(op, rank, n, root, size, dtype.host)
     _, recv_count = op.counts(size, dtype.itemsize, n)
     recv_host = np.full(recv_count, np.nan, dtype=dtype.host)  # poisoned, on the device too (in the check)
-    send_dev = backend.upload(send_host, dtype)
-    recv_dev = backend.upload(recv_host, dtype)
+    in_place = _in_place(prepared.info)
+    send_dev = send_host if in_place else backend.upload(send_host, dtype)
+    recv_dev = recv_host if in_place else backend.upload(recv_host, dtype)
     sends, receives = op.sends(rank, root), op.receives(rank, root)
 
     def iteration() -> tuple[float, float, float]:
         nonlocal recv_dev
-        if path == "host":
+        if path == "host" and not in_place:
             # the device's receive buffer is replaced after the op, the old one freed only then: freeing it
             # first changes how the C heap reuses memory, and with it the copies' and the op's times
             world.barrier()
@@ -166,14 +177,20 @@ def _run_point(cfg: CollectivesConfig, world: World, prepared: OpenDevice, op: o
     if cfg.check:
         # poison the result first, so a result left over from an earlier iteration cannot pass
         recv_host[...] = np.nan
-        recv_dev = None  # freed first: outside the timed iterations
-        recv_dev = backend.upload(recv_host, dtype)
+        if not in_place:
+            recv_dev = None  # freed first: outside the timed iterations
+            recv_dev = backend.upload(recv_host, dtype)
         iteration()
         send_host = send_dev = None  # not needed again: freed before the expected result is built
         release_free_memory()
-        want = ops.expected(op, rank, n, root, size, dtype.host, out=recv_host)
-        wrong = 0 if want is None else _count_wrong(backend.download(recv_dev, dtype), want)
+        if in_place:  # the result is in recv_host: the expected one is built beside it
+            want = ops.expected(op, rank, n, root, size, dtype.host)
+            wrong = 0 if want is None else _count_wrong(recv_host, want)
+        else:
+            want = ops.expected(op, rank, n, root, size, dtype.host, out=recv_host)
+            wrong = 0 if want is None else _count_wrong(backend.download(recv_dev, dtype), want)
     return {
+        "in_place": in_place,
         "d2h_seconds": [t[0] for t in times],
         "op_seconds": [t[1] for t in times],
         "h2d_seconds": [t[2] for t in times],
@@ -219,7 +236,9 @@ def _row(cfg: CollectivesConfig, op: ops.Op, size: int, path: str, per_rank: lis
         "h2d_us_median": float(np.median(h2d_us.max(axis=0))),
         "end_to_end_us_median": e2e_us,
         "end_to_end_algbw_gbps": size / (e2e_us * 1e-6) / 1e9,
-        "copy_timing": ("modelled" if modelled_copies else "measured") if path == "host" else "none",
+        # the host path on devices that compute on host arrays (the host backend) copies nothing
+        "copy_timing": ("modelled" if modelled_copies else "measured")
+        if path == "host" and not all(r.get("in_place") for r in per_rank) else "none",
         "stragglers": stragglers,  # rank numbers; the CSV writes them as text, see results/schema.py
         "rank_op_us_median": rank_medians,
         "raw": {
