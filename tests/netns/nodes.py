@@ -135,6 +135,12 @@ class TwoNodes:
     def qdisc(self, node: int) -> str:
         return _run("tc", "-n", self.netns[node], "qdisc", "show", "dev", IFACE).stdout.strip()
 
+    def set_tcp_retries(self, retries: int) -> None:
+        """net.ipv4.tcp_retries2 on both nodes (a per-namespace setting): how many times TCP retransmits before it
+        gives a connection up (the kernel's 15 is about 15 minutes)."""
+        for ns in self.netns:
+            _run("ip", "netns", "exec", ns, "sysctl", "-q", "-w", f"net.ipv4.tcp_retries2={retries}")
+
     def cut(self) -> None:
         """The link down (both ends lose their carrier: nothing crosses, nothing says so to the ranks)."""
         _run("ip", "-n", self.netns[0], "link", "set", IFACE, "down")
