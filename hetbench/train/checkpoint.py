@@ -89,6 +89,7 @@ def _load_manifest(folder: Path, fmt: str = FORMAT) -> dict[str, Any]:
                               f"resume it with --frontend {FRONTEND_OF[manifest['format']]}")
     if not isinstance(manifest, dict) or manifest.get("format") != fmt:
         raise CheckpointError(f"{str(path)!r} is not a hetbench train checkpoint ({fmt})")
+    check_manifest(manifest, path, FRONTEND_OF[fmt])
     return manifest
 
 
@@ -109,8 +110,9 @@ def _is_positive_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
-# Every field of a numpy manifest the resume reads, with what it must be (the test and its words). The others are
-# provenance (host, device, strategy, weights ...): copied into the next save's history as they are.
+# Every field of a manifest a resume reads (both front ends' alike), with what it must be (the test and its words).
+# The others are provenance (host, device ...): copied into the next save's history as they are; the torch front
+# end's own (its task, layout) it checks itself.
 COUNT = (lambda v: _is_int(v, 1), "an integer from 1 to 2**63 - 1")
 MANIFEST_SCHEMA: dict[str, Any] = {
     "steps_done": COUNT,
@@ -130,8 +132,6 @@ def _is_history_entry(value: Any) -> bool:
 # earlier hetbench: then left out); the lists of one entry per rank are checked against "ranks" below.
 OPTIONAL_SCHEMA: dict[str, Any] = {
     "dtype": (lambda v: v in TRAIN_DTYPES, "one of " + ", ".join(map(json.dumps, TRAIN_DTYPES))),
-    "strategy": (lambda v: v in strategies.names("numpy"),
-                 "one of " + ", ".join(map(json.dumps, strategies.names("numpy")))),
     "first_step": (_is_int, "an integer from 0 to 2**63 - 1"),
     "weights": (lambda v: isinstance(v, list) and all(_is_weight(w) for w in v),
                 "a list of weights (finite numbers >= 0), one per rank"),
@@ -165,14 +165,17 @@ def _check_fields(where: str, holder: dict[str, Any], schema: dict[str, Any], pr
             raise CheckpointError(f"{where}: {name} is {_shown(value)}, not {words}")
 
 
-def check_manifest(m: dict[str, Any], path: Path) -> None:
-    """A numpy trainer's manifest against MANIFEST_SCHEMA: each field the resume reads there, of its type and in its
-    range; every rank listed in order with its pieces, each of 4 integers. CheckpointError names the file, the
+def check_manifest(m: dict[str, Any], path: Path, frontend: str = "numpy") -> None:
+    """A manifest (either front end's) against MANIFEST_SCHEMA: each field a resume reads there, of its type and in
+    its range; every rank listed in order with its pieces, each of 4 integers. CheckpointError names the file, the
     field, its value as the file holds it and what is accepted. How the pieces fit the model and the files is
-    checked after the run's options (Checkpoint.verify)."""
+    checked after the run's options (Checkpoint.verify; the torch front end's own)."""
     where = repr(str(path))
     _check_fields(where, m, MANIFEST_SCHEMA)
-    _check_fields(where, m, OPTIONAL_SCHEMA, optional=True)
+    names = strategies.names(frontend)
+    _check_fields(where, m, {**OPTIONAL_SCHEMA, "strategy": (lambda v: v in names,
+                                                             "one of " + ", ".join(map(json.dumps, names)))},
+                  optional=True)
     if "first_step" in m and m["first_step"] >= m["steps_done"]:
         raise CheckpointError(f"{where}: first_step {m['first_step']} is not below steps_done {m['steps_done']}")
     if "loss_scaler" in m:  # absent from a checkpoint of an earlier hetbench: a fresh scaler then
@@ -356,7 +359,6 @@ class Checkpoint:
         if not self.folder.is_dir():
             raise CheckpointError(f"checkpoint {str(self.folder)!r} (named by {LATEST}) does not exist")
         m = _load_manifest(self.folder)
-        check_manifest(m, self.folder / MANIFEST)
         self.manifest = m
         self.model = {k: m["model"][k] for k in ("layers", "hidden", "batch", "seed")}
         self.optimizer, self.lr, self.steps_done, self.dtype, self.loss_scaler = run_facts(m)

@@ -377,3 +377,48 @@ def test_a_doctored_checkpoint_is_one_line_on_every_rank(doctored_runs, name):
         assert outcome["stdout"] == "" and (r == 0 or outcome["stderr"] == ""), (r, outcome)
         assert outcome["peak_bytes"] < NEVER_ALLOCATED, (r, outcome["peak_bytes"])
     assert not (root / f"{name}.json").exists()
+
+
+# --- the torch front end's manifest: the same schema, checked in the loading both front ends share -------------
+
+TORCH_DOCTORED = {  # before: lr_text "lacks could not convert string to float: 'abc' or holds it in another form";
+    # steps_fraction, scaler_null and strategy_other accepted (2.5 read as 2); rank_negative "rank--1.param.npy ...
+    # is missing"; model_text a mismatch of "8" against 8
+    "lr_text": (_set(["lr"], "abc"), 'lr is "abc", not a finite number > 0'),
+    "steps_fraction": (_set(["steps_done"], 2.5), "steps_done is 2.5, not an integer from 1"),
+    "rank_negative": (_set(["ranks", 0, "rank"], -1), "ranks[0].rank is -1, not 0"),
+    "scaler_null": (_set(["loss_scaler"], None), "loss_scaler is null, not an object"),
+    "strategy_other": (_set(["strategy"], "pipeline"), 'strategy is "pipeline", not one of "ddp", "fsdp", "fsdp2"'),
+    "model_text": (_set(["model", "hidden"], "8"), 'model.hidden is "8", not an integer from 1'),
+}
+
+
+def test_a_doctored_torch_checkpoint_is_one_line(tmp_path):
+    from helpers import REPO, run_python
+    from hetbench.pytorch_support import torch_problem
+
+    if torch_problem() is not None:
+        pytest.skip(f"torch: {torch_problem()}")
+    small = ["--frontend", "torch", "--strategy", "fsdp", "--layers", "2", "--hidden", "8", "--batch", "8"]
+    first = run_cli(["train", *small, "--steps", "2", "--checkpoint", str(tmp_path / "ck"), "--out",
+                     str(tmp_path / "first.json")], cwd=tmp_path, timeout=120)
+    assert first.returncode == 0, first.stderr
+    cases = []
+    for name, (change, _) in TORCH_DOCTORED.items():
+        shutil.copytree(tmp_path / "ck", tmp_path / name)
+        manifest_path = tmp_path / name / "step-2" / "manifest.json"
+        manifest = json.loads(manifest_path.read_text())
+        change(manifest)
+        manifest_path.write_text(json.dumps(manifest))
+        cases.append({"name": name, "args": ["train", *small, "--steps", "4", "--resume", str(tmp_path / name),
+                                             "--out", str(tmp_path / f"{name}.json")]})
+    (tmp_path / "cases.json").write_text(json.dumps(cases))
+    run = run_python([str(REPO / "tests" / "mpi_resume_cases.py"), str(tmp_path / "cases.json")], cwd=tmp_path,
+                     timeout=240)
+    assert run.returncode == 0, run.stdout + run.stderr
+    for case in json.loads(run.stdout):
+        outcome, needle = case["ranks"][0], TORCH_DOCTORED[case["name"]][1]
+        path = tmp_path / case["name"] / "step-2" / "manifest.json"
+        assert outcome["code"] == 2 and outcome["stdout"] == "", (case["name"], outcome)
+        assert outcome["stderr"].startswith(f"Error: {str(path)!r}: {needle}"), (case["name"], outcome["stderr"])
+        assert len(outcome["stderr"].splitlines()) == 1, outcome["stderr"]
