@@ -33,6 +33,7 @@ import math
 import os
 import secrets
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -110,9 +111,32 @@ def _is_positive_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
-# Every field of a manifest a resume reads (both front ends' alike), with what it must be (the test and its words).
-# The others are provenance (host, device ...): copied into the next save's history as they are; the torch front
-# end's own (its task, layout) it checks itself.
+def _is_weight(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+@dataclass(frozen=True)
+class ListOf:
+    """A manifest's list field: each entry passes `test`; `entry` and `whole` say what an entry and the list are."""
+
+    test: Callable[[Any], bool]
+    entry: str
+    whole: str
+
+
+def _is_unit(value: Any) -> bool:
+    return (isinstance(value, dict) and isinstance(value.get("name"), str) and isinstance(value.get("params"), list)
+            and all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) and isinstance(p[1], list)
+                    and all(_is_int(d) for d in p[1]) for p in value["params"]))
+
+
+def _is_history_entry(value: Any) -> bool:
+    return isinstance(value, dict) and _is_int(value.get("steps_done"), 1)
+
+
+# The manifest's schema (both front ends'): every field a resume reads, with what it must be (a test and its words;
+# an object's own fields; ListOf a list's entries). The torch front end's task and the fit of its layout to the
+# model it checks itself; the ranks' host, device and such are provenance, copied into the next saves as they are.
 COUNT = (lambda v: _is_int(v, 1), "an integer from 1 to 2**63 - 1")
 MANIFEST_SCHEMA: dict[str, Any] = {
     "steps_done": COUNT,
@@ -120,25 +144,19 @@ MANIFEST_SCHEMA: dict[str, Any] = {
     "optimizer": (lambda v: v in STATE_NAMES, "one of " + ", ".join(map(json.dumps, STATE_NAMES))),
     "lr": (_is_positive_number, "a finite number > 0"),
 }
-def _is_weight(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
-
-
-def _is_history_entry(value: Any) -> bool:
-    return isinstance(value, dict) and _is_int(value.get("steps_done"), 1)
-
-
-# Provenance a resume copies into its own saves' history, as a save writes it (absent from a checkpoint of an
-# earlier hetbench: then left out); the lists of one entry per rank are checked against "ranks" below.
+# Where present (a checkpoint of an earlier hetbench may lack them); "strategy" is added per front end, and the lists
+# of one entry per rank are checked against "ranks" (check_manifest).
 OPTIONAL_SCHEMA: dict[str, Any] = {
     "dtype": (lambda v: v in TRAIN_DTYPES, "one of " + ", ".join(map(json.dumps, TRAIN_DTYPES))),
     "first_step": (_is_int, "an integer from 0 to 2**63 - 1"),
-    "weights": (lambda v: isinstance(v, list) and all(_is_weight(w) for w in v),
-                "a list of weights (finite numbers >= 0), one per rank"),
-    "shares": (lambda v: isinstance(v, list) and all(_is_int(n) for n in v),
-               "a list of shares (integers >= 0), one per rank"),
-    "history": (lambda v: isinstance(v, list) and all(_is_history_entry(h) for h in v),
-                "a list of the earlier runs (objects, each with its steps_done)"),
+    # lists: ListOf(what each entry must be); the entry that is not is named
+    "weights": ListOf(_is_weight, "a weight (a finite number >= 0)", "one weight per rank"),
+    "shares": ListOf(_is_int, "a share (an integer >= 0)", "one share per rank"),
+    "history": ListOf(_is_history_entry, "an earlier run (an object with its steps_done)", "the earlier runs"),
+    # the torch front end's sharded fsdp: its units' parameters in flat order, and AdamW's step count
+    "layout": ListOf(_is_unit, 'a unit ({"name": text, "params": [[name, shape], ...]}, a shape a list of integers '
+                     ">= 0)", "the units"),
+    "optimizer_steps": (_is_int, "an integer from 0 to 2**63 - 1"),
 }
 PER_RANK = ("weights", "shares")
 SCALER_SCHEMA: dict[str, Any] = {"scale": (_is_positive_number, "a finite number > 0"),
@@ -155,6 +173,13 @@ def _check_fields(where: str, holder: dict[str, Any], schema: dict[str, Any], pr
                 continue
             raise CheckpointError(f"{where} lacks {name}")
         value = holder[key]
+        if isinstance(rule, ListOf):
+            if not isinstance(value, list):
+                raise CheckpointError(f"{where}: {name} is {_shown(value)}, not a list ({rule.whole})")
+            for i, entry in enumerate(value):
+                if not rule.test(entry):
+                    raise CheckpointError(f"{where}: {name}[{i}] is {_shown(entry)}, not {rule.entry}")
+            continue
         if isinstance(rule, dict):
             if not isinstance(value, dict):
                 raise CheckpointError(f"{where}: {name} is {_shown(value)}, not an object")

@@ -291,13 +291,13 @@ DOCTORED = {
     "scaler_text": (_set(["loss_scaler", "scale"], "x"), [], ['loss_scaler.scale is "x", not a finite number > 0']),
     "good_steps_negative": (_set(["loss_scaler", "good_steps"], -2), [],
                             ["loss_scaler.good_steps is -2, not an integer from 0"]),
-    "history_text": (_set(["history"], "abc"), [], ['history is "abc", not a list']),
-    "history_entries": (_set(["history"], [{"step": 0}]), [], ['history is [{"step": 0}], not a list of the earlier']),
+    "history_text": (_set(["history"], "abc"), [], ['history is "abc", not a list (the earlier runs)']),
+    "history_entries": (_set(["history"], [{"step": 0}]), [], ['history[0] is {"step": 0}, not an earlier run']),
     "scaler_null": (_set(["loss_scaler"], None), [], ["loss_scaler is null, not an object"]),
     "strategy_unknown": (_set(["strategy"], "bogus"), [], ['strategy is "bogus", not one of "fsdp"']),
     "weights_empty": (_set(["weights"], []), [], ["weights holds 0 entries, for 2 ranks"]),
-    "weights_negative": (_set(["weights"], [3, -1]), [], ["weights is [3, -1], not a list of weights"]),
-    "shares_negative": (_set(["shares"], [-8, 32]), [], ["shares is [-8, 32], not a list of shares"]),
+    "weights_negative": (_set(["weights"], [3, -1]), [], ["weights[1] is -1, not a weight (a finite number >= 0)"]),
+    "shares_negative": (_set(["shares"], [-8, 32]), [], ["shares[0] is -8, not a share (an integer >= 0)"]),
     "first_step_beyond": (_set(["first_step"], 20), [], ["first_step 20 is not below steps_done 20"]),
     "piece_nan": (_nan_in_piece, [], ["rank-0.param.npy' holds nan at element 5: the state of a run that diverged"]),
     "ranks_object": (_set(["ranks"], {"a": 1}), [], ['ranks is {"a": 1}, not a list of the saving ranks']),
@@ -383,13 +383,16 @@ def test_a_doctored_checkpoint_is_one_line_on_every_rank(doctored_runs, name):
 
 TORCH_DOCTORED = {  # before: lr_text "lacks could not convert string to float: 'abc' or holds it in another form";
     # steps_fraction, scaler_null and strategy_other accepted (2.5 read as 2); rank_negative "rank--1.param.npy ...
-    # is missing"; model_text a mismatch of "8" against 8
+    # is missing"; model_text a mismatch of "8" against 8; optimizer_steps_text and layout_shape_text int()'s own
+    # text in "lacks invalid literal for int() with base 10: 'x' or holds it in another form"
     "lr_text": (_set(["lr"], "abc"), 'lr is "abc", not a finite number > 0'),
     "steps_fraction": (_set(["steps_done"], 2.5), "steps_done is 2.5, not an integer from 1"),
     "rank_negative": (_set(["ranks", 0, "rank"], -1), "ranks[0].rank is -1, not 0"),
     "scaler_null": (_set(["loss_scaler"], None), "loss_scaler is null, not an object"),
     "strategy_other": (_set(["strategy"], "pipeline"), 'strategy is "pipeline", not one of "ddp", "fsdp", "fsdp2"'),
     "model_text": (_set(["model", "hidden"], "8"), 'model.hidden is "8", not an integer from 1'),
+    "optimizer_steps_text": (_set(["optimizer_steps"], "x"), 'optimizer_steps is "x", not an integer from 0'),
+    "layout_shape_text": (_set(["layout", 0, "params", 0, 1], ["8", 8]), "layout[0] is {"),
 }
 
 
