@@ -107,6 +107,7 @@ def test_shape_classes():
     assert opencl_tune.shape_class(2048, 100, 2048) == "thin"
     assert opencl_tune.shape_class(1024, 1024, 1024) == "medium"
     assert opencl_tune.shape_class(2048, 2048, 2048) == "large"
+    assert opencl_tune.shape_class(1536, 1536, 1536) == "large"
     for cls, (m, n, k) in opencl_tune.SHAPE_CLASSES.items():
         assert opencl_tune.shape_class(m, n, k) == cls
 
@@ -234,7 +235,7 @@ def test_tune_searches_checks_and_caches(monkeypatch):
     assert entry["shape"] == [40, 200, 33] and entry["tuned_gflops"] > 0
     # none fails or computes a wrong product (a loaded machine may cut a slow one short)
     assert entry["candidates"] == 4
-    assert all(c["why_not"] in ("", "slower than 3x the best") for c in entry["candidates_tried"])
+    assert all(c["why_not"] in ("", "slower than 2x the best") for c in entry["candidates_tried"])
     assert entry["kernel_gflops"] > 0
     assert (entry["clblast_gflops"] is not None) == (opencl.pyclblast is not None)
     assert steps[-1][0] == steps[-1][1] == 4 + 1 + (opencl.pyclblast is not None)
@@ -285,3 +286,35 @@ def test_tune_command(monkeypatch, tmp_path):
     assert note is None and list(entries) == ["fp32/small"]
     wrong = CliRunner().invoke(cli, ["tune", "--backend", "opencl", "--shape-class", "huge"])
     assert wrong.exit_code == 2 and "small, thin, medium, large" in wrong.output
+
+
+def test_half_storage_path_where_the_device_builds_it():
+    """fp16 data (vload_half/vstore_half, float accumulation) on this device even where it lacks cl_khr_fp16 and so
+    never offers fp16 to a run: the kernel's half path is exercised wherever the compiler takes it."""
+    import warnings
+
+    cl = opencl.cl
+    device = opencl._all_devices()[0][1]
+    context = cl.Context([device])
+    queue = cl.CommandQueue(context)
+    kernels = opencl_tune.TunedKernels(cl, context, queue, device)
+    rng = np.random.default_rng(7)
+    fp16 = DTYPES["fp16"]
+    for params in POINTS:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                kernels.build(params, "fp16")
+        except Exception as e:  # a compiler that refuses half without the extension
+            pytest.skip(f"this device's compiler does not build the half path: {type(e).__name__}")
+        for m, n, k in SHAPES:
+            a = rng.uniform(-1, 1, (m, k)).astype(np.float16)
+            b = rng.uniform(-1, 1, (k, n)).astype(np.float16)
+            a_dev, b_dev = opencl.cl_array.to_device(queue, a), opencl.cl_array.to_device(queue, b)
+            c_dev = opencl.cl_array.empty(queue, (m, n), np.float16)
+            kernels.enqueue(params, "fp16", 2, m, n, k, a_dev.base_data, 0, b_dev.base_data, 0, c_dev.base_data, 0)
+            queue.finish()
+            a64, b64 = a.astype(np.float64), b.astype(np.float64)
+            bound = 2 * k * fp16.unit_roundoff * (np.abs(a64) @ np.abs(b64))
+            assert np.all(np.abs(c_dev.get().astype(np.float64) - a64 @ b64) <= bound), (params, m, n, k)
+    kernels.release()
