@@ -15,6 +15,8 @@ command makes by polling (`Test` in a loop) is not one operation and is not watc
 from __future__ import annotations
 
 import os
+import select
+import signal as _signal
 import socket
 import sys
 import threading
@@ -199,6 +201,51 @@ def watched(comm: Any) -> Any:
     if isinstance(comm, _Lazy.comm) or not isinstance(comm, MPI.Intracomm):
         return comm
     return _Lazy.comm(comm)
+
+
+def init_mpi() -> Any:
+    """mpi4py.MPI, started (MPI_Init) under the watchdog where it is armed and the launcher started several ranks.
+
+    MPI_Init returns once every rank has come to it; a rank that ended before it did (a signal while Python itself
+    was starting, before hetbench's first line) leaves the others waiting in it for ever under MPICH, whose launcher
+    ends a job only for a rank killed by a signal or one gone after MPI started. mpi4py holds Python's lock through
+    MPI_Init, so no thread of this process can run then: a forked sentinel process stands guard instead. Should
+    MPI_Init not return within the timeout, it says one line and kills the rank (SIGKILL: the rank can run no
+    handler), and the launcher ends the job. Otherwise it leaves as soon as MPI has started."""
+    from hetbench import signals
+
+    if "mpi4py.MPI" in sys.modules or not armed() or signals.launched_size() <= 1:
+        from mpi4py import MPI
+
+        return MPI
+    limit, rank, parent = _timeout_seconds, _launched_rank(), os.getpid()
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the sentinel: nothing of the parent's but this loop runs here
+        try:
+            os.close(write_fd)
+            ready, _, _ = select.select([read_fd], [], [], limit)
+            if not ready:
+                signals._say(f"Error: rank {rank} ({socket.gethostname()}) waited {limit:.0f} s in MPI_Init with no "
+                             f"answer from its peers (--timeout {limit:g}); ending the job (a rank that did not start, "
+                             "or a link cut?)")
+                os.kill(parent, _signal.SIGKILL)
+        finally:
+            os._exit(0)
+    os.close(read_fd)
+    try:
+        from mpi4py import MPI
+    finally:
+        os.close(write_fd)  # the sentinel reads the end of the pipe and leaves
+        os.waitpid(pid, 0)
+    return MPI
+
+
+def _launched_rank() -> int:
+    from hetbench.comm.launcher import RANK_ENV
+
+    text = next((os.environ[n] for n in RANK_ENV if os.environ.get(n)), "0")
+    return int(text) if text.isascii() and text.isdigit() else 0
 
 
 def world_comm() -> Any:

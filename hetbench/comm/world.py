@@ -22,9 +22,9 @@ class World:
     """COMM_WORLD with the facts hetbench needs about it. Works the same with one process or under mpiexec."""
 
     def __init__(self, comm: Any = None) -> None:
-        from mpi4py import MPI
-
         from hetbench.comm import watchdog
+
+        MPI = watchdog.init_mpi()  # MPI_Init itself watched, where the watchdog is armed
 
         self.MPI = MPI
         # the communicator as MPI made it, for figures that must not carry even the watchdog's note (overhead.py)

@@ -130,7 +130,8 @@ def test_a_stopped_rank_0_ends_a_3_rank_training_keeping_its_checkpoints(tmp_pat
     assert seconds < WITHIN_SECONDS, (seconds, err)
     assert code == 1, (code, err)
     lines = _error_lines(err)
-    assert lines and re.match(rf"Error: rank 1 \(\S+\) waited {TIMEOUT} s in MPI \w+", lines[0]), err
+    # rank 1 speaks first unless rank 2 began its wait enough earlier (each waits 0.3 s a rank before it speaks)
+    assert lines and re.match(rf"Error: rank [12] \(\S+\) waited {TIMEOUT} s in MPI \w+", lines[0]), err
     if MPIEXEC_KIND == "mpich":  # Open MPI stops the other ranks with SIGTERM, and they say so too
         assert len(lines) == 1, err
     assert "Traceback" not in err
@@ -209,3 +210,40 @@ def test_every_mpi_command_takes_timeout():
         result = CliRunner().invoke(cli, [command, "--help"])
         assert result.exit_code == 0
         assert "--timeout SECONDS" in result.output and "600" in result.output, (command, result.output)
+
+
+EARLY_EXIT = """
+import os, sys
+from hetbench.comm.launcher import RANK_ENV
+rank = int(next(os.environ[n] for n in RANK_ENV if os.environ.get(n)))
+if rank == int(sys.argv[1]):
+    sys.exit(3)  # as a rank does that a signal ends while Python itself starts: before MPI_Init, by an exit code
+from hetbench.comm import watchdog
+from hetbench.comm.world import World
+watchdog.arm(2)
+World()
+print("started", flush=True)
+"""
+
+
+@needs_mpi
+@pytest.mark.parametrize("nprocs, gone", [(2, 1), (3, 0)])
+def test_a_rank_gone_before_mpi_init_ends_the_job(tmp_path, nprocs, gone):
+    """A rank that ended before MPI_Init left the others in it for ever (MPICH: its launcher ends a job for a rank
+    gone by an exit code only after MPI has started). mpi4py holds Python's lock through MPI_Init, so the watchdog
+    thread cannot run: a sentinel process guards MPI_Init, says the line and ends the rank."""
+    script = tmp_path / "early.py"
+    script.write_text(EARLY_EXIT)
+    start = time.monotonic()
+    run = run_python([str(script), str(gone)], nprocs=nprocs, cwd=tmp_path, timeout=60)
+    assert time.monotonic() - start < 2 + 10, run
+    assert run.returncode != 0 and "started" not in run.stdout, run
+    lines = _error_lines(run.stderr)
+    if MPIEXEC_KIND == "openmpi":  # mpirun ends the job itself for a rank gone with a non-zero code
+        assert "exited with non-zero status" in run.stderr, run.stderr
+        return
+    assert lines and all(re.fullmatch(r"Error: rank \d \(\S+\) waited 2 s in MPI_Init with no answer from its peers "
+                                      r"\(--timeout 2\); ending the job \(a rank that did not start, or a link cut\?\)",
+                                      line) for line in lines), run.stderr
+    assert f"rank {gone} " not in " ".join(lines)
+    assert "Traceback" not in run.stderr
