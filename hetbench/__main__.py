@@ -22,6 +22,30 @@ def _launched_rank() -> int:
     return int(text) if text.isascii() and text.isdigit() else 0
 
 
+def _fail_before_mpi(line: str, code: int) -> None:
+    """Say `line` and end with `code`, MPI not started. Alone: at once. One of several ranks: a rank that left
+    before MPI started would leave MPICH's other ranks waiting in MPI_Init for ever (they may not have failed: a
+    plugin or a package missing on one node), so MPI is started and the job aborted through it. Where every rank
+    failed alike, rank 0 says it and its abort ends the others before they do (they wait a moment first)."""
+    from hetbench import signals
+
+    if signals.launched_size() <= 1:
+        print(line, file=sys.stderr, flush=True)
+        sys.exit(code)
+    rank = _launched_rank()
+    _, size = signals._start_mpi()  # returns once every rank has come to MPI_Init
+    if rank != 0:
+        import socket
+        import time
+
+        time.sleep(signals.NONROOT_DELAY_SECONDS)
+        line = line.replace("Error: ", f"Error: rank {rank} ({socket.gethostname()}): ", 1)
+    if size > 1:
+        signals.end_job(line, code)
+    print(line, file=sys.stderr, flush=True)
+    sys.exit(code)
+
+
 def run() -> None:
     # first, before any import: a signal in the first instants is held (Python's own SIGINT would print a
     # KeyboardInterrupt traceback out of an import, SIGTERM's default end the rank with nothing said and leave the
@@ -43,10 +67,10 @@ def run() -> None:
 
         try:
             from hetbench.cli import main
-        except PluginError as e:  # every rank finds it alike: rank 0 says it, none starts MPI
-            if _launched_rank() == 0:
-                print(f"Error: {e}", file=sys.stderr, flush=True)
-            sys.exit(2)
+        except PluginError as e:
+            _fail_before_mpi(f"Error: {e}", 2)
+        except Exception as e:  # noqa: BLE001 - a broken install (on one node, say): one line, and the job ends
+            _fail_before_mpi(f"Error: hetbench could not start: {type(e).__name__}: {e}", 1)
     except KeyboardInterrupt as e:
         sys.exit(signals.interrupted(e.signum if isinstance(e, signals.Interrupted) else signal.SIGINT))
     main()

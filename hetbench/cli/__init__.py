@@ -195,6 +195,8 @@ def _main(argv: list[str] | None) -> int:
             import traceback
 
             traceback.print_exc()
+        if _mpi_world_size() == 1 and launched_size() > 1:
+            signals._start_mpi()  # failed before MPI started: start it to end the job (MPICH waits for ever else)
         if _mpi_world_size() > 1:
             import time
 
