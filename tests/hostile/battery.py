@@ -222,10 +222,11 @@ class Outcome:
     stderr_tail: str = ""
     stdout_head: str = ""
     known: bool = False
+    skipped: str = ""
 
     @property
     def passed(self) -> bool:
-        return not self.failures
+        return not self.failures  # a skipped case (no tmpfs without root) is no failure: counted apart
 
 
 def _fmt(text: str, subs: dict[str, str]) -> str:
@@ -256,13 +257,52 @@ def run_case(case: Case, work: Path, hb: str, mpi: str | None) -> Outcome:
         shown += "  (stdout a pipe whose reader is gone)"
     elif case.special == "gone_cwd":
         shown = f"(cd DIR; rmdir DIR) && {shown}"
+    elif case.special == "full":
+        shown += "  (DIR/full: a tmpfs filled to the last byte)"
     elif case.special == "signal":
         rank, signum, when = case.signal
         shown += f"  ({signal.Signals(signum).name} to rank {rank} {when})"
     out = Outcome(case.id, case.command, case.kind, case.expect, shown, known=case.known)
+    mounted = None
+    if case.special == "full":
+        mounted = folder / "full"
+        mounted.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mounted)],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            out.skipped = f"no tmpfs for a full disk: {done.stderr.strip() or 'mount failed'} (needs root)"
+            return out
+    try:
+        return _run_mounted(case, folder, out, cmd, env, mark, mounted)
+    finally:
+        if mounted is not None:
+            if subprocess.run(["umount", str(mounted)], capture_output=True).returncode != 0:
+                subprocess.run(["umount", "-l", str(mounted)], capture_output=True)
+
+
+def _fill(folder: Path) -> None:
+    """Fill the file system under folder to its last byte (a filler file that stays as it is)."""
+    with open(folder / "filler.bin", "wb", buffering=0) as f:
+        block = b"\0" * 4096
+        try:
+            while True:
+                f.write(block)
+        except OSError:
+            pass
+        try:
+            while True:
+                f.write(b"\0")
+        except OSError:
+            pass
+
+
+def _run_mounted(case: Case, folder: Path, out: Outcome, cmd: list[str], env: dict[str, str], mark: str,
+                 mounted: Path | None) -> Outcome:
     try:
         if case.setup:
             case.setup(folder)
+        if mounted is not None:
+            _fill(mounted)
     except Exception as e:  # noqa: BLE001
         out.failures["setup"] = f"{type(e).__name__}: {e}"
         return out
@@ -343,6 +383,8 @@ def _send_signal(case: Case, proc: subprocess.Popen, out: Outcome, mark: str) ->
         return None
     if when == "early":  # within its first half second, handlers in place or not
         time.sleep(rng.uniform(0.0, 0.5))
+    elif when.startswith("at:"):  # this long after the rank's process showed
+        time.sleep(float(when[3:]))
     else:  # after its handlers are in place, while it runs
         while not handles_sigterm(pid) and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -381,6 +423,12 @@ def _judge_exit_and_message(case: Case, out: Outcome, stdout: str, stderr: str) 
         need_one_line("bad input must say one line")
         if stdout.strip():
             out.failures.setdefault("message", "bad input printed on stdout")
+    elif case.expect == "fail":  # a fault while running (a full disk): exit 1, one line, nothing half-written
+        if rc not in (1, 2):
+            out.failures["exit"] = f"exit {rc}, expected 1 (a failure while running) or 2"
+        errors_only = [line for line in lines if line.startswith("Error:")]
+        if len(errors_only) != 1:
+            out.failures["message"] = f"a failure must say one line: {len(errors_only)} 'Error:' line(s)"
     elif case.expect == "ok":
         if rc != 0:
             out.failures["exit"] = f"exit {rc}, expected 0"
@@ -416,14 +464,14 @@ def _judge_files(case: Case, folder: Path, before: dict, out: Outcome) -> None:
     if lost:
         out.failures["lost"] = "changed or gone: " + ", ".join(sorted(lost)[:5])
     new = sorted(p for p in after if p not in before or (p in may_change and after[p] != before.get(p)))
-    if case.expect in ("usage", "signal") or (case.expect == "ok_or_usage" and out.returncode == 2):
+    if case.expect in ("usage", "signal", "fail") or (case.expect == "ok_or_usage" and out.returncode == 2):
         # an empty folder (results/ made before the refusal) is no file: tests/helpers.assert_usage_error allows it
         written = [p for p in new if after[p][0] != "dir"]
-        if case.expect == "signal":  # committed files may stay; only half or staged ones are findings
+        if case.expect in ("signal", "fail"):  # committed files may stay; only half or staged ones are findings
             written = [p for p in new if after[p][0] == "file" and complete(folder / p)]
         if written:
             out.failures["partial"] = "written on refused input: " + ", ".join(written[:5]) \
-                if case.expect != "signal" else "half or staged: " + ", ".join(written[:5])
+                if case.expect not in ("signal", "fail") else "half or staged: " + ", ".join(written[:5])
     else:
         bad = [f"{p} ({why})" for p in new if after[p][0] == "file" and (why := complete(folder / p))]
         if bad:
@@ -481,6 +529,8 @@ def main() -> int:
         with lock:
             outcomes.append(result)
             mark = "ok  " if result.passed else ("KNOWN" if result.known else "FAIL")
+            if result.skipped:
+                print(f"SKIP {result.id}: {result.skipped}", flush=True)
             if not result.passed:
                 print(f"{mark} {result.id} ({result.seconds:.1f} s): "
                       + "; ".join(f"{k}: {v}" for k, v in result.failures.items()), flush=True)
@@ -488,12 +538,20 @@ def main() -> int:
                 print(f"  ... {len(outcomes)}/{len(cases)} done, {time.monotonic() - started:.0f} s", flush=True)
         return result
 
-    with ThreadPoolExecutor(max_workers=opts.jobs) as pool:
-        list(pool.map(one, cases))
+    try:
+        with ThreadPoolExecutor(max_workers=opts.jobs) as pool:
+            list(pool.map(one, cases))
+    finally:  # no full-disk tmpfs is left mounted, whatever stopped the run
+        for line in Path("/proc/mounts").read_text().splitlines():
+            target = line.split()[1] if len(line.split()) > 1 else ""
+            if target.startswith(str(work) + "/"):
+                subprocess.run(["umount", "-l", target], capture_output=True)
     wall = time.monotonic() - started
     outcomes.sort(key=lambda o: ids.index(o.id))
     failed = [o for o in outcomes if not o.passed]
-    counts = {"cases": len(outcomes), "passes": len(outcomes) - len(failed), "failed": len(failed)}
+    skipped = [o for o in outcomes if o.skipped]
+    counts = {"cases": len(outcomes), "passes": len(outcomes) - len(failed) - len(skipped), "failed": len(failed),
+              "skipped": len(skipped)}
     for cat in CATEGORIES:
         counts[cat] = sum(cat in o.failures for o in outcomes)
     by: dict[str, dict[str, int]] = {}
@@ -509,8 +567,11 @@ def main() -> int:
     labels = {"hang": "hangs", "traceback": "tracebacks", "exit": "wrong exit codes",
               "message": "multi-line/missing messages", "lost": "lost files", "partial": "partial files",
               "orphan": "orphan processes", "setup": "cases that could not run"}
-    print(f"cases {counts['cases']}, passes {counts['passes']}, failed {counts['failed']}; wall {wall:.0f} s")
+    print(f"cases {counts['cases']}, passes {counts['passes']}, failed {counts['failed']}, skipped "
+          f"{counts['skipped']}; wall {wall:.0f} s")
     print("  " + ", ".join(f"{labels[c]} {counts[c]}" for c in CATEGORIES))
+    if skipped:
+        print(f"!!! {len(skipped)} case(s) SKIPPED, not run: " + "; ".join(sorted({o.skipped for o in skipped})))
     known = [o for o in failed if o.known]
     if known:
         print()
