@@ -126,9 +126,10 @@ def test_an_error_said_to_a_reader_that_went_away_ends_by_sigpipe_too(tmp_path):
 @needs_mpi
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_a_reader_that_went_away_under_mpiexec_ends_it_alike(tmp_path, nprocs):
-    """mpiexec's own answer, which a one-process command now matches."""
+    """MPICH's mpiexec's own answer, which a one-process command now matches. Open MPI's mpirun takes the broken
+    pipe itself (the ranks write to it, never to the pipe) and ends the job as it would have ended: exit 0."""
     code, err = _closed_reader(["matmul", "--size", "16", "--out", "m.json", "--backend", "host"], tmp_path, nprocs)
-    assert code == ENDED_BY_SIGPIPE and "Traceback" not in err, (code, err)
+    assert code == (0 if MPIEXEC_KIND == "openmpi" else ENDED_BY_SIGPIPE) and "Traceback" not in err, (code, err)
     assert (tmp_path / "m.json").is_file()
 
 
