@@ -315,7 +315,13 @@ def _run_mounted(case: Case, folder: Path, out: Outcome, cmd: list[str], env: di
                "os.execv(sys.argv[2], sys.argv[2:])", str(gone), *cmd]
         before = snapshot(folder)
         before.pop("gone", None)
-    stdout = subprocess.PIPE
+    # stdout and stderr go to files, not pipes: a process left behind holding them cannot keep the case waiting
+    # (it is found by its mark below)
+    logs = folder.parent / f"{case.id}.out"
+    logs.mkdir()
+    out_file = open(logs / "stdout", "w+b")
+    err_file = open(logs / "stderr", "w+b")
+    stdout = out_file
     pipe_w = None
     if case.special == "pipe":
         pipe_r, pipe_w = os.pipe()
@@ -323,7 +329,7 @@ def _run_mounted(case: Case, folder: Path, out: Outcome, cmd: list[str], env: di
         stdout = pipe_w
     start = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=stdout,
-                            stderr=subprocess.PIPE, start_new_session=True)
+                            stderr=err_file, start_new_session=True)
     if pipe_w is not None:
         os.close(pipe_w)
     signalled_at = None
@@ -331,11 +337,11 @@ def _run_mounted(case: Case, folder: Path, out: Outcome, cmd: list[str], env: di
         signalled_at = _send_signal(case, proc, out, mark)
     hang = None
     try:
-        o, e = proc.communicate(timeout=case.timeout)
+        proc.wait(timeout=case.timeout)
     except subprocess.TimeoutExpired:
         hang = f"still running after {case.timeout:.0f} s: killed"
         kill_case(mark)
-        o, e = proc.communicate()
+        proc.wait()
     out.seconds = time.monotonic() - start
     out.returncode = proc.returncode
     # orphans: whatever of the session outlives the launcher
@@ -345,6 +351,12 @@ def _run_mounted(case: Case, folder: Path, out: Outcome, cmd: list[str], env: di
     left = kill_case(mark)
     if left:
         out.failures["orphan"] = f"{len(left)} process(es) of the case still alive {ORPHAN_GRACE:.0f} s after it ended"
+    out_file.seek(0)
+    err_file.seek(0)
+    o, e = out_file.read(), err_file.read()
+    out_file.close()
+    err_file.close()
+    shutil.rmtree(logs, ignore_errors=True)
     stdout_text = (o or b"").decode("utf-8", "replace")
     stderr_text = (e or b"").decode("utf-8", "replace")
     out.stderr_tail = stderr_text[-1500:]
@@ -473,6 +485,11 @@ def _judge_files(case: Case, folder: Path, before: dict, out: Outcome) -> None:
             out.failures["partial"] = "written on refused input: " + ", ".join(written[:5]) \
                 if case.expect not in ("signal", "fail") else "half or staged: " + ", ".join(written[:5])
     else:
+        if out.returncode == 0:
+            missing = [p for p in case.outputs if p not in after]
+            if missing:
+                out.failures["partial"] = "a good run left out: " + ", ".join(missing)
+                return
         bad = [f"{p} ({why})" for p in new if after[p][0] == "file" and (why := complete(folder / p))]
         if bad:
             out.failures["partial"] = "; ".join(bad[:3])

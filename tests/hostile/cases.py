@@ -49,6 +49,7 @@ class Case:
     special: str | None = None  # "pipe", "gone_cwd", "signal"
     signal: tuple[int, int, str] | None = None  # (rank, signum, "early"|"late")
     may_change: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)  # a good run must leave these (whole)
     known: bool = False
 
 
@@ -406,18 +407,19 @@ def _cases() -> list[Case]:
     add("matmul-default-out-results-is-file", "matmul", "path", [*MM], setup=_prev("results"))
     # good runs: files whole, nothing staged left
     add("matmul-good", "matmul", "good", [*MM, "--out", "{d}/o.json", "--csv", "{d}/o.csv", "--save", "{d}/c.npy"],
-        expect="ok")
+        expect="ok", outputs=["o.json", "o.csv", "c.npy"])
     add("matmul-good-default-out", "matmul", "good", [*MM], expect="ok")
     add("matmul-good-replaces-prev", "matmul", "good", [*MM, "--out", "{d}/prev.json"], expect="ok",
-        setup=_prev("prev.json"), may_change=["prev.json"])
+        setup=_prev("prev.json"), may_change=["prev.json"], outputs=["prev.json"])
     add("matmul-good-2", "matmul", "good", [*MM, "--out", "{d}/o.json", "--csv", "{d}/o.csv", *MPI_TIMEOUT],
-        nprocs=2, expect="ok")
+        nprocs=2, expect="ok", outputs=["o.json", "o.csv"])
     add("collectives-good-3", "collectives", "good", [*COLL, "--op", "allreduce,alltoall", "--min-bytes", "96", "--max-bytes", "768", "--out", "{d}/o.json",
-                                                      *MPI_TIMEOUT], nprocs=3, expect="ok")
+                                                      *MPI_TIMEOUT], nprocs=3, expect="ok", outputs=["o.json"])
     add("report-good", "report", "good", ["report", GOOD, GOOD_C, "--html", "{d}/r.html", "--csv", "{d}/r.csv"],
-        expect="ok", timeout=90)
+        expect="ok", timeout=90, outputs=["r.html", "r.csv"])
     add("train-good-ck", "train", "good", [*TRAIN, "--checkpoint", "{d}/ck", "--log", "{d}/l.jsonl", "--out",
-                                           "{d}/o.json"], expect="ok")
+                                           "{d}/o.json"], expect="ok",
+        outputs=["ck/latest", "l.jsonl", "o.json"])
     add("devices-good", "devices", "good", ["devices", "--sim"], expect="ok")
     add("devices-good-json-2", "devices", "good", ["devices", "--json"], nprocs=2, expect="ok")
 
@@ -498,7 +500,7 @@ def _cases() -> list[Case]:
     add("plan-backend-bad", "split", "value", ["split", "--plan", "--backend", "sim:nosuch"])
     add("plan-weights-count", "split", "value", [*PLAN, "--weights", "1,2"])
     add("plan-size-huge", "split", "value", ["split", "--plan", "--backend", "sim:h100", "--size", str(2**31)])
-    add("plan-good", "split", "good", [*PLAN, "--out", "{d}/p.json"], expect="ok")
+    add("plan-good", "split", "good", [*PLAN, "--out", "{d}/p.json"], expect="ok", outputs=["p.json"])
     # doctored profiles, for split --weights and train --weights
     profiles = {
         "empty": _write("profile.json", ""),
@@ -640,7 +642,8 @@ def _cases() -> list[Case]:
         setup=_ck(lambda ck: (ck / "step-2" / "rank-0.param.npy").write_bytes(b"")))
     add("resume-steps-neg-3", "train", "checkpoint", [*RESUME, *MPI_TIMEOUT], nprocs=3,
         setup=_ck(_manifest(_set("steps_done", -1))))
-    add("resume-good-2", "train", "checkpoint", [*RESUME, *MPI_TIMEOUT], nprocs=2, setup=_ck(), expect="ok")
+    add("resume-good-2", "train", "checkpoint", [*RESUME, *MPI_TIMEOUT], nprocs=2, setup=_ck(), expect="ok",
+        outputs=["r.json"])
 
     # ---------- report and compare: doctored results documents
     deep_rows = '{"x": ' * 50000 + "1" + "}" * 50000
