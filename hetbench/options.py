@@ -94,6 +94,18 @@ def float_range(min: float | None = None, max: float | None = None, min_open: bo
     return FiniteFloatRange(min=min, max=max, min_open=min_open)
 
 
+class FolderPath(click.Path):
+    """A folder a command writes into: an empty name is refused (Path("") would be the working directory)."""
+
+    def __init__(self) -> None:
+        super().__init__(path_type=Path)  # a file in its place is said by the command's own check
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and not value.strip():
+            self.fail(f"{value!r} names no folder; give a folder's path (. for the working directory)", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 class OutputFile(click.Path):
     """A file a command writes: a path that ends in a separator names a folder, and is refused (Path() would drop
     the separator and write a file of the folder's name)."""

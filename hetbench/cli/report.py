@@ -10,26 +10,15 @@ from pathlib import Path
 
 import click
 
-from hetbench.options import output_file
+from hetbench.options import FolderPath, output_file
 from hetbench.results import ResultsFileError, check_writable
 
 
 def plots_dir_error(path: Path) -> str | None:
     """Why the plots folder cannot be used, or None. A missing folder is made (with its parents)."""
-    if path.exists():
-        if not path.is_dir():
-            return f"--plots {str(path)!r} is not a folder"
-        if not os.access(path, os.W_OK | os.X_OK):
-            return f"--plots {str(path)!r} cannot be written: no write permission in the folder"
-        return None
-    ancestor = path.parent
-    while not ancestor.exists() and ancestor != ancestor.parent:
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        return f"--plots {str(path)!r} cannot be made: {str(ancestor)!r} is not a folder"
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        return f"--plots {str(path)!r} cannot be made: no write permission in folder {str(ancestor)!r}"
-    return None
+    from hetbench.results.io import folder_problem
+
+    return folder_problem(path, "--plots")
 
 
 @click.command(short_help="Show saved runs again with their headline figures; write plots, one HTML page and a "
@@ -38,7 +27,7 @@ def plots_dir_error(path: Path) -> str | None:
 @click.option("--html", "html_path", type=output_file(dir_okay=True), default=None,
               help="Write one self-contained HTML page (a summary of the runs, then tables and plots; no network "
                    "needed) here.")
-@click.option("--plots", "plots_dir", type=click.Path(path_type=Path), default=None,
+@click.option("--plots", "plots_dir", type=FolderPath(), default=None,
               help="Write every plot here as PNG and SVG (the folder is made if missing).")
 @click.option("--csv", "csv_path", type=output_file(dir_okay=True), default=None,
               help="Write every run's rows here as one CSV, each row with its run's columns "
@@ -56,12 +45,15 @@ def report(results: tuple[Path, ...], html_path: Path | None, plots_dir: Path | 
     except (ResultsFileError, NoResultsError) as e:
         raise click.UsageError(str(e)) from None
 
-    inputs = {run.path.resolve() for run in runs}
+    inputs = {os.path.realpath(run.path) for run in runs}
     errors = []
+    from hetbench.outputs import check_distinct_outputs
+
+    check_distinct_outputs({"--html": html_path, "--csv": csv_path})
     for path, what in ((html_path, "--html"), (csv_path, "--csv")):
         if path is None:
             continue
-        if path.resolve() in inputs:
+        if os.path.realpath(path) in inputs:
             errors.append(f"{what} {str(path)!r} is one of the results files read; give another path")
         else:
             errors += [e for e in [check_writable(path, what)] if e]

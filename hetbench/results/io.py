@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from hetbench.results.schema import REQUIRED_KEYS, SCHEMA_VERSION, csv_row, upgrade
+from hetbench.results.schema import REQUIRED_KEYS, SCHEMA_VERSION, UnreadableVersion, csv_row, upgrade
 
 
 class ResultsFileError(ValueError):
@@ -96,6 +96,45 @@ def check_writable(path: Path | str, what: str) -> str | None:
 # what stage() adds to a target's name for its temporary file: "." + name + "." + 8 random characters + ".tmp",
 # and room for a default name's "-N" where one was taken
 STAGED_NAME_EXTRA = 1 + 1 + 8 + 4 + 4
+
+
+def folder_problem(path: Path | str, what: str) -> str | None:
+    """Why `path` cannot be used as a folder that a command writes into (made, with its parents, where missing),
+    or None. Checked before any computing: a symbolic link loop, something not a folder in its place or above it,
+    a name longer than the file system takes, and a folder in which (or, missing, above which) no file can be made:
+    that is tried, as permissions alone miss /proc, a read-only mount, and root passes every permission check."""
+    import secrets
+
+    path = Path(path)
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        pass
+    except OSError as e:  # ELOOP: a symbolic link loop; ENOTDIR: a file where a folder should be; ENAMETOOLONG
+        if e.errno == errno.ELOOP:
+            return f"{what} {str(path)!r} is a symbolic link loop"
+        if e.errno not in (errno.ENOTDIR, errno.ENAMETOOLONG):  # those two are said below, with what is wrong
+            return f"{what} {str(path)!r} cannot be used: {e.strerror or e}"
+    existing = next((p for p in [path, *path.parents] if os.path.lexists(p)), Path("."))
+    if existing == path and not path.is_dir():
+        return f"{what} {str(path)!r} is not a folder"
+    if not existing.is_dir():
+        return f"{what} {str(path)!r} cannot be made: {str(existing)!r} is not a folder"
+    missing = path.absolute().relative_to(existing.absolute()).parts if existing != path else ()
+    name_max = _name_max(existing)
+    too_long = [name for name in missing if len(os.fsencode(name)) > name_max]
+    if too_long:
+        return (f"{what} {str(path)!r} cannot be made: the name {too_long[0][:40]!r}... is "
+                f"{len(os.fsencode(too_long[0]))} bytes, and the file system takes names of up to {name_max}")
+    probe = existing / f".hetbench-probe-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        probe.mkdir()
+    except OSError as e:
+        where = "written" if existing == path else "made"
+        return f"{what} {str(path)!r} cannot be {where}: no folder can be made in {str(existing)!r} ({e.strerror or e})"
+    with contextlib.suppress(OSError):
+        probe.rmdir()
+    return None
 
 
 def _name_max(folder: Path) -> int:
@@ -483,6 +522,8 @@ def load_results(path: Path | str) -> dict[str, Any]:
                                        "(version 1 writes them as rank numbers between commas, e.g. '0,2')")
     try:
         document = upgrade(document)
+    except UnreadableVersion as e:
+        raise ResultsFileError(f"results file {name}: {e}") from None
     except (ValueError, TypeError, AttributeError):
         raise ResultsFileError(f"results file {name} (schema_version {version}) cannot be brought up to version "
                                f"{SCHEMA_VERSION}: it is not of the shape hetbench wrote then") from None

@@ -62,6 +62,10 @@ def csv_row(row: dict[str, Any]) -> dict[str, Any]:
     return scalars
 
 
+class UnreadableVersion(ValueError):
+    """A version older than any step in UPGRADES starts from."""
+
+
 def upgrade(document: dict[str, Any]) -> dict[str, Any]:
     """A document of an older version brought to SCHEMA_VERSION, one step at a time. The caller has checked
     that its version is an integer no newer than SCHEMA_VERSION."""
@@ -69,7 +73,7 @@ def upgrade(document: dict[str, Any]) -> dict[str, Any]:
     while version < SCHEMA_VERSION:
         step = UPGRADES.get(version)
         if step is None:
-            raise ValueError(f"schema_version {version} is older than any this hetbench can read "
+            raise UnreadableVersion(f"schema_version {version} is older than any this hetbench can read "
                              f"(it reads {min([SCHEMA_VERSION, *UPGRADES])} to {SCHEMA_VERSION})")
         document = step(document)
         version += 1

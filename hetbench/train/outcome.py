@@ -5,7 +5,6 @@ about a run's outcome: a rank's outcome, the check of the loss curve against one
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,45 +72,19 @@ def checkpoint_folder_errors(folder: Any, every: int, start: int, steps: int) ->
     save."""
     from hetbench.train.checkpoint import planned_collisions
 
+    from hetbench.results.io import folder_problem
+
     errors: list[str] = []
     if folder is not None:
-        if folder.exists() and not folder.is_dir():
-            errors.append(f"--checkpoint {str(folder)!r} is not a folder")
+        problem = folder_problem(folder, "--checkpoint")
+        if problem is not None:
+            errors.append(problem)
         else:
             taken = planned_collisions(folder, every, start, steps)
             if taken:
                 errors.append(f"checkpoint folder {str(folder)!r} already holds {', '.join(taken)}: a checkpoint is "
                               "never overwritten; choose another --checkpoint folder")
-            existing = next((p for p in [folder, *folder.absolute().parents] if p.exists()), None)
-            if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
-                errors.append(f"--checkpoint {str(folder)!r} cannot be written: no write permission in "
-                              f"{str(existing)!r}")
-            elif not folder.exists():
-                reason = _uncreatable(folder)
-                if reason:
-                    errors.append(f"--checkpoint {str(folder)!r} cannot be created: {reason}")
     return errors
-
-
-def _uncreatable(folder: Any) -> str | None:
-    """Why `folder` (missing) cannot be made, found by making a folder of a unique name in its nearest existing
-    ancestor and removing it again (permissions alone miss a read-only or virtual file system, and root passes
-    every permission check), so that the run is refused before it trains instead of failing at its first save. The
-    probe never takes `folder`'s own name: every rank checks at once, and one rank's probe must not be what another
-    sees (as once, when ranks made and removed `folder` itself: another rank found it half gone)."""
-    import secrets
-
-    base = next(p for p in [folder, *folder.absolute().parents] if p.exists())
-    probe = base / f".hetbench-probe-{os.getpid()}-{secrets.token_hex(4)}"  # mutation: equivalent (token_hex(4) or (5): a unique name either way, never shown, removed at once; this line's "/" is pinned by tests/unit/test_pin_train_run.py)
-    try:
-        probe.mkdir()
-    except OSError as e:
-        return e.strerror or str(e)
-    try:
-        probe.rmdir()
-    except OSError:
-        pass
-    return None
 
 
 def compare_with_reference(dtype: str, steps: int, start: int, losses: list[float], ref_losses: list[float],

@@ -26,7 +26,7 @@ from hetbench.benchmarks.base import (
 )
 from hetbench.benchmarks.train.config import TrainConfig
 from hetbench.config import OutputConfig, parse_dtype
-from hetbench.options import MAX_SEED, float_range, int_range, output_file, parse_backends
+from hetbench.options import MAX_SEED, FolderPath, float_range, int_range, output_file, parse_backends
 from hetbench.train import strategies
 from hetbench.train.precision import TRAIN_DTYPES
 
@@ -134,7 +134,7 @@ class Train:
                               "against it (fp32 tolerance; mixed precision: the dtype's)."),
             click.Option(["--log", "log_path"], type=output_file(), default=None,
                          help="Write one JSON line per step here (rank 0), with the results."),
-            click.Option(["--checkpoint", "checkpoint"], type=click.Path(file_okay=False, path_type=Path),
+            click.Option(["--checkpoint", "checkpoint"], type=FolderPath(),
                          default=None,
                          help="Save the training state in this folder at the end (and every --checkpoint-every "
                               "steps): each rank its own part, DIR/step-N/, DIR/latest names the newest."),

@@ -1,0 +1,71 @@
+"""Folders and files a command writes into, refused before any work in one line (hostile findings F3-F6): a symbolic
+link loop, an empty name, a name longer than the file system takes, a folder in which nothing can be made (/proc),
+and two outputs of one file. Before, report and train wrote or computed first and failed after (exit 1), or took ''
+for the working directory."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from helpers import REPO, assert_usage_error, run_cli
+
+from hetbench.results.io import folder_problem
+
+RESULTS = str(REPO / "tests" / "data" / "matmul-v1.json")
+LONG = "x" * 300
+
+
+@pytest.fixture
+def loop(tmp_path: Path) -> Path:
+    path = tmp_path / "loop"
+    os.symlink("loop", path)
+    return path
+
+
+def test_folder_problem_names_each_fault(tmp_path, loop):
+    assert folder_problem(tmp_path / "new" / "deeper", "--x") is None
+    assert list(tmp_path.iterdir()) == [loop]  # the probe is gone, nothing was made
+    assert folder_problem(tmp_path, "--x") is None
+    assert folder_problem(loop, "--x") == f"--x {str(loop)!r} is a symbolic link loop"
+    assert folder_problem(loop / "sub", "--x") == f"--x {str(loop / 'sub')!r} is a symbolic link loop"
+    (tmp_path / "f").write_text("")
+    assert folder_problem(tmp_path / "f", "--x") == f"--x {str(tmp_path / 'f')!r} is not a folder"
+    assert folder_problem(tmp_path / "f" / "sub", "--x") == \
+        f"--x {str(tmp_path / 'f' / 'sub')!r} cannot be made: {str(tmp_path / 'f')!r} is not a folder"
+    long = folder_problem(tmp_path / LONG / "sub", "--x")
+    assert long is not None and "300 bytes" in long and "up to 255" in long
+    proc = folder_problem(Path("/proc/hetbench-nope"), "--x")
+    assert proc is not None and proc.startswith("--x '/proc/hetbench-nope' cannot be made: no folder can be made in "
+                                                "'/proc'")
+    written = folder_problem(Path("/proc"), "--x")
+    assert written is not None and written.startswith("--x '/proc' cannot be written")
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["--html", "same.out", "--csv", "same.out"], ["--html 'same.out' and --csv 'same.out' name the same file"]),
+    (["--html", "loop"], ["--html", "symbolic link"]),
+    (["--csv", "loop"], ["--csv", "symbolic link"]),
+    (["--plots", "loop"], ["--plots", "symbolic link loop"]),
+    (["--plots", ""], ["--plots", "'' names no folder"]),
+    (["--plots", LONG], ["--plots", "300 bytes"]),
+    (["--plots", "/proc/hetbench-nope"], ["--plots '/proc/hetbench-nope' cannot be made"]),
+])
+def test_report_refuses_its_outputs_before_writing(tmp_path, loop, args, needles):
+    run = run_cli(["report", RESULTS, *args], cwd=tmp_path)
+    assert_usage_error(run, tmp_path, *needles)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["loop"]
+
+
+@pytest.mark.parametrize("folder, needles", [
+    ("loop", ["--checkpoint", "symbolic link loop"]),
+    ("", ["--checkpoint", "'' names no folder"]),
+    (LONG, ["--checkpoint", "300 bytes"]),
+    ("/proc/hetbench-nope", ["--checkpoint '/proc/hetbench-nope' cannot be made"]),
+])
+def test_train_refuses_its_checkpoint_folder_before_training(tmp_path, loop, folder, needles):
+    run = run_cli(["train", "--steps", "2", "--layers", "2", "--hidden", "8", "--batch", "8", "--backend", "host",
+                   "--checkpoint", folder, "--out", "t.json"], cwd=tmp_path)
+    assert_usage_error(run, tmp_path, *needles)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["loop"]
