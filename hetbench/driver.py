@@ -15,7 +15,8 @@ import click
 
 from hetbench.benchmarks.base import Benchmark, RankResult
 from hetbench.options import common_options, parse_backends
-from hetbench.outputs import agree_or_exit, check_distinct_outputs, emit, output_path_errors, resolve_outputs, utc_stamp
+from hetbench.outputs import (agree_or_exit, check_distinct_outputs, emit, output_path_errors, overwritten_inputs,
+                              resolve_outputs, utc_stamp)
 
 COMMON_PARAMS = ("backend", "out_json", "out_csv", "json_stdout", "progress", "wide", "timeout_seconds")
 
@@ -54,6 +55,11 @@ def run(benchmark: Benchmark, params: dict[str, Any]) -> int:
     errors = output_path_errors(output) if world.is_root else []
     errors += [e for option, (path, writer) in extra.items() if path is not None and writer == world.rank
                for e in [check_writable(path, option)] if e]
+    # an output on this rank that names a file this rank reads
+    mine = {**({"--out": output.out_json, "--csv": output.out_csv} if world.is_root else {}),
+            **{option: path for option, (path, writer) in extra.items() if writer == world.rank}}
+    inputs = benchmark.input_paths(cfg, world) if hasattr(benchmark, "input_paths") else {}
+    errors += overwritten_inputs(mine, inputs)
     backends = cfg.backends
     opened, open_errors = open_rank_device(backends[world.rank], benchmark.dtype(cfg), world)
     agree_or_exit(world, errors + open_errors)

@@ -48,6 +48,29 @@ def check_distinct_outputs(paths: dict[str, Path | None]) -> None:
         seen.append((option, path, resolved))
 
 
+def overwritten_inputs(outputs: dict[str, Path | None], inputs: dict[str, Path | str | None]) -> list[str]:
+    """An output that names one of the files the run reads (--out a.npy with --a a.npy) would replace it: why, for
+    each such pair (however spelled: a link, a hard link)."""
+    errors = []
+    for option, path in outputs.items():
+        if path is None:
+            continue
+        for source, input_path in inputs.items():
+            if input_path is None:
+                continue
+            same = os.path.realpath(path) == os.path.realpath(input_path)
+            if not same:
+                try:
+                    same = os.path.samefile(path, input_path)
+                except OSError:
+                    pass
+            if same:
+                errors.append(f"{option} {str(path)!r} is the file {source} {str(input_path)!r} reads: it would "
+                              "be replaced; give the output another path")
+                break  # one line for an output, whichever inputs it names
+    return errors
+
+
 def resolve_outputs(command: str, out_json: Path | None, out_csv: Path | None, json_stdout: bool,
                     stamp: str) -> OutputConfig:
     """Explicit paths win; with none, both files go to results/ under one name stamped with the UTC time (to the

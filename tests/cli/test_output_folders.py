@@ -69,3 +69,23 @@ def test_train_refuses_its_checkpoint_folder_before_training(tmp_path, loop, fol
                    "--checkpoint", folder, "--out", "t.json"], cwd=tmp_path)
     assert_usage_error(run, tmp_path, *needles)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["loop"]
+
+
+@pytest.mark.parametrize("command, output", [
+    (["matmul", "--a", "a.npy", "--b", "b.npy"], ["--out", "a.npy"]),
+    (["matmul", "--a", "a.npy", "--b", "b.npy"], ["--csv", "./b.npy"]),
+    (["matmul", "--a", "a.npy", "--b", "b.npy"], ["--save", "link.npy"]),  # a hard link to a.npy
+    (["split", "--a", "a.npy", "--b", "b.npy"], ["--save", "b.npy"]),
+])
+def test_an_output_that_is_an_input_is_refused(tmp_path, command, output):
+    """Hostile finding F7: `matmul --a a.npy --out a.npy` replaced its own input with the results document."""
+    import numpy as np
+
+    np.save(tmp_path / "a.npy", np.ones((8, 8), np.float32))
+    np.save(tmp_path / "b.npy", np.ones((8, 8), np.float32))
+    os.link(tmp_path / "a.npy", tmp_path / "link.npy")
+    before = {p.name: p.read_bytes() for p in tmp_path.glob("*.npy")}
+    run = run_cli([*command, *output, "--backend", "host"], cwd=tmp_path)
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    assert len(run.error_lines) == 1 and f"{output[0]} {str(Path(output[1]))!r} is the file --" in run.error_lines[0], run.stderr
+    assert {p.name: p.read_bytes() for p in tmp_path.glob("*.npy")} == before

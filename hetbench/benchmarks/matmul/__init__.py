@@ -131,6 +131,13 @@ class Matmul:
     def output_paths(self, cfg: MatmulConfig) -> dict[str, tuple[Any, int]]:
         return {"--save": (cfg.save, cfg.root)}
 
+    def input_paths(self, cfg: MatmulConfig, world: Any) -> dict[str, Any]:
+        """The files this rank reads (an output naming one is refused)."""
+        from hetbench.config import expand_rank_path
+
+        return {option: expand_rank_path(path, world.rank, world.host)
+                for option, path in (("--a", cfg.a_path), ("--b", cfg.b_path)) if path is not None}
+
     def dtype(self, cfg: MatmulConfig) -> Any:
         return cfg.dtype
 

@@ -156,6 +156,11 @@ class Split:
     def output_paths(self, cfg: SplitConfig) -> dict[str, tuple[Any, int]]:
         return {"--save": (cfg.save, 0)}
 
+    def input_paths(self, cfg: SplitConfig, world: Any) -> dict[str, Any]:
+        """The files the root reads (an output naming one is refused)."""
+        return {option: path for option, path in (("--a", cfg.a_path), ("--b", cfg.b_path))
+                if path is not None and world.is_root}
+
     def dtype(self, cfg: SplitConfig) -> Any:
         return cfg.dtype
 
