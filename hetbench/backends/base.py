@@ -245,9 +245,13 @@ def spec_of(info: DeviceInfo) -> str:
 
 def spec_index(value: str, text: str) -> int:
     """The device index in backend spec `text`."""
-    if not (value.isascii() and value.isdigit()):
-        raise ValueError(f"bad device index {value!r} in backend {text!r}; accepted: an integer >= 0")
+    if not (value.isascii() and value.isdigit()) or len(value) > 10 or int(value) > MAX_DEVICE_INDEX:
+        raise ValueError(f"bad device index {value!r} in backend {text!r}; accepted: an integer from 0 to "
+                         f"{MAX_DEVICE_INDEX}")
     return int(value)
+
+
+MAX_DEVICE_INDEX = 2**31 - 1  # what a C int (cudaSetDevice, clGetDeviceIDs' counts) holds
 
 
 def accepted_specs() -> str:

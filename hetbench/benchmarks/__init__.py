@@ -50,6 +50,6 @@ def load() -> None:
     for module in plugin_modules():
         try:
             importlib.import_module(module)
-        except Exception as e:
+        except (Exception, SystemExit) as e:  # a module that calls sys.exit() at import is as broken
             raise PluginError(f"benchmark module {module!r} (from an entry point in group {ENTRY_POINT_GROUP!r} or "
                               f"{PLUGINS_ENV}) cannot be imported: {type(e).__name__}: {e}") from None

@@ -39,6 +39,13 @@ def _ranks(n: int) -> str:
     return f"{n} rank{'' if n == 1 else 's'}"
 
 
+# bounds no device or link comes near (a zettaflop; a petabyte a second; an hour), so that no rate of a profile turns
+# into an infinity when the weights and the cost model are formed from it
+MAX_GEMM_GFLOPS = 1e12
+MAX_LINK_GBPS = 1e6
+MAX_LATENCY_US = 3.6e9
+
+
 def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -64,8 +71,8 @@ def _check_row(name: str, i: int, row: dict[str, Any], world_size: int) -> None:
         value = row.get(key)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise bad(key, "a dimension >= 1")
-    if not (_number(row.get("gemm_gflops")) and row["gemm_gflops"] > 0):
-        raise bad("gemm_gflops", "a rate > 0 (GFLOP/s)")
+    if not (_number(row.get("gemm_gflops")) and 0 < row["gemm_gflops"] <= MAX_GEMM_GFLOPS):
+        raise bad("gemm_gflops", f"a rate > 0 and at most {MAX_GEMM_GFLOPS:g} (GFLOP/s)")
     free = row.get("free_memory_bytes")
     if free is not None and (not isinstance(free, int) or isinstance(free, bool) or free < 0):
         raise bad("free_memory_bytes", "a byte count >= 0, or null")
@@ -75,14 +82,16 @@ def _link_of(name: str, i: int, row: dict[str, Any], root: int) -> Link | None:
     if row["rank"] == root:
         return None
     gbps, latency_us = row.get("link_gbps"), row.get("link_latency_us")
-    if not (_number(gbps) and gbps > 0):
+    if not (_number(gbps) and 0 < gbps <= MAX_LINK_GBPS):
         shown = repr(gbps) if "link_gbps" in row else "nothing"
         raise ProfileError(f"profile {name}: row {i} (rank {row['rank']}) has {shown} for link_gbps; a rank other "
-                           f"than the root ({root}) holds its link's bandwidth to the root, > 0 (GB/s)")
-    if not (_number(latency_us) and latency_us >= 0):
+                           f"than the root ({root}) holds its link's bandwidth to the root, > 0 and at most "
+                           f"{MAX_LINK_GBPS:g} (GB/s)")
+    if not (_number(latency_us) and 0 <= latency_us <= MAX_LATENCY_US):
         shown = repr(latency_us) if "link_latency_us" in row else "nothing"
         raise ProfileError(f"profile {name}: row {i} (rank {row['rank']}) has {shown} for link_latency_us; a rank "
-                           f"other than the root ({root}) holds its link's latency, >= 0 (us)")
+                           f"other than the root ({root}) holds its link's latency, >= 0 and at most "
+                           f"{MAX_LATENCY_US:g} (us)")
     return Link(bytes_per_s=float(gbps) * 1e9, latency_s=float(latency_us) * 1e-6)
 
 

@@ -89,3 +89,43 @@ def test_an_output_that_is_an_input_is_refused(tmp_path, command, output):
     assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
     assert len(run.error_lines) == 1 and f"{output[0]} {str(Path(output[1]))!r} is the file --" in run.error_lines[0], run.stderr
     assert {p.name: p.read_bytes() for p in tmp_path.glob("*.npy")} == before
+
+
+# --- more hostile findings: a profile's rate that overflows, a plugin that exits, a device index beyond any -----
+
+
+@pytest.fixture(scope="module")
+def profile(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("profile")
+    run = run_cli(["calibrate", "--size", "64", "--backend", "host", "--repeat", "1", "--min-seconds", "0.001",
+                   "--out", "p.json"], cwd=folder)
+    assert run.returncode == 0, run.stderr
+    return folder / "p.json"
+
+
+@pytest.mark.parametrize("value", ["1e308", "1e13"])
+def test_a_profile_rate_beyond_any_device_is_refused(tmp_path, profile, value):
+    """F10: 1e308 GFLOP/s became inf in the weights: 'ValueError: weight of rank 0 must be a finite number', exit 1."""
+    import re
+
+    text = re.sub(r'"gemm_gflops": [0-9.e+-]+', f'"gemm_gflops": {value}', profile.read_text(), count=1)
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "q.profile").write_text(text)
+    run = run_cli(["split", "--size", "32", "--backend", "host", "--weights", "in/q.profile"], cwd=tmp_path)
+    assert_usage_error(run, tmp_path, "q.profile", "gemm_gflops", "at most 1e+12")
+
+
+def test_a_plugin_that_exits_at_import_is_said(tmp_path):
+    """F11: a plugin module calling sys.exit(3) at import ended hetbench with exit 3 and nothing said."""
+    (tmp_path / "plugin_exits.py").write_text("import sys\nsys.exit(3)\n")
+    env = {"HETBENCH_BENCHMARKS": "plugin_exits", "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"}
+    run = run_cli(["devices"], cwd=tmp_path, env=env)
+    assert run.returncode == 2 and run.stdout == "" and "Traceback" not in run.stderr, run.stderr
+    assert run.error_lines == ["Error: benchmark module 'plugin_exits' (from an entry point in group "
+                               "'hetbench.benchmarks' or HETBENCH_BENCHMARKS) cannot be imported: SystemExit: 3"]
+
+
+@pytest.mark.parametrize("spec", ["sim:h100:99999999999999999999", "opencl:2147483648", "0=sim:a100:3000000000"])
+def test_a_device_index_beyond_a_c_int_is_refused(tmp_path, spec):
+    run = run_cli(["matmul", "--size", "8", "--backend", spec], cwd=tmp_path)
+    assert_usage_error(run, tmp_path, "--backend", "an integer from 0 to 2147483647")
