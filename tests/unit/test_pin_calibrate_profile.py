@@ -257,11 +257,19 @@ def test_the_least_values_a_row_may_hold_are_read(tmp_path):
 
 @pytest.mark.parametrize("bad, message", [
     ({"m": 0}, "profile {name}: row 1 has 0 for m; a calibration row holds a dimension >= 1"),
-    ({"gemm_gflops": 0}, "profile {name}: row 1 has 0 for gemm_gflops; a calibration row holds a rate > 0 (GFLOP/s)"),
+    ({"gemm_gflops": 0}, "profile {name}: row 1 has 0 for gemm_gflops; a calibration row holds a rate > 0 and at most "
+                         "1e+12 (GFLOP/s)"),
+    # the most: beyond it a rate becomes inf when weights are formed (1e308 GFLOP/s * 1e9)
+    ({"gemm_gflops": 1.0000001e12}, "profile {name}: row 1 has 1000000100000.0 for gemm_gflops; a calibration row holds "
+                                    "a rate > 0 and at most 1e+12 (GFLOP/s)"),
+    ({"link_latency_us": 3.7e9}, "profile {name}: row 1 (rank 1) has 3700000000.0 for link_latency_us; a rank other "
+                                 "than the root (0) holds its link's latency, >= 0 and at most 3.6e+09 (us)"),
     ({"free_memory_bytes": -1},
      "profile {name}: row 1 has -1 for free_memory_bytes; a calibration row holds a byte count >= 0, or null"),
     ({"link_gbps": 0}, "profile {name}: row 1 (rank 1) has 0 for link_gbps; a rank other than the root (0) holds its "
-                       "link's bandwidth to the root, > 0 (GB/s)"),
+                       "link's bandwidth to the root, > 0 and at most 1e+06 (GB/s)"),
+    ({"link_gbps": 1.5e6}, "profile {name}: row 1 (rank 1) has 1500000.0 for link_gbps; a rank other than the root (0) "
+                           "holds its link's bandwidth to the root, > 0 and at most 1e+06 (GB/s)"),
 ])
 def test_a_row_below_the_least_is_refused_by_name(tmp_path, bad, message):
     _refused(_write(tmp_path / "p.json", [_row(0), _row(1, **bad)]), 2, message)
