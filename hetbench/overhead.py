@@ -175,6 +175,7 @@ def bench_opencl(sizes: tuple[int, ...] = OPENCL_SIZES, repeat: int = 3, rounds:
     if opencl.unavailable_reason() is not None:
         return None
     dtype = DTYPES["fp32"]
+    load_start = os.getloadavg()[0]  # this VM's figures move with its load: the bench says what it ran under
     paths = [p for p in OPENCL_PATHS if p != "clblast" or opencl.pyclblast is not None]
     saved = os.environ.get(opencl.GEMM_ENV)
     backends = {}
@@ -233,6 +234,7 @@ def bench_opencl(sizes: tuple[int, ...] = OPENCL_SIZES, repeat: int = 3, rounds:
         else:
             os.environ[opencl.GEMM_ENV] = saved
     result["clpeak_fp32_gflops"] = clpeak_fp32_gflops()
+    result["load_average"] = (load_start, os.getloadavg()[0])
     return result
 
 
@@ -273,6 +275,7 @@ def print_opencl(r: dict) -> bool:
             ok &= met
             print(f"  goal tuned >= CLBlast: {g['tuned'] / g['clblast']:.2f}x {'met' if met else 'NOT met'}")
     print(f"clpeak fp32 peak: {peak:.2f} GFLOP/s" if peak else "clpeak not found (apt-get install clpeak): no ceiling")
+    print(f"load average (1 min): {r['load_average'][0]:.2f} at the start, {r['load_average'][1]:.2f} after clpeak")
     return ok
 
 
