@@ -159,12 +159,17 @@ OPENCL_LABELS = {"kernel": "hetbench, own kernel", "tuned": "hetbench, tuned ker
                  "bare": "bare pyclblast.gemm"}
 
 
-def bench_opencl(sizes: tuple[int, ...] = OPENCL_SIZES, repeat: int = 3, rounds: int = OPENCL_ROUNDS,
-                 budget_seconds: float = 60.0) -> dict | None:
+def bench_opencl(n: int | None = None, repeat: int = 3, rounds: int = OPENCL_ROUNDS,
+                 sizes: tuple[int, ...] = OPENCL_SIZES, budget_seconds: float = 60.0) -> dict | None:
     """hetbench's OpenCL GEMM on device 0, fp32, by each path (own kernel, tuned kernel, CLBlast) and a bare
-    pyclblast.gemm loop, in alternating rounds at each size, every path's product checked against NumPy once; the
-    tuned kernel is tuned first for a size's shape class where this device has no cached winner yet."""
+    pyclblast.gemm loop, in alternating rounds at each size (`n` alone: that one size), every path's product checked
+    against NumPy once; the tuned kernel is tuned first for a size's shape class where this device has no cached
+    winner yet. The first size's figures are also at the top level ("n", "hetbench_<path>_gflops",
+    "pyclblast_gflops")."""
     import os
+
+    if n is not None:
+        sizes = (n,)
 
     from hetbench.backends import opencl, opencl_tune
     from hetbench.backends.base import BackendSpec
@@ -226,6 +231,11 @@ def bench_opencl(sizes: tuple[int, ...] = OPENCL_SIZES, repeat: int = 3, rounds:
                 "tuned_winner": tuned_params.label() if tuned_params else None, "auto_uses": path,
             })
         auto.close()
+        first = result["sizes"][0]
+        result["n"] = first["n"]
+        result.update({f"hetbench_{p}_gflops": first["gflops"][p] for p in paths})
+        if "bare" in first["gflops"]:
+            result["pyclblast_gflops"] = first["gflops"]["bare"]
     finally:
         for be in backends.values():
             be.close()
