@@ -111,8 +111,10 @@ class GemmParams:
         return [*_REAL_OPTIONS[dtype_name], *(f"-D{key}={value}" for key, value in values.items())]
 
     def label(self) -> str:
-        memory = f"local kb{self.kb}" if self.use_local else (f"packed B nc{self.nc}" if self.pack else "global")
-        return f"{self.wm}x{self.nv}x{self.vw} per item, group {self.lx}x{self.ly}, {memory}"
+        """e.g. "8x1x16 wg8x1 packB256": rows x vectors x vector width per work-item, the work-group, and where the
+        operands come from (packB<nc>: B packed in chunks of nc columns; local<kb>: local memory; global)."""
+        memory = f"local{self.kb}" if self.use_local else (f"packB{self.nc}" if self.pack else "global")
+        return f"{self.wm}x{self.nv}x{self.vw} wg{self.lx}x{self.ly} {memory}"
 
     def as_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
@@ -392,6 +394,7 @@ def tune(kernels: TunedKernels, facts: DeviceFacts, dtype: DType, cls: str, *,
     results: list[tuple[str, float | None, str]] = []
     best_params = default_params(facts, dtype.name)
     tried: set[GemmParams] = set()
+    right: list[tuple[float, GemmParams]] = []  # (best seconds, parameters) of every candidate with a right product
     best_seconds: float | None = None
     default_seconds: float | None = None
     if facts.fits(best_params, dtype.name):
@@ -399,6 +402,8 @@ def tune(kernels: TunedKernels, facts: DeviceFacts, dtype: DType, cls: str, *,
         tried.add(best_params)
         results.append((first.label, first.gflops(flop), first.why_not))
         best_seconds = default_seconds = first.seconds
+        if first.seconds is not None:
+            right.append((first.seconds, best_params))
     step(f"tune {dtype.name} {cls}: default")
     for axis in axes:
         for change in axis:
@@ -409,12 +414,31 @@ def tune(kernels: TunedKernels, facts: DeviceFacts, dtype: DType, cls: str, *,
             tried.add(params)
             got = candidate(params, best_seconds)
             results.append((got.label, got.gflops(flop), got.why_not))
-            if got.seconds is not None and (best_seconds is None or got.seconds < best_seconds):
-                best_params, best_seconds = params, got.seconds
+            if got.seconds is not None:
+                right.append((got.seconds, params))
+                if best_seconds is None or got.seconds < best_seconds:
+                    best_params, best_seconds = params, got.seconds
             step(f"tune {dtype.name} {cls}: {len(results)} tried")
     if best_seconds is None:
         raise NoWinner(f"no parameter set of {KERNEL_FILE} computed a right {dtype.name} product: "
                        + "; ".join(f"{label}: {why}" for label, _, why in results[:3]))
+
+    # the three fastest again, in alternating rounds, the winner by its median: on a shared machine one candidate's
+    # best run can fall in a quiet second that another's never saw
+    finalists = [params for _, params in sorted(right, key=lambda r: r[0])[:3]]
+    if len(finalists) > 1:
+        rounds: dict[GemmParams, list[float]] = {params: [] for params in finalists}
+        for _ in range(repeat):
+            for params in finalists:
+                t0 = time.perf_counter()
+                kernels.enqueue(params, dtype.name, itemsize, m, n, k, a_dev.base_data, 0, b_dev.base_data, 0,
+                                c_dev.base_data, 0)
+                queue.finish()
+                rounds[params].append(time.perf_counter() - t0)
+        best_params = min(finalists, key=lambda params: float(np.median(rounds[params])))
+        best_seconds = float(np.median(rounds[best_params]))
+        if default_seconds is not None and best_params == default_params(facts, dtype.name):
+            default_seconds = best_seconds
 
     # the winner once more on shapes with edge tiles in every direction and row offsets, as matmul's slices have
     verified = []
