@@ -286,6 +286,12 @@ def test_tune_command(monkeypatch, tmp_path):
     assert note is None and list(entries) == ["fp32/small"]
     wrong = CliRunner().invoke(cli, ["tune", "--backend", "opencl", "--shape-class", "huge"])
     assert wrong.exit_code == 2 and "small, thin, medium, large" in wrong.output
+    host = CliRunner().invoke(cli, ["tune", "--backend", "host", "--shape-class", "small", "--out",
+                                    str(tmp_path / "h.json"), "--csv", str(tmp_path / "h.csv")])
+    assert host.exit_code == 2 and "has no tunable GEMM" in host.output and not (tmp_path / "h.json").exists()
+    for budget in ("nan", "inf", "0.5"):
+        wrong = CliRunner().invoke(cli, ["tune", "--backend", "opencl", "--budget", budget])
+        assert wrong.exit_code == 2 and "--budget" in wrong.output, (budget, wrong.output)
 
 
 def test_half_storage_path_where_the_device_builds_it():

@@ -6,6 +6,7 @@ hetbench/backends/opencl_tune.py; a device that has no tunable GEMM is a usage e
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import click
@@ -78,6 +79,9 @@ class Tune:
         ]
 
     def configure(self, params: dict[str, Any], world: Any, output: OutputConfig) -> TuneConfig:
+        if not math.isfinite(params["budget_seconds"]):  # FloatRange lets nan through: no comparison is true of it
+            raise click.BadParameter(f"{params['budget_seconds']} is not a number of seconds in 1..3600",
+                                     param_hint="'--budget'")
         backends = parse_backends(world, click.get_current_context().params["backend"])
         return TuneConfig(params["dtype"], _classes(params["shape_classes"]), params["budget_seconds"], backends,
                           output)
