@@ -1,14 +1,28 @@
 """`python -m hetbench` and the `hetbench` command."""
 
-import os
-import signal
-import sys
+import _signal  # the C module, loaded with the interpreter: `signal` imports enum, long enough for a signal to land
 
 _pending: list[int] = []  # SIGINT or SIGTERM that came while hetbench.signals was still importing
 
 
 def _hold(signum: int, frame: object) -> None:
     _pending.append(signum)
+
+
+# First, before any other import: a signal in the first instants is held (Python's own SIGINT would print a
+# KeyboardInterrupt traceback out of an import, SIGTERM's default end the rank with nothing said and leave the
+# launcher to end the job) and taken up once the handling of hetbench/signals.py is in place. A signal that is
+# ignored (a job started in the background of a script) stays ignored.
+_HELD = [s for s in (_signal.SIGINT, _signal.SIGTERM) if _signal.getsignal(s) is not _signal.SIG_IGN]
+try:
+    for _s in _HELD:
+        _signal.signal(_s, _hold)
+except ValueError:  # imported outside the main thread: nothing held, nothing to take up
+    _HELD = []
+
+import os  # noqa: E402 - after the signals are held
+import signal  # noqa: E402
+import sys  # noqa: E402
 
 
 def _launched_rank() -> int:
@@ -47,12 +61,7 @@ def _fail_before_mpi(line: str, code: int) -> None:
 
 
 def run() -> None:
-    # first, before any import: a signal in the first instants is held (Python's own SIGINT would print a
-    # KeyboardInterrupt traceback out of an import, SIGTERM's default end the rank with nothing said and leave the
-    # launcher to end the job) and taken up once the handling of hetbench/signals.py is in place
-    held = [s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) is not signal.SIG_IGN]
-    for s in held:
-        signal.signal(s, _hold)
+    held = _HELD  # held since this module's first line
     from hetbench import signals
 
     try:

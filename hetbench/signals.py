@@ -9,8 +9,9 @@ prints one line and calls MPI_Abort, which makes the launcher end every rank; al
 
 A rank signalled before MPI has started on it (its first instants: the commands still importing) starts MPI before it
 ends, and aborts the job through it: a rank that left before MPI_Init would leave MPICH's other ranks waiting for it
-for ever. Before `install` runs (Python starting), the signal's default action ends the rank, and both launchers end
-the job when a rank dies before MPI has started.
+for ever. hetbench/__main__.py holds the two signals from its first line until `install` has run; before that line
+(Python itself starting) the signal's default action ends the rank, and the job ends without a hang: Open MPI ends
+it, and under MPICH the other ranks' MPI_Init ends at --timeout (comm/watchdog.py init_mpi).
 
 SIGHUP is left alone: UCX, under MPICH, takes it at MPI initialisation as its debugging signal.
 """

@@ -25,6 +25,7 @@ from hetbench.benchmarks.base import REGISTRY
 from hetbench.cli.compare import compare
 from hetbench.cli.devices import devices
 from hetbench.cli.report import report
+from hetbench.comm import watchdog
 from hetbench.comm.launcher import world_rank
 from hetbench.signals import launched_size
 
@@ -151,11 +152,32 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(code)
 
 
+def _timeout_in(args: list[str]) -> float:
+    """--timeout's value in the command line, or its default where it is absent or not a usable number."""
+    import math
+
+    from hetbench.options import DEFAULT_TIMEOUT_SECONDS
+
+    for i, arg in enumerate(args):
+        text = arg.split("=", 1)[1] if arg.startswith("--timeout=") else (
+            args[i + 1] if arg == "--timeout" and i + 1 < len(args) else None)
+        if text is not None:
+            try:
+                value = float(text) if text.isascii() else -1.0
+            except ValueError:
+                return DEFAULT_TIMEOUT_SECONDS
+            return value if math.isfinite(value) and value >= 0 else DEFAULT_TIMEOUT_SECONDS
+    return DEFAULT_TIMEOUT_SECONDS
+
+
 def _main(argv: list[str] | None) -> int:
     """The command's exit code, its errors said (see the module's docstring)."""
     rank = 0
     try:
         signals.install()  # before MPI starts (done already when run as the `hetbench` command)
+        # MPI starts here under a launcher (to learn the rank): its MPI_Init is watched with --timeout as given,
+        # read ahead of click (a value click refuses later leaves the default here)
+        watchdog.arm(_timeout_in(sys.argv[1:] if argv is None else list(argv)))
         rank = world_rank()
         gone = _working_directory_error(sys.argv[1:] if argv is None else list(argv))
         if gone:  # every rank finds it alike (the ranks of a job on one host share the folder): rank 0 says it

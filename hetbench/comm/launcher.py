@@ -23,7 +23,9 @@ def world_rank() -> int:
     singleton of rank 0), and trusting them would leave nobody to print."""
     if "mpi4py.MPI" not in sys.modules and not started_by_launcher():
         return 0
-    from mpi4py import MPI
+    from hetbench.comm.watchdog import init_mpi
+
+    MPI = init_mpi()  # MPI_Init watched where the watchdog is armed (a peer that never came)
 
     if not MPI.Is_initialized() or MPI.Is_finalized():
         return 0

@@ -247,3 +247,24 @@ def test_a_rank_gone_before_mpi_init_ends_the_job(tmp_path, nprocs, gone):
                                       line) for line in lines), run.stderr
     assert f"rank {gone} " not in " ".join(lines)
     assert "Traceback" not in run.stderr
+
+
+@needs_mpi
+def test_a_rank_gone_before_the_command_starts_ends_the_command(tmp_path):
+    """The same through the command: its MPI starts first thing (to learn the rank), before --timeout is parsed by
+    click, and is watched with --timeout's value read ahead (hostile battery: rank 0 of split ended by SIGINT in
+    Python's own start-up left rank 1 in MPI_Init for good)."""
+    require_mpi_mark()
+    assert MPIEXEC is not None
+    script = "r=${PMI_RANK:-$OMPI_COMM_WORLD_RANK}; [ \"$r\" = 0 ] && exit 1; exec \"$0\" \"$@\""
+    cmd = [MPIEXEC, "-n", "2", "sh", "-c", script, sys.executable, "-m", "hetbench", "split", "--size", "64",
+           "--backend", "host", "--timeout", "3", "--out", "s.json"]
+    start = time.monotonic()
+    proc = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=60,
+                          stdin=subprocess.DEVNULL)
+    assert time.monotonic() - start < 3 + 10, proc.stderr
+    assert proc.returncode != 0 and not (tmp_path / "s.json").exists(), proc.stderr
+    if MPIEXEC_KIND == "mpich":
+        assert _error_lines(proc.stderr) == [line for line in _error_lines(proc.stderr) if re.fullmatch(
+            r"Error: rank 1 \(\S+\) waited 3 s in MPI_Init .*", line)] != [], proc.stderr
+    assert "Traceback" not in proc.stderr
