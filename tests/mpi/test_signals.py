@@ -257,9 +257,10 @@ def test_signal_in_a_ranks_first_instants_ends_the_job(tmp_path, nprocs, target,
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_signal_before_a_rank_runs_hetbench_ends_the_job(tmp_path, signum):
     """Before hetbench's first line runs on the rank (Python starting): the signal's default action ends that
-    rank, and the launcher, seeing a rank end before MPI started, ends the rest; no hang either way."""
+    rank; the launcher ends the rest, or (MPICH, where the rank left by an exit code) the others' MPI_Init ends at
+    --timeout; no hang either way."""
     proc = _start(["-m", "hetbench", "matmul", "--size", "64", "--backend", "host", "--repeat", "1000000",
-                   "--warmup", "0", "--out", "r.json"], tmp_path, nprocs=2)
+                   "--warmup", "0", "--out", "r.json", "--timeout", "5"], tmp_path, nprocs=2)
     try:
         pid = _first_instants(proc, 2, 1, handlers=False)
         start = time.monotonic()
@@ -267,6 +268,6 @@ def test_signal_before_a_rank_runs_hetbench_ends_the_job(tmp_path, signum):
         code, out, err, seconds = _wait_after(proc, start)
     finally:
         kill_group(proc)
-    assert seconds < END_WITHIN_SECONDS, (seconds, err)
+    assert seconds < END_WITHIN_SECONDS + 5, (seconds, err)
     assert code != 0, err
     assert not (tmp_path / "r.json").exists()
