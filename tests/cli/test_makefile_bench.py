@@ -186,7 +186,7 @@ def test_allreduce_bench_runs_small(tmp_path):
     assert run.returncode == 0, run.stderr
     (row,) = json.loads(run.stdout)
     assert row["size_mib"] == 1 and row["ratio"] == pytest.approx(row["hetbench_algbw_gbps"] / row["mpi4py_algbw_gbps"])
-    assert row["staged_ratio"] > 0
+    assert "staged_ratio" not in row  # host buffers are staged by neither path (issue 20): no column for it
 
 
 @needs_mpi
