@@ -72,7 +72,7 @@ class Tune:
             click.Option(["--shape-class", "shape_classes"], default="all", show_default=True, metavar="LIST",
                          help="Shape classes to tune, comma-separated: small (under 384^3 flops/2, tuned at 256^3), "
                               "thin (fewer than 256 rows or columns, at 128 x 1024 x 1024), medium (at 1024^3), "
-                              "large (from 1536^3, at 1536^3), or all."),
+                              "large (from 1536^3, at 2048^3), or all."),
             click.Option(["--budget", "budget_seconds"], type=click.FloatRange(1.0, MAX_BUDGET_SECONDS),
                          default=60.0, show_default=True,
                          help="Seconds per shape class after which no new candidate is started."),
