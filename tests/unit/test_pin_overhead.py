@@ -145,3 +145,25 @@ def test_train_bench_wants_one_folder(tmp_path, capsys):
     assert overhead.train_figures([]) == 2
     assert overhead.train_figures([str(tmp_path), str(tmp_path)]) == 2
     assert "train: give the bench's folder" in capsys.readouterr().err
+
+
+def _opencl_result(tuned: float, peak: float) -> dict:
+    gflops = {"kernel": 20.0, "tuned": tuned, "clblast": 15.0, "bare": 16.0}
+    return {"sizes": [{"n": 1024, "shape_class": "medium", "tuned_winner": "w", "auto_uses": "tuned",
+                       "gflops": gflops, "gflops_rounds": {k: [v] for k, v in gflops.items()},
+                       "verified": {"kernel": True, "tuned": True, "clblast": True}}],
+            "device": "dev", "notes": [], "tuned_now_seconds": {}, "rounds": 1, "repeat": 1,
+            "clpeak_fp32_gflops": peak, "load_average": (0.5, 0.6)}
+
+
+@pytest.mark.parametrize("tuned, peak, flagged, met", [(60.0, 40.0, True, True), (36.0, 40.0, False, True),
+                                                      (30.0, 40.0, False, False)])
+def test_opencl_bench_flags_a_figure_above_clpeaks(capsys, tuned, peak, flagged, met):
+    """A figure above clpeak's reads as a ratio above 1: flagged ("!" and a line saying clpeak is no ceiling there),
+    never shown as an efficiency unflagged; the goal is tuned >= 0.80 x clpeak's figure."""
+    assert overhead.print_opencl(_opencl_result(tuned, peak)) is met
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if "tuned kernel" in line)
+    assert (f"{tuned / peak:.3f}!" in row) is flagged and f"{tuned / peak:.3f}" in row
+    assert ("! above clpeak's figure" in out) is flagged
+    assert f"goal tuned >= 0.80 x clpeak peak: {tuned / peak:.3f} {'met' if met else 'NOT met'}" in out
