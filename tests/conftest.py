@@ -6,6 +6,15 @@ import pytest
 from helpers import _CURRENT, NO_MPIEXEC, _checkout_entries
 
 
+def pytest_configure(config):
+    """The tuned OpenCL GEMM's winners go to a cache of the test session's own (HETBENCH_CACHE_DIR), never to the
+    user's ~/.cache/hetbench; the commands the tests launch inherit it."""
+    import os
+    import tempfile
+
+    os.environ["HETBENCH_CACHE_DIR"] = tempfile.mkdtemp(prefix="hetbench-test-cache-")
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if any(str(m.kwargs.get("reason", "")).startswith(NO_MPIEXEC) for m in item.iter_markers("skipif")):
