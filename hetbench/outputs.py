@@ -27,25 +27,28 @@ class DefaultOutputConfig(OutputConfig):
     taken meanwhile gives way to the next free one (see `emit`). Recorded like any OutputConfig."""
 
 
+def same_file(a: Path | str, b: Path | str) -> bool:
+    """Whether two paths name one file, however spelled (./r.json, a linked folder, a hard link)."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
 def check_distinct_outputs(paths: dict[str, Path | None]) -> None:
     """Two outputs named the same file (however spelled: ./r.json, a linked folder, a hard link) would keep only
     one of them: a usage error naming both options."""
-    seen: list[tuple[str, Path, str]] = []
+    seen: list[tuple[str, Path]] = []
     for option, path in paths.items():
         if path is None:
             continue
-        resolved = os.path.realpath(path)
-        for other, other_path, other_resolved in seen:
-            same = resolved == other_resolved
-            if not same:
-                try:
-                    same = os.path.samefile(path, other_path)
-                except OSError:
-                    pass
-            if same:
+        for other, other_path in seen:
+            if same_file(path, other_path):
                 raise click.UsageError(f"{other} {str(other_path)!r} and {option} {str(path)!r} name the same file; "
                                        "give each output its own path")
-        seen.append((option, path, resolved))
+        seen.append((option, path))
 
 
 def overwritten_inputs(outputs: dict[str, Path | None], inputs: dict[str, Path | str | None]) -> list[str]:
@@ -58,13 +61,7 @@ def overwritten_inputs(outputs: dict[str, Path | None], inputs: dict[str, Path |
         for source, input_path in inputs.items():
             if input_path is None:
                 continue
-            same = os.path.realpath(path) == os.path.realpath(input_path)
-            if not same:
-                try:
-                    same = os.path.samefile(path, input_path)
-                except OSError:
-                    pass
-            if same:
+            if same_file(path, input_path):
                 errors.append(f"{option} {str(path)!r} is the file {source} {str(input_path)!r} reads: it would "
                               "be replaced; give the output another path")
                 break  # one line for an output, whichever inputs it names

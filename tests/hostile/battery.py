@@ -44,8 +44,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(1, str(HERE.parent))  # tests/: the suite's helpers
 
 from cases import Case, build_cases  # noqa: E402
+from helpers import handles_sigterm  # noqa: E402
+from helpers import rank_of as environment_rank  # noqa: E402
 
 TRACEBACK = "Traceback (most recent call last)"
 PACKAGE_DIR = str(Path(__file__).resolve().parents[2] / "hetbench")  # a traceback frame in it is hetbench's
@@ -107,25 +110,11 @@ def rank_of(pid: int) -> int | None:
     """The MPI rank of a process (from its environment), for a Python process running hetbench."""
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     except OSError:
         return None
     if b"hetbench" not in cmdline or b"mpiexec" in cmdline or b"hydra" in cmdline:
         return None
-    for item in environ:
-        for name in (b"PMI_RANK=", b"OMPI_COMM_WORLD_RANK="):
-            if item.startswith(name) and item[len(name):].isdigit():
-                return int(item[len(name):])
-    return None
-
-
-def handles_sigterm(pid: int) -> bool:
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return False
-    caught = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
-    return bool(caught & (1 << (signal.SIGTERM - 1)))
+    return environment_rank(pid)
 
 
 def kill_case(mark: str) -> list[int]:
