@@ -25,9 +25,11 @@ from typing import Any
 
 # the exit code of a job the watchdog ended: a failure, like a failed check, not a usage error
 EXIT_CODE = 1
-# rank r waits r times this long after its own timeout before it speaks: when several ranks wait on one silent peer,
-# the lowest of them says the line and its abort ends the others first
-SPEAK_DELAY_PER_RANK_SECONDS = 0.3
+# rank r waits min(r, SPEAK_DELAY_RANKS) times this long after its own timeout before it speaks: when several ranks
+# wait on one silent peer, the lowest of them says the line and its abort ends the others first (an abort took
+# 0.3-0.6 s to end the others on this 2-core VM under load; 0.3 s a rank let two ranks speak)
+SPEAK_DELAY_PER_RANK_SECONDS = 1.0
+SPEAK_DELAY_RANKS = 5
 # MPI_Abort must reach the launcher through the rank's local daemon; should that hang (a daemon beyond the cut link),
 # the rank still ends after this long, and the launcher sees it die
 ABORT_GRACE_SECONDS = 5.0
@@ -117,7 +119,7 @@ def _fire(operation: str, waited: float) -> None:
     mpi = sys.modules.get("mpi4py.MPI")
     rank, size = signals._world()
     if rank:
-        time.sleep(SPEAK_DELAY_PER_RANK_SECONDS * min(rank, 20))
+        time.sleep(SPEAK_DELAY_PER_RANK_SECONDS * min(rank, SPEAK_DELAY_RANKS))
     who = f"rank {rank} ({socket.gethostname()})" if size > 1 else "this process"
     line = (f"Error: {who} waited {waited:.0f} s in MPI {operation} with no answer from its peers "
             f"(--timeout {_timeout_seconds:g}); ending the job (a peer stopped, or the link to it cut?)")

@@ -182,10 +182,10 @@ def test_load_profile_refuses(profile, tmp_path):
         "calibrate with --dtype fp64 --strategy rows")
     broken = _rewrite(out, tmp_path / "broken.json", lambda d: d["rows"][3].update(gemm_gflops=-1.0))
     assert refused(broken) == (f"profile {str(broken)!r}: row 3 has -1.0 for gemm_gflops; a calibration row holds a "
-                               "rate > 0 (GFLOP/s)")
+                               "rate > 0 and at most 1e+12 (GFLOP/s)")
     no_link = _rewrite(out, tmp_path / "no_link.json", lambda d: d["rows"][1].update(link_gbps=None))
     assert refused(no_link) == (f"profile {str(no_link)!r}: row 1 (rank 1) has None for link_gbps; a rank other than "
-                                "the root (0) holds its link's bandwidth to the root, > 0 (GB/s)")
+                                "the root (0) holds its link's bandwidth to the root, > 0 and at most 1e+06 (GB/s)")
 
 
 @needs_mpi

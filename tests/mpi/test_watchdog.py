@@ -130,7 +130,7 @@ def test_a_stopped_rank_0_ends_a_3_rank_training_keeping_its_checkpoints(tmp_pat
     assert seconds < WITHIN_SECONDS, (seconds, err)
     assert code == 1, (code, err)
     lines = _error_lines(err)
-    # rank 1 speaks first unless rank 2 began its wait enough earlier (each waits 0.3 s a rank before it speaks)
+    # rank 1 speaks first unless rank 2 began its wait enough earlier (each waits 1 s a rank before it speaks)
     assert lines and re.match(rf"Error: rank [12] \(\S+\) waited {TIMEOUT} s in MPI \w+", lines[0]), err
     if MPIEXEC_KIND == "mpich":  # Open MPI stops the other ranks with SIGTERM, and they say so too
         assert len(lines) == 1, err
