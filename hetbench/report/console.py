@@ -429,10 +429,11 @@ def cell(column: Any, row: dict[str, Any], wide: bool = True) -> str:
 # The compact tables' columns that go first where a width runs short, first to go first: a device's name (its
 # backend column names it too) and host, then the figures a reader needs least. A column not named here and not a
 # key goes after them, the last declared first; a key (rank, backend, the split, the size, the check) never goes.
-DROP_ORDER = ("device", "host", "count_elements", "peak_percent", "solo_gflops", "end_to_end_us_median",
+DROP_ORDER = ("device", "host", "auto_gemm", "count_elements", "peak_percent", "solo_gflops", "end_to_end_us_median",
               "idle_seconds_median", "link_gbps", "algbw_gbps", "comm_seconds_median", "reduce_seconds_median",
               "stragglers", "compute_seconds_median")
-WRAPPING_COLUMNS = ("device", "host", "stragglers")  # text that may wrap between its words; the rest stays whole
+# text that may wrap between its words (a tuned kernel's winner: "12x1x16 wg16x1 packB256"); the rest stays whole
+WRAPPING_COLUMNS = ("device", "host", "stragglers", "winner")
 
 
 def _right_justified(column: Any) -> bool:
