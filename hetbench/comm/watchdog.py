@@ -41,10 +41,11 @@ BLOCKING = (
     "Send", "Ssend", "Bsend", "Rsend", "Recv", "Sendrecv", "Sendrecv_replace", "Probe", "Mprobe",
     "barrier", "bcast", "gather", "scatter", "allgather", "alltoall", "reduce", "allreduce", "scan", "exscan",
     "send", "ssend", "bsend", "recv", "sendrecv", "probe", "mprobe",
-    # collective over the communicator: every rank must come
+    # collective over the communicator, every rank must come: the communicators these return are watched too
+    # (mpi4py builds them as the caller's class)
     "Split", "Split_type", "Create_group", "Create",
 )
-# communicators these return are watched too (mpi4py builds them as the caller's class)
+# these return a request, whose waits are watched
 NONBLOCKING = (
     "Ibarrier", "Ibcast", "Igather", "Igatherv", "Iscatter", "Iscatterv", "Iallgather", "Iallgatherv", "Ialltoall",
     "Ialltoallv", "Ialltoallw", "Ireduce", "Iallreduce", "Ireduce_scatter", "Ireduce_scatter_block", "Iscan",
@@ -55,7 +56,6 @@ NONBLOCKING = (
 _waits: dict[int, tuple[str, float]] = {}  # thread ident -> (operation, _clock() when it began)
 _timeout_seconds: float = 0.0
 _thread: threading.Thread | None = None
-_fired = threading.Event()
 
 
 def armed() -> bool:
@@ -123,7 +123,6 @@ def _fire(operation: str, waited: float) -> None:
     who = f"rank {rank} ({socket.gethostname()})" if size > 1 else "this process"
     line = (f"Error: {who} waited {waited:.0f} s in MPI {operation} with no answer from its peers "
             f"(--timeout {_timeout_seconds:g}); ending the job (a peer stopped, or the link to it cut?)")
-    _fired.set()
     threading.Timer(ABORT_GRACE_SECONDS, os._exit, args=(EXIT_CODE,)).start()
     signals.end_job(line, EXIT_CODE, mpi)
 
