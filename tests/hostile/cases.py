@@ -160,11 +160,12 @@ def _manifest(change: Callable[[dict], object]) -> Callable[[Path], None]:
     return edit
 
 
-def _results(change: Callable[[dict], object] | None = None, source: str = "matmul-v1.json",
-             name: str = "bad.json", raw: Callable[[str], str] | None = None) -> Callable[[Path], None]:
-    """A copy of a saved results document with one thing changed."""
+def _doctored(source: Callable[[], Path], name: str, change: Callable[[dict], object] | None,
+              raw: Callable[[str], str] | None) -> Callable[[Path], None]:
+    """A copy of the JSON document at `source()` (found when the case runs), as `name`, with one thing changed (in
+    the object, or in its text)."""
     def setup(d: Path) -> None:
-        doc = json.loads((DATA / source).read_text())
+        doc = json.loads(source().read_text())
         if change:
             result = change(doc)
             if result is not None:
@@ -174,21 +175,18 @@ def _results(change: Callable[[dict], object] | None = None, source: str = "matm
             text = raw(text)
         (d / name).write_text(text)
     return setup
+
+
+def _results(change: Callable[[dict], object] | None = None, source: str = "matmul-v1.json",
+             name: str = "bad.json", raw: Callable[[str], str] | None = None) -> Callable[[Path], None]:
+    """A copy of a saved results document with one thing changed."""
+    return _doctored(lambda: DATA / source, name, change, raw)
 
 
 def _profile(change: Callable[[dict], object] | None = None, raw: Callable[[str], str] | None = None,
              name: str = "profile.json") -> Callable[[Path], None]:
-    def setup(d: Path) -> None:
-        doc = json.loads(TEMPLATES["profile"].read_text())
-        if change:
-            result = change(doc)
-            if result is not None:
-                doc = result
-        text = json.dumps(doc)
-        if raw:
-            text = raw(text)
-        (d / name).write_text(text)
-    return setup
+    """A copy of the calibration profile template with one thing changed."""
+    return _doctored(lambda: TEMPLATES["profile"], name, change, raw)
 
 
 def _set(path: str, value) -> Callable[[dict], None]:

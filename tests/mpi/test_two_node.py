@@ -48,9 +48,9 @@ OPENMPI_READS_LOW = ("Open MPI 4.1 reads a tbf-shaped link below its rate (TCP B
                      "at once, about half of it), where MPICH reads the rate")
 
 
-@pytest.fixture(scope="module")
-def nodes():
-    """One pair for the runs that leave the link up; removed (with anything still running in it) at the end."""
+def _pair():
+    """A pair of nodes, removed (with anything still running in it) when the fixture ends; skipped, saying why,
+    where namespaces cannot be made."""
     reason = why_not()
     if reason is not None:
         pytest.skip(reason)
@@ -59,19 +59,18 @@ def nodes():
         yield pair
     finally:
         pair.remove()
+
+
+@pytest.fixture(scope="module")
+def nodes():
+    """One pair for the runs that leave the link up."""
+    yield from _pair()
 
 
 @pytest.fixture
 def fresh_nodes():
     """A pair of the test's own, for the runs that cut the link or stop a rank."""
-    reason = why_not()
-    if reason is not None:
-        pytest.skip(reason)
-    pair = TwoNodes()
-    try:
-        yield pair
-    finally:
-        pair.remove()
+    yield from _pair()
 
 
 def _env(pair: TwoNodes) -> dict[str, str]:
