@@ -47,7 +47,7 @@ def _fail_before_mpi(line: str, code: int) -> None:
         print(line, file=sys.stderr, flush=True)
         sys.exit(code)
     rank = _launched_rank()
-    _, size = signals._start_mpi()  # returns once every rank has come to MPI_Init
+    _, size = signals.start_mpi()  # returns once every rank has come to MPI_Init
     if rank != 0:
         import socket
         import time

@@ -63,7 +63,7 @@ def exit_code(signum: int) -> int:
     return 128 + signum
 
 
-def _world() -> tuple[int, int]:
+def world() -> tuple[int, int]:
     """(rank, size) of COMM_WORLD once MPI is initialised (and not finalised); (0, 1) before."""
     mpi = sys.modules.get("mpi4py.MPI")
     try:
@@ -74,7 +74,7 @@ def _world() -> tuple[int, int]:
         return 0, 1
 
 
-def _say(line: str) -> None:
+def say(line: str) -> None:
     # os.write, not print: no Python-level lock on sys.stderr that the interrupted main thread might hold
     try:
         os.write(2, (line + "\n").encode(errors="replace"))
@@ -94,7 +94,7 @@ def end_job(line: str, code: int, mpi: object = None) -> None:
     """Say `line` (once per process: a second caller waits here until the process ends), then end every rank of the
     job through MPI_Abort with `code`, or this process alone where MPI has not started. Does not return."""
     _ending.acquire()
-    _say(line)
+    say(line)
     time.sleep(ABORT_FLUSH_SECONDS)
     mpi = mpi or sys.modules.get("mpi4py.MPI")
     try:
@@ -115,7 +115,7 @@ def launched_size() -> int:
     return 1
 
 
-def _start_mpi() -> tuple[int, int]:
+def start_mpi() -> tuple[int, int]:
     """Start MPI in a process the launcher started as one of several ranks, so that an abort reaches them all:
     a rank that ends before MPI starts leaves MPICH's ranks waiting for it for ever. (rank, size) after."""
     try:
@@ -125,19 +125,19 @@ def _start_mpi() -> tuple[int, int]:
             MPI.Init_thread(MPI.THREAD_MULTIPLE)
     except BaseException:  # noqa: BLE001 - a second signal, or an MPI that cannot start: end this process alone
         return 0, 1
-    return _world()
+    return world()
 
 
 def interrupted(signum: int) -> int:
     """The main thread's answer to `Interrupted`: in a job of several ranks, abort them all; alone, say so once and
     return the exit code."""
-    rank, size = _world()
+    rank, size = world()
     if size == 1 and launched_size() > 1 and not _finalized():
-        rank, size = _start_mpi()  # interrupted before MPI started: start it, or the other ranks wait for ever
+        rank, size = start_mpi()  # interrupted before MPI started: start it, or the other ranks wait for ever
     if size > 1:
         _abort_job(signum, rank)
     if _ending.acquire(blocking=False):
-        _say(f"Error: interrupted by {signal.Signals(signum).name}")
+        say(f"Error: interrupted by {signal.Signals(signum).name}")
     return exit_code(signum)
 
 
@@ -169,20 +169,20 @@ def _watch(read_fd: int) -> None:
         signum = data[0]
         if signum not in HANDLED:
             continue
-        rank, size = _world()
+        rank, size = world()
         if size > 1:
             _abort_job(signum, rank)
         if launched_size() > 1 and not _finalized():
             # one of several ranks, MPI not started yet (or starting): the main thread starts it and aborts the job
             # (`interrupted`); should it not get there, end this process after a while
             time.sleep(STARTUP_GRACE_SECONDS)
-            rank, size = _world()
+            rank, size = world()
             if size > 1:
                 _abort_job(signum, rank)
         # alone: the main thread unwinds through `Interrupted`; end the process if it is stuck in a long C call
         time.sleep(SINGLE_GRACE_SECONDS)
         if _ending.acquire(blocking=False):
-            _say(f"Error: interrupted by {signal.Signals(signum).name}")
+            say(f"Error: interrupted by {signal.Signals(signum).name}")
         os._exit(exit_code(signum))
 
 

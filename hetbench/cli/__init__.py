@@ -218,7 +218,7 @@ def _main(argv: list[str] | None) -> int:
 
             traceback.print_exc()
         if _mpi_world_size() == 1 and launched_size() > 1:
-            signals._start_mpi()  # failed before MPI started: start it to end the job (MPICH waits for ever else)
+            signals.start_mpi()  # failed before MPI started: start it to end the job (MPICH waits for ever else)
         if _mpi_world_size() > 1:
             import time
 

@@ -117,7 +117,7 @@ def _fire(operation: str, waited: float) -> None:
     from hetbench import signals
 
     mpi = sys.modules.get("mpi4py.MPI")
-    rank, size = signals._world()
+    rank, size = signals.world()
     if rank:
         time.sleep(SPEAK_DELAY_PER_RANK_SECONDS * min(rank, SPEAK_DELAY_RANKS))
     who = f"rank {rank} ({socket.gethostname()})" if size > 1 else "this process"
@@ -227,7 +227,7 @@ def init_mpi() -> Any:
             os.close(write_fd)
             ready, _, _ = select.select([read_fd], [], [], limit)
             if not ready:
-                signals._say(f"Error: rank {rank} ({socket.gethostname()}) waited {limit:.0f} s in MPI_Init with no "
+                signals.say(f"Error: rank {rank} ({socket.gethostname()}) waited {limit:.0f} s in MPI_Init with no "
                              f"answer from its peers (--timeout {limit:g}); ending the job (a rank that did not start, "
                              "or a link cut?)")
                 os.kill(parent, _signal.SIGKILL)
