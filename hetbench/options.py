@@ -56,6 +56,25 @@ def int_range(min: int | None = None, max: int | None = None) -> AsciiIntRange:
     return AsciiIntRange(min=min, max=max)
 
 
+class AutoOrIntRange(AsciiIntRange):
+    """"auto" (returned as None: the command chooses) or an integer in range."""
+
+    name = "auto|integer"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if value is None or (isinstance(value, str) and value.strip() == "auto"):
+            return None
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter as e:
+            if "auto" in e.message:
+                raise
+            self.fail(f"{e.message}, or auto", param, ctx)
+
+    def _accepted(self) -> str:
+        return f"auto or {super()._accepted()}"
+
+
 # a number on a command line: ASCII digits, an optional sign, fraction and exponent; no nan, no inf
 _ASCII_FLOAT = re.compile(r"[+-]?(?:[0-9]+(?:_[0-9]+)*(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 

@@ -85,14 +85,15 @@ def test_auto_strategy_and_files_at_the_root(tmp_path):
 
 @needs_mpi
 def test_figures_agree_with_each_other(tmp_path):
-    """Every derived figure of a measured split recomputed from the raw values in its own document. The weights
+    """Every derived figure of a phased split (--no-overlap; the streamed one's: tests/mpi/test_split_overlap.py)
+    recomputed from the raw values in its own document. The weights
     are fixed (2,1,3: parts [12, 6, 19], even [13, 12, 12]), so the even split is always measured beside (auto
     weights equal to the even split's left no "even" to compare with). The simulated ranks' times are their
     model's at the slice each reports: what a rank computed is what its row says it computed."""
     from hetbench.backends.sim import gemm_model_seconds, get_model, transfer_model_seconds
     from hetbench.harness import split_plan as plan
 
-    _, doc, _ = split(tmp_path, 3, "--repeat", "3", "--strategy", "rows", "--weights", "2,1,3",
+    _, doc, _ = split(tmp_path, 3, "--repeat", "3", "--strategy", "rows", "--weights", "2,1,3", "--no-overlap",
                       "--backend", "0=host,1=sim:h100,2=sim:mi300x")
     s = doc["summary"]
     flops = 2 * M * N * K

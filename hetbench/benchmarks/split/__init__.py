@@ -24,6 +24,7 @@ from hetbench.benchmarks.base import (
     register,
 )
 from hetbench.benchmarks.split.config import SPLIT_STRATEGIES, SplitConfig
+from hetbench.benchmarks.split.stream import AUTO_CHUNK_MIN_COLUMNS, AUTO_CHUNKS, MAX_CHUNKS
 from hetbench.config import DTYPE_NAMES, OutputConfig, parse_dtype
 from hetbench.options import (
     output_file,
@@ -31,6 +32,7 @@ from hetbench.options import (
     MAX_REPEAT,
     MAX_SEED,
     MAX_WARMUP,
+    AutoOrIntRange,
     int_range,
     parse_backends,
     shape_options,
@@ -100,6 +102,15 @@ class Split:
             click.Option(["--rebalance"], type=int_range(1, MAX_REBALANCE), default=None,
                          help="Re-weight from each rank's measured compute time, up to N iterations, until the "
                               "imbalance (slowest / mean - 1) is under 5 %."),
+            click.Option(["--overlap/--no-overlap"], default=True, show_default=True,
+                         help="Stream A's block and B's column chunks to the ranks while they compute, each chunk "
+                              "of C sent back as it is done (a progress thread moves MPI meanwhile); "
+                              "--no-overlap: distribute, compute and collect in turn, between barriers."),
+            click.Option(["--chunks"], type=AutoOrIntRange(1, MAX_CHUNKS), default="auto", show_default=True,
+                         metavar="auto|N",
+                         help=f"With --overlap: the column chunks B and C are streamed in (auto: "
+                              f"{AUTO_CHUNKS}, fewer where a chunk would be narrower than "
+                              f"{AUTO_CHUNK_MIN_COLUMNS} columns; at most the product's columns)."),
             click.Option(["--compare-even/--no-compare-even"], default=True, show_default=True,
                          help="Measure the even split beside the chosen one, in the same run."),
             click.Option(["--warmup"], type=int_range(0, MAX_WARMUP), default=1, show_default=True,
@@ -131,6 +142,9 @@ class Split:
                   if params[p] is not None]
         if linked and not params["plan"]:
             raise click.UsageError(f"{', '.join(linked)} model the link for --plan; a run measures its links")
+        if params["chunks"] is not None and not params["overlap"]:
+            raise click.UsageError(f"--chunks {params['chunks']} streams the chunks of --overlap; --no-overlap "
+                                   "moves each slice whole (leave --chunks out, or drop --no-overlap)")
         if params["plan"] and (a_path is not None or params["save"] is not None or params["rebalance"]):
             raise click.UsageError("--plan runs nothing: it cannot be combined with --a/--b, --save or --rebalance")
         size = params["size"]
@@ -151,6 +165,7 @@ class Split:
             compare_even=params["compare_even"], warmup=params["warmup"], repeat=params["repeat"],
             seed=params["seed"], a_path=a_path, b_path=b_path, save=params["save"], plan=params["plan"],
             link_gbit_per_s=params["link_gbit_per_s"], link_latency_us=params["link_latency_us"], output=output,
+            overlap=params["overlap"], chunks=params["chunks"],
         )
 
     def output_paths(self, cfg: SplitConfig) -> dict[str, tuple[Any, int]]:

@@ -36,6 +36,8 @@ class SplitConfig:
     plan: bool = False
     link_gbit_per_s: float | None = None  # --plan's modelled link between the root and each other rank
     link_latency_us: float | None = None
+    overlap: bool = True  # stream the chunks while the devices compute (stream.py); False: phases between barriers
+    chunks: int | None = None  # --chunks; None: auto (stream.auto_chunks)
     output: OutputConfig = field(default_factory=OutputConfig)
 
     def to_dict(self) -> dict[str, Any]:

@@ -68,6 +68,10 @@ class Phases:
     h2d: float = 0.0
     gemm: float = 0.0
     d2h: float = 0.0
+    # a streamed iteration (stream.py) overlaps the phases: the rank's whole iteration, and the real time its
+    # device work took (for a simulated device, whose h2d, gemm and d2h are modelled); None in a phased one
+    wall: float | None = None
+    device_wall: float | None = None
 
     @property
     def compute(self) -> float:
@@ -80,6 +84,15 @@ class Phases:
     @property
     def communication(self) -> float:
         return self.distribute + self.h2d + self.d2h + self.collect
+
+    def end_to_end(self, modelled: bool) -> float | None:
+        """A streamed iteration's time on this rank: its wall time, with a modelled device's real device time
+        replaced by the modelled one. None for a phased iteration (its job time is the phases' sum)."""
+        if self.wall is None:
+            return None
+        if modelled and self.device_wall is not None:
+            return self.wall - self.device_wall + self.device
+        return self.wall
 
 
 def _bytes(array: np.ndarray) -> np.ndarray:
@@ -206,33 +219,48 @@ class SplitFigures:
     strategy: str
     parts: list[int]
     per_rank: list[list[Phases]]  # [rank][timed iteration]
+    modelled: list[bool] | None = None  # per rank: its device's times are modelled (a simulated device)
 
     def iteration_times(self) -> list[dict[str, float]]:
         """Per timed iteration, the job's phase times, each the slowest rank's: distribute, the device phase (copies
-        and GEMM), collect, their sum (end to end), and the compute phase alone (the slowest GEMM)."""
+        and GEMM), collect, the compute phase alone (the slowest GEMM), and end to end: for a phased iteration the
+        sum of distribute, device and collect; for a streamed one (whose phases overlap) the slowest rank's own
+        end to end (Phases.end_to_end), distribute and collect then being the time ranks waited on transfers."""
+        modelled = self.modelled or [False] * len(self.per_rank)
         out = []
         for i in range(len(self.per_rank[0])):
             d = max(r[i].distribute for r in self.per_rank)
             device = max(r[i].device for r in self.per_rank)
             c = max(r[i].compute for r in self.per_rank)
             g = max(r[i].collect for r in self.per_rank)
+            walls = [r[i].end_to_end(m) for r, m in zip(self.per_rank, modelled)]
+            e2e = d + device + g if walls[0] is None else max(w for w in walls if w is not None)
             working = [r[i].compute for r, p in zip(self.per_rank, self.parts) if p > 0]
-            out.append({"distribute": d, "device": device, "compute": c, "collect": g, "end_to_end": d + device + g,
+            out.append({"distribute": d, "device": device, "compute": c, "collect": g, "end_to_end": e2e,
                         "imbalance": plan.imbalance(working, [p for p in self.parts if p > 0])})
         return out
 
 
 def run_split(world: World, state: SplitState, dtype: DType, strategy: str, parts: list[int], warmup: int,
-              repeat: int, on_iteration: Callable[[], None] | None = None) -> tuple[list[Phases], np.ndarray | None]:
-    """`warmup` + `repeat` iterations of one split; this rank's timed phases, and the root's last C."""
-    splitter = Splitter(world, state, dtype, strategy, parts)
+              repeat: int, on_iteration: Callable[[], None] | None = None,
+              chunks: int | None = None) -> tuple[list[Phases], np.ndarray | None]:
+    """`warmup` + `repeat` iterations of one split; this rank's timed phases, and the root's last C. `chunks`:
+    streamed in that many column chunks (stream.py); None: the phased iteration, its phases between barriers."""
+    from hetbench.benchmarks.split.stream import StreamedSplitter
+
+    splitter: Any = (Splitter(world, state, dtype, strategy, parts) if chunks is None
+                     else StreamedSplitter(world, state, dtype, strategy, parts, chunks))
     timed = []
-    for i in range(warmup + repeat):
-        phases = splitter.iteration()
-        if i >= warmup:
-            timed.append(phases)
-        if on_iteration is not None:
-            on_iteration()
+    try:
+        for i in range(warmup + repeat):
+            phases = splitter.iteration()
+            if i >= warmup:
+                timed.append(phases)
+            if on_iteration is not None:
+                on_iteration()
+    finally:
+        if chunks is not None:
+            splitter.close()
     return timed, splitter.c
 
 
@@ -357,11 +385,12 @@ def measure(cfg: Any, world: World, state: SplitState,
                                                         [p for p in parts if p > 0])})
             parts = plan.balanced_parts(points, dim, caps)
 
+    chunks = streamed_chunks(cfg, n)
     # Rebalancing: one timed iteration of the split per step; the parts re-balanced from every rank's compute
     # times measured so far, until the imbalance is under the goal
     history: list[dict[str, Any]] = []
     for i in range(cfg.rebalance):
-        phases, _ = run_split(world, state, dtype, strategy, parts, 0, 1)
+        phases, _ = run_split(world, state, dtype, strategy, parts, 0, 1, chunks=chunks)
         every = world.allgather(phases[0].compute)
         working = [c for c, p in zip(every, parts) if p > 0]
         imb = plan.imbalance(working, [p for p in parts if p > 0])
@@ -386,7 +415,7 @@ def measure(cfg: Any, world: World, state: SplitState,
             if on_step is not None:
                 on_step(done, total, f"{name} split {strategy}")
 
-        timed, c = run_split(world, state, dtype, strategy, p, cfg.warmup, cfg.repeat, tick)
+        timed, c = run_split(world, state, dtype, strategy, p, cfg.warmup, cfg.repeat, tick, chunks=chunks)
         splits.append((name, strategy, list(p), timed))
 
     solo_at_parts = solo_at_final_parts(world, state, dtype, strategy, m, n, k, parts, cfg.seed)
@@ -398,9 +427,20 @@ def measure(cfg: Any, world: World, state: SplitState,
     chosen = {"mnk": (m, n, k), "caps": state.caps[strategy], "strategy": strategy, "strategy_given": cfg.strategy, "weights_kind": cfg.weights.kind,
               "weights": weights_for(strategy), "predictions": {s: p.to_dict() for s, p in predictions.items()},
               "links": links, "rates": rates, "solo_rates": solo_rates, "refined": refined,
-              "solo_at_parts": solo_at_parts}
+              "solo_at_parts": solo_at_parts, "overlap": chunks is not None, "chunks": chunks}
     return RankRun(link, solo, splits, history, chosen, c if world.rank == ROOT else None, verdict,
                    rank_facts(world, state))
+
+
+def streamed_chunks(cfg: Any, n: int) -> int | None:
+    """The column chunks a split streams in (`--chunks`, or stream.auto_chunks of C's columns), at most n; None
+    for `--no-overlap` (the phased iteration)."""
+    from hetbench.benchmarks.split.stream import auto_chunks
+
+    if not getattr(cfg, "overlap", True):
+        return None
+    chunks = getattr(cfg, "chunks", None)
+    return min(n, auto_chunks(n) if chunks is None else chunks)
 
 
 AUTO_REFINE_STEPS = 3
@@ -616,7 +656,10 @@ def rows(cfg: Any, gathered: list[RankRun]) -> list[dict[str, Any]]:
                 "link_latency_us": link.latency_s * 1e6 if link is not None else None,
                 "raw": {"compute_seconds": compute, "h2d_seconds": [p.h2d for p in phases],
                         "d2h_seconds": [p.d2h for p in phases], "distribute_seconds": [p.distribute for p in phases],
-                        "collect_seconds": [p.collect for p in phases]},
+                        "collect_seconds": [p.collect for p in phases],
+                        **({"wall_seconds": [p.wall for p in phases],
+                            "device_wall_seconds": [p.device_wall for p in phases]}
+                           if phases and phases[0].wall is not None else {})},
             }
             out.append(row)
     return out
@@ -656,7 +699,8 @@ def summarize_job(cfg: Any, rows_: list[dict[str, Any]], gathered: list[RankRun]
     links = root.chosen["links"]
     splits: dict[str, Any] = {}
     for index, (name, s, parts, _) in enumerate(root.splits):
-        figures = SplitFigures(name, s, parts, [rr.splits[index][3] for rr in gathered])
+        figures = SplitFigures(name, s, parts, [rr.splits[index][3] for rr in gathered],
+                               [rr.facts["device_timing"] == TIMING_MODELLED for rr in gathered])
         its = figures.iteration_times()
         e2e = [t["end_to_end"] for t in its]
         compute = [t["compute"] for t in its]
@@ -688,6 +732,8 @@ def summarize_job(cfg: Any, rows_: list[dict[str, Any]], gathered: list[RankRun]
     summary: dict[str, Any] = {
         "strategy": strategy,
         "strategy_given": root.chosen["strategy_given"],
+        "overlap": root.chosen.get("overlap", False),
+        "chunks": root.chosen.get("chunks"),
         "weights_kind": root.chosen["weights_kind"],
         "weights": root.chosen["weights"],
         "ranks": len(gathered),

@@ -1,0 +1,290 @@
+"""The streamed split: one iteration whose communication runs while the devices compute (`--overlap`, the default).
+
+B and C are cut into column chunks (`column_chunks`): chunk j holds columns [start_j, start_j + width_j). Every
+transfer is started at once and a progress engine (hetbench/comm/progress.py) moves them while the devices work:
+
+- rows: the root sends each working rank its rows of A, then B's column chunks in order; the rank computes its
+  C rows' chunk j (its rows of A @ B's chunk j) as soon as chunk j has arrived, while the later chunks arrive,
+  and sends that chunk of C back at once; the root receives each chunk straight into its place in C (an MPI
+  subarray type: no copy) and computes its own rows meanwhile.
+- k: each working rank gets its columns of A, then its rows of B in column chunks; it computes the chunk j of its
+  partial product and starts that chunk's sum to the root (MPI_Ireduce) at once; a rank without a part adds zeros.
+
+A rank's figures per iteration (Phases): distribute = the time it waited for its inputs (exposed, not the time
+they took to arrive), h2d/gemm/d2h = its copies and GEMMs, summed over the chunks, collect = the time it waited for
+its results to leave (the root: for every rank's to arrive) after its last GEMM, wall = the whole iteration as this
+rank saw it, from the barrier that starts it until its last transfer ended. The job's time is the slowest rank's
+wall. On a simulated device the GEMMs and copies are modelled: its wall has their real time replaced by the
+modelled one (device_wall is what they really took).
+
+The root packs B's column chunks (and, for k, A's column blocks) once, outside the timed iterations: a program
+that streams B would keep it in that layout.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from hetbench.backends.base import TIMING_MODELLED, capabilities
+from hetbench.comm.progress import Progress
+from hetbench.comm.world import World
+from hetbench.dtypes import DType
+
+ROOT = 0
+MAX_CHUNKS = 256
+# below this many columns a chunk's GEMM runs measurably slower than the whole part's on this VM's BLAS and PoCL
+AUTO_CHUNK_MIN_COLUMNS = 256
+AUTO_CHUNKS = 8  # enough that the first chunk arrives in an eighth of B's transfer time
+_TAG_A, _TAG_B, _TAG_C = 21, 1000, 2000  # B's chunk j travels with tag _TAG_B + j, C's with _TAG_C + j
+
+
+def auto_chunks(n: int) -> int:
+    """The chunk count `--chunks auto` takes for C's n columns: AUTO_CHUNKS, fewer where a chunk would be narrower
+    than AUTO_CHUNK_MIN_COLUMNS, at least 1."""
+    return max(1, min(AUTO_CHUNKS, n // AUTO_CHUNK_MIN_COLUMNS))
+
+
+def column_chunks(n: int, chunks: int) -> list[tuple[int, int]]:
+    """(start, width) of each of min(chunks, n) column chunks of n columns, widths differing by at most one (the
+    wider ones first)."""
+    if n < 1 or chunks < 1:
+        raise ValueError(f"column_chunks needs n >= 1 and chunks >= 1, got n={n}, chunks={chunks}")
+    count = min(chunks, n)
+    base, extra = divmod(n, count)
+    out, start = [], 0
+    for j in range(count):
+        width = base + (1 if j < extra else 0)
+        out.append((start, width))
+        start += width
+    return out
+
+
+def _flat(array: np.ndarray) -> np.ndarray:
+    return array.reshape(-1).view(np.uint8)
+
+
+class StreamedSplitter:
+    """Runs streamed iterations of one split (strategy, parts, chunks) on this rank. Collective: every rank makes
+    one and calls `iteration` the same number of times, then `close`."""
+
+    def __init__(self, world: World, state: Any, dtype: DType, strategy: str, parts: list[int], chunks: int,
+                 progress: Progress | None = None) -> None:
+        from hetbench.benchmarks.split.run import Phases, _offsets  # noqa: F401  (Phases: the iteration's figures)
+
+        assert state.mnk is not None
+        self.world, self.state, self.dtype, self.strategy, self.parts = world, state, dtype, strategy, parts
+        m, n, k = state.mnk
+        self.mnk = (m, n, k)
+        self.cols = column_chunks(n, chunks)
+        self.me = world.rank
+        self.part = parts[self.me]
+        self.starts = _offsets(parts)
+        self.progress = progress if progress is not None else Progress(world.raw_comm)
+        self.backend = state.backend
+        self.on_host = capabilities(state.info.backend).computes_on_host_arrays
+        self.modelled = state.backend.timing == TIMING_MODELLED
+        host = dtype.host
+        p = self.part
+        # this rank's inputs: A's rows (rows) or columns (k), and its B chunks
+        if strategy == "rows":
+            a_shape, b_rows = (p, k), k
+        else:
+            a_shape, b_rows = (m, p), p
+        self.a_r = np.empty(a_shape, dtype=host)
+        self.b_r = [np.empty((b_rows, w), dtype=host) for _, w in self.cols]
+        self.types: list[Any] = []
+        self.c: np.ndarray | None = None
+        if self.me == ROOT:
+            a, b = state.a, state.b
+            assert a is not None and b is not None
+            # per working rank: its A block and its B chunks, packed once
+            self.sends: list[tuple[int, np.ndarray, list[np.ndarray]]] = []
+            for r, (start, part) in enumerate(zip(self.starts, parts)):
+                if part == 0:
+                    continue
+                if strategy == "rows":
+                    a_blk = a[start:start + part]
+                    b_chunks = None  # all ranks take the same B chunks: packed once below
+                else:
+                    a_blk = np.ascontiguousarray(a[:, start:start + part])
+                    b_chunks = [np.ascontiguousarray(b[start:start + part, c0:c0 + w]) for c0, w in self.cols]
+                if r == ROOT:
+                    self.a_r = a_blk
+                    if b_chunks is not None:
+                        self.b_r = b_chunks
+                    continue
+                self.sends.append((r, a_blk, b_chunks))  # type: ignore[arg-type]
+            if strategy == "rows":
+                packed = [np.ascontiguousarray(b[:, c0:c0 + w]) for c0, w in self.cols]
+                self.sends = [(r, a_blk, packed) for r, a_blk, _ in self.sends]
+                self.b_whole = b
+                self.c = np.empty((m, n), dtype=host)
+                # each working rank's chunk j of C lands in place: a subarray of C's bytes
+                from mpi4py import MPI
+
+                item = np.dtype(host).itemsize
+                self.c_types: dict[tuple[int, int], Any] = {}
+                for r, (start, part) in enumerate(zip(self.starts, parts)):
+                    if part == 0 or r == ROOT:
+                        continue
+                    for j, (c0, w) in enumerate(self.cols):
+                        t = MPI.BYTE.Create_subarray([m, n * item], [part, w * item], [start, c0 * item])
+                        t.Commit()
+                        self.c_types[(r, j)] = t
+                        self.types.append(t)
+
+    def close(self) -> None:
+        for t in self.types:
+            t.Free()
+        self.types = []
+
+    # --- one iteration ----------------------------------------------------------------------------------------
+
+    def iteration(self) -> Any:
+        from hetbench.benchmarks.split.run import Phases
+
+        world = self.world
+        comm = world.comm
+        world.barrier()
+        t0 = time.perf_counter()
+        ph = Phases(0.0)
+        ph.device_wall = 0.0
+        with self.progress:
+            if self.strategy == "rows":
+                self._rows(comm, ph)
+            else:
+                self._k(comm, ph)
+        wall = time.perf_counter() - t0
+        ph.wall = wall
+        return ph
+
+    def _timed_wait(self, requests: list[Any]) -> float:
+        if not requests:
+            return 0.0
+        t = time.perf_counter()
+        self.world.wait_all(requests)
+        return time.perf_counter() - t
+
+    def _gemm(self, ph: Any, a_dev: Any, b_host: np.ndarray, out_host: np.ndarray | None) -> Any:
+        """One chunk's product on this rank's device: B's chunk uploaded (h2d), multiplied (gemm), and the
+        result copied back (d2h) unless the device computes on host arrays. Returns the host array holding it."""
+        backend, dtype = self.backend, self.dtype
+        t = time.perf_counter()
+        if self.on_host:
+            out = out_host if out_host is not None else np.empty((a_dev.shape[0], b_host.shape[1]), dtype.host)
+            with backend.timer() as g:
+                backend.matmul(a_dev, b_host, out, dtype)
+            ph.gemm += g.seconds
+            ph.device_wall += time.perf_counter() - t
+            return out
+        with backend.timer() as h2d:
+            b_dev = backend.upload(b_host, dtype)
+        c_dev = backend.empty((a_dev.shape[0], b_host.shape[1]), dtype)
+        with backend.timer() as g:
+            backend.matmul(a_dev, b_dev, c_dev, dtype)
+        with backend.timer() as d2h:
+            c = backend.download(c_dev, dtype)
+        ph.h2d += h2d.seconds
+        ph.gemm += g.seconds
+        ph.d2h += d2h.seconds
+        ph.device_wall += time.perf_counter() - t
+        if out_host is not None:
+            out_host[...] = c
+            return out_host
+        return c
+
+    def _a_on_device(self, ph: Any) -> Any:
+        if self.on_host:
+            return self.a_r
+        t = time.perf_counter()
+        with self.backend.timer() as h2d:
+            a_dev = self.backend.upload(self.a_r, self.dtype)
+        ph.h2d += h2d.seconds
+        ph.device_wall += time.perf_counter() - t
+        return a_dev
+
+    def _rows(self, comm: Any, ph: Any) -> None:
+        if self.me == ROOT:
+            t = time.perf_counter()
+            requests = []
+            for r, a_blk, b_chunks in self.sends:
+                requests.append(comm.Isend(_flat(a_blk), dest=r, tag=_TAG_A))
+                for j, chunk in enumerate(b_chunks):
+                    requests.append(comm.Isend(_flat(chunk), dest=r, tag=_TAG_B + j))
+            assert self.c is not None
+            c_bytes = _flat(self.c)
+            for (r, j), t_type in self.c_types.items():
+                requests.append(comm.Irecv([c_bytes, 1, t_type], source=r, tag=_TAG_C + j))
+            ph.distribute = time.perf_counter() - t
+            if self.part > 0:
+                start = self.starts[ROOT]
+                own = self.c[start:start + self.part]
+                a_dev = self._a_on_device(ph)
+                if self.on_host:  # the whole block at once, straight into C
+                    self._gemm(ph, a_dev, self.b_whole, own)
+                else:
+                    for (c0, w), chunk in zip(self.cols, self._root_b_chunks()):
+                        own[:, c0:c0 + w] = self._gemm(ph, a_dev, chunk, None)
+            ph.collect = self._timed_wait(requests)
+            return
+        if self.part == 0:
+            return
+        got_a = comm.Irecv(_flat(self.a_r), source=ROOT, tag=_TAG_A)
+        got_b = [comm.Irecv(_flat(chunk), source=ROOT, tag=_TAG_B + j) for j, chunk in enumerate(self.b_r)]
+        ph.distribute += self._timed_wait([got_a])
+        a_dev = self._a_on_device(ph)
+        sent = []
+        for j, got in enumerate(got_b):
+            ph.distribute += self._timed_wait([got])
+            c = self._gemm(ph, a_dev, self.b_r[j], None)
+            sent.append((comm.Isend(_flat(c), dest=ROOT, tag=_TAG_C + j), c))
+        ph.collect = self._timed_wait([s for s, _ in sent])
+
+    def _root_b_chunks(self) -> list[np.ndarray]:
+        if self.sends:
+            return self.sends[0][2]
+        b = self.b_whole
+        return [np.ascontiguousarray(b[:, c0:c0 + w]) for c0, w in self.cols]
+
+    def _k(self, comm: Any, ph: Any) -> None:
+        from mpi4py import MPI
+
+        m, n, _ = self.mnk
+        mpi_type = self.dtype.mpi_dtype
+        requests: list[Any] = []
+        if self.me == ROOT:
+            t = time.perf_counter()
+            for r, a_blk, b_chunks in self.sends:
+                requests.append(comm.Isend(_flat(a_blk), dest=r, tag=_TAG_A))
+                for j, chunk in enumerate(b_chunks):
+                    requests.append(comm.Isend(_flat(chunk), dest=r, tag=_TAG_B + j))
+            ph.distribute = time.perf_counter() - t
+            got_b: list[Any] = []
+        elif self.part > 0:
+            got_a = comm.Irecv(_flat(self.a_r), source=ROOT, tag=_TAG_A)
+            got_b = [comm.Irecv(_flat(chunk), source=ROOT, tag=_TAG_B + j) for j, chunk in enumerate(self.b_r)]
+            ph.distribute += self._timed_wait([got_a])
+        sums: list[tuple[Any, np.ndarray, np.ndarray | None]] = []
+        a_dev = self._a_on_device(ph) if self.part > 0 else None
+        zeros = None
+        for j, (c0, w) in enumerate(self.cols):
+            if self.part > 0:
+                if got_b:
+                    ph.distribute += self._timed_wait([got_b[j]])
+                c = self._gemm(ph, a_dev, self.b_r[j], None)
+                send = np.ascontiguousarray(c, dtype=mpi_type)
+            else:
+                if zeros is None or zeros.shape[1] != w:
+                    zeros = np.zeros((m, w), dtype=mpi_type)
+                send = zeros
+            recv = np.empty((m, w), dtype=mpi_type) if self.me == ROOT else None
+            sums.append((comm.Ireduce(send, recv, op=MPI.SUM, root=ROOT), send, recv))
+        ph.collect = self._timed_wait(requests + [s for s, _, _ in sums])
+        if self.me == ROOT:
+            c = np.empty((m, n), dtype=mpi_type)
+            for (c0, w), (_, _, recv) in zip(self.cols, sums):
+                c[:, c0:c0 + w] = recv
+            self.c = c

@@ -1,0 +1,115 @@
+"""`hetbench split --overlap` (the default): the streamed split (hetbench/benchmarks/split/stream.py) and the progress
+engine (hetbench/comm/progress.py).
+
+- tests/mpi_split_stream.py, alone and under `mpiexec -n 2` and `-n 3` (one launch each, every case said on its
+  own): the streamed C equal, bit for bit, to the phased one and to A @ B for both strategies, every share pattern,
+  chunk counts of 1, not dividing n, one column each and more than n, on host, PoCL and simulated ranks; a 16 MiB
+  transfer completed by the engine while both ranks sleep; the column chunks' arithmetic.
+- One streamed CLI run of 3 ranks whose every derived figure is recomputed from the raw values in its document.
+- Bad --chunks values and --chunks with --no-overlap: exit 2, one line.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from helpers import MPIEXEC, REPO, assert_usage_error, needs_mpi, run_cli, run_python
+
+SCRIPT = REPO / "tests" / "mpi_split_stream.py"
+CHECKS = ["identical", "progress", "column_chunks"]
+RANKS = [None, pytest.param(2, marks=pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec")),
+         pytest.param(3, marks=pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec"))]
+_JOBS: dict[int | None, tuple[int, dict[str, str], str]] = {}
+
+
+def _job(nprocs: int | None) -> tuple[int, dict[str, str], str]:
+    if nprocs not in _JOBS:
+        run = run_python(["-m", "mpi4py", str(SCRIPT), *CHECKS], nprocs=nprocs, timeout=240,
+                         env={"OPENBLAS_NUM_THREADS": "1"})
+        said = {}
+        for line in run.stdout.splitlines():
+            word, _, rest = line.partition(" ")
+            if word in ("ok", "FAILED"):
+                said[rest.split(":")[0]] = line
+        _JOBS[nprocs] = (run.returncode, said, run.stderr)
+    return _JOBS[nprocs]
+
+
+@pytest.mark.parametrize("nprocs", RANKS)
+@pytest.mark.parametrize("check", CHECKS)
+def test_streamed_split(check, nprocs):
+    code, said, stderr = _job(nprocs)
+    assert said.get(check) == f"ok {check}", (said.get(check), stderr)
+    assert code == (0 if all(line.startswith("ok") for line in said.values()) else 1)
+
+
+M, N, K = 37, 23, 29
+
+
+@needs_mpi
+def test_streamed_figures_agree_with_the_raw_values(tmp_path):
+    """Every figure of a streamed split recomputed from its document: the job's time per iteration is the slowest
+    rank's own (its wall time; on a simulated rank with the modelled device time in place of the real one), the
+    phases are each the slowest rank's, and the efficiencies divide by the solo rates at the final parts."""
+    from hetbench.harness.gemm import generate_inputs
+    from hetbench.dtypes import DTYPES
+
+    out, saved = tmp_path / "s.json", tmp_path / "c.npy"
+    run = run_cli(["split", "--m", str(M), "--n", str(N), "--k", str(K), "--warmup", "0", "--repeat", "3",
+                   "--strategy", "rows", "--weights", "2,1,3", "--chunks", "4", "--out", str(out), "--save",
+                   str(saved), "--backend", "0=host,1=sim:h100,2=sim:mi300x"], nprocs=3, cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    a, b = generate_inputs(0, 0, M, N, K, DTYPES["fp32"])
+    np.testing.assert_allclose(np.load(saved), a.astype(np.float64) @ b.astype(np.float64), rtol=1e-4, atol=1e-4)
+    doc = json.loads(out.read_text())
+    s = doc["summary"]
+    assert s["overlap"] is True and s["chunks"] == 4 and doc["config"]["overlap"] is True
+    flops = 2 * M * N * K
+    modelled = [False, True, True]
+    for name, figures in s["splits"].items():
+        rows = [r for r in doc["rows"] if r["split"] == name]
+        raw = [r["raw"] for r in rows]
+        e2e, distribute, collect, compute = [], [], [], []
+        for i in range(3):
+            own = []
+            for r, x in enumerate(raw):
+                device = x["h2d_seconds"][i] + x["compute_seconds"][i] + x["d2h_seconds"][i]
+                wall = x["wall_seconds"][i]
+                assert x["device_wall_seconds"][i] <= wall
+                own.append(wall - x["device_wall_seconds"][i] + device if modelled[r] else wall)
+            e2e.append(max(own))
+            distribute.append(max(x["distribute_seconds"][i] for x in raw))
+            collect.append(max(x["collect_seconds"][i] for x in raw))
+            compute.append(max(x["compute_seconds"][i] for x in raw))
+        assert figures["raw"]["end_to_end_seconds"] == pytest.approx(e2e, rel=1e-12)
+        assert figures["end_to_end_seconds_median"] == pytest.approx(float(np.median(e2e)), rel=1e-12)
+        assert figures["distribute_seconds_median"] == pytest.approx(float(np.median(distribute)), rel=1e-12)
+        assert figures["collect_seconds_median"] == pytest.approx(float(np.median(collect)), rel=1e-12)
+        assert figures["compute_seconds_median"] == pytest.approx(float(np.median(compute)), rel=1e-12)
+        achieved = flops / float(np.median(e2e)) / 1e9
+        assert figures["achieved_gflops"] == pytest.approx(achieved, rel=1e-12)
+        assert figures["efficiency_end_to_end"] == pytest.approx(achieved / s["sum_solo_gflops"], rel=1e-12)
+        # a streamed rank's GEMMs are the chunks': a simulated rank's compute is its model's per chunk, summed
+        from hetbench.backends.sim import gemm_model_seconds, get_model
+        from hetbench.benchmarks.split.stream import column_chunks
+
+        for r, model in ((1, "h100"), (2, "mi300x")):
+            part = figures["parts"][r]
+            want = sum(gemm_model_seconds(get_model(model), part, w, K, "fp32") for _, w in column_chunks(N, 4))
+            assert raw[r]["compute_seconds"] == pytest.approx([want] * 3, rel=1e-12)
+
+
+@needs_mpi
+@pytest.mark.parametrize("args, needle", [
+    (["--chunks", "0"], "'0'"),
+    (["--chunks", "-3"], "'-3'"),
+    (["--chunks", "257"], "'257'"),
+    (["--chunks", "many"], "'many'"),
+    (["--chunks", "4", "--no-overlap"], "--no-overlap"),
+])
+def test_bad_chunks(tmp_path, args, needle):
+    run = run_cli(["split", "--size", "16", "--backend", "0=host,1=sim:h100", *args], nprocs=2, cwd=tmp_path)
+    assert_usage_error(run, tmp_path, needle, "auto" if "--no-overlap" not in args else "--chunks")

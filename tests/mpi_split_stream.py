@@ -1,0 +1,161 @@
+"""The streamed split (hetbench/benchmarks/split/stream.py) against the phased one and NumPy, on any number of ranks,
+and the progress engine (hetbench/comm/progress.py) moving a transfer while the ranks do something else.
+
+Run it as `python -m mpi4py tests/mpi_split_stream.py [CHECK...]` (alone or under mpiexec): mpi4py's runner aborts every
+rank when one raises. Rank 0 prints one line per case: "ok NAME" or "FAILED NAME: rank R: error".
+
+The inputs are small integers, so every product is exact in fp32 and fp64 whatever order a GEMM sums in: the
+streamed C must equal the phased C and NumPy's bit for bit, for every strategy, chunk count (1, not dividing n,
+one column each, more than n), share pattern (a zero share, all at the root, none at the root) and device (rank 0
+host, rank 1 PoCL where there is an OpenCL device else a simulated H100, rank 2 a simulated MI300X).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from hetbench.backends.base import BackendSpec, open_backend
+from hetbench.benchmarks.split.run import SplitState, run_split
+from hetbench.comm.progress import Progress
+from hetbench.comm.world import World
+from hetbench.dtypes import DTYPES
+
+SHAPES = [(37, 23, 29), (5, 64, 3), (1, 1, 1), (64, 17, 40)]
+CHUNKS = [1, 2, 5, 64, 200]
+
+
+def device_for(rank: int) -> BackendSpec:
+    if rank == 0:
+        return BackendSpec("host")
+    if rank == 1:
+        from hetbench.backends import opencl
+
+        return BackendSpec("opencl") if opencl.unavailable_reason() is None else BackendSpec("sim", model="h100")
+    return BackendSpec("sim", model="mi300x")
+
+
+def parts_patterns(dim: int, size: int) -> list[list[int]]:
+    """Shares of `dim` over `size` ranks: uneven, all at the root, none at the root, a zero in the middle."""
+    out = []
+    uneven = [dim * (r + 1) // sum(range(1, size + 1)) for r in range(size)]
+    uneven[0] += dim - sum(uneven)
+    out.append(uneven)
+    out.append([dim] + [0] * (size - 1))
+    if size > 1:
+        out.append([0] * (size - 1) + [dim])
+    if size > 2:
+        out.append([dim - dim // 2, 0, dim // 2])
+    return out
+
+
+def integer_inputs(m: int, n: int, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return rng.integers(-3, 4, (m, k)).astype(np.float64), rng.integers(-3, 4, (k, n)).astype(np.float64)
+
+
+def check_identical(world: World) -> None:
+    """For every shape, dtype, strategy, share pattern and chunk count: streamed C == phased C == A @ B, exactly."""
+    backend = open_backend(device_for(world.rank), world.local_rank, world.local_size)
+    info = backend.info()
+    cases = 0
+    for dtype_name in ("fp32", "fp64"):
+        dtype = DTYPES[dtype_name]
+        every = world.allgather(dtype.name in info.dtypes)
+        if not all(every):
+            continue
+        for m, n, k in SHAPES:
+            a, b = integer_inputs(m, n, k, seed=m * n + k)
+            want = a @ b
+            for strategy in ("rows", "k"):
+                dim = m if strategy == "rows" else k
+                for parts in parts_patterns(dim, world.size):
+                    root = world.rank == 0
+                    state = SplitState(backend, info, "x", a.astype(dtype.host) if root else None,
+                                       b.astype(dtype.host) if root else None, (m, n, k), None)
+                    _, phased = run_split(world, state, dtype, strategy, parts, 0, 1)
+                    for chunks in CHUNKS:
+                        phases, streamed = run_split(world, state, dtype, strategy, parts, 0, 2, chunks=chunks)
+                        where = f"{dtype.name} {m}x{n}x{k} {strategy} parts {parts} chunks {chunks}"
+                        assert len(phases) == 2 and all(p.wall is not None and p.wall > 0 for p in phases), where
+                        mine = phases[-1]
+                        if parts[world.rank] == 0 and world.rank != 0 and strategy == "rows":
+                            assert mine.gemm == 0 and mine.h2d == 0 and mine.d2h == 0, where
+                        if root:
+                            assert phased is not None and streamed is not None, where
+                            assert streamed.shape == (m, n), where
+                            assert np.array_equal(streamed, phased), f"{where}: streamed differs from phased"
+                            assert np.array_equal(streamed.astype(np.float64), want), f"{where}: differs from A @ B"
+                        cases += 1
+    assert cases > 100, cases
+
+
+def check_progress(world: World) -> None:
+    """A 16 MiB message between ranks 0 and 1, started, then both ranks sleep inside the engine: it is complete
+    before anyone waits (MPICH moves nothing between calls: without the engine it is not)."""
+    if world.size < 2:
+        engine = Progress(world.raw_comm, interval_s=0.001)
+        with engine:
+            time.sleep(0.05)
+        assert engine.polls > 0 or not engine.threaded
+        return
+    comm = world.raw_comm
+    data = np.arange(4 * 2**20, dtype=np.float32)
+    engine = Progress(comm, interval_s=0.0005)
+    assert engine.threaded, "mpi4py asks for MPI_THREAD_MULTIPLE: the engine must run its thread"
+    comm.Barrier()
+    if world.rank == 0:
+        request = comm.Isend(data, dest=1, tag=7)
+    elif world.rank == 1:
+        got = np.zeros_like(data)
+        request = comm.Irecv(got, source=0, tag=7)
+    with engine:
+        time.sleep(0.5)
+        done = request.Test() if world.rank < 2 else True
+    if world.rank < 2:
+        assert done, f"the engine made {engine.polls} polls and the transfer is still not done"
+        request.Wait()
+        assert engine.polls >= 50, engine.polls
+    if world.rank == 1:
+        assert np.array_equal(got, data)
+    with engine:  # re-entered: one thread, ended with the outer block
+        with engine:
+            pass
+        assert engine._thread is not None
+    assert engine._thread is None
+
+
+def check_column_chunks(world: World) -> None:
+    from hetbench.benchmarks.split.stream import auto_chunks, column_chunks
+
+    for n in (1, 2, 7, 23, 256, 1000, 4096):
+        for chunks in (1, 2, 3, 8, 255, 5000):
+            cols = column_chunks(n, chunks)
+            assert len(cols) == min(n, chunks)
+            assert cols[0][0] == 0 and all(s1 == s0 + w0 for (s0, w0), (s1, _) in zip(cols, cols[1:]))
+            assert sum(w for _, w in cols) == n and max(w for _, w in cols) - min(w for _, w in cols) <= 1
+    assert [auto_chunks(n) for n in (1, 255, 256, 511, 512, 1024, 2048, 4096, 10**6)] == [1, 1, 1, 1, 2, 4, 8, 8, 8]
+
+
+def main(names: list[str]) -> int:
+    world = World()
+    failed = False
+    for name in names:
+        error = None
+        try:
+            globals()[f"check_{name}"](world)
+        except Exception as e:  # noqa: BLE001 - said per case; a missing check is an error too
+            error = f"{type(e).__name__}: {e}"
+        errors = world.allgather(error)
+        bad = [f"rank {r}: {e}" for r, e in enumerate(errors) if e]
+        if world.rank == 0:
+            print(f"FAILED {name}: {bad[0]}" if bad else f"ok {name}", flush=True)
+        failed |= bool(bad)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
