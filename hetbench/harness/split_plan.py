@@ -321,15 +321,21 @@ class Prediction:
     distribute_seconds: float
     compute_seconds: tuple[float, ...]  # per rank, 0.0 for a part of 0
     collect_seconds: float
+    # a streamed split (chunks): its end to end, the phases overlapping (predict's docstring); None: phased
+    streamed_seconds: float | None = None
+    chunks: int | None = None
 
     @property
     def seconds(self) -> float:
-        """End to end: distribute, then the slowest rank's compute, then collect."""
+        """End to end: phased, distribute, then the slowest rank's compute, then collect; streamed, the
+        overlapped time predict computed."""
+        if self.streamed_seconds is not None:
+            return self.streamed_seconds
         return self.distribute_seconds + max(self.compute_seconds) + self.collect_seconds
 
     def to_dict(self) -> dict:
         """Plain JSON types: strategy, parts, distribute_seconds, compute_seconds (list), collect_seconds,
-        seconds."""
+        seconds, chunks (None: phased)."""
         return {
             "strategy": self.strategy,
             "parts": [int(p) for p in self.parts],
@@ -337,7 +343,32 @@ class Prediction:
             "compute_seconds": [float(s) for s in self.compute_seconds],
             "collect_seconds": float(self.collect_seconds),
             "seconds": float(self.seconds),
+            "chunks": self.chunks,
         }
+
+
+def seconds_at(points: Sequence[Sequence[float]], part: float) -> float:
+    """A rank's GEMM time for `part`, from its measured (part, seconds) points at several slice sizes: piecewise
+    linear through (0, 0) and the points (made non-decreasing; several points at one part: their median), past the
+    largest part at that point's average rate. The inverse of the curve balanced_parts interpolates. ValueError
+    without a usable point (part > 0, seconds finite and > 0)."""
+    by_part: dict[int, list[float]] = {}
+    for p, t in points:
+        if p > 0 and math.isfinite(t) and t > 0:
+            by_part.setdefault(int(p), []).append(float(t))
+    if not by_part:
+        raise ValueError(f"no measured point (part > 0, seconds > 0) among {list(points)!r}")
+    curve = [(0, 0.0)]
+    for p in sorted(by_part):
+        ts = sorted(by_part[p])
+        mid = len(ts) // 2
+        t = ts[mid] if len(ts) % 2 else (ts[mid - 1] + ts[mid]) / 2
+        curve.append((p, max(t, curve[-1][1])))
+    for (p0, t0), (p1, t1) in zip(curve, curve[1:]):
+        if part <= p1:
+            return t0 + (part - p0) * (t1 - t0) / (p1 - p0)
+    last_part, last_t = curve[-1]
+    return last_t * part / last_part
 
 
 def predict(
@@ -350,6 +381,8 @@ def predict(
     rates: Sequence[float],
     links: Sequence[Link | None],
     root: int = 0,
+    curves: Sequence[Sequence[Sequence[float]] | None] | None = None,
+    chunks: int | None = None,
 ) -> Prediction:
     """Predict a split's phases (s = itemsize, bw_r and lat_r rank r's link; sums over ranks r != root with
     parts[r] > 0):
@@ -363,6 +396,18 @@ def predict(
 
     links[root] is not used (None by convention): the root moves nothing to itself. A rank with part 0
     computes for 0 s and needs neither a rate > 0 nor a link. parts must sum to the strategy's dim.
+
+    `curves[r]`, where given (not None), is rank r's measured (part, seconds) points at several slice sizes: its
+    compute is then seconds_at(curves[r], parts[r]), not flops / rates[r] (a device's rate changes with the
+    slice's size: one rate measured at a probe's slice missed the time at n = 1024 by 60 %).
+
+    `chunks` (the streamed split, benchmarks/split/stream.py): B and C move in that many column chunks w_j while
+    the ranks compute. Each working rank r != root waits for its first chunk, first_r = lat_r + (its A block +
+    its B chunk 0) * s / bw_r; computes while the other chunks arrive, for max(compute_r, rest_r +
+    compute_r / chunks) (rest_r: the other B chunks' transfer); and sends back its last chunk of C, last_r =
+    lat_r + (rows: parts[r]*w_last; k: m*w_last) * s / bw_r. End to end: the latest of the root's own compute,
+    every rank's first_r + that + last_r, and the root's link busy with all of its transfers (the sums above).
+    distribute_seconds and collect_seconds are then the largest first_r and last_r: what is not hidden.
     """
     _check_shape(m, n, k)
     dim = dim_of(strategy, m, n, k)
@@ -374,17 +419,26 @@ def predict(
     if any(p < 0 for p in parts) or sum(parts) != dim:
         raise ValueError(f"parts {list(parts)} must be >= 0 and sum to {dim} ({strategy}: dim of m={m}, k={k})")
 
+    if curves is not None and len(curves) != count:
+        raise ValueError(f"{count} parts and {len(curves)} curves: one each per rank")
     distribute = 0.0
     collect = 0.0
     compute: list[float] = []
+    ends: list[float] = []
+    firsts: list[float] = []
+    lasts: list[float] = []
     for r, part in enumerate(parts):
         if part == 0:
             compute.append(0.0)
             continue
-        rate = rates[r]
-        if not (math.isfinite(rate) and rate > 0):
-            raise ValueError(f"rank {r} has a part of {part} but a rate of {rate!r} flop/s")
-        compute.append(_part_flops(strategy, m, n, k, part) / rate)
+        curve = curves[r] if curves is not None else None
+        if curve:
+            compute.append(seconds_at(curve, part))
+        else:
+            rate = rates[r]
+            if not (math.isfinite(rate) and rate > 0):
+                raise ValueError(f"rank {r} has a part of {part} but a rate of {rate!r} flop/s")
+            compute.append(_part_flops(strategy, m, n, k, part) / rate)
         if r == root:
             continue
         link = links[r]
@@ -396,6 +450,22 @@ def predict(
             sent, received = m * part + part * n, m * n
         distribute += link.latency_s + sent * itemsize / link.bytes_per_s
         collect += link.latency_s + received * itemsize / link.bytes_per_s
+        if chunks is not None:
+            widths = chunk_widths(n, chunks)
+            a_elems = part * k if strategy == "rows" else m * part
+            b_rows = k if strategy == "rows" else part
+            first = link.latency_s + (a_elems + b_rows * widths[0]) * itemsize / link.bytes_per_s
+            rest = b_rows * (n - widths[0]) * itemsize / link.bytes_per_s
+            back = (part if strategy == "rows" else m) * widths[-1]
+            last = link.latency_s + back * itemsize / link.bytes_per_s
+            ends.append(first + max(compute[r], rest + compute[r] / len(widths)) + last)
+            firsts.append(first)
+            lasts.append(last)
+    if chunks is not None:
+        streamed = max([compute[root], distribute + collect, *ends])
+        return Prediction(strategy=strategy, parts=tuple(int(p) for p in parts),
+                          distribute_seconds=max(firsts, default=0.0), compute_seconds=tuple(compute),
+                          collect_seconds=max(lasts, default=0.0), streamed_seconds=streamed, chunks=int(chunks))
     return Prediction(
         strategy=strategy,
         parts=tuple(int(p) for p in parts),
@@ -403,6 +473,16 @@ def predict(
         compute_seconds=tuple(compute),
         collect_seconds=collect,
     )
+
+
+def chunk_widths(n: int, chunks: int) -> list[int]:
+    """The widths of min(chunks, n) column chunks of n columns, differing by at most one, the wider first: how the
+    streamed split cuts B and C (benchmarks/split/stream.py)."""
+    if n < 1 or chunks < 1:
+        raise ValueError(f"column chunks need n >= 1 and chunks >= 1, got n={n}, chunks={chunks}")
+    count = min(int(chunks), n)
+    base, extra = divmod(n, count)
+    return [base + (1 if j < extra else 0) for j in range(count)]
 
 
 def fastest(predictions: dict[str, Prediction]) -> str:
@@ -441,7 +521,8 @@ def choose_strategy(
 
 def best_root_share(strategy: str, m: int, n: int, k: int, itemsize: int, rates: Sequence[float],
                     links: Sequence[Link | None], caps: Sequence[int | None] | None = None, root: int = 0,
-                    steps: int = 256) -> Prediction:
+                    steps: int = 256, curves: Sequence[Sequence[Sequence[float]] | None] | None = None,
+                    chunks: int | None = None) -> Prediction:
     """The split the model predicts fastest when the root keeps more than its rate's share: the root's part
     moves no data, so over a slow link the best split gives it more (up to all of the work, where moving a slice
     costs more than computing it at the root). Tries the root's part at `steps` + 1 evenly spaced points of 0..dim
@@ -475,7 +556,8 @@ def best_root_share(strategy: str, m: int, n: int, k: int, itemsize: int, rates:
         candidates.append(parts)
     if not candidates:
         raise PlacementError(f"no split of {dim} {_UNIT[strategy]} fits the devices' free memory")
-    predictions = [predict(strategy, m, n, k, itemsize, p, rates, links, root=root) for p in candidates]
+    predictions = [predict(strategy, m, n, k, itemsize, p, rates, links, root=root, curves=curves, chunks=chunks)
+                   for p in candidates]
     return min(predictions, key=lambda p: (p.seconds, -p.parts[root]))
 
 

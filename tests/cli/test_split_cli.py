@@ -174,7 +174,14 @@ def test_figures_agree_with_each_other(tmp_path):
         assert figures["efficiency_compute"] == pytest.approx(compute_phase / sum_solo, rel=1e-12)
         # predicted: the model with these parts, the rates beside the others and the measured links
         rates = [r["rate_gflops"] * 1e9 for r in rows]
-        predicted = plan.predict("rows", M, N, K, 4, figures["parts"], rates, links)
+        # the model's compute: each rank's time against its part, fitted through every point it was timed at
+        # (a simulated rank's points are its model's times at those parts)
+        for r, curve in enumerate(s["model_curves"]):
+            assert curve, r
+            if models[r] is not None:
+                for part, seconds in curve:
+                    assert seconds == pytest.approx(gemm_model_seconds(models[r], part, N, K, "fp32"), rel=1e-12)
+        predicted = plan.predict("rows", M, N, K, 4, figures["parts"], rates, links, curves=s["model_curves"])
         assert figures["predicted"]["parts"] == figures["parts"]
         assert figures["predicted"]["seconds"] == pytest.approx(predicted.seconds, rel=1e-9)
         assert figures["predicted"]["compute_seconds"] == pytest.approx(predicted.compute_seconds, rel=1e-9)
@@ -188,7 +195,7 @@ def test_figures_agree_with_each_other(tmp_path):
                                                    / weighted["end_to_end_seconds_median"], rel=1e-12)
     assert s["predictions"]["rows"]["parts"] == plan.shares([2, 1, 3], M) == [12, 6, 19]
     rates = [r["rate_gflops"] * 1e9 for r in doc["rows"] if r["split"] == "weighted"]
-    best = plan.best_root_share("rows", M, N, K, 4, rates, links)
+    best = plan.best_root_share("rows", M, N, K, 4, rates, links, curves=s["model_curves"])
     assert s["model_best"]["parts"] == list(best.parts)
     assert s["model_best"]["seconds"] == pytest.approx(best.seconds, rel=1e-9)
 

@@ -100,6 +100,16 @@ def test_streamed_figures_agree_with_the_raw_values(tmp_path):
             part = figures["parts"][r]
             want = sum(gemm_model_seconds(get_model(model), part, w, K, "fp32") for _, w in column_chunks(N, 4))
             assert raw[r]["compute_seconds"] == pytest.approx([want] * 3, rel=1e-12)
+        # the streamed model's prediction at these parts, from the curves and links in the document
+        from hetbench.harness import split_plan as plan
+
+        links = [None if link is None else plan.Link(link["link_gbps"] * 1e9, link["link_latency_us"] * 1e-6)
+                 for link in s["links"]]
+        rates = [r["rate_gflops"] * 1e9 for r in rows]
+        predicted = plan.predict("rows", M, N, K, 4, figures["parts"], rates, links, curves=s["model_curves"],
+                                 chunks=4)
+        assert figures["predicted"]["chunks"] == 4
+        assert figures["predicted"]["seconds"] == pytest.approx(predicted.seconds, rel=1e-9)
 
 
 @needs_mpi

@@ -403,7 +403,7 @@ MM, MN, MK = 12, 8, 10  # rows: 12 rows to share; k: 10 columns
 
 def _cfg(**kw) -> SplitConfig:
     base = dict(m=MM, n=MN, k=MK, dtype=FP32, backends=(), strategy="rows", weights=plan.Weights("even"),
-                rebalance=0, compare_even=True, warmup=1, repeat=2, seed=5)
+                rebalance=0, compare_even=True, warmup=1, repeat=2, seed=5, overlap=False)
     return SplitConfig(**{**base, **kw})
 
 

@@ -304,6 +304,7 @@ def test_prediction_to_dict_is_plain_json():
         "compute_seconds": [pytest.approx(0.08, rel=1e-12), pytest.approx(0.08, rel=1e-12)],
         "collect_seconds": pytest.approx(1.14, rel=1e-12),
         "seconds": pytest.approx(3.32, rel=1e-12),
+        "chunks": None,
     }
 
 

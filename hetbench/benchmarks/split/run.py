@@ -325,24 +325,33 @@ def measure(cfg: Any, world: World, state: SplitState,
     # share a host's cores or memory slow each other down), which the auto weights use; and alone, one rank at a
     # time while the others wait, the denominator of the efficiency
     together: dict[str, tuple[float, int]] = {}
+    together_points: dict[str, list[tuple[int, float]]] = {}
     solo: dict[str, tuple[float, int]] = {}
     for s in strategies:
         dim = plan.dim_of(s, m, n, k)
         limit = min(-(-dim // ranks), state.caps[s][world.rank])
 
-        def probe_rate(s: str = s, limit: int = limit) -> tuple[float, int]:
-            return (probe.gemm_rate(state.backend, dtype, s, m, n, k, max_part=limit, seed=cfg.seed) if limit > 0
-                    else (0.0, 0))
+        def probe_rate(s: str = s, limit: int = limit) -> tuple[float, int, list[tuple[int, float]]]:
+            """(flop/s, part) at the probe's slice, and every (part, seconds) it timed on the way: its doubling's
+            single runs and the median at the part it settled on, the points the cost model's curve fits."""
+            if limit <= 0:
+                return 0.0, 0, []
+            got = probe.measure_gemm(state.backend, dtype, s, m, n, k, max_part=limit, seed=cfg.seed)
+            return got.rate, got.part, [*got.probes[:-1], (got.part, got.seconds_median)]
 
         world.barrier()
-        together[s] = probe_rate()
+        rate, part, curve = probe_rate()
+        together[s] = (rate, part)
+        together_points[s] = curve
         for r in range(ranks):
             world.barrier()
             if r == world.rank:
-                solo[s] = probe_rate()
+                solo[s] = probe_rate()[:2]
         world.barrier()
     rates = {s: [r[s][0] for r in world.allgather(together)] for s in strategies}
     solo_rates = {s: [r[s][0] for r in world.allgather(solo)] for s in strategies}
+    curves = {s: [list(c[s]) for c in world.allgather(together_points)] for s in strategies}
+    chunks = streamed_chunks(cfg, n)
 
     def weights_for(s: str) -> list[float]:
         kind = cfg.weights.kind
@@ -357,16 +366,15 @@ def measure(cfg: Any, world: World, state: SplitState,
     predictions = {}
     for s in strategies:
         parts_s = plan.shares(weights_for(s), plan.dim_of(s, m, n, k), state.caps[s])
-        predictions[s] = plan.predict(s, m, n, k, dtype.itemsize, parts_s, rates[s], links, ROOT)
+        predictions[s] = plan.predict(s, m, n, k, dtype.itemsize, parts_s, rates[s], links, ROOT, curves=curves[s],
+                                      chunks=chunks)
     strategy = plan.fastest(predictions)
     dim = plan.dim_of(strategy, m, n, k)
     parts = list(predictions[strategy].parts)
     caps = state.caps[strategy]
-    # every rank's measured (part, compute seconds), beginning with its probe beside the others
+    # every rank's measured (part, compute seconds), beginning with its probe's beside the others
     me = world.rank
-    probe_rate, probe_part = together[strategy]
-    mine = [(probe_part, flops_of(strategy, m, n, k, probe_part) / probe_rate)] if probe_rate > 0 else []
-    points = world.allgather(mine)
+    points = [[tuple(p) for p in c] for c in curves[strategy]]
     if cfg.weights.kind == "list":  # a rank given weight 0 keeps no work when the split is rebalanced
         points = [pts if w > 0 else [] for pts, w in zip(points, cfg.weights.values)]
 
@@ -385,7 +393,6 @@ def measure(cfg: Any, world: World, state: SplitState,
                                                         [p for p in parts if p > 0])})
             parts = plan.balanced_parts(points, dim, caps)
 
-    chunks = streamed_chunks(cfg, n)
     # Rebalancing: one timed iteration of the split per step; the parts re-balanced from every rank's compute
     # times measured so far, until the imbalance is under the goal
     history: list[dict[str, Any]] = []
@@ -427,7 +434,8 @@ def measure(cfg: Any, world: World, state: SplitState,
     chosen = {"mnk": (m, n, k), "caps": state.caps[strategy], "strategy": strategy, "strategy_given": cfg.strategy, "weights_kind": cfg.weights.kind,
               "weights": weights_for(strategy), "predictions": {s: p.to_dict() for s, p in predictions.items()},
               "links": links, "rates": rates, "solo_rates": solo_rates, "refined": refined,
-              "solo_at_parts": solo_at_parts, "overlap": chunks is not None, "chunks": chunks}
+              "solo_at_parts": solo_at_parts, "overlap": chunks is not None, "chunks": chunks,
+              "curves": [[list(p) for p in pts] for pts in points]}
     return RankRun(link, solo, splits, history, chosen, c if world.rank == ROOT else None, verdict,
                    rank_facts(world, state))
 
@@ -697,6 +705,10 @@ def summarize_job(cfg: Any, rows_: list[dict[str, Any]], gathered: list[RankRun]
     sum_solo = (sum(a["gflops_median"] * 1e9 if a else p for a, p in zip(at_parts, probe_solo)) if at_parts
                 else sum_probe)
     links = root.chosen["links"]
+    # the cost model: each rank's time against its part fitted through every point it was timed at (documents
+    # from before the curves: its one rate)
+    curves = root.chosen.get("curves")
+    chunks = root.chosen.get("chunks")
     splits: dict[str, Any] = {}
     for index, (name, s, parts, _) in enumerate(root.splits):
         figures = SplitFigures(name, s, parts, [rr.splits[index][3] for rr in gathered],
@@ -723,7 +735,8 @@ def summarize_job(cfg: Any, rows_: list[dict[str, Any]], gathered: list[RankRun]
             "efficiency_compute_probe": compute_phase / (sum_probe / 1e9) if sum_probe > 0 else None,
             "imbalance": _median([t["imbalance"] for t in its]),
             "imbalance_per_iteration": [t["imbalance"] for t in its],
-            "predicted": plan.predict(s, m, n, k, cfg.dtype.itemsize, parts, rates, links, ROOT).to_dict(),
+            "predicted": plan.predict(s, m, n, k, cfg.dtype.itemsize, parts, rates, links, ROOT,
+                                      curves=curves, chunks=chunks).to_dict(),
             "timing": "modelled" if modelled_compute else "measured",
             "raw": {"end_to_end_seconds": e2e, "compute_seconds": compute},
         }
@@ -757,7 +770,8 @@ def summarize_job(cfg: Any, rows_: list[dict[str, Any]], gathered: list[RankRun]
         "splits": splits,
         "predictions": root.chosen["predictions"],
         "model_best": plan.best_root_share(strategy, m, n, k, cfg.dtype.itemsize, rates, links, root.chosen["caps"],
-                                           ROOT).to_dict(),
+                                           ROOT, curves=curves, chunks=chunks).to_dict(),
+        "model_curves": curves,
         "links": [None if l is None else {"link_gbps": l.bytes_per_s / 1e9, "link_latency_us": l.latency_s * 1e6}
                   for l in links],
         "rebalance": root.rebalance,
