@@ -19,20 +19,22 @@ def _plain_json(monkeypatch):
     monkeypatch.setattr(hetbench.results, "load_results", lambda p: json.loads(open(p).read()))
 
 
-def _split(n, total, compute, e2e, speedup, sum_solo, rebalance=None, weights="auto", even=True):
-    """A split document: ranks 0 (host, 80 GFLOP/s solo) and 1 (opencl, 20); an even split where asked."""
+def _split(n, total, compute, e2e, speedup, sum_solo, rebalance=None, weights="auto", even=True, predicted=0.0789):
+    """A split document: ranks 0 (host, 80 GFLOP/s solo) and 1 (opencl, 20); an even split where asked; measured
+    45.6 ms end to end, the model's prediction `predicted` seconds; phased."""
     names = (["even"] if even else []) + ["weighted"]
     splits = {name: {"parts": [n // 2, n // 2] if name == "even" else [n - n // 8, n // 8],
                      "achieved_gflops": 12.345 if name == "even" else 87.654,
                      "efficiency_end_to_end": 0.111 if name == "even" else e2e,
                      "efficiency_compute": 0.222 if name == "even" else compute,
                      "imbalance": 0.777 if name == "even" else 0.123,
-                     "end_to_end_seconds_median": 0.0456, "predicted": {"seconds": 0.0789}} for name in names}
+                     "end_to_end_seconds_median": 0.0456, "predicted": {"seconds": predicted}} for name in names}
     rows = [{"split": name, "rank": r, "backend": b, "solo_gflops": g, "m": n, "n": n, "k": n, "dtype": "fp32"}
             for name in names for r, (b, g) in enumerate((("host", 80.0), ("opencl", 20.0)))]
     return {"summary": {"strategy": "rows", "weights_kind": weights, "sum_solo_gflops": sum_solo,
                         "total_gemm_flops": total, "splits": splits, "rebalance": rebalance,
-                        "efficiency_compute": compute, "efficiency_end_to_end": e2e, "speedup_over_even": speedup},
+                        "efficiency_compute": compute, "efficiency_end_to_end": e2e, "speedup_over_even": speedup,
+                        "predicted_seconds": predicted, "end_to_end_seconds_median": 0.0456},
             "rows": rows}
 
 
@@ -44,8 +46,9 @@ def _write(tmp_path, name, doc):
 
 
 def test_split_bench_lines_rounds_and_rebalancing(tmp_path, capsys):
-    """Each run's lines carry its document's figures (imbalance in %, times in ms); the goals are judged on the
-    largest product's rounds only (not the smaller run, not the rebalancing run, which has no even split); the
+    """Each run's lines carry its document's figures (imbalance in %, times in ms, predicted over measured); the
+    end-to-end and model goals are judged at each size, the compute and speedup goals on the largest product's
+    rounds only (not the smaller run); the rebalancing run is no round; the
     band's drift is the rounds' summed solo rates' max / min - 1 in per cent; an efficiency of exactly 1 is no
     fault; a rebalancing whose last iteration is under 5 % converged."""
     small = _write(tmp_path, "s-2048.json", _split(2048, 2 * 2048**3, 0.50, 0.40, 1.0, 90.0))
@@ -64,9 +67,9 @@ def test_split_bench_lines_rounds_and_rebalancing(tmp_path, capsys):
     assert ("split 4096x4096x4096 fp32, strategy rows, weights even: solo GFLOP/s rank 0 host 80.00, rank 1 opencl "
             "20.00 (sum 100.00)") in out
     assert ("  weighted parts [3584, 512]: 87.65 GFLOP/s end-to-end, efficiency 0.930 end-to-end, 0.970 compute "
-            "phase, imbalance 12.3 %, measured 45.6 ms, predicted 78.9 ms") in out
+            "phase, imbalance 12.3 %, measured 45.6 ms, predicted 78.9 ms (1.73x), phased") in out
     assert ("  even     parts [2048, 2048]: 12.35 GFLOP/s end-to-end, efficiency 0.111 end-to-end, 0.222 compute "
-            "phase, imbalance 77.7 %, measured 45.6 ms, predicted 78.9 ms") in out
+            "phase, imbalance 77.7 %, measured 45.6 ms, predicted 78.9 ms (1.73x), phased") in out
     assert "  rebalance 1: parts [2048, 2048], imbalance 20.0 %\n  rebalance 2: parts [3600, 496], imbalance 3.0 %" \
         in out
     assert "  rebalancing from even weights: converged under 5 % in 2 iteration(s)" in out
@@ -76,14 +79,31 @@ def test_split_bench_lines_rounds_and_rebalancing(tmp_path, capsys):
             "inside the band: within the machine's drift)\n") in out  # 1.000 is no fault: nothing flagged
     assert (f"goal speedup_over_even >= 3.0: median 3.500 of 3 round(s) (spread 3.100-4.000; the baselines moved "
             f"10.0 % between rounds: band {3.1 / (1 + drift):.3f}-{4.0 * (1 + drift):.3f}) UNDECIDED") in out
+    assert ("  n=2048: goal efficiency_end_to_end >= 0.95: median 0.400 of 1 round(s) (spread 0.400-0.400) NOT met\n"
+            in out)
+    assert "  n=2048: goal efficiency_compute" not in out  # judged at the largest size only
+    assert (f"  n=4096: goal efficiency_end_to_end >= 0.95: median 0.940 of 3 round(s) (spread 0.930-0.950; the "
+            f"baselines moved 10.0 % between rounds: band {0.93 / (1 + drift):.3f}-{0.95 * (1 + drift):.3f}) "
+            "UNDECIDED (the goal inside the rounds' spread)\n") in out
+    error = 0.0789 / 0.0456 - 1
+    assert (f"  n=4096: goal model |predicted / measured - 1| <= 0.25: median {error:.3f} of 3 round(s) (each "
+            f"{error:.3f}, {error:.3f}, {error:.3f}) NOT met\n") in out
     assert code == 1
     # the last iteration at exactly 5 %: not under it, not converged, and the bench fails on that alone
     history[-1]["imbalance"] = 0.05
     _write(tmp_path, "s-rebalance.json", _split(4096, 2 * 4096**3, 0.96, 0.92, None, 100.0, history,
                                                 weights="even", even=False))
-    for i, path in enumerate(rounds):  # rounds that meet every goal, the baselines steady
-        _write(tmp_path, f"s-4096-r{i}.json", _split(4096, 2 * 4096**3, 0.97, 0.93, 3.5, 100.0))
+    for i, path in enumerate(rounds):  # rounds that meet every goal, the baselines steady, the model within 10 %
+        _write(tmp_path, f"s-4096-r{i}.json", _split(4096, 2 * 4096**3, 0.97, 0.96, 3.5, 100.0, predicted=0.05))
+    _write(tmp_path, "s-2048.json", _split(2048, 2 * 2048**3, 0.50, 0.96, 1.0, 90.0, predicted=0.04))
     assert overhead.split_figures([small, *rounds]) == 0
+    out = capsys.readouterr().out
+    assert ("  n=2048: goal model |predicted / measured - 1| <= 0.25: median 0.123 of 1 round(s) (each 0.123) met\n"
+            in out)  # 1 - 0.04 / 0.0456 = 0.1228
+    _write(tmp_path, "s-2048.json", _split(2048, 2 * 2048**3, 0.50, 0.96, 1.0, 90.0, predicted=0.0571))
+    assert overhead.split_figures([small, *rounds]) == 1  # 0.0571 / 0.0456 - 1 = 0.252: the model missed
+    assert "(each 0.252) NOT met" in capsys.readouterr().out
+    _write(tmp_path, "s-2048.json", _split(2048, 2 * 2048**3, 0.50, 0.96, 1.0, 90.0, predicted=0.04))
     assert overhead.split_figures([small, *rounds, rebalanced]) == 1
     assert "  rebalancing from even weights: did NOT converge under 5 % in 2 iteration(s)" in capsys.readouterr().out
 
