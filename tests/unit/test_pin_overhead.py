@@ -123,7 +123,7 @@ def _train_bench(tmp_path, autos, even, solo=(600.0, 400.0)):
         _write(tmp_path, f"b/round-{r}/solo-opencl.json", _train_doc(solo[1], 0.06, 24, timing="modelled",
                                                                        backend="opencl"))
         _write(tmp_path, f"b/round-{r}/pair-auto.json", _train_doc(auto, 0.0456, 24, rows=2, shares=[20, 4],
-                                                                    hidden=12.34))
+                                                                    hidden=56.78 + r))
     _write(tmp_path, "b/pair-even.json", _train_doc(even, 0.0789, 24, rows=2, shares=[12, 12]))
     return str(tmp_path / "b")
 
@@ -138,19 +138,27 @@ def test_train_bench_lines_flags_at_the_edges_and_exit_codes(tmp_path, capsys):
     assert "  host alone               600 samples/s, step 40.0 ms; loss curve verified\n" in out
     assert ("  opencl alone             400 samples/s (modelled: simulated ranks), step 60.0 ms; loss curve "
             "verified\n") in out
-    assert ("  together, auto weights   1000 samples/s, step 45.6 ms, shares [20, 4], prefetch hid 12.3 % of the "
+    assert ("  together, auto weights   1000 samples/s, step 45.6 ms, shares [20, 4], prefetch hid 57.8 % of the "
             "gathers' time; loss curve verified\n") in out
+    assert ("  goal prefetch hid >= 0.50 of the gathers' time: median 0.583 of 2 round(s) (spread 0.578-0.588) "
+            "met\n") in out  # 57.78 % and 58.78 %
     assert "  together, even weights   500 samples/s, step 78.9 ms, shares [12, 12]; loss curve verified\n" in out
     assert out.count("  auto / sum of solo (1000): 1.000\n") == 2  # exactly 1: not above it, no fault
     assert out.count("  shapes: each rank alone 24 rows a step, in the pair [20, 4]\n") == 2
     assert "goal median auto / sum of solo >= 0.9: median 1.000 of 2 round(s) (spread 1.000-1.000) met\n" in out
     assert "goal median auto / even >= 2: 2.00 met" in out
     assert code == 0
-    # the pair's larger part exactly the solo runs' batch: still the upper bracket
+    # the prefetch hid less than half in one round of two: the goal inside the spread, the bench fails
+    _write(tmp_path, "b/round-1/pair-auto.json", _train_doc(1000.0, 0.0456, 24, rows=2, shares=[20, 4], hidden=49.9))
+    assert overhead.train_figures([folder]) == 1
+    assert ("goal prefetch hid >= 0.50 of the gathers' time: median 0.543 of 2 round(s) (spread 0.499-0.588) "
+            "UNDECIDED (the goal inside the rounds' spread)") in capsys.readouterr().out
+    # the pair's larger part exactly the solo runs' batch: still the upper bracket (no prefetch: no hidden goal)
     for r in (1, 2):
         _write(tmp_path, f"b/round-{r}/pair-auto.json", _train_doc(900.0, 0.0456, 24, rows=2, shares=[24, 0]))
     assert overhead.train_figures([folder]) == 0
     out = capsys.readouterr().out
+    assert "goal prefetch" not in out
     assert out.count("  shapes: each rank alone 24 rows a step, in the pair [24, 0]\n") == 2
     assert "(spread 0.900-0.900) met\n" in out
     # the solo sums moved 10 % between the rounds: the band reaches below 0.90
