@@ -134,6 +134,86 @@ class Backend(Protocol):
         """Release the device. Safe to call more than once."""
 
 
+# --- pipelined host staging (hetbench.comm.staging): OPTIONAL backend methods ---------------------------------------
+#
+# A backend may offer chunk copies that return before they finish, so that the copy out of one chunk, MPI's work on
+# the next and the copy back of the one before overlap:
+#   copy_to_host_async(array, offset, out, after=()) -> Pending     out[:] = array[offset : offset + len(out)]
+#   copy_from_host_async(host, array, offset, after=()) -> Pending   array[offset : offset + len(host)] = host
+#   staging_buffer(count, dtype) -> np.ndarray                       host memory its copies are fastest from
+#                                                                      (pinned/page-locked where it has such)
+# and, where the device's memory is the host's (an OpenCL CPU device, an integrated GPU), chunk maps:
+#   can_map_to_host() -> bool
+#   map_to_host(array, offset, count, write, after=()) -> (np.ndarray, Pending)   a host view of the chunk
+#   unmap_from_host(view, after=()) -> Pending                                     its writes back on the device
+# offsets and counts in elements of a 1-D array; `after`: Pendings the copy must follow (a backend that issues all
+# its work on one in-order queue or stream meets them by its order). The module functions below call a backend's
+# own method where it has one and otherwise copy synchronously through upload/download of a slice of the array, so
+# every backend whose arrays take slicing (NumPy, CuPy, pyopencl arrays) stages correctly, only without overlap.
+
+
+class Pending(Protocol):
+    """A copy that may still be running. `modelled_seconds`: its modelled device time (simulated devices), else 0."""
+
+    modelled_seconds: float
+
+    def done(self) -> bool: ...
+
+    def wait(self) -> None: ...
+
+
+@dataclass
+class Done:
+    """A copy that finished before its call returned (the synchronous default, the host's own arrays)."""
+
+    modelled_seconds: float = 0.0
+
+    def done(self) -> bool:
+        return True
+
+    def wait(self) -> None:
+        pass
+
+
+def _wait_all(after: Any) -> None:
+    for pending in after:
+        pending.wait()
+
+
+def copy_to_host_async(backend: Any, array: Any, offset: int, out: np.ndarray, dtype: DType,
+                       after: Any = ()) -> Pending:
+    """out[:] = array[offset : offset + len(out)], by the backend's own asynchronous copy where it has one."""
+    own = getattr(backend, "copy_to_host_async", None)
+    if own is not None:
+        return own(array, offset, out, after)
+    _wait_all(after)
+    out[...] = backend.download(array[offset : offset + len(out)], dtype)
+    return Done()
+
+
+def copy_from_host_async(backend: Any, host: np.ndarray, array: Any, offset: int, dtype: DType,
+                         after: Any = ()) -> Pending:
+    """array[offset : offset + len(host)] = host, by the backend's own asynchronous copy where it has one."""
+    own = getattr(backend, "copy_from_host_async", None)
+    if own is not None:
+        return own(host, array, offset, after)
+    _wait_all(after)
+    array[offset : offset + len(host)] = backend.upload(host, dtype)
+    return Done()
+
+
+def staging_buffer(backend: Any, count: int, dtype: DType) -> np.ndarray:
+    """A host buffer of `count` elements for staging this backend's chunks (pinned where the backend has such)."""
+    own = getattr(backend, "staging_buffer", None)
+    return own(count, dtype) if own is not None else np.empty(count, dtype=dtype.host)
+
+
+def can_map_to_host(backend: Any) -> bool:
+    """Whether the backend maps chunks of its arrays to host views without a copy (its memory is the host's)."""
+    own = getattr(backend, "can_map_to_host", None)
+    return bool(own()) if own is not None else False
+
+
 @dataclass(frozen=True)
 class BackendSpec:
     """A backend as named on the command line: `host`, `opencl:1`, `cupy`, `sim:mi300x`, `auto`."""

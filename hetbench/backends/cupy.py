@@ -274,6 +274,38 @@ class CupyBackend:
         with self._on_stream("matmul"):
             self._cupy.matmul(a, b, out=out)
 
+    # --- pipelined host staging (hetbench.comm.staging): cudaMemcpyAsync on this backend's stream, an event each ---
+    # (from CuPy's documented API: cupy.cuda.runtime.memcpyAsync, cupy.cuda.Event's record/done/synchronize,
+    # cupyx.empty_pinned; untested on a GPU by the project: tests/unit/test_staging.py drives it with a fake CuPy)
+
+    def _copy_async(self, dst: int, src: int, nbytes: int, kind: int, what: str) -> "_CupyPending":
+        runtime = self._cupy.cuda.runtime
+        with self._on_stream(what):
+            if nbytes:
+                runtime.memcpyAsync(dst, src, nbytes, kind, self._stream.ptr)
+            event = self._cupy.cuda.Event(disable_timing=True)
+            event.record(self._stream)
+        return _CupyPending(self, event)
+
+    def copy_to_host_async(self, array: Any, offset: int, out: np.ndarray, after: Any = ()) -> "_CupyPending":
+        """out[:] = array[offset : offset + len(out)] on the stream (one stream: `after` is met by its order). `out`
+        should be pinned (staging_buffer): from pageable memory the copy is synchronous."""
+        src = array.data.ptr + offset * array.dtype.itemsize
+        return self._copy_async(out.ctypes.data, src, out.nbytes, self._cupy.cuda.runtime.memcpyDeviceToHost,
+                                "chunk copy to the host")
+
+    def copy_from_host_async(self, host: np.ndarray, array: Any, offset: int, after: Any = ()) -> "_CupyPending":
+        dst = array.data.ptr + offset * array.dtype.itemsize
+        return self._copy_async(dst, host.ctypes.data, host.nbytes, self._cupy.cuda.runtime.memcpyHostToDevice,
+                                "chunk copy to the device")
+
+    def staging_buffer(self, count: int, dtype: DType) -> np.ndarray:
+        """Pinned (page-locked) host memory, which the GPU's copy engines read and write while the host works."""
+        import cupyx
+
+        with self._device_errors("pinned staging buffer allocation"):
+            return cupyx.empty_pinned((count,), dtype=dtype.host)
+
     def synchronize(self) -> None:
         with self._device_errors("synchronize"):
             self._stream.synchronize()
@@ -305,6 +337,23 @@ class CupyBackend:
             self._stream.synchronize()
             # give the pool's unused blocks on this device back, so the next user sees them as free
             self._cupy.get_default_memory_pool().free_all_blocks()
+
+
+class _CupyPending:
+    """A CUDA/HIP event recorded after one chunk's copy (hetbench.backends.base.Pending)."""
+
+    modelled_seconds = 0.0
+
+    def __init__(self, backend: CupyBackend, event: Any) -> None:
+        self._backend, self._event = backend, event
+
+    def done(self) -> bool:
+        with self._backend._device_errors("chunk copy"):
+            return bool(self._event.done)
+
+    def wait(self) -> None:
+        with self._backend._device_errors("chunk copy"):
+            self._event.synchronize()
 
 
 def open_device(spec: BackendSpec, local_rank: int, local_size: int) -> CupyBackend:

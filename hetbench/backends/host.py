@@ -17,6 +17,7 @@ from hetbench.backends.base import (
     BackendSpec,
     BackendUnavailable,
     DeviceInfo,
+    Done,
     Elapsed,
     check_dtype,
 )
@@ -298,6 +299,20 @@ class HostBackend:
     def matmul(self, a: np.ndarray, b: np.ndarray, out: np.ndarray, dtype: DType) -> None:
         check_dtype(self._info, dtype)
         np.matmul(a, b, out=out)
+
+    def copy_to_host_async(self, array: np.ndarray, offset: int, out: np.ndarray, after: Any = ()) -> Done:
+        """A chunk of a host array into a staging buffer (pipelined staging of ops whose chunks gather several
+        segments): a plain copy, done at once."""
+        for pending in after:
+            pending.wait()
+        np.copyto(out, array[offset : offset + len(out)])
+        return Done()
+
+    def copy_from_host_async(self, host: np.ndarray, array: np.ndarray, offset: int, after: Any = ()) -> Done:
+        for pending in after:
+            pending.wait()
+        array[offset : offset + len(host)] = host
+        return Done()
 
     def synchronize(self) -> None:
         pass

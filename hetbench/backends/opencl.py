@@ -419,6 +419,62 @@ class OpenCLBackend:
             return kernel, tile
         raise DeviceError(f"no GEMM tile of kernels/gemm.cl fits {self._info.label}")
 
+    # --- pipelined host staging (hetbench.comm.staging): chunk copies that return at once, each an event ---------
+
+    def _events(self, after: Any) -> list[Any] | None:
+        events = [e for p in after for e in getattr(p, "events", ())]
+        return events or None
+
+    def copy_to_host_async(self, array: Any, offset: int, out: np.ndarray, after: Any = ()) -> "_ClPending":
+        """out[:] = array[offset : offset + len(out)], enqueued (non-blocking enqueue_copy; the in-order queue runs
+        it after everything issued before)."""
+        with self._device_errors("chunk copy to the host"):
+            event = cl.enqueue_copy(self._queue, out, array.base_data,
+                                    src_offset=array.offset + offset * array.dtype.itemsize, is_blocking=False,
+                                    wait_for=self._events(after))
+        return _ClPending(self, [event])
+
+    def copy_from_host_async(self, host: np.ndarray, array: Any, offset: int, after: Any = ()) -> "_ClPending":
+        """array[offset : offset + len(host)] = host, enqueued; `host` must stay untouched until it is done."""
+        with self._device_errors("chunk copy to the device"):
+            event = cl.enqueue_copy(self._queue, array.base_data, host,
+                                    dst_offset=array.offset + offset * array.dtype.itemsize, is_blocking=False,
+                                    wait_for=self._events(after))
+        return _ClPending(self, [event])
+
+    def staging_buffer(self, count: int, dtype: DType) -> np.ndarray:
+        """Host memory the device copies from and to directly: a buffer allocated by the OpenCL runtime
+        (ALLOC_HOST_PTR, pinned on GPUs), mapped once for good; it goes back when the view is dropped."""
+        with self._device_errors("staging buffer allocation"):
+            flags = cl.mem_flags.READ_WRITE | cl.mem_flags.ALLOC_HOST_PTR
+            buffer = cl.Buffer(self._context, flags, max(1, count) * dtype.host.itemsize)
+            view, _ = cl.enqueue_map_buffer(self._queue, buffer, cl.map_flags.READ | cl.map_flags.WRITE, 0,
+                                            (max(1, count),), dtype.host, is_blocking=True)
+        return view[:count]
+
+    def can_map_to_host(self) -> bool:
+        """A device whose memory is the host's (CL_DEVICE_HOST_UNIFIED_MEMORY: a CPU device, an integrated GPU) maps
+        a buffer's chunk without copying it."""
+        try:
+            return bool(self._device.host_unified_memory)
+        except (cl.Error, AttributeError):  # the query is deprecated since OpenCL 2.0; an ICD may refuse it
+            return self._info.kind == "cpu"
+
+    def map_to_host(self, array: Any, offset: int, count: int, write: bool, after: Any = ()) -> tuple[np.ndarray, Any]:
+        """A host view of array[offset : offset + count] (non-blocking enqueue_map_buffer): for reading, or, with
+        `write`, for writing it whole (WRITE_INVALIDATE_REGION: nothing is read first)."""
+        flags = cl.map_flags.WRITE_INVALIDATE_REGION if write else cl.map_flags.READ
+        with self._device_errors("chunk map"):
+            view, event = cl.enqueue_map_buffer(self._queue, array.base_data, flags,
+                                                array.offset + offset * array.dtype.itemsize, (count,), array.dtype,
+                                                wait_for=self._events(after), is_blocking=False)
+        return view, _ClPending(self, [event])
+
+    def unmap_from_host(self, view: np.ndarray, after: Any = ()) -> "_ClPending":
+        with self._device_errors("chunk unmap"):
+            event = view.base.release(queue=self._queue, wait_for=self._events(after))
+        return _ClPending(self, [event])
+
     def synchronize(self) -> None:
         with self._device_errors("synchronize"):
             self._queue.finish()
@@ -449,6 +505,26 @@ class OpenCLBackend:
         self._tuned.release()
         self._queue = None
         self._context = None
+
+
+class _ClPending:
+    """OpenCL events of one chunk's copies (hetbench.backends.base.Pending)."""
+
+    modelled_seconds = 0.0
+
+    def __init__(self, backend: OpenCLBackend, events: list[Any]) -> None:
+        self._backend, self.events = backend, events
+
+    def done(self) -> bool:
+        with self._backend._device_errors("chunk copy"):
+            status = [e.command_execution_status for e in self.events]
+        if any(s < 0 for s in status):
+            raise DeviceError(f"OpenCL chunk copy failed on {self._backend.info().label}: status {min(status)}")
+        return all(s == cl.command_execution_status.COMPLETE for s in status)
+
+    def wait(self) -> None:
+        with self._backend._device_errors("chunk copy"):
+            cl.wait_for_events(self.events)
 
 
 def open_device(spec: BackendSpec, local_rank: int, local_size: int) -> OpenCLBackend:

@@ -28,6 +28,7 @@ from hetbench.backends.base import (
     BackendUnavailable,
     DeviceError,
     DeviceInfo,
+    Done,
     Elapsed,
     accepted_specs,
     check_dtype,
@@ -262,6 +263,26 @@ class SimBackend:
         if host.size and _fault_applies("corrupt-copy"):
             host.flat[0] += 1.0  # a copy that arrives wrong: what the collectives' check must catch
         return host
+
+    def copy_to_host_async(self, array: np.ndarray, offset: int, out: np.ndarray, after: Any = ()) -> Done:
+        """A chunk copied to the host (pipelined staging): done at once, its modelled time on the device clock and in
+        the answer; corrupt-copy gets its first element wrong, as every whole copy's."""
+        for pending in after:
+            pending.wait()
+        np.copyto(out, array[offset : offset + len(out)])
+        if out.size and _fault_applies("corrupt-copy"):
+            out[0] += 1.0
+        seconds = transfer_model_seconds(self.model, out.nbytes)
+        self._clock_s += seconds
+        return Done(seconds)
+
+    def copy_from_host_async(self, host: np.ndarray, array: np.ndarray, offset: int, after: Any = ()) -> Done:
+        for pending in after:
+            pending.wait()
+        array[offset : offset + len(host)] = host
+        seconds = transfer_model_seconds(self.model, host.nbytes)
+        self._clock_s += seconds
+        return Done(seconds)
 
     def empty(self, shape: tuple[int, ...], dtype: DType) -> np.ndarray:
         check_dtype(self._info, dtype)

@@ -33,12 +33,15 @@ def _cfg(ops_names=("allreduce",), **kw) -> CollectivesConfig:
 
 # (op, path, ranks, rank, device buffers in host memory, size S) -> bytes, fp32, root 0. s and r are the send and
 # receive buffers' bytes; a chunk of the check is 1 byte per element, at most 1 Mi elements (1 MiB); below 32 MiB
-# the C heap keeps 3 freed buffers of the larger of s and r.
+# the C heap keeps 3 freed buffers of the larger of s and r. The host path stages through a ring of 3 slots (no more
+# than there are chunks) of one chunk (4 MiB of a rank's part, at most, unless given) of every segment it copies,
+# and MPI's temporaries are a chunk's share; the send buffer's host copy goes once it is on the device.
 POINTS = [
-    # allreduce, 2 ranks: s = r = S, MPI's temporaries S, the staged send copy S: running 4S; the check 2S + 1 MiB
-    (("allreduce", "host", 2, 0, False, 64 * MiB), 256 * MiB),
-    # the device's copies of both (2S), and the receive buffer uploaded again before the old copy goes (S): 6S
-    (("allreduce", "host", 2, 0, True, 64 * MiB), 384 * MiB),
+    # allreduce, 2 ranks: running s + r = 128 MiB (then r + the ring 3 x 2 x 4 MiB + MPI's 4 MiB = 92); the check
+    # 2r + 1 MiB
+    (("allreduce", "host", 2, 0, False, 64 * MiB), 129 * MiB),
+    # the device's copies of both in host memory (2S): s + r + 2S = 256 MiB at the start
+    (("allreduce", "host", 2, 0, True, 64 * MiB), 256 * MiB),
     # device path: no staged copy, no second upload: 3S, or 5S with the device's copies in host memory
     (("allreduce", "device", 2, 0, False, 64 * MiB), 192 * MiB),
     (("allreduce", "device", 2, 0, True, 64 * MiB), 320 * MiB),
@@ -47,14 +50,16 @@ POINTS = [
     # allgather, 4 ranks: s = S / 4 = 16 MiB, r = S; device path with the device's copies: running 2(s + r) = 160
     # MiB, the check 2r + r + 1 MiB = 193 MiB
     (("allgather", "device", 4, 0, True, 64 * MiB), 193 * MiB),
-    # host path: s + r + (s + r) + staged s + the second upload r (no MPI temporaries) = 240 MiB
-    (("allgather", "host", 4, 0, True, 64 * MiB), 240 * MiB),
-    # 16 MiB: running s + r + s = 24 MiB, the check 2r + 1 MiB = 33 MiB, and the heap keeps 3 x 16 MiB: 81 MiB
-    (("allgather", "host", 4, 0, False, 16 * MiB), 81 * MiB),
-    # exactly 32 MiB: 4S + 3S kept
-    (("allreduce", "host", 2, 0, False, 32 * MiB), 224 * MiB),
-    # a page above 32 MiB: nothing kept, 4S
-    (("allreduce", "host", 2, 0, False, 32 * MiB + 4096), 4 * (32 * MiB + 4096)),
+    # host path: r + the device's s + r + the ring (3 slots of 4 MiB x (1 + 4 segments) = 60 MiB), no MPI
+    # temporaries: 204 MiB
+    (("allgather", "host", 4, 0, True, 64 * MiB), 204 * MiB),
+    # 16 MiB: a part of 4 MiB is one chunk, one slot: r + 5 x 4 MiB = 36 MiB, the check 2r + 1 MiB = 33 MiB, and the
+    # heap keeps 3 x 16 MiB: 84 MiB
+    (("allgather", "host", 4, 0, False, 16 * MiB), 84 * MiB),
+    # exactly 32 MiB: the check, 2S + 1 MiB, + 3S kept
+    (("allreduce", "host", 2, 0, False, 32 * MiB), 161 * MiB),
+    # a page above 32 MiB: nothing kept, the check's 2S + 1 MiB
+    (("allreduce", "host", 2, 0, False, 32 * MiB + 4096), 2 * (32 * MiB + 4096) + MiB),
 ]
 
 
@@ -132,18 +137,22 @@ class _Clock:
 
 
 class _TimedHost(HostBackend):
-    """The host backend whose device timer says 3 us for every download and 5 us for every upload."""
+    """The host backend whose chunk copies take 3 us out and 5 us back on the fake clock (the host path's staging
+    copies through them: its info below names a device whose arrays are its own)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock) -> None:
         super().__init__()
-        self.timed: list[float] = []
+        self.clock, self.copies = clock, []
 
-    @contextlib.contextmanager
-    def timer(self):
-        elapsed = Elapsed()
-        yield elapsed
-        elapsed.seconds = 3e-6 if len(self.timed) % 2 == 0 else 5e-6
-        self.timed.append(elapsed.seconds)
+    def copy_to_host_async(self, array, offset, out, after=()):
+        self.clock.now += 3e-6
+        self.copies.append("out")
+        return super().copy_to_host_async(array, offset, out, after)
+
+    def copy_from_host_async(self, host, array, offset, after=()):
+        self.clock.now += 5e-6
+        self.copies.append("back")
+        return super().copy_from_host_async(host, array, offset, after)
 
 
 class _World:
@@ -161,23 +170,31 @@ def mpi():
 
 @pytest.mark.parametrize("path", ["host", "device"])
 def test_each_iterations_times_read_the_right_clock(monkeypatch, mpi, path):
-    """The op's time is the wall clock around the MPI call (7 us on the fake clock, the clock at 1000 s); the host
-    path's copies are the device timer's (download 3 us, upload 5 us); the device path copies nothing."""
+    """The device path's op time is the wall clock around the MPI call (7 us on the fake clock, at 1000 s). The host
+    path stages the op in one chunk (--stage-chunk-bytes 4K, --stage-method copy): its copies out and back (3 and 5
+    us) overlap nothing, so they are its exposed d2h and h2d, and its op time is the rest of the call, the MPI call's
+    7 us."""
+    from hetbench.comm import staging
+
     clock = _Clock()
     monkeypatch.setattr(harness, "time", SimpleNamespace(perf_counter=clock.perf_counter))
+    monkeypatch.setattr(staging, "time", SimpleNamespace(perf_counter=clock.perf_counter))
 
     def call(comm, MPI, send, recv, root):
         clock.now += 7e-6
 
-    op = dataclasses.replace(ops.OPS["allreduce"], call=call)
-    backend = _TimedHost()
-    # its info names a device whose arrays are its own (the host backend itself computes in place: no copies)
+    op = dataclasses.replace(ops.OPS["allreduce"], call=call, icall=None)
+    backend = _TimedHost(clock)
     device = SimpleNamespace(backend=backend, info=SimpleNamespace(backend="sim"))
-    got = harness._run_point(_cfg(warmup=1, iters=3, check=False), _World(mpi), device, op, 4096, path)
+    cfg = _cfg(warmup=1, iters=3, check=False, stage_chunk_bytes=4096, stage_method="copy")
+    got = harness._run_point(cfg, _World(mpi), device, op, 4096, path)
     assert got["op_seconds"] == pytest.approx([7e-6] * 3, rel=1e-6)
     copies = (3e-6, 5e-6) if path == "host" else (0.0, 0.0)
-    assert got["d2h_seconds"] == [copies[0]] * 3 and got["h2d_seconds"] == [copies[1]] * 3
-    assert len(backend.timed) == (8 if path == "host" else 0)  # warm-up and 3 timed: a download and an upload each
+    assert got["d2h_seconds"] == pytest.approx([copies[0]] * 3) and got["h2d_seconds"] == pytest.approx([copies[1]] * 3)
+    assert backend.copies == (["out", "back"] * 4 if path == "host" else [])  # warm-up and 3 timed: one chunk each
+    assert got["stage"] == (None if path == "device" else
+                            {"chunk_bytes": 4096, "method": "copy", "chosen_by": "given", "trials": [], "chunks": 1,
+                             "rank_method": "copy"})
 
 
 # --- stragglers, copy timing, progress -----------------------------------------------------------------------------

@@ -14,8 +14,10 @@ from hetbench.benchmarks.collectives.ops import OP_NAMES, OPS
 from hetbench.benchmarks.collectives.config import (
     COLLECTIVE_DTYPES,
     PATHS,
+    STAGE_METHODS,
     CollectivesConfig,
     check_collective_sizes,
+    check_stage_chunk,
     parse_ops,
 )
 from hetbench.config import OutputConfig, parse_bytes, parse_dtype
@@ -46,6 +48,11 @@ COLUMNS: tuple[Column, ...] = (
     Column("end_to_end_algbw_gbps", "end-to-end algbw", "GB/s", modelled=_COPIES, show=SHOW_WIDE,
            better="higher"),
     Column("copy_timing", "copy timing", text=True, show=SHOW_FILES),
+    # the host path's pipelined staging: chunk (bytes of a rank's part), chunks per call, and how they were chosen
+    Column("stage_chunk_bytes", "stage chunk", "B", text=True, show=SHOW_FILES),
+    Column("stage_chunks", "stage chunks", text=True, show=SHOW_FILES),
+    Column("stage_method", "stage method", text=True, show=SHOW_FILES),
+    Column("stage_chosen_by", "stage chunk chosen by", text=True, show=SHOW_FILES),
     Column("stragglers", "straggler", text=True),
 )
 
@@ -92,6 +99,12 @@ class Collectives:
             click.Option(["--path", "path"], type=click.Choice([*PATHS, "both"]), default="host", show_default=True,
                          help="host: copy device -> host, MPI on host buffers, copy back. device: hand device "
                               "buffers to a GPU-aware MPI directly. both: one after the other."),
+            click.Option(["--stage-chunk-bytes"], default="auto", show_default=True, metavar="auto|BYTES",
+                         help="Host path: the pipeline's chunk (bytes of a rank's part: 256K, 4M). auto: the "
+                              "fastest of a few sizes, measured per op and size before its timed iterations."),
+            click.Option(["--stage-method"], type=click.Choice(STAGE_METHODS), default="auto", show_default=True,
+                         help="Host path: how a chunk reaches the host. copy: a ring of host buffers; map: a view of "
+                              "the device buffer where the device's memory is the host's (else copy); auto: measured."),
         ]
 
     def configure(self, params: dict[str, Any], world: Any, output: OutputConfig) -> CollectivesConfig:
@@ -112,11 +125,24 @@ class Collectives:
             raise click.BadParameter(f"{root} is not a rank of this job; ranks are 0..{world.size - 1}",
                                      param_hint="'--root'")
         path = params["path"]
+        try:
+            stage_chunk = check_stage_chunk(params["stage_chunk_bytes"], dt)
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="'--stage-chunk-bytes'") from None
+        if path == "device":
+            from click.core import ParameterSource
+
+            ctx = click.get_current_context()
+            given = [f"--{n.replace('_', '-')}" for n in ("stage_chunk_bytes", "stage_method")
+                     if ctx.get_parameter_source(n) is not ParameterSource.DEFAULT]
+            if given:
+                raise click.UsageError(f"{' and '.join(given)} apply to the host path only (host-staged copies); "
+                                       "--path device hands device buffers to MPI: use --path host or both")
         return CollectivesConfig(
             ops=names, min_bytes=min_bytes, max_bytes=max_bytes, factor=factor, dtype=dt,
             backends=parse_backends(world, click.get_current_context().params["backend"]),
             paths=PATHS if path == "both" else (path,), warmup=params["warmup"], iters=params["iters"], root=root,
-            check=params["check"], output=output,
+            check=params["check"], output=output, stage_chunk_bytes=stage_chunk, stage_method=params["stage_method"],
         )
 
     def output_paths(self, cfg: CollectivesConfig) -> dict[str, tuple[Any, int]]:

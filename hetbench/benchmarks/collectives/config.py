@@ -13,6 +13,27 @@ from hetbench.dtypes import DType
 
 COLLECTIVE_DTYPES = ("fp64", "fp32")  # MPI has no half-precision arithmetic
 PATHS = ("host", "device")
+STAGE_METHODS = ("auto", "copy", "map")
+MAX_STAGE_CHUNK_BYTES = 1024**3  # a chunk larger than 1 GiB stages nothing a whole copy would not
+
+
+def check_stage_chunk(text: str, dtype: DType) -> int | None:
+    """--stage-chunk-bytes: `auto` (None: measured), or a byte count (8, 1K, 4M) that is a whole number of elements,
+    at least one, at most 1G. Raises ValueError with the value and what is accepted."""
+    from hetbench.config import parse_bytes
+
+    value = text.strip().lower()
+    if value == "auto":
+        return None
+    accepted = (f"accepted: auto, or a byte count from {dtype.itemsize} to 1G (8, 1K, 4M; powers of 1024) that is a "
+                f"multiple of the {dtype.name} size, {dtype.itemsize} bytes")
+    try:
+        size = parse_bytes(text)
+    except ValueError as e:
+        raise ValueError(f"--stage-chunk-bytes {text!r}: {e}; {accepted}") from None
+    if size < dtype.itemsize or size > MAX_STAGE_CHUNK_BYTES or size % dtype.itemsize:
+        raise ValueError(f"--stage-chunk-bytes {text!r} ({size} bytes) is not usable; {accepted}")
+    return size
 
 
 @dataclass(frozen=True)
@@ -29,6 +50,10 @@ class CollectivesConfig:
     root: int = 0
     check: bool = True
     output: OutputConfig = field(default_factory=OutputConfig)
+    # the host path's pipelined staging (hetbench/comm/staging.py): bytes of a rank's part per chunk, None to measure
+    # (the fastest of a few sizes, per op and size); "auto" (copy or map, measured), "copy" or "map"
+    stage_chunk_bytes: int | None = None
+    stage_method: str = "auto"
 
     def sizes(self) -> list[int]:
         """min, min*factor, ... up to max (nccl-tests' -b/-e/-f sweep)."""

@@ -78,12 +78,22 @@ class Op:
     # for a GPU-aware MPI)
     call: Callable[[Any, Any, Any, Any, int], None]
     mpi_scratch_fraction: tuple[float, float] = (0.0, 0.0)
+    # the same call, non-blocking, returning its request (Iallreduce, ...): what the pipelined host staging starts on
+    # a chunk while the device copies the next one (hetbench/comm/staging.py); None: the blocking call serves
+    icall: Callable[[Any, Any, Any, Any, int], Any] | None = None
 
     def counts(self, size_bytes: int, itemsize: int, nranks: int) -> tuple[int, int]:
         """(send elements, receive elements) on a rank, for the root's view where it differs."""
         elements = size_bytes // itemsize
         part = elements // nranks if self.size_is_total else elements
         return self.part_counts(part, nranks)
+
+    def start(self, comm: Any, MPI: Any, send: Any, recv: Any, root: int) -> Any:
+        """The op started on these buffers: its request (icall), or None where the blocking call ran it already."""
+        if self.icall is not None:
+            return self.icall(comm, MPI, send, recv, root)
+        self.call(comm, MPI, send, recv, root)
+        return None
 
     def mpi_scratch_bytes(self, size_bytes: int, rank: int, nranks: int, root: int) -> int:
         """MPI's own temporaries on this rank during one call of size S (none with one rank)."""
@@ -166,50 +176,70 @@ def _sendrecv_to_the_right(comm: Any, MPI: Any, send: Any, recv: Any, root: int)
     comm.Sendrecv(send, dest=(rank + 1) % nranks, recvbuf=recv, source=(rank - 1) % nranks)
 
 
+def _isendrecv_to_the_right(comm: Any, MPI: Any, send: Any, recv: Any, root: int) -> Any:
+    """Isendrecv where the MPI library has it (MPI 4), else the blocking call (the staging then waits in it)."""
+    if not hasattr(comm, "Isendrecv"):
+        _sendrecv_to_the_right(comm, MPI, send, recv, root)
+        return None
+    rank, nranks = comm.Get_rank(), comm.Get_size()
+    return comm.Isendrecv(send, dest=(rank + 1) % nranks, recvbuf=recv, source=(rank - 1) % nranks)
+
+
 # --- the records, in the order `--op all` runs them ---------------------------------------------------------------
 
 for _op in (
     Op(name="allreduce", busbw_factor=_ring, size_is_total=False, rooted=False, redop="sum",
        part_counts=_part_each, sends=_every_rank, receives=_every_rank, fill_expected=_sum_of_every_rank,
        call=lambda comm, MPI, send, recv, root: comm.Allreduce(send, recv, op=MPI.SUM),
+       icall=lambda comm, MPI, send, recv, root: comm.Iallreduce(send, recv, op=MPI.SUM),
        mpi_scratch_fraction=(1.0, 1.0)),
     Op(name="reduce_scatter", busbw_factor=_share, size_is_total=True, rooted=False, redop="sum",
        part_counts=_part_for_every_rank_in, sends=_every_rank, receives=_every_rank, fill_expected=_sum_of_own_part,
        call=lambda comm, MPI, send, recv, root: comm.Reduce_scatter_block(send, recv, op=MPI.SUM),
+       icall=lambda comm, MPI, send, recv, root: comm.Ireduce_scatter_block(send, recv, op=MPI.SUM),
        mpi_scratch_fraction=(0.5, 0.5)),
     Op(name="allgather", busbw_factor=_share, size_is_total=True, rooted=False, redop="none",
        part_counts=_part_from_every_rank_out, sends=_every_rank, receives=_every_rank,
        fill_expected=_every_ranks_data,
-       call=lambda comm, MPI, send, recv, root: comm.Allgather(send, recv)),
+       call=lambda comm, MPI, send, recv, root: comm.Allgather(send, recv),
+       icall=lambda comm, MPI, send, recv, root: comm.Iallgather(send, recv)),
     Op(name="reduce", busbw_factor=_one, size_is_total=False, rooted=True, redop="sum",
        part_counts=_part_each, sends=_every_rank, receives=_root_only, fill_expected=_sum_of_every_rank,
        call=lambda comm, MPI, send, recv, root: comm.Reduce(send, recv if comm.Get_rank() == root else None,
                                                             op=MPI.SUM, root=root),
+       icall=lambda comm, MPI, send, recv, root: comm.Ireduce(send, recv if comm.Get_rank() == root else None,
+                                                              op=MPI.SUM, root=root),
        mpi_scratch_fraction=(1.0, 1.5)),
     Op(name="bcast", busbw_factor=_one, size_is_total=False, rooted=True, redop="none",
        part_counts=_part_each, sends=_root_only,
        receives=_all_but_root,  # the root's buffer is the source
        fill_expected=lambda out, rank, nranks, root: values(root, len(out), out.dtype, out=out),
-       call=lambda comm, MPI, send, recv, root: comm.Bcast(send if comm.Get_rank() == root else recv, root=root)),
+       call=lambda comm, MPI, send, recv, root: comm.Bcast(send if comm.Get_rank() == root else recv, root=root),
+       icall=lambda comm, MPI, send, recv, root: comm.Ibcast(send if comm.Get_rank() == root else recv, root=root)),
     Op(name="gather", busbw_factor=_share, size_is_total=True, rooted=True, redop="none",
        part_counts=_part_from_every_rank_out, sends=_every_rank, receives=_root_only,
        fill_expected=_every_ranks_data,
        call=lambda comm, MPI, send, recv, root: comm.Gather(send, recv if comm.Get_rank() == root else None,
                                                             root=root),
+       icall=lambda comm, MPI, send, recv, root: comm.Igather(send, recv if comm.Get_rank() == root else None,
+                                                              root=root),
        mpi_scratch_fraction=(0.0, 0.5)),
     Op(name="scatter", busbw_factor=_share, size_is_total=True, rooted=True, redop="none",
        part_counts=_part_for_every_rank_in, sends=_root_only, receives=_every_rank,
        fill_expected=lambda out, rank, nranks, root: values(root, len(out), out.dtype, rank * len(out), out=out),
        call=lambda comm, MPI, send, recv, root: comm.Scatter(send if comm.Get_rank() == root else None, recv,
                                                              root=root),
+       icall=lambda comm, MPI, send, recv, root: comm.Iscatter(send if comm.Get_rank() == root else None, recv,
+                                                               root=root),
        mpi_scratch_fraction=(0.0, 0.5)),
     Op(name="alltoall", busbw_factor=_share, size_is_total=True, rooted=False, redop="none",
        part_counts=_parts_both_ways, sends=_every_rank, receives=_every_rank, fill_expected=_own_part_of_every_rank,
-       call=lambda comm, MPI, send, recv, root: comm.Alltoall(send, recv)),
+       call=lambda comm, MPI, send, recv, root: comm.Alltoall(send, recv),
+       icall=lambda comm, MPI, send, recv, root: comm.Ialltoall(send, recv)),
     Op(name="sendrecv", busbw_factor=_one, size_is_total=False, rooted=False, redop="none",
        part_counts=_part_each, sends=_every_rank, receives=_every_rank,
        fill_expected=lambda out, rank, nranks, root: values((rank - 1) % nranks, len(out), out.dtype, out=out),
-       call=_sendrecv_to_the_right),
+       call=_sendrecv_to_the_right, icall=_isendrecv_to_the_right),
 ):
     register(_op)
 del _op
