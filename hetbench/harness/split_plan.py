@@ -12,15 +12,20 @@ A rank may get a part of 0: it then holds nothing, moves nothing and computes no
 
 The cost model (`predict`) assumes what the harness does:
 
-- three phases separated by barriers, so the predicted time is distribute + the slowest rank's compute +
-  collect, with no overlap between them;
+- phased (split --no-overlap): three phases separated by barriers, so the predicted time is distribute + the
+  slowest rank's compute + collect, with no overlap between them; streamed (`chunks`, the default), the transfers
+  overlap the GEMMs and only the first chunk's arrival and the last chunk's return are exposed (predict's
+  docstring);
 - the root moves data to and from each other rank in turn, over that rank's link to the root (latency plus
   bytes / bandwidth per message), so the transfer times of the ranks add up; the root moves nothing to itself;
-- a rank computes at its rate (flop/s, measured or modelled at about the shape of its part), independent of the
-  part's size; so shares proportional to the rates balance the compute phase.
+- a rank computes at its rate (flop/s, measured or modelled at about the shape of its part), or, where its
+  measured (part, seconds) points at several slice sizes are given (`curves`), in the time interpolated through
+  them (`seconds_at`); shares proportional to the rates balance the compute phase only where the rate holds at
+  every size.
 
 What it leaves out: host<->device copies on each rank, the reduction's arithmetic, the tree a real MPI Reduce
-may use, contention between messages, and a rate that changes with the part's size. Those are why a measured
+may use, and contention between messages (and, without curves, a rate that changes with the part's size). Those
+are why a measured
 split differs from its prediction, and why auto weights and `--rebalance` balance measured times
 (`balanced_parts`: each rank's time against its part, interpolated through every part it was timed at).
 

@@ -187,11 +187,11 @@ def test_each_splits_figures_and_the_summary_from_known_phases():
 
 
 def _plan(backend: str, weights: str, strategy: str = "auto", gbit: float = 100.0, latency_us: float = 10.0,
-          m: int = 65536, n: int = 65536, k: int = 65536) -> tuple[dict, list[dict]]:
+          m: int = 65536, n: int = 65536, k: int = 65536, overlap: bool = True) -> tuple[dict, list[dict]]:
     backends = tuple(parse_backend_map(backend, backend.count("=")))
     cfg = SimpleNamespace(m=m, n=n, k=k, dtype=DTYPES["fp32"], backends=backends, strategy=strategy,
                           weights=plan.parse_weights(weights, len(backends)), link_gbit_per_s=gbit,
-                          link_latency_us=latency_us)
+                          link_latency_us=latency_us, overlap=overlap, chunks=None)
     state = run.SplitState(None, None, "", None, None, (m, n, k), None)  # type: ignore[arg-type]
     outcome = run.plan_only(cfg, None, state)  # type: ignore[arg-type]
     return outcome.chosen["summary"], outcome.chosen["rows"]
@@ -203,9 +203,14 @@ def _plan(backend: str, weights: str, strategy: str = "auto", gbit: float = 100.
     # three ranks, given weights, a long inner dimension: the k strategy (even: k split 3 ways)
     ("0=sim:h100,1=sim:mi300x,2=sim:a100", "1,3,2", "auto", (4096, 4096, 1 << 20), "k"),
 ])
-def test_a_plans_figures_and_its_even_splits_prediction(backend, weights, strategy, shape, chosen):
+@pytest.mark.parametrize("overlap", [True, False])
+def test_a_plans_figures_and_its_even_splits_prediction(backend, weights, strategy, shape, chosen, overlap):
+    from hetbench.benchmarks.split.stream import auto_chunks
+
     m, n, k = shape
-    s, rows = _plan(backend, weights, strategy, gbit=80.0, latency_us=7.0, m=m, n=n, k=k)
+    s, rows = _plan(backend, weights, strategy, gbit=80.0, latency_us=7.0, m=m, n=n, k=k, overlap=overlap)
+    chunks = auto_chunks(n) if overlap else None  # streamed (the default) in auto chunks, or phased
+    assert s["overlap"] is overlap and s["chunks"] == chunks
     ranks = len(rows)
     assert s["strategy"] == chosen
     dim = m if chosen == "rows" else k
@@ -219,7 +224,7 @@ def test_a_plans_figures_and_its_even_splits_prediction(backend, weights, strate
     # link for the chosen strategy
     even_parts = [dim // ranks + (1 if r < dim % ranks else 0) for r in range(ranks)]
     assert s["even_parts"] == even_parts
-    even = plan.predict(chosen, m, n, k, 4, even_parts, rates, links)
+    even = plan.predict(chosen, m, n, k, 4, even_parts, rates, links, chunks=chunks)
     assert s["even_predicted_seconds"] == pytest.approx(even.seconds, rel=1e-9)
     stored = s["even_predictions"][chosen]
     assert stored["parts"] == even_parts and stored["compute_seconds"] == pytest.approx(even.compute_seconds, rel=1e-9)
@@ -229,7 +234,7 @@ def test_a_plans_figures_and_its_even_splits_prediction(backend, weights, strate
     given = rates if weights == "auto" else [float(w) for w in weights.split(",")]
     parts = plan.shares(given, dim)
     assert s["parts"] == parts != even_parts
-    weighted = plan.predict(chosen, m, n, k, 4, parts, rates, links)
+    weighted = plan.predict(chosen, m, n, k, 4, parts, rates, links, chunks=chunks)
     assert s["predicted_seconds"] == pytest.approx(weighted.seconds, rel=1e-9)
     assert s["predicted_speedup_over_even"] == pytest.approx(even.seconds / weighted.seconds, rel=1e-9)
     total = 2 * m * n * k

@@ -6,11 +6,13 @@ Strategies (hetbench/harness/split_plan.py has the cost model):
 - k: rank r gets parts[r] columns of A and the matching rows of B, computes a full-size partial product; the partial
   products are summed to the root (MPI Reduce).
 
-One iteration runs three phases, each ended by a barrier so that its time is the job's: distribute (the root sends
-each working rank its slice over MPI, in turn), compute (each rank uploads its slice, multiplies and copies its
-result back; device-timed, so modelled on simulated devices), collect (the root receives the rows, or the sum). The
-phases do not overlap. Per rank: compute seconds, communication seconds (its distribute and collect phases) and idle
-seconds (how long it waited in the compute phase for the slowest rank).
+An iteration is streamed (`--overlap`, the default: stream.py, B and C in column chunks moving while the ranks
+compute) or phased (`--no-overlap`, the Splitter below): three phases, each ended by a barrier so that its time is
+the job's: distribute (the root sends each working rank its slice over MPI, in turn), compute (each rank uploads its
+slice, multiplies and copies its result back; device-timed, so modelled on simulated devices), collect (the root
+receives the rows, or the sum). Per rank: compute seconds, communication seconds (its distribute and collect phases;
+streamed, the time it waited on transfers) and idle seconds (how long it waited in the compute phase for the slowest
+rank).
 
 Before the timed splits every rank measures its link to the root and its own solo GEMM rate (the probes of
 hetbench/harness/probe.py); auto weights are those rates. `--rebalance N` re-weights from each rank's measured
@@ -819,16 +821,18 @@ def plan_only(cfg: Any, world: World, state: SplitState) -> RankRun:
         kind = cfg.weights.kind
         return ([1.0] * ranks if kind == "even" else list(cfg.weights.values) if kind == "list" else rates[s])  # mutation: equivalent[1.0 -> 2.0] (only plan.shares reads them: equal weights of any size share alike)
 
+    chunks = streamed_chunks(cfg, n)  # the streamed split's model where it streams (--overlap, the default)
     predictions, even = {}, {}
     for s in strategies:
         dim = plan.dim_of(s, m, n, k)
         predictions[s] = plan.predict(s, m, n, k, itemsize, plan.shares(weights_for(s), dim, caps[s]), rates[s],
-                                      links, ROOT)
+                                      links, ROOT, chunks=chunks)
         even[s] = plan.predict(s, m, n, k, itemsize, plan.shares([1.0] * ranks, dim, caps[s]), rates[s], links,  # mutation: equivalent[1.0 -> 2.0] (equal weights of any size share alike)
-                               ROOT)
+                               ROOT, chunks=chunks)
     strategy = plan.fastest(predictions)
     chosen, even_chosen = predictions[strategy], even[strategy]
-    best = {s: plan.best_root_share(s, m, n, k, itemsize, rates[s], links, caps[s], ROOT) for s in strategies}
+    best = {s: plan.best_root_share(s, m, n, k, itemsize, rates[s], links, caps[s], ROOT, chunks=chunks)
+            for s in strategies}
     best_strategy = plan.fastest(best)
     total = gemm.flops(m, n, k)
     dim = plan.dim_of(strategy, m, n, k)
@@ -855,7 +859,7 @@ def plan_only(cfg: Any, world: World, state: SplitState) -> RankRun:
         "predicted_efficiency_compute": total / max(chosen.compute_seconds) / sum_rates if sum_rates else None,
         "even_predicted_seconds": even_chosen.seconds, "even_parts": list(even_chosen.parts),
         "predicted_speedup_over_even": even_chosen.seconds / chosen.seconds,
-        "link_gbit_per_s": gbit, "link_latency_us": latency_us,
+        "link_gbit_per_s": gbit, "link_latency_us": latency_us, "overlap": chunks is not None, "chunks": chunks,
         "predictions": {s: p.to_dict() for s, p in predictions.items()},
         "even_predictions": {s: p.to_dict() for s, p in even.items()},
         "model_best": {"strategy": best_strategy, **best[best_strategy].to_dict(),
