@@ -450,6 +450,8 @@ class OpenCLBackend:
             buffer = cl.Buffer(self._context, flags, max(1, count) * dtype.host.itemsize)
             view, _ = cl.enqueue_map_buffer(self._queue, buffer, cl.map_flags.READ | cl.map_flags.WRITE, 0,
                                             (max(1, count),), dtype.host, is_blocking=True)
+        if self.can_map_to_host():
+            _advise_huge_pages(view)
         return view[:count]
 
     def can_map_to_host(self) -> bool:
@@ -462,12 +464,17 @@ class OpenCLBackend:
 
     def map_to_host(self, array: Any, offset: int, count: int, write: bool, after: Any = ()) -> tuple[np.ndarray, Any]:
         """A host view of array[offset : offset + count] (non-blocking enqueue_map_buffer): for reading, or, with
-        `write`, for writing it whole (WRITE_INVALIDATE_REGION: nothing is read first)."""
+        `write`, for writing it whole (WRITE_INVALIDATE_REGION: nothing is read first). On a device whose memory is
+        the host's, the view's memory is given huge pages (see _advise_huge_pages)."""
         flags = cl.map_flags.WRITE_INVALIDATE_REGION if write else cl.map_flags.READ
         with self._device_errors("chunk map"):
             view, event = cl.enqueue_map_buffer(self._queue, array.base_data, flags,
                                                 array.offset + offset * array.dtype.itemsize, (count,), array.dtype,
                                                 wait_for=self._events(after), is_blocking=False)
+        if self.can_map_to_host():
+            # every time: a buffer freed and another made may sit at the same address without the advice (8-65 us
+            # on pages huge already, 4 ms the first time for 16 MiB)
+            _advise_huge_pages(view)
         return view, _ClPending(self, [event])
 
     def unmap_from_host(self, view: np.ndarray, after: Any = ()) -> "_ClPending":
@@ -505,6 +512,41 @@ class OpenCLBackend:
         self._tuned.release()
         self._queue = None
         self._context = None
+
+
+_HUGE_PAGE_BYTES = 2 * 1024**2
+_MADV_HUGEPAGE, _MADV_COLLAPSE = 14, 25  # Linux's madvise advice values (asm-generic/mman-common.h)
+_libc_madvise: Any = None
+
+
+def _advise_huge_pages(view: np.ndarray) -> int:
+    """Give the whole 2 MiB pages inside a host view of a device buffer (a device whose memory is the host's) the
+    transparent huge pages NumPy asks for its own arrays of 4 MiB and more (madvise MADV_HUGEPAGE, then MADV_COLLAPSE
+    to make them so at once, Linux 6.1+): measured on PoCL (2 ranks, 16 and 64 MiB), an MPI allreduce on a mapped
+    buffer's 4 KiB pages ran 1.25-1.45x as long as on NumPy's arrays, and as fast once its pages were huge (16 ms
+    to collapse 32 MiB, once). The memory and its contents stay as they are; returns the bytes advised, 0 where the
+    view is smaller than 4 MiB or the kernel declines (no THP, another OS)."""
+    global _libc_madvise
+    if view.nbytes < 2 * _HUGE_PAGE_BYTES:
+        return 0
+    if _libc_madvise is None:
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+            _libc_madvise = libc.madvise
+        except (OSError, AttributeError):
+            _libc_madvise = False
+    if not _libc_madvise:
+        return 0
+    start = view.ctypes.data
+    first = -(-start // _HUGE_PAGE_BYTES) * _HUGE_PAGE_BYTES
+    last = (start + view.nbytes) // _HUGE_PAGE_BYTES * _HUGE_PAGE_BYTES
+    if last <= first or _libc_madvise(first, last - first, _MADV_HUGEPAGE) != 0:
+        return 0
+    _libc_madvise(first, last - first, _MADV_COLLAPSE)  # where it fails, khugepaged collapses them later
+    return last - first
 
 
 class _ClPending:

@@ -55,7 +55,7 @@ KIB, MIB = 1024, 1024**2
 # the chunk sizes `calibrate` tries (bytes of one rank's part per chunk), each below the part, and the whole part
 # where it is no larger than the caller's bound
 CHUNK_CANDIDATES_BYTES = (256 * KIB, MIB, 4 * MIB)
-MAP_CHUNK_CANDIDATES_BYTES = (MIB, 4 * MIB, 16 * MIB)
+MAP_CHUNK_CANDIDATES_BYTES = (MIB, 2 * MIB, 4 * MIB, 8 * MIB, 16 * MIB, 32 * MIB)
 CALIBRATION_REPEATS = 3  # timed runs per candidate (after one untimed), the median kept
 
 
@@ -227,6 +227,16 @@ class StagedCollective:
 
     # --- the pipeline ----------------------------------------------------------------------------------------------
 
+    def _settle(self, pending: Any) -> None:
+        """Wait for a copy. "test": poll it, yielding the core between polls (a device whose copies run on host
+        threads, PoCL's, runs them on the core this rank gives up, without a sleep and a wake-up on each side), for
+        at most TEST_LOOP_SECONDS, then wait; "wait": wait (the device's own blocking wait)."""
+        if self.progress == PROGRESS_TEST:
+            deadline = time.perf_counter() + TEST_LOOP_SECONDS
+            while not pending.done() and time.perf_counter() < deadline:
+                os.sched_yield()
+        pending.wait()
+
     def _complete(self, request: Any) -> None:
         """Chunk k's operation to its end. "test": MPI_Test in a loop that yields the core between calls (a device
         whose copies run on host threads, PoCL's, gets the core MPI's busy wait would hold), for at most
@@ -255,13 +265,13 @@ class StagedCollective:
             send_view, recv_view, pendings, maps = ahead
             t = clock()
             for p in pendings:
-                p.wait()
+                self._settle(p)
             out_model[k] = sum(p.modelled_seconds for p in pendings)
             out_wait += clock() - t
             if k - slots in back:  # the receive slot's last chunk must be back on the device before MPI writes it
                 t = clock()
                 for p in back.pop(k - slots):
-                    p.wait()
+                    self._settle(p)
                 in_wait += clock() - t
             # the next chunk's copy out goes to the device's queue first, so that it runs beside this chunk's op
             # whether the op is started (and completed below) or runs to its end in a blocking call
@@ -283,7 +293,7 @@ class StagedCollective:
         t = clock()
         for k in sorted(back):
             for p in back.pop(k):
-                p.wait()
+                self._settle(p)
         in_wait += clock() - t
         seconds = clock() - began
         if self._modelled:

@@ -241,7 +241,8 @@ def test_a_simulated_devices_times_are_its_modelled_copies_around_the_measured_o
 def test_candidates_bound_the_copy_and_let_the_map_go_whole():
     c = staging.candidates(64 * MiB, 4, ["copy", "map"], 4 * MiB)
     assert c == [(256 << 10, "copy"), (MiB, "copy"), (4 * MiB, "copy"),
-                 (MiB, "map"), (4 * MiB, "map"), (16 * MiB, "map"), (64 * MiB, "map")]
+                 (MiB, "map"), (2 * MiB, "map"), (4 * MiB, "map"), (8 * MiB, "map"), (16 * MiB, "map"),
+                 (32 * MiB, "map"), (64 * MiB, "map")]
     assert staging.candidates(3 * MiB, 4, ["copy"], 4 * MiB) == [(256 << 10, "copy"), (MiB, "copy"), (3 * MiB, "copy")]
     assert staging.candidates(100, 4, ["copy"], 4 * MiB) == [(100, "copy")]
 
