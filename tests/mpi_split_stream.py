@@ -94,37 +94,55 @@ def check_identical(world: World) -> None:
 
 
 def check_progress(world: World) -> None:
-    """A 16 MiB message between ranks 0 and 1, started, then both ranks sleep inside the engine: it is complete
-    before anyone waits (MPICH moves nothing between calls: without the engine it is not)."""
-    if world.size < 2:
-        engine = Progress(world.raw_comm, interval_s=0.001)
-        with engine:
-            time.sleep(0.05)
-        assert engine.polls > 0 or not engine.threaded
-        return
+    """A 16 MiB message between ranks 0 and 1, handed to the engine, then both ranks sleep: it is complete before
+    anyone waits (MPICH moves nothing between calls: without the engine it is not), and the engine's thread stops
+    polling once it holds nothing in flight. Alone: wait() completes what start() took."""
     comm = world.raw_comm
-    data = np.arange(4 * 2**20, dtype=np.float32)
-    engine = Progress(comm, interval_s=0.0005)
+    engine = Progress(interval_s=0.0005)
     assert engine.threaded, "mpi4py asks for MPI_THREAD_MULTIPLE: the engine must run its thread"
-    comm.Barrier()
-    if world.rank == 0:
-        request = comm.Isend(data, dest=1, tag=7)
-    elif world.rank == 1:
+    if world.size < 2:
+        data = np.arange(10, dtype=np.float32)
         got = np.zeros_like(data)
-        request = comm.Irecv(got, source=0, tag=7)
-    with engine:
-        time.sleep(0.5)
-        done = request.Test() if world.rank < 2 else True
-    if world.rank < 2:
-        assert done, f"the engine made {engine.polls} polls and the transfer is still not done"
-        request.Wait()
-        assert engine.polls >= 50, engine.polls
+        flight = engine.start([comm.Isend(data, dest=0, tag=7), comm.Irecv(got, source=0, tag=7)])
+        engine.wait(flight)
+        assert flight.done and np.array_equal(got, data)
+        engine.close()
+        # without a second thread: start() only notes, test() moves the flight on from the caller's thread
+        single = Progress(threaded=False)
+        got[...] = 0
+        flight = single.start([comm.Isend(data, dest=0, tag=9), comm.Irecv(got, source=0, tag=9)])
+        while not single.test(flight):
+            pass
+        assert flight.done and np.array_equal(got, data) and single._thread is None
+        single.wait(flight)
+        return
+    data = np.arange(4 * 2**20, dtype=np.float32)
+    comm.Barrier()
+    got = np.zeros_like(data)
+    flight = None
+    if world.rank == 0:
+        flight = engine.start([comm.Isend(data, dest=1, tag=7)])
+    elif world.rank == 1:
+        flight = engine.start([comm.Irecv(got, source=0, tag=7)])
+    time.sleep(0.5)
+    if flight is not None:
+        assert flight.done, f"the engine made {engine.polls} polls and the transfer is still not done"
+        polls = engine.polls
+        assert polls > 0
+        time.sleep(0.05)
+        assert engine.polls == polls, "the engine kept polling with nothing in flight"
+        engine.wait(flight)
     if world.rank == 1:
         assert np.array_equal(got, data)
-    with engine:  # re-entered: one thread, ended with the outer block
-        with engine:
-            pass
-        assert engine._thread is not None
+    # a flight taken back before it is done completes on the caller's thread
+    comm.Barrier()
+    if world.rank in (0, 1):
+        peer = 1 - world.rank
+        out, back = np.full(1000, world.rank, np.float32), np.empty(1000, np.float32)
+        flight = engine.start([comm.Isend(out, dest=peer, tag=8), comm.Irecv(back, source=peer, tag=8)])
+        engine.wait(flight)
+        assert flight.done and np.all(back == peer)
+    engine.close()
     assert engine._thread is None
 
 

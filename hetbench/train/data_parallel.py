@@ -17,9 +17,9 @@ gathers each layer (MPI Allgatherv into a reused buffer) just before using it; t
 (except the last layer, still held from the forward, as FSDP keeps its root), and the layer's full gradient is
 reduce-scattered (MPI Reduce_scatter) so each rank receives the summed gradient of its shard and updates it at once.
 With prefetch (the default on more than one rank), the next layer's gather (forward: layer l+1, backward: l-1) is
-started (MPI Iallgatherv) before this layer computes, into a second buffer, and tested after every GEMM so that an
-MPI library without a progress thread moves it between them; what it still costs is counted when it is waited for
-(_Prefetcher). Bytes held at the step's peak, per rank r, with P = hidden*hidden + hidden, s_r = shares(weights,
+started (MPI Iallgatherv) before this layer computes, into a second buffer, and moved by the progress engine's
+thread (hetbench/comm/progress.py) while the layer computes (tested after every GEMM instead where MPI gives no
+second thread); what it still costs is counted when it is waited for (_Prefetcher). Bytes held at the step's peak, per rank r, with P = hidden*hidden + hidden, s_r = shares(weights,
 P)[r], G = 2 gathered layers with prefetch, else 1, and L layers, all float32:
     param_bytes     = 4 * (L * s_r + G * P)    its shards + the gathered layers
     grad_bytes      = 4 * (P + s_r)        one layer's full gradient + its reduced shard
@@ -249,7 +249,7 @@ def train_fsdp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: flo
     logs: list[StepLog] = []
     shard_bytes = sum(s.nbytes for s in shards)
     held_bytes = shard_bytes + sum(b.nbytes for b in buffers)
-    fetch = _Prefetcher(clock, ops, move, shards, param_counts, buffers, Progress(getattr(world, "raw_comm", comm)))
+    fetch = _Prefetcher(clock, ops, move, shards, param_counts, buffers, Progress() if prefetch else None)
     for step in range(start_step, start_step + steps):
         first, count = batch_slice(balance.counts, rank)
         x, y = (on_device(ops, a) for a in make_batch(model, step, first, count, teacher))
@@ -312,6 +312,8 @@ def train_fsdp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: flo
             checkpoint(step + 1, lambda: [layer_piece(layer, offset, shards[layer], opts[layer], host_copier(ops))
                                           for layer in range(L) if mine > 0])
     ops.poll = None
+    if fetch.progress is not None:
+        fetch.progress.close()
     params = None
     for shard in shards:
         full = gatherv(comm, host_copier(ops)(shard), param_counts, root=0)
@@ -366,6 +368,7 @@ class _Prefetcher:
         self.clock, self.ops, self.move, self.progress = clock, ops, move, progress
         self.shards, self.counts, self.buffers = shards, counts, buffers
         self.pending: dict[int, Any] = {}
+        self.flights: dict[int, Any] = {}  # the started gathers the progress engine holds
         self.exposed: dict[int, float] = {}
         self.exposed_seconds: list[float] = []
 
@@ -391,7 +394,7 @@ class _Prefetcher:
                                                                    self._buffer(layer)))
         self.pending[layer] = pending
         if self.progress is not None and self.progress.threaded:  # its thread moves the gather meanwhile
-            self.progress.__enter__()
+            self.flights[layer] = self.progress.start([pending.request])
         else:  # regular tests: after every GEMM
             self.ops.poll = lambda: self._timed(layer, lambda: self.clock.comm(pending.test, wait_first=False))
 
@@ -400,9 +403,9 @@ class _Prefetcher:
         pending = self.pending.pop(layer, None)
         if pending is not None:
             self.ops.poll = None
-            if self.progress is not None and self.progress.threaded:
-                self.progress.__exit__(None, None, None)
-            self._timed(layer, lambda: self.clock.comm(pending.wait, wait_first=False))
+            flight = self.flights.pop(layer, None)
+            done = (lambda: self.progress.wait(flight)) if flight is not None else pending.wait  # type: ignore[union-attr]
+            self._timed(layer, lambda: self.clock.comm(done, wait_first=False))
             self._timed(layer, pending.land)
             self.exposed_seconds.append(self.exposed.pop(layer))  # starting, testing, waiting, copying
         return self._buffer(layer)

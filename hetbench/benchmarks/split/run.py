@@ -87,6 +87,14 @@ class Phases:
     def communication(self) -> float:
         return self.distribute + self.h2d + self.d2h + self.collect
 
+    def ready(self, modelled: bool) -> float:
+        """When this rank had handed its last result to MPI, from the iteration's start: its end to end less its
+        final wait for transfers (a streamed iteration; a phased one: its distribute and device phases)."""
+        whole = self.end_to_end(modelled)
+        if whole is None:
+            return self.distribute + self.device
+        return whole - self.collect
+
     def end_to_end(self, modelled: bool) -> float | None:
         """A streamed iteration's time on this rank: its wall time, with a modelled device's real device time
         replaced by the modelled one. None for a phased iteration (its job time is the phases' sum)."""
@@ -395,6 +403,26 @@ def measure(cfg: Any, world: World, state: SplitState,
                                                         [p for p in parts if p > 0])})
             parts = plan.balanced_parts(points, dim, caps)
 
+    # Streamed: the chunk count measured (--chunks auto), then, for auto weights, the parts balanced by when each
+    # rank has handed its last result to MPI (its GEMMs and everything the streaming leaves exposed), not by its
+    # GEMMs alone
+    tried_chunks: list[dict[str, Any]] = []
+    if chunks is not None and cfg.chunks is None and any(p > 0 for r, p in enumerate(parts) if r != ROOT):
+        chunks, tried_chunks = _measured_chunks(world, state, dtype, strategy, parts, n)
+    if chunks is not None and cfg.weights.kind == "auto" and sum(1 for p in parts if p > 0) > 1:
+        finish_points: list[list[tuple[int, float]]] = [[] for _ in range(ranks)]
+        for _ in range(FINISH_STEPS):
+            phases, _ = run_split(world, state, dtype, strategy, parts, 0, 1, chunks=chunks)
+            modelled = state.backend.timing == TIMING_MODELLED
+            ready = world.allgather(phases[0].ready(modelled))
+            for r, (p_r, t_r) in enumerate(zip(parts, ready)):
+                if p_r > 0 and t_r > 0:
+                    finish_points[r].append((p_r, t_r))
+            refined.append({"parts": list(parts), "ready_seconds": ready, "chunks": chunks,
+                            "imbalance": plan.imbalance([t for t, p in zip(ready, parts) if p > 0],
+                                                        [p for p in parts if p > 0])})
+            parts = plan.balanced_parts(finish_points, dim, caps)
+
     # Rebalancing: one timed iteration of the split per step; the parts re-balanced from every rank's compute
     # times measured so far, until the imbalance is under the goal
     history: list[dict[str, Any]] = []
@@ -437,6 +465,7 @@ def measure(cfg: Any, world: World, state: SplitState,
               "weights": weights_for(strategy), "predictions": {s: p.to_dict() for s, p in predictions.items()},
               "links": links, "rates": rates, "solo_rates": solo_rates, "refined": refined,
               "solo_at_parts": solo_at_parts, "overlap": chunks is not None, "chunks": chunks,
+              "chunks_tried": tried_chunks,
               "curves": [[list(p) for p in pts] for pts in points]}
     return RankRun(link, solo, splits, history, chosen, c if world.rank == ROOT else None, verdict,
                    rank_facts(world, state))
@@ -454,6 +483,27 @@ def streamed_chunks(cfg: Any, n: int) -> int | None:
 
 
 AUTO_REFINE_STEPS = 3
+FINISH_STEPS = 2  # streamed iterations that balance auto weights by each rank's finish
+CHUNK_CANDIDATES = (1, 2, 4, 8)  # --chunks auto tries these (chunks at least AUTO_CHUNK_MIN_COLUMNS wide)
+
+
+def _measured_chunks(world: World, state: SplitState, dtype: DType, strategy: str, parts: list[int],
+                     n: int) -> tuple[int, list[dict[str, Any]]]:
+    """Collective. --chunks auto: one streamed iteration at each candidate chunk count; the one whose end to end
+    (the slowest rank's) was shortest. More chunks hide more of the transfers but cut the GEMMs narrower (PoCL's
+    tuned kernel lost 5-25 % at 256-1024 columns of 2048), so the trade is measured, not assumed. Returns the count
+    and each candidate's seconds."""
+    from hetbench.benchmarks.split.stream import AUTO_CHUNK_MIN_COLUMNS
+
+    candidates = [c for c in CHUNK_CANDIDATES if c == 1 or n // c >= AUTO_CHUNK_MIN_COLUMNS]
+    tried = []
+    modelled = state.backend.timing == TIMING_MODELLED
+    for c in candidates:
+        phases, _ = run_split(world, state, dtype, strategy, parts, 0, 1, chunks=c)
+        seconds = max(world.allgather(phases[0].end_to_end(modelled)))
+        tried.append({"chunks": c, "end_to_end_seconds": seconds})
+    best = min(tried, key=lambda t: (t["end_to_end_seconds"], t["chunks"]))
+    return int(best["chunks"]), tried
 TIME_PART_RUNS = 3
 
 
@@ -749,6 +799,8 @@ def summarize_job(cfg: Any, rows_: list[dict[str, Any]], gathered: list[RankRun]
         "strategy_given": root.chosen["strategy_given"],
         "overlap": root.chosen.get("overlap", False),
         "chunks": root.chosen.get("chunks"),
+        "chunks_tried": root.chosen.get("chunks_tried") or [],  # --chunks auto: each count's measured end to end
+        "refined": root.chosen.get("refined") or [],  # auto weights' steps: GEMM times, then finish times
         "weights_kind": root.chosen["weights_kind"],
         "weights": root.chosen["weights"],
         "ranks": len(gathered),

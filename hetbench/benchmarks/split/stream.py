@@ -1,8 +1,8 @@
 """The streamed split: one iteration whose communication runs while the devices compute (`--overlap`, the default).
 
 B and C are cut into column chunks (`column_chunks`): chunk j holds columns [start_j, start_j + width_j). Every
-transfer is started at once and a progress engine (hetbench/comm/progress.py), running from the splitter's making
-to its close(), moves them while the devices work:
+transfer is started at once and the progress engine (hetbench/comm/progress.py) moves the ones in flight while the
+devices work:
 
 - rows: the root sends each working rank its rows of A, then B's column chunks in order; the rank computes its
   C rows' chunk j (its rows of A @ B's chunk j) as soon as chunk j has arrived, while the later chunks arrive,
@@ -79,7 +79,7 @@ class StreamedSplitter:
         self.me = world.rank
         self.part = parts[self.me]
         self.starts = _offsets(parts)
-        self.progress = progress if progress is not None else Progress(world.raw_comm)
+        self.progress = progress if progress is not None else Progress()
         self.backend = state.backend
         self.on_host = capabilities(state.info.backend).computes_on_host_arrays
         self.modelled = state.backend.timing == TIMING_MODELLED
@@ -134,15 +134,8 @@ class StreamedSplitter:
                         self.c_types[(r, j)] = t
                         self.types.append(t)
 
-        # the engine's thread runs from here to close(): one thread for every iteration (starting and joining one
-        # an iteration cost up to 0.7 ms)
-        self.progress.__enter__()
-        self._engine_on = True
-
     def close(self) -> None:
-        if self._engine_on:
-            self.progress.__exit__(None, None, None)
-            self._engine_on = False
+        self.progress.close()
         for t in self.types:
             t.Free()
         self.types = []
@@ -214,15 +207,18 @@ class StreamedSplitter:
     def _rows(self, comm: Any, ph: Any) -> None:
         if self.me == ROOT:
             t = time.perf_counter()
-            requests = []
+            sends = []
             for r, a_blk, b_chunks in self.sends:
-                requests.append(comm.Isend(_flat(a_blk), dest=r, tag=_TAG_A))
+                sends.append(comm.Isend(_flat(a_blk), dest=r, tag=_TAG_A))
                 for j, chunk in enumerate(b_chunks):
-                    requests.append(comm.Isend(_flat(chunk), dest=r, tag=_TAG_B + j))
+                    sends.append(comm.Isend(_flat(chunk), dest=r, tag=_TAG_B + j))
+            flight = self.progress.start(sends)  # moved by the engine's thread while the root computes
             assert self.c is not None
             c_bytes = _flat(self.c)
-            for (r, j), t_type in self.c_types.items():
-                requests.append(comm.Irecv([c_bytes, 1, t_type], source=r, tag=_TAG_C + j))
+            # C's chunks land in place; they move once the root waits for them (a rank that finished early has
+            # nothing left to do but wait): polling for them through the root's GEMM would slow it
+            requests = [comm.Irecv([c_bytes, 1, t_type], source=r, tag=_TAG_C + j)
+                        for (r, j), t_type in self.c_types.items()]
             ph.distribute = time.perf_counter() - t
             if self.part > 0:
                 start = self.starts[ROOT]
@@ -233,7 +229,9 @@ class StreamedSplitter:
                 else:
                     for (c0, w), chunk in zip(self.cols, self._root_b_chunks()):
                         own[:, c0:c0 + w] = self._gemm(ph, a_dev, chunk, None)
-            ph.collect = self._timed_wait(requests)
+            t = time.perf_counter()
+            self.progress.wait(flight)
+            ph.collect = time.perf_counter() - t + self._timed_wait(requests)
             return
         if self.part == 0:
             return
@@ -245,8 +243,11 @@ class StreamedSplitter:
         for j, got in enumerate(got_b):
             ph.distribute += self._timed_wait([got])
             c = self._gemm(ph, a_dev, self.b_r[j], None)
-            sent.append((comm.Isend(_flat(c), dest=ROOT, tag=_TAG_C + j), c))
-        ph.collect = self._timed_wait([s for s, _ in sent])
+            sent.append((self.progress.start([comm.Isend(_flat(c), dest=ROOT, tag=_TAG_C + j)]), c))
+        t = time.perf_counter()
+        for flight, _ in sent:
+            self.progress.wait(flight)
+        ph.collect = time.perf_counter() - t
 
     def _root_b_chunks(self) -> list[np.ndarray]:
         if self.sends:
@@ -259,13 +260,15 @@ class StreamedSplitter:
 
         m, n, _ = self.mnk
         mpi_type = self.dtype.mpi_dtype
-        requests: list[Any] = []
+        flights: list[Any] = []
         if self.me == ROOT:
             t = time.perf_counter()
+            sends = []
             for r, a_blk, b_chunks in self.sends:
-                requests.append(comm.Isend(_flat(a_blk), dest=r, tag=_TAG_A))
+                sends.append(comm.Isend(_flat(a_blk), dest=r, tag=_TAG_A))
                 for j, chunk in enumerate(b_chunks):
-                    requests.append(comm.Isend(_flat(chunk), dest=r, tag=_TAG_B + j))
+                    sends.append(comm.Isend(_flat(chunk), dest=r, tag=_TAG_B + j))
+            flights.append(self.progress.start(sends))
             ph.distribute = time.perf_counter() - t
             got_b: list[Any] = []
         elif self.part > 0:
@@ -286,8 +289,13 @@ class StreamedSplitter:
                     zeros = np.zeros((m, w), dtype=mpi_type)
                 send = zeros
             recv = np.empty((m, w), dtype=mpi_type) if self.me == ROOT else None
-            sums.append((comm.Ireduce(send, recv, op=MPI.SUM, root=ROOT), send, recv))
-        ph.collect = self._timed_wait(requests + [s for s, _, _ in sums])
+            request = comm.Ireduce(send, recv, op=MPI.SUM, root=ROOT)
+            flights.append(self.progress.start([request]))
+            sums.append((request, send, recv))
+        t = time.perf_counter()
+        for flight in flights:
+            self.progress.wait(flight)
+        ph.collect = time.perf_counter() - t
         if self.me == ROOT:
             c = np.empty((m, n), dtype=mpi_type)
             for (c0, w), (_, _, recv) in zip(self.cols, sums):
