@@ -487,6 +487,11 @@ def _cases() -> list[Case]:
         add(f"split-rebalance-{tag}", "split", "value", [*SPLIT, "--rebalance", BAD_INTS[tag]])
     for tag in ("zero", "neg", "huge", "arabic"):
         add(f"split-size-{tag}", "split", "value", [*SPLIT, "--size", BAD_INTS[tag]])
+    for tag in ("zero", "neg", "huge", "abc", "empty", "float", "arabic"):  # --chunks auto|1..256
+        add(f"split-chunks-{tag}", "split", "value", [*SPLIT, "--chunks", BAD_INTS[tag]])
+    add("split-chunks-no-overlap", "split", "value", [*SPLIT, "--chunks", "4", "--no-overlap"])
+    add("split-chunks-no-overlap-2", "split", "value", [*SPLIT, "--chunks", "2", "--no-overlap", *MPI_TIMEOUT],
+        nprocs=2)
     add("split-a-missing", "split", "file", [*SPLIT, "--a", "{d}/no.npy", "--b", "{d}/no.npy"])
     add("split-a-fifo", "split", "file", [*SPLIT, "--a", "{d}/f.npy", "--b", "{d}/f.npy"], setup=_fifo("f.npy"))
     add("split-a-mismatch", "split", "file", ["split", "--a", "{d}/a.npy", "--b", "{d}/b.npy", "--backend", "host"],
