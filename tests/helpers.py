@@ -160,6 +160,44 @@ def run_cli(args: list[str], nprocs: int | None = None, cwd: Path | None = None,
                       launcher_args=launcher_args)
 
 
+def run_cli_batch(commands: list[tuple[list[str], Path] | tuple[list[str], Path, dict[str, str]]], nprocs: int,
+                  folder: Path, timeout: float = 300) -> list[Run]:
+    """Several `hetbench ARGS` commands, each (ARGS, CWD[, ENV]), run one after another in ONE `mpiexec -n NPROCS`
+    job (tests/mpi_cli_batch.py): the start-up of the launcher and of every rank's interpreter paid once. For
+    commands that succeed (one that fails aborts the job, as alone). Each command's Run as run_cli would give it:
+    rank 0's stdout, every rank's stderr (rank by rank). A command the job did not finish gets exit code -1 and a
+    stderr that names the command that ended the job, with the job's own output."""
+    folder.mkdir(parents=True, exist_ok=True)
+    cases = [{"args": [str(a) for a in c[0]], "cwd": str(c[1]), "env": c[2] if len(c) > 2 else {},
+              "out": str(folder / f"case-{i}")} for i, c in enumerate(commands)]
+    (folder / "cases.json").write_text(json.dumps(cases))
+    results = folder / "results.jsonl"
+    try:
+        job = run_python([str(TESTS / "mpi_cli_batch.py"), str(folder / "cases.json"), str(results)], nprocs=nprocs,
+                         timeout=timeout)
+    except pytest.fail.Exception as e:  # a hang: the cases it finished stand, the rest say so
+        job = Run(-1, "", str(e), timeout)
+    done = {}
+    if results.exists():
+        for line in results.read_text().splitlines():
+            entry = json.loads(line)
+            done[entry["case"]] = entry
+    runs = []
+    for i, case in enumerate(cases):
+        out = Path(case["out"])
+        stdout = (out / "stdout-0").read_text() if (out / "stdout-0").exists() else ""
+        stderr = "".join((out / f"stderr-{r}").read_text() for r in range(nprocs) if (out / f"stderr-{r}").exists())
+        if i in done:
+            runs.append(Run(done[i]["returncode"], stdout, stderr, done[i]["seconds"]))
+        else:
+            ended = min(set(range(len(cases))) - set(done))
+            runs.append(Run(-1, stdout, f"{stderr}\n[batch] `hetbench {' '.join(case['args'])}` did not finish: the "
+                            f"job (exit {job.returncode}) ended in case {ended}, `hetbench "
+                            f"{' '.join(cases[ended]['args'])}`\njob stdout: {job.stdout}\njob stderr: {job.stderr}",
+                            0.0))
+    return runs
+
+
 def assert_usage_error(run: Run, tmp_path: Path, *needles: str) -> None:
     """Bad input: exit code 2, one line (said once, by rank 0) holding every needle, no traceback, nothing on
     stdout, and no results file left behind."""

@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from helpers import HAVE_OPENCL, assert_usage_error, needs_mpi, needs_opencl, run_cli
+from helpers import HAVE_OPENCL, assert_usage_error, needs_mpi, needs_opencl, run_cli, run_cli_batch
 from hetbench.backends import sim
 from hetbench.backends.base import BackendSpec
 from hetbench.harness.split_plan import shares
@@ -169,25 +169,62 @@ def test_bf16_skips_without_scaling_and_fp32_checks_nothing(monkeypatch):
 
 # --- the command, distributed -----------------------------------------------------------------------------------
 
-def train(tmp_path, nprocs, *args, env=None, steps="40"):
-    out, log = tmp_path / "t.json", tmp_path / "t.jsonl"
-    run = run_cli(["train", *SMALL, "--steps", steps, "--out", str(out), "--log", str(log), *args],
-                  nprocs=nprocs, cwd=tmp_path, timeout=240, env=env)
-    assert run.returncode == 0, run.stdout + run.stderr
-    return run, json.loads(out.read_text()), [json.loads(line) for line in log.read_text().splitlines()]
+def _train_args(folder, *args, steps="40"):
+    return ["train", *SMALL, "--steps", steps, "--out", str(folder / "t.json"), "--log", str(folder / "t.jsonl"), *args]
 
 
 CASES = [pytest.param(n, backends, weights, strategy, dtype, id=f"{n}-{strategy}-{dtype}")
          for n, backends, weights in [(2, f"0=host,1={SECOND}", "3,1"),
                                       (3, f"0=host,1={SECOND},2=sim:mi300x", "0.5,0.3,0.2")]
          for strategy in ("fsdp", "ddp", "pipeline") for dtype in ("fp16", "bf16")]
+FORCED = {SCALE_ENV: str(int(FORCED_SCALE))}
+RESUME_ARGS = ["--strategy", "fsdp", "--weights", "3,1", "--backend", f"0=host,1={SECOND}", "--dtype", "fp16"]
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    """Every distributed command of this file, run in one MPI job per rank count (helpers.run_cli_batch: the
+    start-up paid twice, not 23 times): name -> (its Run, its folder). In order, so the resumed run reads the
+    checkpoint the run before it wrote."""
+    root = tmp_path_factory.mktemp("precision")
+    ck = root / "resume-part" / "ck"
+    commands: dict[int, list[tuple[str, list[str], dict[str, str]]]] = {2: [], 3: []}
+    for p in CASES:
+        nprocs, backends, weights, strategy, dtype = p.values
+        commands[nprocs].append((p.id, _train_args(root / p.id, "--strategy", strategy, "--weights", weights,
+                                                   "--backend", backends, "--dtype", dtype), {}))
+    for strategy in ("fsdp", "ddp", "pipeline"):
+        commands[2].append((f"forced-{strategy}", _train_args(
+            root / f"forced-{strategy}", "--strategy", strategy, "--weights", "3,1", "--backend",
+            f"0=host,1={SECOND}", "--dtype", "fp16"), FORCED))
+    commands[2] += [
+        ("resume-whole", _train_args(root / "resume-whole", *RESUME_ARGS, steps="30"), FORCED),
+        ("resume-part", _train_args(root / "resume-part", *RESUME_ARGS, "--checkpoint", str(ck), steps="12"), FORCED),
+        ("resume-rest", _train_args(root / "resume-rest", *RESUME_ARGS, "--resume", str(ck), steps="30"), FORCED),
+        # usage errors: said once by rank 0, exit 2, and the job goes on to the next command
+        ("resume-refused", ["train", *SMALL, "--steps", "30", *RESUME_ARGS[:-1], "bf16", "--resume", str(ck)], {}),
+        ("unknown-dtype", ["train", "--backend", "host", "--dtype", "fp8"], {}),
+    ]
+    found = {}
+    for nprocs, named in commands.items():
+        for name, _, _ in named:
+            (root / name).mkdir()
+        runs = run_cli_batch([(args, root / name, env) for name, args, env in named], nprocs, root / f"batch-{nprocs}")
+        found.update({name: (run, root / name) for (name, _, _), run in zip(named, runs)})
+    return found
+
+
+def train(jobs, name):
+    run, folder = jobs[name]
+    assert run.returncode == 0, run.stdout + run.stderr
+    return run, json.loads((folder / "t.json").read_text()), [
+        json.loads(line) for line in (folder / "t.jsonl").read_text().splitlines()]
 
 
 @needs_mpi
 @pytest.mark.parametrize("nprocs,backends,weights,strategy,dtype", CASES)
-def test_mixed_precision_matches_the_single_process_run(tmp_path, nprocs, backends, weights, strategy, dtype):
-    run, doc, lines = train(tmp_path, nprocs, "--strategy", strategy, "--weights", weights, "--backend", backends,
-                            "--dtype", dtype)
+def test_mixed_precision_matches_the_single_process_run(jobs, nprocs, backends, weights, strategy, dtype):
+    run, doc, lines = train(jobs, f"{nprocs}-{strategy}-{dtype}")
     s, check = doc["summary"], doc["summary"]["check"]
     assert s["verified"] is True and check["ok"] is True, check
     assert check["dtype"] == dtype and check["verdicts_agree"] and check["params_checked"]
@@ -227,10 +264,8 @@ def test_the_default_task_learns_in_mixed_precision(tmp_path, dtype):
 
 @needs_mpi
 @pytest.mark.parametrize("strategy", ["fsdp", "ddp", "pipeline"])
-def test_a_forced_overflow_skips_the_same_steps_as_the_reference(tmp_path, monkeypatch, strategy):
-    env = {SCALE_ENV: str(int(FORCED_SCALE))}
-    _, doc, lines = train(tmp_path, 2, "--strategy", strategy, "--weights", "3,1", "--backend", f"0=host,1={SECOND}",
-                          "--dtype", "fp16", env=env)
+def test_a_forced_overflow_skips_the_same_steps_as_the_reference(jobs, monkeypatch, strategy):
+    _, doc, lines = train(jobs, f"forced-{strategy}")
     monkeypatch.setenv(SCALE_ENV, str(int(FORCED_SCALE)))
     trace: list[dict] = []
     reference(MODEL, "adamw", 1e-2, 40, dtype="fp16", trace=trace)
@@ -244,33 +279,24 @@ def test_a_forced_overflow_skips_the_same_steps_as_the_reference(tmp_path, monke
 
 
 @needs_mpi
-def test_resume_restores_the_loss_scale_and_refuses_another_dtype(tmp_path):
-    env = {SCALE_ENV: str(int(FORCED_SCALE))}
-    args = ["--strategy", "fsdp", "--weights", "3,1", "--backend", f"0=host,1={SECOND}", "--dtype", "fp16"]
-    whole = tmp_path / "whole"
-    whole.mkdir()
-    _, _, all_lines = train(whole, 2, *args, env=env, steps="30")
-    part = tmp_path / "part"
-    part.mkdir()
-    ck = part / "ck"
-    train(part, 2, *args, "--checkpoint", str(ck), env=env, steps="12")
+def test_resume_restores_the_loss_scale_and_refuses_another_dtype(jobs):
+    _, _, all_lines = train(jobs, "resume-whole")
+    train(jobs, "resume-part")
+    ck = jobs["resume-part"][1] / "ck"
     manifest = json.loads((ck / "step-12" / "manifest.json").read_text())
     assert manifest["dtype"] == "fp16" and manifest["master_dtype"] == "fp32"
     assert manifest["loss_scaler"]["scale"] == FORCED_SCALE / 2**12  # still halving: 12 steps skipped so far
-    _, doc, lines = train(part, 2, *args, "--resume", str(ck), env=env, steps="30")
+    _, doc, lines = train(jobs, "resume-rest")
     assert [line["step"] for line in lines] == list(range(12, 30))
     assert [(x["loss_scale"], x["step_skipped"]) for x in lines] == \
         [(x["loss_scale"], x["step_skipped"]) for x in all_lines[12:]]
     np.testing.assert_allclose([x["loss"] for x in lines], [x["loss"] for x in all_lines[12:]], rtol=1e-6)
     assert doc["summary"]["check"]["ok"]
-    elsewhere = tmp_path / "refused"
-    elsewhere.mkdir()
-    refused = run_cli(["train", *SMALL, "--steps", "30", *args[:-1], "bf16", "--resume", str(ck)], nprocs=2,
-                      cwd=elsewhere)
+    refused, elsewhere = jobs["resume-refused"]
     assert_usage_error(refused, elsewhere, "--dtype bf16 (the checkpoint's: fp16)")
 
 
 @needs_mpi
-def test_an_unknown_dtype_is_refused(tmp_path):
-    run = run_cli(["train", "--backend", "host", "--dtype", "fp8"], nprocs=2, cwd=tmp_path)
-    assert_usage_error(run, tmp_path, "fp8", "fp32", "fp16", "bf16")
+def test_an_unknown_dtype_is_refused(jobs):
+    run, folder = jobs["unknown-dtype"]
+    assert_usage_error(run, folder, "fp8", "fp32", "fp16", "bf16")
