@@ -160,10 +160,12 @@ def run_cli(args: list[str], nprocs: int | None = None, cwd: Path | None = None,
                       launcher_args=launcher_args)
 
 
-def run_cli_batch(commands: list[tuple[list[str], Path] | tuple[list[str], Path, dict[str, str]]], nprocs: int,
-                  folder: Path, timeout: float = 300) -> list[Run]:
+def run_cli_batch(commands: list[tuple[list[str], Path] | tuple[list[str], Path, dict[str, str]]],
+                  nprocs: int | None, folder: Path, timeout: float = 300) -> list[Run]:
     """Several `hetbench ARGS` commands, each (ARGS, CWD[, ENV]), run one after another in ONE `mpiexec -n NPROCS`
-    job (tests/mpi_cli_batch.py): the start-up of the launcher and of every rank's interpreter paid once. For
+    job (tests/mpi_cli_batch.py; NPROCS None: one process, no launcher): the start-up of the launcher and of every
+    rank's interpreter (NumPy, MPI, torch) paid once. ENV holds variables the command reads when it runs (not at
+    import: a variable read at import sees the first command's value). For
     commands that succeed (one that fails aborts the job, as alone). Each command's Run as run_cli would give it:
     rank 0's stdout, every rank's stderr (rank by rank). A command the job did not finish gets exit code -1 and a
     stderr that names the command that ended the job, with the job's own output."""
@@ -174,7 +176,7 @@ def run_cli_batch(commands: list[tuple[list[str], Path] | tuple[list[str], Path,
     results = folder / "results.jsonl"
     try:
         job = run_python([str(TESTS / "mpi_cli_batch.py"), str(folder / "cases.json"), str(results)], nprocs=nprocs,
-                         timeout=timeout)
+                         cwd=folder, timeout=timeout)
     except pytest.fail.Exception as e:  # a hang: the cases it finished stand, the rest say so
         job = Run(-1, "", str(e), timeout)
     done = {}
@@ -186,7 +188,8 @@ def run_cli_batch(commands: list[tuple[list[str], Path] | tuple[list[str], Path,
     for i, case in enumerate(cases):
         out = Path(case["out"])
         stdout = (out / "stdout-0").read_text() if (out / "stdout-0").exists() else ""
-        stderr = "".join((out / f"stderr-{r}").read_text() for r in range(nprocs) if (out / f"stderr-{r}").exists())
+        stderr = "".join((out / f"stderr-{r}").read_text() for r in range(nprocs or 1)
+                         if (out / f"stderr-{r}").exists())
         if i in done:
             runs.append(Run(done[i]["returncode"], stdout, stderr, done[i]["seconds"]))
         else:
@@ -196,6 +199,21 @@ def run_cli_batch(commands: list[tuple[list[str], Path] | tuple[list[str], Path,
                             f"{' '.join(cases[ended]['args'])}`\njob stdout: {job.stdout}\njob stderr: {job.stderr}",
                             0.0))
     return runs
+
+
+def run_cli_stages(root: Path, stages: list[tuple[int | None, list[tuple[str, list[str], dict[str, str]]]]],
+                   timeout: float = 300) -> dict[str, tuple[Run, Path]]:
+    """Named commands in stages, one run_cli_batch job a stage (NPROCS, [(NAME, ARGS, ENV), ...]), the stages in
+    order (a later stage may read what an earlier one wrote): NAME -> (its Run, its folder ROOT/NAME, where it ran,
+    made here)."""
+    found = {}
+    for i, (nprocs, named) in enumerate(stages):
+        for name, _, _ in named:
+            (root / name).mkdir(parents=True, exist_ok=True)
+        runs = run_cli_batch([(args, root / name, env) for name, args, env in named], nprocs, root / f"batch-{i}",
+                             timeout=timeout)
+        found.update({name: (run, root / name) for (name, _, _), run in zip(named, runs)})
+    return found
 
 
 def assert_usage_error(run: Run, tmp_path: Path, *needles: str) -> None:

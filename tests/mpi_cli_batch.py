@@ -4,6 +4,7 @@ For commands that succeed: a command that fails aborts the job (as it does alone
 that they did not run (tests/helpers.py's run_cli_batch names the case that ended the job).
 
     mpiexec -n N python tests/mpi_cli_batch.py CASES.json RESULTS.jsonl
+    python tests/mpi_cli_batch.py CASES.json RESULTS.jsonl        (one process, as `hetbench` alone)
 
 CASES.json: a list of {"args": [...], "cwd": FOLDER, "env": {NAME: VALUE}, "out": FOLDER}. Each command runs in
 its folder with those variables set as `hetbench ARGS` would run there (hetbench.cli's _main, the code path of the
@@ -63,6 +64,7 @@ def main(argv: list[str]) -> None:
     results = Path(argv[1])
     from hetbench import cli
     from hetbench.comm.launcher import world_rank
+    from hetbench.signals import launched_size
 
     rank = world_rank()
     home = os.getcwd()
@@ -79,9 +81,10 @@ def main(argv: list[str]) -> None:
             finally:
                 os.chdir(home)
         seconds = time.monotonic() - start
-        from mpi4py import MPI
+        if launched_size() > 1:
+            from mpi4py import MPI
 
-        MPI.COMM_WORLD.Barrier()  # every rank done with this command before the next begins
+            MPI.COMM_WORLD.Barrier()  # every rank done with this command before the next begins
         if rank == 0:
             with results.open("a") as f:
                 f.write(json.dumps({"case": i, "returncode": code, "seconds": seconds}) + "\n")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from helpers import (HAVE_OPENCL, MPIEXEC_KIND, REPO, TESTS, assert_usage_error, needs_mpi,
-                      require_mpi_mark, run_cli, run_python)
+                      require_mpi_mark, run_cli, run_cli_stages, run_python)
 
 torch = pytest.importorskip("torch")
 
@@ -21,6 +21,7 @@ WORKERS = TESTS / "torch_workers"
 SMALL_MLP = ["--layers", "3", "--hidden", "16", "--batch", "24", "--steps", "12"]
 SMALL_GPT = ["--model", "gpt", "--layers", "1", "--hidden", "32", "--heads", "2", "--seq-len", "16", "--batch", "12",
              "--steps", "10", "--lr", "3e-3"]
+MIXED = [("bf16", "fsdp2"), ("fp16", "ddp")]
 
 
 @needs_mpi
@@ -40,12 +41,83 @@ def test_ddp_and_fsdp2_match_one_process_under_uneven_shares(nprocs, weights):
             assert verdict == ("ok" if len(set(rows.split(","))) == 1 else "differs"), (w, rows)
 
 
-def _train(tmp_path, nprocs, *args, env=None):
-    out, log = tmp_path / "t.json", tmp_path / "t.jsonl"
-    run = run_cli(["train", "--frontend", "torch", "--out", str(out), "--log", str(log), *args], nprocs=nprocs,
-                  cwd=tmp_path, timeout=300, env=env)
+def _train_args(folder: Path, *args: str) -> list[str]:
+    return ["train", "--frontend", "torch", "--out", str(folder / "t.json"), "--log", str(folder / "t.jsonl"), *args]
+
+
+FAKE = {"HETBENCH_TORCH_FAKE_DEVICE": "1"}
+BAD_INPUT = [
+    (["--strategy", "pipeline"], ["--strategy", "accepted with --frontend torch: ddp, fsdp, fsdp2"]),
+    (["--model", "gpt", "--hidden", "32", "--heads", "3"], ["--heads 3 does not divide --hidden 32"]),
+    (["--warmup-steps", "5", "--steps", "5"], ["--warmup-steps 5"]),
+]
+
+
+@pytest.fixture(scope="module")
+def alone(tmp_path_factory):
+    """The one-process commands of this file, in one process (helpers.run_cli_batch: torch imported once, not
+    six times): NAME -> (its Run, its folder)."""
+    root = tmp_path_factory.mktemp("torch-alone")
+    return run_cli_stages(root, [(None, [
+        *[(f"bad-{i}", _train_args(root / f"bad-{i}", *args), {}) for i, (args, _) in enumerate(BAD_INPUT)],
+        ("gpt-defaults", ["train", "--frontend", "torch", "--model", "gpt", "--steps", "1", "--no-check", "--json"],
+         {}),
+        ("gpt-some", ["train", "--frontend", "torch", "--model", "gpt", "--layers", "1", "--lr", "0.01", "--steps",
+                      "1", "--no-check", "--json"], {}),
+        ("numpy-first-loss", ["train", *SMALL_MLP, "--steps", "1", "--no-check", "--json"], {}),
+    ])])
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    """The distributed `hetbench train --frontend torch` commands of this file, one MPI job per rank count
+    (helpers.run_cli_stages: each rank's torch import, seconds here, paid once a job, not once a command), then
+    the one-process commands that read their outputs: NAME -> (its Run, its folder)."""
+    root = tmp_path_factory.mktemp("torch-train")
+    ck = root / "ck-first" / "ck"
+    second = f"0=host,1={SECOND},2=sim:mi300x"
+    two = [
+        ("every-rank-gpt", ["train", "--frontend", "numpy", "--model", "gpt", "--out",
+                            str(root / "every-rank-gpt" / "t.json")], {}),
+        ("every-rank-fsdp2", ["train", "--strategy", "fsdp2", "--out", str(root / "every-rank-fsdp2" / "t.json")],
+         {}),
+        ("ck-first", _train_args(root / "ck-first", *SMALL_MLP, "--steps", "8", "--strategy", "fsdp2", "--weights",
+                                 "3,1", "--checkpoint", str(ck), "--checkpoint-every", "4"), {}),
+        ("ck-refused-numpy", ["train", "--resume", str(ck), "--steps", "12", "--out",
+                              str(root / "ck-refused-numpy" / "n.json")], {}),
+        ("auto", _train_args(root / "auto", *SMALL_MLP, "--steps", "3", "--strategy", "ddp", "--weights", "auto",
+                             "--backend", f"0=host,1={SECOND}"), {}),
+        *[(f"mixed-{dtype}-{strategy}", _train_args(root / f"mixed-{dtype}-{strategy}", *SMALL_MLP, "--steps", "20",
+                                                    "--strategy", strategy, "--dtype", dtype, "--weights", "3,1",
+                                                    "--backend", f"0=host,1={SECOND}"), {})
+          for dtype, strategy in MIXED],
+        # last: the stand-in device's variable is read when the command runs, but no command after it sees it
+        *[(f"paths-{path}", _train_args(root / f"paths-{path}", *SMALL_MLP, "--strategy", "ddp", "--weights", "3,1",
+                                        "--path", path, "--backend", f"0=host,1={SECOND}"), FAKE)
+          for path in ("host", "device")],
+    ]
+    three = [
+        ("fsdp2-mixed", _train_args(root / "fsdp2-mixed", *SMALL_MLP, "--strategy", "fsdp2", "--weights", "3,2,1",
+                                    "--backend", second), {}),
+        ("gpt-zero", _train_args(root / "gpt-zero", *SMALL_GPT, "--strategy", "ddp", "--weights", "2,1,0",
+                                 "--backend", second), {}),
+        ("ck-second", _train_args(root / "ck-second", *SMALL_MLP, "--steps", "12", "--strategy", "ddp", "--weights",
+                                  "1,1,1", "--resume", str(ck / "step-4"), "--backend", second), {}),
+    ]
+    after = [
+        ("fsdp2-mixed-report", ["report", str(root / "fsdp2-mixed" / "t.json"), "--html",
+                                str(root / "fsdp2-mixed-report" / "r.html")], {}),
+        ("ck-refused-torch", ["train", "--frontend", "torch", *SMALL_MLP, "--hidden", "8", "--steps", "12",
+                              "--resume", str(ck), "--out", str(root / "ck-refused-torch" / "n.json")], {}),
+    ]
+    return run_cli_stages(root, [(2, two), (3, three), (None, after)])
+
+
+def _train(jobs, name):
+    run, folder = jobs[name]
     assert run.returncode == 0, run.stdout + run.stderr
-    return run, json.loads(out.read_text()), [json.loads(line) for line in log.read_text().splitlines()]
+    return run, json.loads((folder / "t.json").read_text()), [
+        json.loads(line) for line in (folder / "t.jsonl").read_text().splitlines()]
 
 
 def _check_figures(doc, lines, batch):
@@ -79,15 +151,14 @@ def _check_figures(doc, lines, batch):
 
 
 @needs_mpi
-def test_fsdp2_mlp_on_a_mixed_rank_map(tmp_path):
-    run, doc, lines = _train(tmp_path, 3, *SMALL_MLP, "--strategy", "fsdp2", "--weights", "3,2,1",
-                             "--backend", f"0=host,1={SECOND},2=sim:mi300x")
+def test_fsdp2_mlp_on_a_mixed_rank_map(jobs, alone):
+    run, doc, lines = _train(jobs, "fsdp2-mixed")
     s = doc["summary"]
     assert s["verified"] is True and s["check"]["ok"] is True and s["frontend"] == "torch"
     assert s["check"]["max_loss_relative_difference"] <= 1e-3 and s["check"]["params_missing"] == []
     assert s["shares"] == [12, 8, 4] and [r["samples"] for r in lines[0]["ranks"]] == [12, 8, 4]
     # the same task and initial weights as the numpy trainer: the same first loss
-    numpy_run = run_cli(["train", *SMALL_MLP, "--steps", "1", "--no-check", "--json"], timeout=120)
+    numpy_run, _ = alone["numpy-first-loss"]
     assert numpy_run.returncode == 0, numpy_run.stderr
     assert s["loss_first"] == pytest.approx(numpy_run.json()["summary"]["loss_first"], rel=1e-5)
     # FSDP2 shards the parameters: each rank holds about a third, all together the whole model
@@ -108,16 +179,15 @@ def test_fsdp2_mlp_on_a_mixed_rank_map(tmp_path):
     _check_figures(doc, lines, 24)
     assert "result: all checks passed" in run.stdout
     # `report` plots the torch run's steps as it does the numpy trainer's
-    page = tmp_path / "r.html"
-    report = run_cli(["report", str(tmp_path / "t.json"), "--html", str(page)], cwd=tmp_path)
+    report, folder = jobs["fsdp2-mixed-report"]
+    page = folder / "r.html"
     assert report.returncode == 0, report.stderr
     assert '<img alt="logged over steps' in page.read_text()
 
 
 @needs_mpi
-def test_ddp_gpt_with_a_zero_share(tmp_path):
-    _, doc, lines = _train(tmp_path, 3, *SMALL_GPT, "--strategy", "ddp", "--weights", "2,1,0",
-                           "--backend", f"0=host,1={SECOND},2=sim:mi300x")
+def test_ddp_gpt_with_a_zero_share(jobs):
+    _, doc, lines = _train(jobs, "gpt-zero")
     s = doc["summary"]
     assert s["verified"] is True and s["shares"] == [8, 4, 0] and s["task"]["task"] == "gpt"
     assert s["loss_last"] < s["loss_first"]
@@ -129,43 +199,35 @@ def test_ddp_gpt_with_a_zero_share(tmp_path):
 
 @needs_mpi
 @pytest.mark.parametrize("path", ["host", "device"])
-def test_both_paths_with_a_stand_in_device(tmp_path, path):
+def test_both_paths_with_a_stand_in_device(jobs, path):
     """HETBENCH_TORCH_FAKE_DEVICE=1: CPU tensors stand for GPU tensors; the host path stages them through timed
     copies, the device path hands them to MPI as device memory (__cuda_array_interface__), no copies."""
-    _, doc, lines = _train(tmp_path, 2, *SMALL_MLP, "--strategy", "ddp", "--weights", "3,1", "--path", path,
-                           "--backend", f"0=host,1={SECOND}", env={"HETBENCH_TORCH_FAKE_DEVICE": "1"})
+    _, doc, lines = _train(jobs, f"paths-{path}")
     assert doc["summary"]["verified"] is True and doc["summary"]["path"] == path
     copies = sum(r["copy_seconds"] for line in lines for r in line["ranks"])
     assert (copies > 0) if path == "host" else (copies == 0)
 
 
-@pytest.mark.parametrize("args,needles", [
-    (["--strategy", "pipeline"], ["--strategy", "accepted with --frontend torch: ddp, fsdp, fsdp2"]),
-    (["--model", "gpt", "--hidden", "32", "--heads", "3"], ["--heads 3 does not divide --hidden 32"]),
-    (["--warmup-steps", "5", "--steps", "5"], ["--warmup-steps 5"]),
-])
-def test_bad_input_one_line(tmp_path, args, needles):
-    run = run_cli(["train", "--frontend", "torch", *args, "--out", str(tmp_path / "t.json")], cwd=tmp_path)
-    assert_usage_error(run, tmp_path, *needles)
+@pytest.mark.parametrize("case", range(len(BAD_INPUT)))
+def test_bad_input_one_line(alone, case):
+    run, folder = alone[f"bad-{case}"]
+    assert_usage_error(run, folder, *BAD_INPUT[case][1])
 
 
 @needs_mpi
-def test_bad_input_on_every_rank(tmp_path):
-    run = run_cli(["train", "--frontend", "numpy", "--model", "gpt", "--out", str(tmp_path / "t.json")], nprocs=2,
-                  cwd=tmp_path)
-    assert_usage_error(run, tmp_path, "--model", "gpt is trained by --frontend torch")
-    run = run_cli(["train", "--strategy", "fsdp2", "--out", str(tmp_path / "t.json")], nprocs=2, cwd=tmp_path)
-    assert_usage_error(run, tmp_path, "fsdp2 is a strategy of --frontend torch")
+def test_bad_input_on_every_rank(jobs):
+    run, folder = jobs["every-rank-gpt"]
+    assert_usage_error(run, folder, "--model", "gpt is trained by --frontend torch")
+    run, folder = jobs["every-rank-fsdp2"]
+    assert_usage_error(run, folder, "fsdp2 is a strategy of --frontend torch")
 
 
-def test_gpt_takes_its_own_defaults_where_not_given(tmp_path):
-    run = run_cli(["train", "--frontend", "torch", "--model", "gpt", "--steps", "1", "--no-check", "--json"],
-                  cwd=tmp_path, timeout=120)
+def test_gpt_takes_its_own_defaults_where_not_given(alone):
+    run, _ = alone["gpt-defaults"]
     assert run.returncode == 0, run.stderr
     c = run.json()["config"]
     assert (c["layers"], c["hidden"], c["heads"], c["seq_len"], c["batch"], c["lr"]) == (2, 64, 4, 64, 32, 3e-3)
-    run = run_cli(["train", "--frontend", "torch", "--model", "gpt", "--layers", "1", "--lr", "0.01", "--steps", "1",
-                   "--no-check", "--json"], cwd=tmp_path, timeout=120)
+    run, _ = alone["gpt-some"]
     c = run.json()["config"]
     assert (c["layers"], c["hidden"], c["lr"]) == (1, 64, 0.01)
 
@@ -258,12 +320,9 @@ def test_mpmd_form_with_two_interpreters(tmp_path):
 
 
 @needs_mpi
-def test_checkpoint_resumes_on_another_strategy_and_rank_count(tmp_path):
-    ck = tmp_path / "ck"
-    first = tmp_path / "first"
-    first.mkdir()
-    _, doc1, lines1 = _train(first, 2, *SMALL_MLP, "--steps", "8", "--strategy", "fsdp2", "--weights", "3,1",
-                             "--checkpoint", str(ck), "--checkpoint-every", "4")
+def test_checkpoint_resumes_on_another_strategy_and_rank_count(jobs):
+    _, doc1, lines1 = _train(jobs, "ck-first")
+    ck = jobs["ck-first"][1] / "ck"
     assert doc1["summary"]["checkpoints"] == [str(ck / "step-4"), str(ck / "step-8")]
     assert (ck / "latest").read_text().strip() == "step-8"
     manifest = json.loads((ck / "step-4" / "manifest.json").read_text())
@@ -271,23 +330,16 @@ def test_checkpoint_resumes_on_another_strategy_and_rank_count(tmp_path):
     assert manifest["strategy"] == "fsdp2" and manifest["model"]["hidden"] == 16 and len(manifest["ranks"]) == 2
     # resumed from step 4 as ddp on 3 ranks: the same curve as the first run's steps 4..7, checked against one
     # process's same steps
-    second = tmp_path / "second"
-    second.mkdir()
-    _, doc2, lines2 = _train(second, 3, *SMALL_MLP, "--steps", "12", "--strategy", "ddp", "--weights", "1,1,1",
-                             "--resume", str(ck / "step-4"), "--backend", f"0=host,1={SECOND},2=sim:mi300x")
+    _, doc2, lines2 = _train(jobs, "ck-second")
     s = doc2["summary"]
     assert s["verified"] is True and s["first_step"] == 4 and s["resumed_from"] == str(ck / "step-4")
     assert [line["step"] for line in lines2] == list(range(4, 12))
     for a, b in zip(lines1[4:], lines2[:4]):
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
     # the numpy trainer refuses it in one line, and so does a torch run of another shape
-    refused = tmp_path / "refused"
-    refused.mkdir()
-    run = run_cli(["train", "--resume", str(ck), "--steps", "12", "--out", str(refused / "n.json")], nprocs=2,
-                  cwd=refused)
+    run, refused = jobs["ck-refused-numpy"]
     assert_usage_error(run, refused, "was saved by --frontend torch")
-    run = run_cli(["train", "--frontend", "torch", *SMALL_MLP, "--hidden", "8", "--steps", "12", "--resume", str(ck),
-                   "--out", str(refused / "n.json")], cwd=refused)
+    run, refused = jobs["ck-refused-torch"]
     assert_usage_error(run, refused, "holds hidden 16", "--hidden 8")
 
 
@@ -328,9 +380,8 @@ def test_batch_rows_from_weights_in_one_process():
 
 
 @needs_mpi
-def test_auto_weights_measure_each_rank(tmp_path):
-    _, doc, lines = _train(tmp_path, 2, *SMALL_MLP, "--steps", "3", "--strategy", "ddp", "--weights", "auto",
-                           "--backend", f"0=host,1={SECOND}")
+def test_auto_weights_measure_each_rank(jobs):
+    _, doc, lines = _train(jobs, "auto")
     s = doc["summary"]
     assert s["verified"] is True and s["weights_kind"] == "auto" and all(w > 0 for w in s["weights"])
     # the first step's shares from the probe, then measured again after each of the first steps (rebalanced)
@@ -342,12 +393,11 @@ def test_auto_weights_measure_each_rank(tmp_path):
 
 
 @needs_mpi
-@pytest.mark.parametrize("dtype,strategy", [("bf16", "fsdp2"), ("fp16", "ddp")])
-def test_mixed_precision_matches_one_process_in_the_same_dtype(tmp_path, dtype, strategy):
+@pytest.mark.parametrize("dtype,strategy", MIXED)
+def test_mixed_precision_matches_one_process_in_the_same_dtype(jobs, dtype, strategy):
     """torch's autocast in the dtype with fp32 masters; fp16 with the numpy trainer's dynamic loss scaling, the
     verdict on non-finite gradients agreed over the ranks; checked by the numpy trainer's mixed-precision rule."""
-    _, doc, lines = _train(tmp_path, 2, *SMALL_MLP, "--steps", "20", "--strategy", strategy, "--dtype", dtype,
-                           "--weights", "3,1", "--backend", f"0=host,1={SECOND}")
+    _, doc, lines = _train(jobs, f"mixed-{dtype}-{strategy}")
     s = doc["summary"]
     assert s["verified"] is True and s["check"]["dtype"] == dtype and s["dtype"] == dtype
     assert s["check"]["compared_steps"] >= 1 and s["check"]["max_loss_relative_difference"] <= s["check"]["rtol"]
