@@ -103,7 +103,26 @@ def check_the_sweep_agrees_and_verifies(comm, backend, info) -> None:
                 assert row["copy_timing"] in ("measured", "modelled")
 
 
-CHECKS = {"every_op_chunked": check_every_op_chunked, "sweep": check_the_sweep_agrees_and_verifies}
+def check_staged_allreduce(comm, backend, info) -> None:
+    """staging.staged_allreduce, the one call split, train and the torch backend can make: the sum over the ranks,
+    bit for bit as a host Allreduce of the same exact data, for a length no chunk divides."""
+    rank = comm.Get_rank()
+    in_place = capabilities(info.backend).computes_on_host_arrays
+    dtype = DTYPES["fp32"]
+    mine = ops.values(rank, 10_001, dtype.host)
+    want = np.empty_like(mine)
+    comm.Allreduce(mine, want, op=MPI.SUM)
+    for method in staging.METHODS:
+        send = mine.copy() if in_place else backend.upload(mine, dtype)
+        recv = np.full_like(mine, np.nan) if in_place else backend.upload(np.full_like(mine, np.nan), dtype)
+        times = staging.staged_allreduce(comm, backend, dtype, send, recv, chunk_bytes=4 * 999, method=method,
+                                         host_arrays=in_place)
+        got = recv if in_place else backend.download(recv, dtype)
+        assert times.chunks == 11 and np.array_equal(got, want), (method, times)
+
+
+CHECKS = {"every_op_chunked": check_every_op_chunked, "sweep": check_the_sweep_agrees_and_verifies,
+          "staged_allreduce": check_staged_allreduce}
 
 
 def main(argv: list[str]) -> None:

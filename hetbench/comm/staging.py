@@ -361,3 +361,25 @@ def calibrate(trial: Callable[[int, str], Callable[[], StageTimes]], options: Se
     best = min(range(len(options)), key=lambda i: (slowest[i], i))
     chunk, method = options[best]
     return StagePlan(chunk, method, "measured", tuple((c, m, s) for (c, m), s in zip(options, slowest)))
+
+
+# --- one call, for code outside the collectives benchmark (split, train, the torch backend) ------------------------
+
+
+def staged_allreduce(comm: Any, backend: Any, dtype: DType, send: Any, recv: Any, chunk_bytes: int = MIB,
+                     method: str = METHOD_COPY, mpi_op: Any = None, host_arrays: bool = False) -> StageTimes:
+    """recv = the sum (or `mpi_op`) over the ranks of `send`, two 1-D device arrays of `backend` (the same length),
+    staged through the host in chunks of `chunk_bytes` by the pipeline above; returns this rank's StageTimes.
+    Collective: every rank of `comm` calls it with the same length and chunk. For repeated calls on the same buffers,
+    make a StagedCollective once and call its run() (its ring is kept)."""
+    from mpi4py import MPI
+
+    op = MPI.SUM if mpi_op is None else mpi_op
+    count = len(send)
+    staged = StagedCollective(backend, dtype, Layout(count), max(1, chunk_bytes // dtype.itemsize),
+                              lambda s, r: comm.Iallreduce(s, r, op=op), method, host_arrays=host_arrays,
+                              modelled=getattr(backend, "timing", None) == "modelled")
+    try:
+        return staged.run(send, recv)
+    finally:
+        staged.close()

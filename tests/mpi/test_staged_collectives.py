@@ -10,7 +10,7 @@ import pytest
 from helpers import HAVE_OPENCL, REPO, needs_mpi, run_python
 
 SCRIPT = REPO / "tests" / "mpi_staging.py"
-CHECKS = ["every_op_chunked", "sweep"]
+CHECKS = ["every_op_chunked", "sweep", "staged_allreduce"]
 OPENCL = "opencl" if HAVE_OPENCL else "sim:a100"
 JOBS = {2: f"{OPENCL},sim:mi300x", 3: f"host,{OPENCL},sim:h100"}
 _RUNS: dict[int, tuple[int, dict[str, str], str]] = {}

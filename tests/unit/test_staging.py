@@ -371,3 +371,55 @@ def test_a_bad_chunk_exits_2_with_one_line(tmp_path):
     run = run_cli(["collectives", "--backend", "sim:h100", "--max-bytes", "4K", "--stage-chunk-bytes", "5"],
                   cwd=tmp_path)
     assert_usage_error(run, tmp_path, "--stage-chunk-bytes", "'5' (5 bytes)", "multiple of the fp32 size")
+
+
+def test_test_progress_polls_then_waits(monkeypatch):
+    """progress "test": a copy is polled (the core yielded between polls) until done, an op's request is tested
+    until it completes; then each is waited for once (MPI_Wait on a request Test completed returns at once, and is
+    what --timeout's watchdog sees)."""
+    yields = []
+    monkeypatch.setattr(staging.os, "sched_yield", lambda: yields.append(1))
+
+    class Slow(base.Done):
+        def __init__(self):
+            super().__init__()
+            self.polls, self.waited = 0, 0
+
+        def done(self):
+            self.polls += 1
+            return self.polls > 2
+
+        def wait(self):
+            self.waited += 1
+
+    class Request:
+        def __init__(self):
+            self.tests, self.waits = 0, 0
+
+        def Test(self):  # noqa: N802
+            self.tests += 1
+            return self.tests > 3
+
+        def Wait(self):  # noqa: N802
+            self.waits += 1
+
+    copies, requests = [], []
+
+    class Backend(HostBackend):
+        def copy_to_host_async(self, array, offset, out, after=()):
+            super().copy_to_host_async(array, offset, out, after)
+            copies.append(Slow())
+            return copies[-1]
+
+    def start(s, r):
+        r[...] = s
+        requests.append(Request())
+        return requests[-1]
+
+    staged = StagedCollective(Backend(), FP32, Layout(10, 2, 2), 5, start, "copy", progress="test")
+    recv = np.zeros(20, np.float32)
+    staged.run(np.arange(20, dtype=np.float32), recv)
+    assert np.array_equal(recv, np.arange(20, dtype=np.float32))
+    assert len(copies) == 4 and all(c.polls == 3 and c.waited == 1 for c in copies)  # 2 chunks x 2 segments
+    assert len(requests) == 2 and all(r.tests == 4 and r.waits == 1 for r in requests)
+    assert len(yields) == 4 * 2 + 2 * 3
