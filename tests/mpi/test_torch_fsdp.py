@@ -9,7 +9,7 @@ import json
 import re
 
 import pytest
-from helpers import HAVE_OPENCL, TESTS, assert_usage_error, needs_mpi, run_cli, run_python
+from helpers import HAVE_OPENCL, TESTS, assert_usage_error, needs_mpi, run_cli_stages, run_python
 
 torch = pytest.importorskip("torch")
 
@@ -41,20 +41,55 @@ def test_uneven_fsdp_matches_one_process_and_holds_its_share(nprocs, weights):
     assert "RANK0VALUES ok" in run.stdout
 
 
-def _train(tmp_path, nprocs, *args):
-    out, log = tmp_path / "t.json", tmp_path / "t.jsonl"
-    run = run_cli(["train", "--frontend", "torch", "--strategy", "fsdp", "--out", str(out), "--log", str(log), *args],
-                  nprocs=nprocs, cwd=tmp_path, timeout=300)
+def _train_args(folder, *args):
+    return ["train", "--frontend", "torch", "--strategy", "fsdp", "--out", str(folder / "t.json"), "--log",
+            str(folder / "t.jsonl"), *args]
+
+
+RESUMED = ("ddp", "fsdp2", "fsdp")
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    """The `hetbench train --frontend torch` commands of this file, one MPI job per rank count in order (the
+    resumed runs read the first run's checkpoint; helpers.run_cli_stages: each rank's torch import paid once a
+    job, not once a command), then the refusal in one process: NAME -> (its Run, its folder)."""
+    root = tmp_path_factory.mktemp("torch-fsdp")
+    ck = root / "ck-first" / "ck"
+    two = [
+        ("gpt-opencl", _train_args(root / "gpt-opencl", *SMALL_GPT, "--steps", "6", "--weights", "3,1",
+                                   "--backend", f"0=host,1={SECOND}"), {}),
+        ("ck-first", _train_args(root / "ck-first", *SMALL_MLP, "--steps", "8", "--weights", "3,1", "--checkpoint",
+                                 str(ck), "--checkpoint-every", "4", "--backend", f"0=host,1={SECOND}"), {}),
+    ]
+    three = [
+        ("zero-share", _train_args(root / "zero-share", *SMALL_MLP, "--steps", "3", "--weights", "2,1,0",
+                                   "--no-prefetch"), {}),
+        *[(f"resumed-{strategy}", ["train", "--frontend", "torch", "--strategy", strategy, *SMALL_MLP, "--steps", "8",
+                                   "--weights", "0.5,0.3,0.2", "--resume", str(ck / "step-4"), "--out",
+                                   str(root / f"resumed-{strategy}" / "t.json"), "--log",
+                                   str(root / f"resumed-{strategy}" / "t.jsonl")], {})
+          for strategy in RESUMED],
+    ]
+    alone = [
+        ("refused", ["train", "--frontend", "torch", "--strategy", "fsdp", *SMALL_MLP, "--hidden", "8", "--steps", "9",
+                     "--resume", str(ck), "--out", str(root / "refused" / "t.json")], {}),
+    ]
+    return run_cli_stages(root, [(2, two), (3, three), (None, alone)])
+
+
+def _train(jobs, name):
+    run, folder = jobs[name]
     assert run.returncode == 0, run.stdout + run.stderr
-    return run, json.loads(out.read_text()), [json.loads(line) for line in log.read_text().splitlines()]
+    return run, json.loads((folder / "t.json").read_text()), [
+        json.loads(line) for line in (folder / "t.jsonl").read_text().splitlines()]
 
 
 @needs_mpi
-def test_cli_fsdp_gpt_with_an_opencl_rank(tmp_path):
+def test_cli_fsdp_gpt_with_an_opencl_rank(jobs):
     """rank 0 torch on the host, rank 1 a device torch cannot drive (OpenCL on PoCL, else a simulated GPU): its
     products run there through hetbench while its shards live in torch's CPU memory; every figure recomputed."""
-    run, doc, lines = _train(tmp_path, 2, *SMALL_GPT, "--steps", "6", "--weights", "3,1",
-                             "--backend", f"0=host,1={SECOND}")
+    run, doc, lines = _train(jobs, "gpt-opencl")
     s = doc["summary"]
     assert s["verified"] is True and s["strategy"] == "fsdp" and s["shares"] == [9, 3]
     sharded = s["sharded_state"]
@@ -99,8 +134,8 @@ def test_cli_fsdp_gpt_with_an_opencl_rank(tmp_path):
 
 
 @needs_mpi
-def test_a_zero_share_is_said_in_the_summary(tmp_path):
-    run, doc, lines = _train(tmp_path, 3, *SMALL_MLP, "--steps", "3", "--weights", "2,1,0", "--no-prefetch")
+def test_a_zero_share_is_said_in_the_summary(jobs):
+    run, doc, lines = _train(jobs, "zero-share")
     s = doc["summary"]
     assert s["verified"] is True and s["prefetch"] is False and "comm_hidden_percent" not in s
     assert s["sharded_state"]["elements_per_rank"][2] == 0
@@ -110,12 +145,9 @@ def test_a_zero_share_is_said_in_the_summary(tmp_path):
 
 
 @needs_mpi
-def test_fsdp_checkpoint_resumes_on_three_ranks_with_ddp_fsdp2_and_fsdp(tmp_path):
-    ck = tmp_path / "ck"
-    first = tmp_path / "first"
-    first.mkdir()
-    _, doc1, lines1 = _train(first, 2, *SMALL_MLP, "--steps", "8", "--weights", "3,1", "--checkpoint", str(ck),
-                             "--checkpoint-every", "4", "--backend", f"0=host,1={SECOND}")
+def test_fsdp_checkpoint_resumes_on_three_ranks_with_ddp_fsdp2_and_fsdp(jobs):
+    _, doc1, lines1 = _train(jobs, "ck-first")
+    ck = jobs["ck-first"][1] / "ck"
     m = json.loads((ck / "step-4" / "manifest.json").read_text())
     assert m["strategy"] == "fsdp" and m["optimizer_steps"] == 4 and len(m["layout"]) == 3
     assert [u["size"] for u in m["layout"]] == [16 * 16 + 16] * 3
@@ -125,23 +157,14 @@ def test_fsdp_checkpoint_resumes_on_three_ranks_with_ddp_fsdp2_and_fsdp(tmp_path
     assert [p[:3] for p in m["ranks"][1]["pieces"]] == [[u, 204, 272] for u in range(3)]
     assert sorted(p.name for p in (ck / "step-4").iterdir()) == sorted(
         ["manifest.json"] + [f"rank-{r}.{n}.npy" for r in range(2) for n in ("param", "m", "v")])
-    for strategy in ("ddp", "fsdp2", "fsdp"):
-        out = tmp_path / strategy
-        out.mkdir()
-        run = run_cli(["train", "--frontend", "torch", "--strategy", strategy, *SMALL_MLP, "--steps", "8",
-                       "--weights", "0.5,0.3,0.2", "--resume", str(ck / "step-4"), "--out", str(out / "t.json"),
-                       "--log", str(out / "t.jsonl")], nprocs=3, cwd=out, timeout=300)
-        assert run.returncode == 0, run.stdout + run.stderr
-        s = json.loads((out / "t.json").read_text())["summary"]
-        lines2 = [json.loads(x) for x in (out / "t.jsonl").read_text().splitlines()]
+    for strategy in RESUMED:
+        _, doc, lines2 = _train(jobs, f"resumed-{strategy}")
+        s = doc["summary"]
         assert s["verified"] is True and s["first_step"] == 4, strategy
         for a, b in zip(lines1[4:], lines2):  # the first run's steps 4..7, continued
             assert b["loss"] == pytest.approx(a["loss"], rel=1e-5), strategy
     # another model's pieces are refused in one line
-    refused = tmp_path / "refused"
-    refused.mkdir()
-    run = run_cli(["train", "--frontend", "torch", "--strategy", "fsdp", *SMALL_MLP, "--hidden", "8", "--steps", "9",
-                   "--resume", str(ck), "--out", str(refused / "t.json")], cwd=refused)
+    run, refused = jobs["refused"]
     assert_usage_error(run, refused, "holds hidden 16", "--hidden 8")
 
 
