@@ -216,6 +216,24 @@ def run_cli_stages(root: Path, stages: list[tuple[int | None, list[tuple[str, li
     return found
 
 
+class Batches:
+    """A test module's commands, one job per rank count (run_cli_stages), run the first time a test asks for that
+    rank count: a pass that deselects the MPI tests (or the one-process ones) launches none of theirs.
+    `commands(nprocs, root)` makes the commands' folders under ROOT (and any files they read) and returns
+    [(NAME, ARGS, ENV), ...]; get(nprocs) returns NAME -> (its Run, its folder ROOT/NAME)."""
+
+    def __init__(self, root: Path, commands, timeout: float = 300):
+        self.root, self.commands, self.timeout = root, commands, timeout
+        self.done: dict[int | None, dict[str, tuple[Run, Path]]] = {}
+
+    def get(self, nprocs: int | None) -> dict[str, tuple[Run, Path]]:
+        if nprocs not in self.done:
+            root = self.root / f"n{nprocs or 1}"
+            root.mkdir()
+            self.done[nprocs] = run_cli_stages(root, [(nprocs, self.commands(nprocs, root))], timeout=self.timeout)
+        return self.done[nprocs]
+
+
 def assert_usage_error(run: Run, tmp_path: Path, *needles: str) -> None:
     """Bad input: exit code 2, one line (said once, by rank 0) holding every needle, no traceback, nothing on
     stdout, and no results file left behind."""
