@@ -10,9 +10,10 @@ must cut the same chunks (each chunk is one collective): the chunk size is agree
 
 Per step k, on one thread:
   1. wait for chunk k's copy out (or map) to finish;      exposed copy-out time
-  2. start MPI's operation on chunk k (non-blocking where the op has a form for it: Iallreduce, ...);
-  3. issue the copy out of chunk k+1 (async: the device's queue/stream runs it while MPI works);
-  4. wait for chunk k's operation (MPI's Wait: it progresses the operation, and --timeout's watchdog sees it);
+  2. issue the copy out of chunk k+1 (async: the device's queue/stream runs it while MPI works on chunk k);
+  3. start MPI's operation on chunk k (non-blocking where the op has a form for it: Iallreduce, ...);
+  4. wait for chunk k's operation (MPI's Wait: it progresses the operation, and --timeout's watchdog sees it; or,
+     with progress="test", MPI_Test with the core yielded between calls, then the Wait);
   5. issue the copy back of chunk k (async: it runs during chunk k+1's operation).
 The receive slot of chunk k is that of chunk k - depth, whose copy back must have finished before step 2 (exposed
 copy-back time); at the end every copy back is waited for (exposed too). A backend without asynchronous copies
@@ -175,12 +176,6 @@ class StagedCollective:
             ring.extend(staging_buffer(self.backend, max(1, segments) * self.chunk_elements, self.dtype)
                         for _ in range(self.slots))
         return ring
-
-    def _send_copy_ring_needed(self) -> bool:
-        return self.layout.sends and self.send_method == METHOD_COPY
-
-    def _recv_copy_ring_needed(self) -> bool:
-        return self.layout.receives and self.recv_method == METHOD_COPY
 
     # --- one chunk out and back ------------------------------------------------------------------------------------
 
