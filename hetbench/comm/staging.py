@@ -246,7 +246,10 @@ class StagedCollective:
 
     def run(self, send: Any, recv: Any) -> StageTimes:
         """The op over all of `send` into `recv` (device arrays, 1-D), chunk by chunk. Collective: every rank of the
-        op calls it with the same chunks."""
+        op calls it with the same chunks. In place (`send is recv`) takes the copy method: a chunk mapped for
+        reading and for writing at once is two overlapping maps, which OpenCL leaves undefined."""
+        if send is recv and METHOD_MAP in (self.send_method, self.recv_method):
+            raise ValueError("an in-place staged op (send is recv) cannot map its chunks; use method 'copy'")
         clock = time.perf_counter
         k_count, slots = len(self.bounds), self.slots
         began = clock()
@@ -363,7 +366,8 @@ def calibrate(trial: Callable[[int, str], Callable[[], StageTimes]], options: Se
 
 def staged_allreduce(comm: Any, backend: Any, dtype: DType, send: Any, recv: Any, chunk_bytes: int = MIB,
                      method: str = METHOD_COPY, mpi_op: Any = None, host_arrays: bool = False) -> StageTimes:
-    """recv = the sum (or `mpi_op`) over the ranks of `send`, two 1-D device arrays of `backend` (the same length),
+    """recv = the sum (or `mpi_op`) over the ranks of `send`, two 1-D device arrays of `backend` (the same length;
+    the same array for an in-place allreduce, which is staged by copies),
     staged through the host in chunks of `chunk_bytes` by the pipeline above; returns this rank's StageTimes.
     Collective: every rank of `comm` calls it with the same length and chunk. For repeated calls on the same buffers,
     make a StagedCollective once and call its run() (its ring is kept)."""
@@ -371,6 +375,7 @@ def staged_allreduce(comm: Any, backend: Any, dtype: DType, send: Any, recv: Any
 
     op = MPI.SUM if mpi_op is None else mpi_op
     count = len(send)
+    method = METHOD_COPY if send is recv else method  # in place: see StagedCollective.run
     staged = StagedCollective(backend, dtype, Layout(count), max(1, chunk_bytes // dtype.itemsize),
                               lambda s, r: comm.Iallreduce(s, r, op=op), method, host_arrays=host_arrays,
                               modelled=getattr(backend, "timing", None) == "modelled")

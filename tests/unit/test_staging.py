@@ -423,3 +423,23 @@ def test_test_progress_polls_then_waits(monkeypatch):
     assert len(copies) == 4 and all(c.polls == 3 and c.waited == 1 for c in copies)  # 2 chunks x 2 segments
     assert len(requests) == 2 and all(r.tests == 4 and r.waits == 1 for r in requests)
     assert len(yields) == 4 * 2 + 2 * 3
+
+
+def test_in_place_stages_by_copies():
+    """send is recv (an in-place allreduce, as torch's): the copy method gives the right result; a map of one range
+    for reading and writing at once is refused, and staged_allreduce copies."""
+    backend = sim.SimBackend(MODELS["h100"])
+    data = np.arange(1003, dtype=np.float32)
+    buf = backend.upload(data, FP32)
+
+    def double(s, r):
+        np.multiply(s, 2, out=r)
+
+    StagedCollective(backend, FP32, Layout(1003), 100, double, "copy").run(buf, buf)
+    assert np.array_equal(buf, 2 * data)
+    if HAVE_OPENCL:
+        cl_backend = open_backend(BackendSpec("opencl", 0))
+        if cl_backend.can_map_to_host():
+            cl_buf = cl_backend.upload(data, FP32)
+            with pytest.raises(ValueError, match="in-place"):
+                StagedCollective(cl_backend, FP32, Layout(1003), 100, double, "map").run(cl_buf, cl_buf)
