@@ -7,7 +7,7 @@ import importlib.util
 import json
 
 import pytest
-from helpers import HAVE_OPENCL, assert_usage_error, needs_mpi, run_cli
+from helpers import HAVE_OPENCL, Batches, assert_usage_error, needs_mpi, run_cli
 
 from hetbench.harness.split_plan import shares
 
@@ -15,18 +15,55 @@ SECOND = "opencl" if HAVE_OPENCL else "sim:h100"
 SMALL = ["--layers", "4", "--hidden", "16", "--batch", "24", "--steps", "40"]
 
 
-def train(tmp_path, nprocs, *args):
-    out, log = tmp_path / "t.json", tmp_path / "t.jsonl"
-    run = run_cli(["train", *SMALL, "--out", str(out), "--log", str(log), *args], nprocs=nprocs, cwd=tmp_path,
-                  timeout=240)
+STRATEGIES = ["fsdp", "ddp", "pipeline"]
+BAD = [
+    (["--layers", "0"], "--layers"),
+    (["--hidden", "-1"], "--hidden"),
+    (["--steps", "0"], "--steps"),
+    (["--lr", "0"], "--lr"),
+    (["--lr", "-1"], "--lr"),
+    (["--batch", "1"], "1 is smaller than the 2 ranks"),
+    (["--weights", "1,-1"], "-1"),
+    (["--strategy", "pipeline", "--layers", "1"], "1 layers are fewer than the 2 ranks"),
+    (["--strategy", "pipeline", "--micro-batches", "99", "--batch", "8"], "99 micro-batches"),
+    (["--strategy", "zero3"], "zero3"),
+    (["--dtype", "fp8"], "fp8"),
+]
+
+
+def _train_args(folder, *args):
+    return ["train", *SMALL, "--out", str(folder / "t.json"), "--log", str(folder / "t.jsonl"), *args]
+
+
+def _commands(nprocs, root):
+    """This file's commands for 2 or 3 ranks, in one job each (helpers.Batches; a usage error ends no job)."""
+    if nprocs == 2:
+        return [
+            *[(f"two-{s}", _train_args(root / f"two-{s}", "--strategy", s, "--weights", "3,1", "--backend",
+                                       "0=host,1=sim:h100"), {}) for s in STRATEGIES],
+            ("for-report", _train_args(root / "for-report", "--strategy", "ddp", "--backend", "host"), {}),
+            *[(f"bad-{i}", ["train", "--backend", "host", *args], {}) for i, (args, _) in enumerate(BAD)],
+        ]
+    return [(f"three-{s}", _train_args(root / f"three-{s}", "--strategy", s, "--weights", "0.5,0.3,0.2",
+                                       "--backend", f"0=host,1={SECOND},2=sim:mi300x"), {}) for s in STRATEGIES]
+
+
+@pytest.fixture(scope="module")
+def batches(tmp_path_factory):
+    return Batches(tmp_path_factory.mktemp("train-cli"), _commands)
+
+
+def train(batches, nprocs, name):
+    run, folder = batches.get(nprocs)[name]
     assert run.returncode == 0, run.stdout + run.stderr
-    return run, json.loads(out.read_text()), [json.loads(line) for line in log.read_text().splitlines()]
+    return run, json.loads((folder / "t.json").read_text()), [
+        json.loads(line) for line in (folder / "t.jsonl").read_text().splitlines()]
 
 
 @needs_mpi
-@pytest.mark.parametrize("strategy", ["fsdp", "ddp", "pipeline"])
-def test_two_ranks_train_the_single_process_run(tmp_path, strategy):
-    run, doc, lines = train(tmp_path, 2, "--strategy", strategy, "--weights", "3,1", "--backend", "0=host,1=sim:h100")
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_two_ranks_train_the_single_process_run(batches, strategy):
+    run, doc, lines = train(batches, 2, f"two-{strategy}")
     s = doc["summary"]
     assert s["verified"] is True and s["check"]["ok"] is True
     assert s["check"]["max_loss_relative_difference"] <= 1e-3
@@ -46,10 +83,9 @@ def test_two_ranks_train_the_single_process_run(tmp_path, strategy):
 
 
 @needs_mpi
-@pytest.mark.parametrize("strategy", ["fsdp", "ddp", "pipeline"])
-def test_three_mixed_ranks_with_uneven_weights(tmp_path, strategy):
-    _, doc, lines = train(tmp_path, 3, "--strategy", strategy, "--weights", "0.5,0.3,0.2",
-                          "--backend", f"0=host,1={SECOND},2=sim:mi300x")
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_three_mixed_ranks_with_uneven_weights(batches, strategy):
+    _, doc, lines = train(batches, 3, f"three-{strategy}")
     assert doc["summary"]["verified"] is True
     params = [r["param_bytes"] for r in lines[-1]["ranks"]]
     layer = (16 * 16 + 16) * 4
@@ -73,27 +109,16 @@ def test_the_default_task_learns(tmp_path):
 
 @needs_mpi
 @pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="no matplotlib")
-def test_report_plots_the_logged_steps(tmp_path):
-    _, doc, _ = train(tmp_path, 2, "--strategy", "ddp", "--backend", "host")
-    page = run_cli(["report", "--brief", "t.json", "--html", "r.html"], cwd=tmp_path)
+def test_report_plots_the_logged_steps(batches, tmp_path):
+    train(batches, 2, "for-report")
+    folder = batches.get(2)["for-report"][1]
+    page = run_cli(["report", "--brief", str(folder / "t.json"), "--html", "r.html"], cwd=tmp_path)
     assert page.returncode == 0, page.stderr
     assert 'data-plot="steps-' in (tmp_path / "r.html").read_text(encoding="utf-8")
 
 
 @needs_mpi
-@pytest.mark.parametrize("args, needle", [
-    (["--layers", "0"], "--layers"),
-    (["--hidden", "-1"], "--hidden"),
-    (["--steps", "0"], "--steps"),
-    (["--lr", "0"], "--lr"),
-    (["--lr", "-1"], "--lr"),
-    (["--batch", "1"], "1 is smaller than the 2 ranks"),
-    (["--weights", "1,-1"], "-1"),
-    (["--strategy", "pipeline", "--layers", "1"], "1 layers are fewer than the 2 ranks"),
-    (["--strategy", "pipeline", "--micro-batches", "99", "--batch", "8"], "99 micro-batches"),
-    (["--strategy", "zero3"], "zero3"),
-    (["--dtype", "fp8"], "fp8"),
-])
-def test_bad_input(tmp_path, args, needle):
-    run = run_cli(["train", "--backend", "host", *args], nprocs=2, cwd=tmp_path)
-    assert_usage_error(run, tmp_path, needle)
+@pytest.mark.parametrize("args, needle", BAD)
+def test_bad_input(batches, args, needle):
+    run, folder = batches.get(2)[f"bad-{BAD.index((args, needle))}"]
+    assert_usage_error(run, folder, needle)

@@ -10,7 +10,7 @@ import shutil
 import numpy as np
 import pytest
 
-from helpers import HAVE_OPENCL, assert_usage_error, needs_mpi, run_cli
+from helpers import HAVE_OPENCL, assert_usage_error, needs_mpi, run_cli, run_cli_stages
 from hetbench.train import FullState, Piece
 from hetbench.train.checkpoint import FAULT_ENV, Checkpoint, CheckpointError, Saver
 from hetbench.train.model import ModelConfig
@@ -130,15 +130,75 @@ def test_the_saved_checkpoint_names_every_rank_device(saved):
     assert first["summary"]["checkpoints"] == [str(ck / "step-10"), str(ck / "step-20")]
 
 
-@needs_mpi
-@pytest.mark.parametrize("nprocs, args", [
-    (3, ["--strategy", "fsdp", "--weights", "0.5,0.3,0.2", "--backend", f"0=host,1={SECOND},2=sim:mi300x"]),
-    (2, ["--strategy", "ddp", "--weights", "1,2", "--backend", "0=host,1=sim:mi300x"]),
-    (2, ["--strategy", "pipeline", "--backend", "0=sim:mi300x,1=host"]),
-], ids=["fsdp-3-ranks", "ddp-2-ranks", "pipeline-2-ranks"])
-def test_resume_continues_the_reference_curve(tmp_path, saved, ref_losses, nprocs, args):
+RESUMES = {
+    "fsdp-3-ranks": (3, ["--strategy", "fsdp", "--weights", "0.5,0.3,0.2", "--backend",
+                         f"0=host,1={SECOND},2=sim:mi300x"]),
+    "ddp-2-ranks": (2, ["--strategy", "ddp", "--weights", "1,2", "--backend", "0=host,1=sim:mi300x"]),
+    "pipeline-2-ranks": (2, ["--strategy", "pipeline", "--backend", "0=sim:mi300x,1=host"]),
+}
+BAD_CHECKPOINTS = ["hidden", "layers", "missing", "partial", "partial-latest", "steps", "collision"]
+
+
+def _bad_checkpoint(case, folder, copies, saved):
+    """The arguments and the expected needle of a bad-checkpoint case run in FOLDER, its doctored copies made in
+    COPIES (not in FOLDER, where assert_usage_error looks for files left behind)."""
     ck, _ = saved
-    doc, lines = resume(tmp_path, nprocs, "--resume", str(ck), "--steps", "40", *args)
+    args = ["--resume", str(ck), "--steps", "40"]
+    if case == "hidden":
+        return [*args, "--hidden", "32"], "--hidden 32 (the checkpoint's: 16)"
+    if case == "layers":
+        return [*args, "--layers", "5"], "--layers 5 (the checkpoint's: 4)"
+    if case == "missing":
+        return ["--resume", str(folder / "nowhere"), "--steps", "40"], "does not exist"
+    if case == "partial":
+        partial = copies / "step-20"
+        shutil.copytree(ck / "step-20", partial)
+        (partial / "manifest.json").unlink()
+        return ["--resume", str(partial), "--steps", "40"], "holds no complete checkpoint"
+    if case == "partial-latest":  # `latest` names a step folder whose manifest never came
+        copy = copies / "ck"
+        shutil.copytree(ck, copy)
+        (copy / "step-20" / "manifest.json").unlink()
+        return ["--resume", str(copy), "--steps", "40"], "is incomplete: it has no manifest.json"
+    if case == "steps":
+        return ["--resume", str(ck), "--steps", "20"], "--steps 20 is not beyond the checkpoint's 20 steps"
+    return ["--steps", "20", "--checkpoint", str(ck)], "already holds step-20"
+
+
+@pytest.fixture(scope="module")
+def commands(saved, tmp_path_factory):
+    """The commands that read the saved checkpoint, one MPI job per rank count (helpers.run_cli_stages; a
+    usage error ends no job), and what each bad-checkpoint case expects: (NAME -> (its Run, its folder), {case:
+    (needle, the checkpoint's files and times before)})."""
+    ck, _ = saved
+    root = tmp_path_factory.mktemp("after-saved")
+    expected, stages = {}, {2: [], 3: []}
+    for case in BAD_CHECKPOINTS:
+        folder = root / f"bad-{case}"
+        folder.mkdir()
+        args, needle = _bad_checkpoint(case, folder, root / f"copies-{case}", saved)
+        expected[case] = (needle, ck, {p.relative_to(ck): p.stat().st_mtime_ns for p in ck.rglob("*")})
+        stages[2].append((f"bad-{case}", ["train", *MODEL, *args, "--backend", "host"], {}))
+    for name, (nprocs, args) in RESUMES.items():
+        stages[nprocs].append((f"resume-{name}", ["train", *MODEL, "--out", str(root / f"resume-{name}" / "r.json"),
+                                                  "--log", str(root / f"resume-{name}" / "r.jsonl"), "--resume",
+                                                  str(ck), "--steps", "40", *args], {}))
+    stages[2] += [
+        ("proc-folder", ["train", *MODEL, "--steps", "4", "--checkpoint", "/proc/nope/ck", "--backend", "host"], {}),
+        ("made-folder", ["train", *MODEL, "--steps", "4", "--checkpoint", "new/deeper/ck", "--weights",
+                         "missing-profile.json", "--backend", "host"], {}),
+    ]
+    return run_cli_stages(root, [(2, stages[2]), (3, stages[3])]), expected
+
+
+@needs_mpi
+@pytest.mark.parametrize("name", list(RESUMES))
+def test_resume_continues_the_reference_curve(commands, saved, ref_losses, name):
+    ck, _ = saved
+    run, folder = commands[0][f"resume-{name}"]
+    assert run.returncode == 0, run.stdout + run.stderr
+    doc = json.loads((folder / "r.json").read_text())
+    lines = [json.loads(line) for line in (folder / "r.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines] == list(range(20, 40))
     np.testing.assert_allclose([line["loss"] for line in lines], ref_losses[20:40], rtol=1e-4)
     s = doc["summary"]
@@ -173,33 +233,11 @@ def test_an_interrupted_save_leaves_the_previous_checkpoint(tmp_path, saved, ref
 
 
 @needs_mpi
-@pytest.mark.parametrize("case", ["hidden", "layers", "missing", "partial", "partial-latest", "steps", "collision"])
-def test_bad_checkpoints_are_refused(tmp_path, tmp_path_factory, saved, case):
-    ck, _ = saved
-    args = ["--resume", str(ck), "--steps", "40"]
-    if case == "hidden":
-        args, needle = [*args, "--hidden", "32"], "--hidden 32 (the checkpoint's: 16)"
-    elif case == "layers":
-        args, needle = [*args, "--layers", "5"], "--layers 5 (the checkpoint's: 4)"
-    elif case == "missing":
-        args, needle = ["--resume", str(tmp_path / "nowhere"), "--steps", "40"], "does not exist"
-    elif case == "partial":
-        partial = tmp_path_factory.mktemp("partial") / "step-20"
-        shutil.copytree(ck / "step-20", partial)
-        (partial / "manifest.json").unlink()
-        args, needle = ["--resume", str(partial), "--steps", "40"], "holds no complete checkpoint"
-    elif case == "partial-latest":  # `latest` names a step folder whose manifest never came
-        ck = tmp_path_factory.mktemp("partial") / "ck"
-        shutil.copytree(saved[0], ck)
-        (ck / "step-20" / "manifest.json").unlink()
-        args, needle = ["--resume", str(ck), "--steps", "40"], "is incomplete: it has no manifest.json"
-    elif case == "steps":
-        args, needle = ["--resume", str(ck), "--steps", "20"], "--steps 20 is not beyond the checkpoint's 20 steps"
-    else:
-        args, needle = ["--steps", "20", "--checkpoint", str(ck)], "already holds step-20"
-    before = {p.relative_to(ck): p.stat().st_mtime_ns for p in ck.rglob("*")}
-    run = run_cli(["train", *MODEL, *args, "--backend", "host"], nprocs=2, cwd=tmp_path)
-    assert_usage_error(run, tmp_path, needle)
+@pytest.mark.parametrize("case", BAD_CHECKPOINTS)
+def test_bad_checkpoints_are_refused(commands, case):
+    run, folder = commands[0][f"bad-{case}"]
+    needle, ck, before = commands[1][case]
+    assert_usage_error(run, folder, needle)
     assert {p.relative_to(ck): p.stat().st_mtime_ns for p in ck.rglob("*")} == before
 
 
@@ -221,16 +259,14 @@ def test_sgd_with_a_rank_holding_nothing_resumes_as_a_pipeline(tmp_path):
 
 
 @needs_mpi
-def test_a_checkpoint_folder_that_cannot_be_made_is_refused_before_training(tmp_path):
+def test_a_checkpoint_folder_that_cannot_be_made_is_refused_before_training(commands):
     """/proc takes no new folder (whoever runs, root included): refused with exit 2 before any step, not at the
     first save. A folder the check could make is removed again when the run is refused for another reason."""
-    run = run_cli(["train", *MODEL, "--steps", "4", "--checkpoint", "/proc/nope/ck", "--backend", "host"], nprocs=2,
-                  cwd=tmp_path)
-    assert_usage_error(run, tmp_path, "--checkpoint '/proc/nope/ck' cannot be")
-    run = run_cli(["train", *MODEL, "--steps", "4", "--checkpoint", "new/deeper/ck", "--weights",
-                   "missing-profile.json", "--backend", "host"], nprocs=2, cwd=tmp_path)
-    assert_usage_error(run, tmp_path, "missing-profile.json")
-    assert not (tmp_path / "new").exists()
+    run, folder = commands[0]["proc-folder"]
+    assert_usage_error(run, folder, "--checkpoint '/proc/nope/ck' cannot be")
+    run, folder = commands[0]["made-folder"]
+    assert_usage_error(run, folder, "missing-profile.json")
+    assert not (folder / "new").exists()
 
 
 # --- doctored checkpoints: one line naming the file and what is wrong, exit 2, on every rank, before allocating ---
