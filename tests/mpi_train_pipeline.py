@@ -175,14 +175,23 @@ def check_bad(world: World) -> None:
 
 
 def main(argv: list[str]) -> None:
+    """One check (CHECK ARGS...): "ok" once it passed on every rank. Several, separated by "--" (CHECK ARGS... --
+    CHECK ARGS...), run one after another in this one job: "ok I" after the I-th (from 0) passed on every rank; a
+    check that fails aborts the job, so the lines of the checks before it stand and those after it are missing."""
     world = World(MPI.COMM_WORLD)
-    check, args = argv[0], argv[1:]
+    cases: list[list[str]] = [[]]
+    for arg in argv:
+        if arg == "--":
+            cases.append([])
+        else:
+            cases[-1].append(arg)
     checks = {"match": check_match, "micro": check_micro, "bad": check_bad}
-    assert check in checks, f"unknown check {check!r}; accepted: {', '.join(checks)}"
-    checks[check](world, *args)
-    world.comm.Barrier()
-    if world.rank == 0:
-        print("ok", flush=True)
+    for i, (check, *args) in enumerate(cases):
+        assert check in checks, f"unknown check {check!r}; accepted: {', '.join(checks)}"
+        checks[check](world, *args)
+        world.comm.Barrier()
+        if world.rank == 0:
+            print("ok" if len(cases) == 1 else f"ok {i}", flush=True)
 
 
 if __name__ == "__main__":

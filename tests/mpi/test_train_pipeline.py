@@ -71,24 +71,63 @@ MATCH_CASES = [
 ]
 
 
+ADAMW = [(p, micro) for micro in ("4", "1") for p in MATCH_CASES]
+SGD = [pytest.param(2, "0.7,0.3", id="2-uneven", marks=needs_mpi),
+       pytest.param(3, "1,0,1", id="3-zero-middle", marks=needs_mpi)]
+MICRO = [pytest.param(2, "0.7,0.3", marks=needs_mpi), pytest.param(3, "0.5,0.3,0.2", marks=needs_mpi)]
+BAD_RANKS = [None, pytest.param(2, marks=needs_mpi), pytest.param(3, marks=needs_mpi)]
+
+
+def _checks(nprocs: int | None) -> list[list[str]]:
+    """Every check of this file run on NPROCS ranks (None: one process without mpiexec), in one list."""
+    found = [["match", p.values[1], micro, "adamw"] for p, micro in ADAMW if p.values[0] == nprocs]
+    found += [["match", p.values[1], "4", "sgd"] for p in SGD if p.values[0] == nprocs]
+    found += [["micro", p.values[1], "adamw"] for p in MICRO if p.values[0] == nprocs]
+    found.append(["bad"])
+    if nprocs == 3:
+        found.append(["match", "0.5,0.3,0.2", "4", "adamw", "host,host,sim:mi300x"])
+    return found
+
+
+class _Jobs:
+    """The checks of one rank count run in one job (tests/mpi_train_pipeline.py's CHECK -- CHECK form), on first
+    use: a check passed where the job printed "ok I" for it."""
+
+    def __init__(self) -> None:
+        self.runs: dict[int | None, object] = {}
+
+    def assert_ok(self, nprocs: int | None, check: list[str]) -> None:
+        checks = _checks(nprocs)
+        if nprocs not in self.runs:
+            argv = [a for c in checks for a in ("--", *c)][1:]
+            self.runs[nprocs] = run_script(argv, nprocs, timeout=300)
+        run = self.runs[nprocs]
+        index = checks.index(check)
+        assert f"ok {index}" in run.stdout.splitlines(), (
+            f"check {' '.join(check)} (the {index}th of the job's {len(checks)}) did not pass\n"
+            f"stdout: {run.stdout}\nstderr: {run.stderr}")
+
+
+@pytest.fixture(scope="module")
+def jobs():
+    return _Jobs()
+
+
 @pytest.mark.parametrize("micro", ["4", "1"])
 @pytest.mark.parametrize("nprocs,weights", MATCH_CASES)
-def test_pipeline_matches_reference_adamw(nprocs, weights, micro):
-    assert_ok(run_script(["match", weights, micro, "adamw"], nprocs))
+def test_pipeline_matches_reference_adamw(jobs, nprocs, weights, micro):
+    jobs.assert_ok(nprocs, ["match", weights, micro, "adamw"])
 
 
-@pytest.mark.parametrize("nprocs,weights", [
-    pytest.param(2, "0.7,0.3", id="2-uneven", marks=needs_mpi),
-    pytest.param(3, "1,0,1", id="3-zero-middle", marks=needs_mpi),
-])
-def test_pipeline_matches_reference_sgd(nprocs, weights):
-    assert_ok(run_script(["match", weights, "4", "sgd"], nprocs))
+@pytest.mark.parametrize("nprocs,weights", SGD)
+def test_pipeline_matches_reference_sgd(jobs, nprocs, weights):
+    jobs.assert_ok(nprocs, ["match", weights, "4", "sgd"])
 
 
 @needs_mpi
-def test_pipeline_on_a_simulated_rank_matches_and_models_its_time():
+def test_pipeline_on_a_simulated_rank_matches_and_models_its_time(jobs):
     # rank 2's GEMMs on a simulated MI300X: the same numbers, its compute time at least the modelled GEMMs'
-    assert_ok(run_script(["match", "0.5,0.3,0.2", "4", "adamw", "host,host,sim:mi300x"], 3))
+    jobs.assert_ok(3, ["match", "0.5,0.3,0.2", "4", "adamw", "host,host,sim:mi300x"])
 
 
 @needs_mpi
@@ -98,17 +137,14 @@ def test_pipeline_on_host_opencl_and_sim_matches():
     assert_ok(run_script(["match", "0.5,0.3,0.2", "4", "adamw", "host,opencl,sim:mi300x"], 3, timeout=240))
 
 
-@pytest.mark.parametrize("nprocs,weights", [
-    pytest.param(2, "0.7,0.3", marks=needs_mpi),
-    pytest.param(3, "0.5,0.3,0.2", marks=needs_mpi),
-])
-def test_micro_batch_count_does_not_change_the_losses(nprocs, weights):
-    assert_ok(run_script(["micro", weights, "adamw"], nprocs))
+@pytest.mark.parametrize("nprocs,weights", MICRO)
+def test_micro_batch_count_does_not_change_the_losses(jobs, nprocs, weights):
+    jobs.assert_ok(nprocs, ["micro", weights, "adamw"])
 
 
-@pytest.mark.parametrize("nprocs", [None, pytest.param(2, marks=needs_mpi), pytest.param(3, marks=needs_mpi)])
-def test_bad_arguments_raise_value_error(nprocs):
-    assert_ok(run_script(["bad"], nprocs))
+@pytest.mark.parametrize("nprocs", BAD_RANKS)
+def test_bad_arguments_raise_value_error(jobs, nprocs):
+    jobs.assert_ok(nprocs, ["bad"])
 
 
 @needs_mpi
