@@ -119,6 +119,12 @@ def check_staged_allreduce(comm, backend, info) -> None:
                                          host_arrays=in_place)
         got = recv if in_place else backend.download(recv, dtype)
         assert times.chunks == 11 and np.array_equal(got, want), (method, times)
+    # in place (send is recv, as train's gradient buckets and torch's allreduce): a host-backend rank hands MPI its
+    # own array chunk by chunk (MPI_IN_PLACE: the same memory on both sides is an error), the others stage copies
+    both = mine.copy() if in_place else backend.upload(mine, dtype)
+    times = staging.staged_allreduce(comm, backend, dtype, both, both, chunk_bytes=4 * 999, host_arrays=in_place)
+    got = both if in_place else backend.download(both, dtype)
+    assert times.chunks == 11 and np.array_equal(got, want), ("in place", times)
 
 
 CHECKS = {"every_op_chunked": check_every_op_chunked, "sweep": check_the_sweep_agrees_and_verifies,

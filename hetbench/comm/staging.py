@@ -252,6 +252,7 @@ class StagedCollective:
             raise ValueError("an in-place staged op (send is recv) cannot map its chunks; use method 'copy'")
         clock = time.perf_counter
         k_count, slots = len(self.bounds), self.slots
+        in_place_direct = send is recv and self.send_method == self.recv_method == METHOD_DIRECT
         began = clock()
         out_wait = in_wait = 0.0
         mpi = [0.0] * k_count
@@ -279,8 +280,11 @@ class StagedCollective:
                 out_wait += clock() - t
             # a side that carries nothing on this rank is never read or written by the op: the other side stands in
             began_op = clock()
-            request = self._start(send_view if send_view is not None else recv_view,
-                                  recv_view if recv_view is not None else send_view)
+            if in_place_direct:  # the same host memory on both sides: MPI takes it in place (aliasing is an error)
+                request = self._start(_in_place(), recv_view)
+            else:
+                request = self._start(send_view if send_view is not None else recv_view,
+                                      recv_view if recv_view is not None else send_view)
             if request is not None:
                 self._complete(request)
             mpi[k] = clock() - began_op
@@ -298,6 +302,12 @@ class StagedCollective:
             d2h, op, h2d = pipeline_exposure(mpi, out_model, in_model)
             return StageTimes(d2h + op + h2d, d2h, op, h2d, k_count)
         return StageTimes(seconds, out_wait, max(0.0, seconds - out_wait - in_wait), in_wait, k_count)
+
+
+def _in_place() -> Any:
+    from mpi4py import MPI
+
+    return MPI.IN_PLACE
 
 
 # --- the chunk size, by measurement --------------------------------------------------------------------------------

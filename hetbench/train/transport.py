@@ -17,8 +17,12 @@ from typing import Any, Sequence
 import numpy as np
 
 from hetbench.comm.vcollectives import allgatherv, iallgatherv, reduce_scatterv
+from hetbench.dtypes import get_dtype
 
 PATHS = ("host", "device")
+# the staged allreduce's chunk: collectives measured 1-4 MiB best for PoCL's and the host's copies (docs/collectives.md)
+STAGE_CHUNK_BYTES = 1 << 20
+_FP32 = get_dtype("fp32")
 
 
 class Transport:
@@ -28,6 +32,7 @@ class Transport:
         self.ops = ops
         self.path = path
         self.staged = bool(getattr(ops, "resident", False)) and path == "host"
+        self._chunked: bool | None = None  # allreduce_sum's: whether some rank stages (asked on its first call)
 
     # the buffers MPI sees
 
@@ -76,10 +81,25 @@ class Transport:
         return recv
 
     def allreduce_sum(self, clock: Any, array: Any) -> None:
-        """array = the sum over the ranks of `array`, in place."""
+        """array = the sum over the ranks of `array`, in place. Staged, through the host in chunks by the pipeline
+        of hetbench/comm/staging.py (a chunk's copy down, the sum of the one before and the copy up of the one
+        before that overlapped), all of it timed as the MPI call: its copies are not also counted as copy_seconds."""
         from mpi4py import MPI
 
-        buffer = self.outgoing(array)  # a host copy (staged), summed in place, then copied back
+        if self._chunked is None:  # the first sum: whether any rank stages (then every rank cuts the same chunks)
+            self._chunked = bool(clock.comm(lambda: clock.mpi.allreduce(self.staged, op=MPI.LOR)))
+        if self._chunked:
+            from hetbench.comm.staging import staged_allreduce
+
+            _ready(self.ops)
+            # a rank whose arrays MPI takes as they are (host memory) sums them in place, chunk by chunk
+            clock.comm(lambda: staged_allreduce(clock.mpi, self.ops.backend, _FP32, array, array,
+                                                chunk_bytes=STAGE_CHUNK_BYTES, host_arrays=not self.staged))
+            if self.staged:
+                self.ops.download_bytes += array.size * 4
+                self.ops.upload_bytes += array.size * 4
+            return
+        buffer = self.outgoing(array)  # the array itself: MPI sums it in place
         clock.comm(lambda: clock.mpi.Allreduce(MPI.IN_PLACE, buffer, op=MPI.SUM))
         self.landed(array, buffer)
 
