@@ -145,12 +145,100 @@ def run_python(args: list[str], nprocs: int | None = None, cwd: Path | None = No
     full_env.setdefault("OMP_NUM_THREADS", "1")
     full_env.update(env or {})
     start = time.monotonic()
+    if nprocs is None and _FORKSERVER.usable(full_env):
+        return _FORKSERVER.run(args, cwd, timeout, start)
     try:
         proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env,
                               stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"{' '.join(cmd)} did not finish within {timeout} s (a hang?)\nstdout: {e.stdout}\nstderr: {e.stderr}")
     return Run(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start)
+
+
+class _ForkServer:
+    """tests/cli_forkserver.py, started on first use with run_python's default environment: a one-process command
+    whose environment is exactly that one runs in a child forked from it (hetbench's command line imported once a
+    session, not once a command); any other command (its own variables, or a test's monkeypatched ones) runs as a
+    new interpreter. HETBENCH_TEST_NO_FORKSERVER=1 turns it off."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+        self.env: dict[str, str] | None = None
+        self.folder: Path | None = None
+        self.count = 0
+
+    # pytest's own, different in every test, read by nothing hetbench imports (the child gets the test's value)
+    IGNORED = ("PYTEST_CURRENT_TEST",)
+
+    def _same(self, env: dict[str, str]) -> bool:
+        assert self.env is not None
+        return {k: v for k, v in env.items() if k not in self.IGNORED} == \
+            {k: v for k, v in self.env.items() if k not in self.IGNORED}
+
+    def usable(self, env: dict[str, str]) -> bool:
+        if os.environ.get("HETBENCH_TEST_NO_FORKSERVER") == "1":
+            return False
+        if self.env is not None and not self._same(env):
+            return False
+        if self.proc is not None and self.proc.poll() is None:
+            self.request_env = env
+            return True
+        import atexit
+        import tempfile
+
+        self.request_env = env
+        self.folder = Path(tempfile.mkdtemp(prefix="hetbench-test-forkserver-"))
+        self.env = env
+        self.proc = subprocess.Popen([sys.executable, str(TESTS / "cli_forkserver.py")], cwd=self.folder, env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        atexit.register(self.stop)
+        return True
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+    def _reply(self, deadline: float) -> dict | None:
+        import select
+
+        assert self.proc is not None and self.proc.stdout is not None
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.proc.stdout], [], [], left)[0]:
+                return None
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError("the test fork server ended")
+            return json.loads(line)
+
+    def run(self, args: list[str], cwd: Path | None, timeout: float, start: float) -> Run:
+        assert self.proc is not None and self.proc.stdin is not None and self.folder is not None
+        self.count += 1
+        out = self.folder / str(self.count)
+        out.mkdir()
+        self.proc.stdin.write(json.dumps({"argv": args, "cwd": str(cwd or os.getcwd()), "out": str(out),
+                                          "env": self.request_env}) + "\n")
+        self.proc.stdin.flush()
+        pid = self._reply(time.monotonic() + 60)["pid"]
+        reply = self._reply(start + timeout)
+        if reply is None:
+            os.kill(pid, signal.SIGKILL)
+            self._reply(time.monotonic() + 60)
+        stdout, stderr = ((out / name).read_text(errors="replace") for name in ("stdout", "stderr"))
+        shutil.rmtree(out, ignore_errors=True)
+        if reply is None:
+            pytest.fail(f"python {' '.join(args)} did not finish within {timeout} s (a hang?)\nstdout: {stdout}\n"
+                        f"stderr: {stderr}")
+        return Run(reply["status"], stdout, stderr, time.monotonic() - start)
+
+
+_FORKSERVER = _ForkServer()
 
 
 def run_cli(args: list[str], nprocs: int | None = None, cwd: Path | None = None, timeout: float = 120,
@@ -167,7 +255,7 @@ def run_cli_batch(commands: list[tuple[list[str], Path] | tuple[list[str], Path,
     rank's interpreter (NumPy, MPI, torch) paid once. ENV holds variables the command reads when it runs (not at
     import: a variable read at import sees the first command's value). For
     commands that succeed (one that fails aborts the job, as alone). Each command's Run as run_cli would give it:
-    rank 0's stdout, every rank's stderr (rank by rank). A command the job did not finish gets exit code -1 and a
+    every rank's stdout and every rank's stderr (rank by rank, where mpiexec would interleave them). A command the job did not finish gets exit code -1 and a
     stderr that names the command that ended the job, with the job's own output."""
     folder.mkdir(parents=True, exist_ok=True)
     cases = [{"args": [str(a) for a in c[0]], "cwd": str(c[1]), "env": c[2] if len(c) > 2 else {},
@@ -187,7 +275,8 @@ def run_cli_batch(commands: list[tuple[list[str], Path] | tuple[list[str], Path,
     runs = []
     for i, case in enumerate(cases):
         out = Path(case["out"])
-        stdout = (out / "stdout-0").read_text() if (out / "stdout-0").exists() else ""
+        stdout = "".join((out / f"stdout-{r}").read_text() for r in range(nprocs or 1)
+                         if (out / f"stdout-{r}").exists())
         stderr = "".join((out / f"stderr-{r}").read_text() for r in range(nprocs or 1)
                          if (out / f"stderr-{r}").exists())
         if i in done:
