@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from helpers import MPIEXEC, assert_usage_error, needs_mpi, run_cli
+from helpers import MPIEXEC, Batches, assert_usage_error, needs_mpi, run_cli
 
 from hetbench.backends import sim
 from hetbench.harness import gemm
@@ -128,17 +128,40 @@ def test_leftover_launcher_rank_without_a_launcher_still_prints_results(tmp_path
     assert [r["rank"] for r in run.json()["rows"]] == [0]
 
 
-@needs_mpi
-@pytest.mark.parametrize("args, marker", [
+HELP = [
     (["--help"], "Usage: hetbench"),
     (["-h"], "Usage: hetbench"),
     (["matmul", "--help"], "Usage: hetbench matmul"),
     (["collectives", "--help"], "Usage: hetbench collectives"),
     (["--version"], "hetbench, version"),
     ([], "Usage: hetbench"),
-])
-def test_help_and_version_print_once_under_mpiexec(tmp_path, args, marker):
-    run = run_cli(args, nprocs=2, cwd=tmp_path, timeout=60)
+]
+DTYPE_COMMANDS = ["matmul", "collectives"]
+
+
+def _dtype_args(command):
+    args = ["--dtype", "fp64", "--backend", "sim:arc-a770"]
+    return [command, *args, *(["--size", "16"] if command == "matmul" else ["--op", "allreduce"])]
+
+
+def _commands(nprocs, root):
+    """This file's commands under mpiexec, one job per rank count (helpers.Batches): help and version (2 ranks)
+    and the dtype no rank can do; none ends the job."""
+    found = [(f"dtype-{command}", _dtype_args(command), {}) for command in DTYPE_COMMANDS]
+    if nprocs == 2:
+        found += [(f"help-{i}", args, {}) for i, (args, _) in enumerate(HELP)]
+    return found
+
+
+@pytest.fixture(scope="module")
+def batches(tmp_path_factory):
+    return Batches(tmp_path_factory.mktemp("cli-hardening"), _commands, timeout=180)
+
+
+@needs_mpi
+@pytest.mark.parametrize("args, marker", HELP)
+def test_help_and_version_print_once_under_mpiexec(batches, args, marker):
+    run, _ = batches.get(2)[f"help-{HELP.index((args, marker))}"]
     assert run.returncode == 0, run.stderr
     assert run.stdout.count(marker) == 1, run.stdout
     assert run.stderr == ""
@@ -184,13 +207,11 @@ def test_names_that_merely_look_like_devices_are_not_merged():
 
 @needs_mpi
 @pytest.mark.parametrize("nprocs", [2, 3])
-@pytest.mark.parametrize("command", ["matmul", "collectives"])
-def test_a_dtype_no_rank_can_do_is_one_error_line(tmp_path, nprocs, command):
+@pytest.mark.parametrize("command", DTYPE_COMMANDS)
+def test_a_dtype_no_rank_can_do_is_one_error_line(batches, nprocs, command):
     """Before, each rank's device index (sim:0, sim:1, ...) made the same error a line per rank."""
-    args = ["--dtype", "fp64", "--backend", "sim:arc-a770"]
-    args += ["--size", "16"] if command == "matmul" else ["--op", "allreduce"]
-    run = run_cli([command, *args], nprocs=nprocs, cwd=tmp_path, timeout=60)
-    assert_usage_error(run, tmp_path, "fp64", "sim:" + ",".join(map(str, range(nprocs))), "Intel Arc A770")
+    run, folder = batches.get(nprocs)[f"dtype-{command}"]
+    assert_usage_error(run, folder, "fp64", "sim:" + ",".join(map(str, range(nprocs))), "Intel Arc A770")
     # no second line of the message (they are indented under "Error: "), and no rank prefix: every rank had it
     assert not [line for line in run.stderr.splitlines() if line.startswith("       ")], run.stderr
     assert "rank" not in run.error_lines[0]

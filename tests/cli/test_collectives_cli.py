@@ -8,7 +8,7 @@ import json
 
 import numpy as np
 import pytest
-from helpers import ALL_OPS, HAND_FACTOR, MPIEXEC, assert_usage_error, needs_mpi, needs_opencl, run_cli
+from helpers import ALL_OPS, HAND_FACTOR, MPIEXEC, Batches, assert_usage_error, needs_mpi, needs_opencl, run_cli
 
 from hetbench.results import SCHEMA_VERSION, load_results
 
@@ -212,45 +212,55 @@ def test_corrupted_copies_are_caught(tmp_path, nprocs):
     assert "not checked" in unchecked.stdout
 
 
+BAD = [
+    (["--min-bytes", "8K", "--max-bytes", "4K"], ["--min-bytes 8192", "--max-bytes 4096"]),
+    (["--factor", "1"], ["--factor 1", "> 1"]),
+    (["--factor", "0"], ["--factor 0", "> 1"]),
+    (["--op", "allsum"], ["--op", "'allsum'", "allreduce", "sendrecv", "all"]),
+    (["--op", "allreduce,allsum"], ["'allsum'"]),
+    (["--min-bytes", "6"], ["--min-bytes 6", "fp32", "4 bytes"]),
+    (["--min-bytes", "1X"], ["--min-bytes", "'1X'", "byte count"]),
+    (["--max-bytes", "0"], ["--max-bytes", "'0'", "positive"]),
+    (["--dtype", "fp16"], ["--dtype", "'fp16'", "'fp64', 'fp32'"]),  # click's choice error: --help offers these
+    (["--dtype", "bf16"], ["--dtype", "'bf16'", "'fp64', 'fp32'"]),
+    (["--dtype", "fp8"], ["--dtype", "'fp8'"]),
+    (["--root", "5"], ["--root", "5", "0.."]),
+    (["--path", "gpu"], ["--path", "'gpu'", "host", "device", "both"]),
+    (["--backend", "sim:h200x"], ["'h200x'", "h100"]),
+]
+BAD_THREE = [
+    (["--op", "allgather", "--min-bytes", "16"], ["--min-bytes 16", "12", "allgather"]),
+    (["--op", "allreduce,alltoall", "--min-bytes", "8", "--dtype", "fp64"], ["--min-bytes 8", "24", "alltoall"]),
+    (["--root", "3"], ["--root", "3", "0..2"]),
+]
+
+
+def _bad_commands(nprocs, root):
+    """The bad-input commands for one rank count, in one job (helpers.Batches; a usage error ends no job)."""
+    if nprocs == 3:
+        return [(f"three-{i}", ["collectives", "--backend", "host", "--max-bytes", "4K", "--iters", "1", *args], {})
+                for i, (args, _) in enumerate(BAD_THREE)]
+    return [(f"bad-{i}", ["collectives", "--backend", "host", "--max-bytes", "4K", "--iters", "1", "--warmup", "0",
+                          *args], {}) for i, (args, _) in enumerate(BAD)]
+
+
+@pytest.fixture(scope="module")
+def bad_runs(tmp_path_factory):
+    return Batches(tmp_path_factory.mktemp("collectives-bad-input"), _bad_commands, timeout=180)
+
+
 @pytest.mark.parametrize("nprocs", RANKS)
-@pytest.mark.parametrize(
-    "args, needles",
-    [
-        (["--min-bytes", "8K", "--max-bytes", "4K"], ["--min-bytes 8192", "--max-bytes 4096"]),
-        (["--factor", "1"], ["--factor 1", "> 1"]),
-        (["--factor", "0"], ["--factor 0", "> 1"]),
-        (["--op", "allsum"], ["--op", "'allsum'", "allreduce", "sendrecv", "all"]),
-        (["--op", "allreduce,allsum"], ["'allsum'"]),
-        (["--min-bytes", "6"], ["--min-bytes 6", "fp32", "4 bytes"]),
-        (["--min-bytes", "1X"], ["--min-bytes", "'1X'", "byte count"]),
-        (["--max-bytes", "0"], ["--max-bytes", "'0'", "positive"]),
-        (["--dtype", "fp16"], ["--dtype", "'fp16'", "'fp64', 'fp32'"]),  # click's choice error: --help offers these
-        (["--dtype", "bf16"], ["--dtype", "'bf16'", "'fp64', 'fp32'"]),
-        (["--dtype", "fp8"], ["--dtype", "'fp8'"]),
-        (["--root", "5"], ["--root", "5", "0.."]),
-        (["--path", "gpu"], ["--path", "'gpu'", "host", "device", "both"]),
-        (["--backend", "sim:h200x"], ["'h200x'", "h100"]),
-    ],
-)
-def test_bad_input(tmp_path, nprocs, args, needles):
-    run = run_cli(["collectives", "--backend", "host", "--max-bytes", "4K", "--iters", "1", "--warmup", "0", *args],
-                  nprocs=nprocs, cwd=tmp_path, timeout=60)
-    assert_usage_error(run, tmp_path, *needles)
+@pytest.mark.parametrize("args, needles", BAD)
+def test_bad_input(bad_runs, nprocs, args, needles):
+    run, folder = bad_runs.get(nprocs)[f"bad-{BAD.index((args, needles))}"]
+    assert_usage_error(run, folder, *needles)
 
 
 @pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec")
-@pytest.mark.parametrize(
-    "args, needles",
-    [
-        (["--op", "allgather", "--min-bytes", "16"], ["--min-bytes 16", "12", "allgather"]),
-        (["--op", "allreduce,alltoall", "--min-bytes", "8", "--dtype", "fp64"], ["--min-bytes 8", "24", "alltoall"]),
-        (["--root", "3"], ["--root", "3", "0..2"]),
-    ],
-)
-def test_bad_input_three_ranks(tmp_path, args, needles):
-    run = run_cli(["collectives", "--backend", "host", "--max-bytes", "4K", "--iters", "1", *args], nprocs=3,
-                  cwd=tmp_path, timeout=60)
-    assert_usage_error(run, tmp_path, *needles)
+@pytest.mark.parametrize("args, needles", BAD_THREE)
+def test_bad_input_three_ranks(bad_runs, args, needles):
+    run, folder = bad_runs.get(3)[f"three-{BAD_THREE.index((args, needles))}"]
+    assert_usage_error(run, folder, *needles)
 
 
 def test_progress_bar_goes_to_stderr_only_when_asked(tmp_path):
