@@ -725,6 +725,14 @@ def split_report(rows: list[dict[str, Any]], summary: dict[str, Any], wide: bool
         out.print(f"[bold red]MEASUREMENT FAULT[/]: {escape(fault)}")
     if summary.get("speedup_over_even") is not None:
         out.print(f"weighted over even: {fmt(summary['speedup_over_even'])}x the throughput", markup=False)
+    if summary.get("overlap"):
+        tried = summary.get("chunks_tried") or []
+        measured = (" (measured end to end: " + ", ".join(f"{t['chunks']}: {fmt(t['end_to_end_seconds'], scale=1e3)} ms"
+                                                         for t in tried) + ")") if tried else ""
+        out.print(f"streamed: B and C in {summary['chunks']} column chunk(s), moved while the ranks computed"
+                  f"{measured}", markup=False)
+    elif "overlap" in summary:
+        out.print("phased (--no-overlap): distribute, compute and collect in turn, between barriers", markup=False)
     best = summary.get("model_best")
     if best:
         out.print(f"model's best for these rates and links: parts {best['parts']}, predicted "
