@@ -177,12 +177,34 @@ def _sendrecv_to_the_right(comm: Any, MPI: Any, send: Any, recv: Any, root: int)
 
 
 def _isendrecv_to_the_right(comm: Any, MPI: Any, send: Any, recv: Any, root: int) -> Any:
-    """Isendrecv where the MPI library has it (MPI 4), else the blocking call (the staging then waits in it)."""
-    if not hasattr(comm, "Isendrecv"):
-        _sendrecv_to_the_right(comm, MPI, send, recv, root)
-        return None
+    """Its Isend and Irecv, as one request list's worth: MPI_Isendrecv is MPI 4's (Open MPI 4.1 lacks it, and
+    mpi4py raises NotImplementedError there), so the pair is posted as two requests, which every MPI has; returns
+    a request completing both (MPI_Grequest-free: a list wrapped by _Both)."""
     rank, nranks = comm.Get_rank(), comm.Get_size()
-    return comm.Isendrecv(send, dest=(rank + 1) % nranks, recvbuf=recv, source=(rank - 1) % nranks)
+    got = comm.Irecv(recv, source=(rank - 1) % nranks, tag=_SENDRECV_TAG)
+    sent = comm.Isend(send, dest=(rank + 1) % nranks, tag=_SENDRECV_TAG)
+    return _Both(MPI, [got, sent])
+
+
+_SENDRECV_TAG = 0x5352  # the staged sendrecv's messages, apart from any other traffic  # mutation: equivalent (any tag both sides use)
+
+
+class _Both:
+    """Two requests as one: what the staging's Wait and Test need of a request."""
+
+    def __init__(self, MPI: Any, requests: list[Any]) -> None:  # noqa: N803 - mpi4py's module name
+        self._MPI, self._requests = MPI, requests
+
+    def Wait(self) -> None:  # noqa: N802 - mpi4py's names
+        from hetbench.comm import watchdog
+
+        if watchdog.armed():
+            watchdog.wait_all(self._requests)
+        else:
+            self._MPI.Request.Waitall(self._requests)
+
+    def Test(self) -> bool:  # noqa: N802
+        return bool(self._MPI.Request.Testall(self._requests))
 
 
 # --- the records, in the order `--op all` runs them ---------------------------------------------------------------
