@@ -570,7 +570,7 @@ def prepare(cfg: Any, world: World, opened: OpenDevice) -> tuple[SplitState | No
             headers = (gemm.read_matrix_header(cfg.a_path, "a"), gemm.read_matrix_header(cfg.b_path, "b"))
             gemm.check_shapes(headers[0], headers[1], cfg.a_path, cfg.b_path)
             (m, k), (_, n) = headers[0].shape, headers[1].shape
-            error = _root_memory_error(m, n, k, cfg.dtype)
+            error = _root_memory_error(m, n, k, cfg.dtype, getattr(cfg, "overlap", True))
             if error:
                 return None, [error]
             with np.errstate(over="ignore", invalid="ignore"):
@@ -582,7 +582,7 @@ def prepare(cfg: Any, world: World, opened: OpenDevice) -> tuple[SplitState | No
             return None, [str(e)]
     else:
         m, n, k = cfg.m, cfg.n, cfg.k
-        error = _root_memory_error(m, n, k, cfg.dtype)
+        error = _root_memory_error(m, n, k, cfg.dtype, getattr(cfg, "overlap", True))
         if error:
             return None, [error]
         a, b = gemm.generate_inputs(cfg.seed, 0, m, n, k, cfg.dtype)
@@ -590,12 +590,13 @@ def prepare(cfg: Any, world: World, opened: OpenDevice) -> tuple[SplitState | No
     return state, []
 
 
-def _root_memory_error(m: int, n: int, k: int, dtype: DType) -> str | None:
-    """The root holds A, B, C, A's packed column blocks (k strategy) and the sum's buffers: check before making."""
+def _root_memory_error(m: int, n: int, k: int, dtype: DType, streamed: bool = True) -> str | None:
+    """The root holds A, B, C, A's packed column blocks (k strategy), B's packed column chunks (a streamed split)
+    and the sum's buffers: check before making."""
     from hetbench.backends.host import host_memory_share_bytes
     from hetbench.harness.memory import approx_bytes
 
-    need = (2 * m * k + k * n + 3 * m * n) * dtype.host.itemsize
+    need = (2 * m * k + (2 if streamed else 1) * k * n + 3 * m * n) * dtype.host.itemsize
     share = host_memory_share_bytes(1)
     if share is None or need <= share:
         return None

@@ -116,7 +116,8 @@ class StreamedSplitter:
                     continue
                 self.sends.append((r, a_blk, b_chunks))  # type: ignore[arg-type]
             if strategy == "rows":
-                packed = [np.ascontiguousarray(b[:, c0:c0 + w]) for c0, w in self.cols]
+                # one chunk is B itself (no copy); more are packed once (k x n more at the root)
+                packed = [b if w == n else np.ascontiguousarray(b[:, c0:c0 + w]) for c0, w in self.cols]
                 self.sends = [(r, a_blk, packed) for r, a_blk, _ in self.sends]
                 self.b_whole = b
                 self.c = np.empty((m, n), dtype=host)
