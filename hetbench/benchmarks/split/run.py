@@ -342,12 +342,13 @@ def measure(cfg: Any, world: World, state: SplitState,
         limit = min(-(-dim // ranks), state.caps[s][world.rank])
 
         def probe_rate(s: str = s, limit: int = limit) -> tuple[float, int, list[tuple[int, float]]]:
-            """(flop/s, part) at the probe's slice, and every (part, seconds) it timed on the way: its doubling's
-            single runs and the median at the part it settled on, the points the cost model's curve fits."""
+            """(flop/s, part) at the probe's slice, and its (part, median seconds): the first point of the cost
+            model's curve (the doubling's single runs are not points: the first run at each new size carried
+            one-time costs, a tuned kernel's first launch for a new shape class read 93 ms where 512 rows took 59)."""
             if limit <= 0:
                 return 0.0, 0, []
             got = probe.measure_gemm(state.backend, dtype, s, m, n, k, max_part=limit, seed=cfg.seed)
-            return got.rate, got.part, [*got.probes[:-1], (got.part, got.seconds_median)]
+            return got.rate, got.part, [(got.part, got.seconds_median)]
 
         world.barrier()
         rate, part, curve = probe_rate()
