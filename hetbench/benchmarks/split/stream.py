@@ -205,15 +205,20 @@ class StreamedSplitter:
         ph.device_wall += time.perf_counter() - t
         return a_dev
 
+    def _send_inputs(self, comm: Any) -> Any:
+        """At the root: every working rank's A block and B chunks sent, in that order, handed to the progress engine
+        (its thread moves them while the root computes)."""
+        sends = []
+        for r, a_blk, b_chunks in self.sends:
+            sends.append(comm.Isend(_flat(a_blk), dest=r, tag=_TAG_A))
+            for j, chunk in enumerate(b_chunks):
+                sends.append(comm.Isend(_flat(chunk), dest=r, tag=_TAG_B + j))
+        return self.progress.start(sends)
+
     def _rows(self, comm: Any, ph: Any) -> None:
         if self.me == ROOT:
             t = time.perf_counter()
-            sends = []
-            for r, a_blk, b_chunks in self.sends:
-                sends.append(comm.Isend(_flat(a_blk), dest=r, tag=_TAG_A))
-                for j, chunk in enumerate(b_chunks):
-                    sends.append(comm.Isend(_flat(chunk), dest=r, tag=_TAG_B + j))
-            flight = self.progress.start(sends)  # moved by the engine's thread while the root computes
+            flight = self._send_inputs(comm)
             assert self.c is not None
             c_bytes = _flat(self.c)
             # C's chunks land in place; they move once the root waits for them (a rank that finished early has
@@ -264,12 +269,7 @@ class StreamedSplitter:
         flights: list[Any] = []
         if self.me == ROOT:
             t = time.perf_counter()
-            sends = []
-            for r, a_blk, b_chunks in self.sends:
-                sends.append(comm.Isend(_flat(a_blk), dest=r, tag=_TAG_A))
-                for j, chunk in enumerate(b_chunks):
-                    sends.append(comm.Isend(_flat(chunk), dest=r, tag=_TAG_B + j))
-            flights.append(self.progress.start(sends))
+            flights.append(self._send_inputs(comm))
             ph.distribute = time.perf_counter() - t
             got_b: list[Any] = []
         elif self.part > 0:
