@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from helpers import needs_mpi, needs_opencl, run_cli
+from helpers import needs_mpi, needs_opencl, run_cli, run_cli_stages
 
 from hetbench.results import SCHEMA_VERSION, load_results
 
@@ -73,11 +73,45 @@ def test_json_stdout_is_only_json(tmp_path):
     assert doc == json.loads((tmp_path / "r.json").read_text())
 
 
+USER_SHAPES = {0: (37, 53), 1: (37, 29)}  # k differs per rank; C_r is 37 x 23 on both
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """This file's two-rank commands in one MPI job (helpers.run_cli_stages; a failed check ends no job): NAME ->
+    (its Run, its folder); and the sum the user matrices' products must add up to."""
+    root = tmp_path_factory.mktemp("matmul-pair")
+    rng = np.random.default_rng(7)
+    expected = np.zeros((37, 23))
+    (root / "user").mkdir()
+    for rank, (m, k) in USER_SHAPES.items():
+        a = rng.standard_normal((m, k))
+        b = rng.standard_normal((k, 23))
+        np.save(root / "user" / f"a_{rank}.npy", a)
+        np.save(root / "user" / f"b_{rank}.npy", b)
+        expected += a @ b
+    user = root / "user"
+    commands = [
+        ("default", ["matmul", "--size", "128", "--repeat", "3", "--out", str(root / "default" / "r.json"), "--csv",
+                     str(root / "default" / "r.csv")], {}),
+        ("user", ["matmul", "--a", str(user / "a_{rank}.npy"), "--b", str(user / "b_{rank}.npy"), "--dtype", "fp64",
+                  "--backend", "host", "--repeat", "2", "--save", str(user / "sum.npy"), "--out",
+                  str(user / "r.json")], {}),
+        ("root-one", ["matmul", "--size", "48", "--repeat", "2", "--backend", "0=sim:h100,1=sim:mi300x", "--root",
+                      "1", "--save", str(root / "root-one" / "sum.npy"), "--out", str(root / "root-one" / "r.json")],
+         {}),
+        ("reduce-none", ["matmul", "--size", "32", "--repeat", "1", "--backend", "host", "--reduce", "none", "--out",
+                         str(root / "reduce-none" / "r.json")], {}),
+        ("wrong", ["matmul", "--size", "64", "--repeat", "1", "--backend", "sim:a100", "--out",
+                   str(root / "wrong" / "r.json")], {"HETBENCH_SIM_FAULT": "corrupt@1"}),
+    ]
+    return run_cli_stages(root, [(2, commands)]), expected
+
+
 @needs_mpi
-def test_two_ranks_default_backend(tmp_path):
-    out, csv_path = _files(tmp_path)
-    run = run_cli(["matmul", "--size", "128", "--repeat", "3", "--out", str(out), "--csv", str(csv_path)],
-                  nprocs=2, cwd=tmp_path)
+def test_two_ranks_default_backend(pair):
+    run, folder = pair[0]["default"]
+    out, csv_path = _files(folder)
     assert run.returncode == 0, run.stderr
     assert run.stdout.count("hetbench matmul") == 1  # only rank 0 prints
     doc = load_results(out)
@@ -110,33 +144,20 @@ def test_three_ranks_host_opencl_sim(tmp_path):
 
 
 @needs_mpi
-def test_user_matrices_two_ranks_saved_sum_matches_numpy(tmp_path):
-    rng = np.random.default_rng(7)
-    shapes = {0: (37, 53), 1: (37, 29)}  # k differs per rank; C_r is 37 x 23 on both
-    expected = np.zeros((37, 23))
-    for rank, (m, k) in shapes.items():
-        a = rng.standard_normal((m, k))
-        b = rng.standard_normal((k, 23))
-        np.save(tmp_path / f"a_{rank}.npy", a)
-        np.save(tmp_path / f"b_{rank}.npy", b)
-        expected += a @ b
-    save = tmp_path / "sum.npy"
-    run = run_cli(["matmul", "--a", str(tmp_path / "a_{rank}.npy"), "--b", str(tmp_path / "b_{rank}.npy"),
-                   "--dtype", "fp64", "--backend", "host", "--repeat", "2", "--save", str(save),
-                   "--out", str(tmp_path / "r.json")], nprocs=2, cwd=tmp_path)
+def test_user_matrices_two_ranks_saved_sum_matches_numpy(pair):
+    (run, folder), expected = pair[0]["user"], pair[1]
     assert run.returncode == 0, run.stderr
-    reduced = np.load(save)
+    reduced = np.load(folder / "sum.npy")
     assert reduced.shape == (37, 23) and reduced.dtype == np.float64
     np.testing.assert_allclose(reduced, expected, rtol=1e-12, atol=1e-12)
-    doc = load_results(tmp_path / "r.json")
+    doc = load_results(folder / "r.json")
     assert [(r["m"], r["n"], r["k"]) for r in doc["rows"]] == [(37, 23, 53), (37, 23, 29)]
 
 
 @needs_mpi
-def test_sim_pair_with_root_one_saves_fp32_sum(tmp_path):
-    save = tmp_path / "sum.npy"
-    run = run_cli(["matmul", "--size", "48", "--repeat", "2", "--backend", "0=sim:h100,1=sim:mi300x",
-                   "--root", "1", "--save", str(save), "--out", str(tmp_path / "r.json")], nprocs=2, cwd=tmp_path)
+def test_sim_pair_with_root_one_saves_fp32_sum(pair):
+    run, folder = pair[0]["root-one"]
+    save = folder / "sum.npy"
     assert run.returncode == 0, run.stderr
     from hetbench.harness.gemm import generate_inputs
     from hetbench.dtypes import DTYPES
@@ -146,9 +167,8 @@ def test_sim_pair_with_root_one_saves_fp32_sum(tmp_path):
 
 
 @needs_mpi
-def test_reduce_none_has_no_reduce_figures(tmp_path):
-    run = run_cli(["matmul", "--size", "32", "--repeat", "1", "--backend", "host", "--reduce", "none",
-                   "--out", str(tmp_path / "r.json")], nprocs=2, cwd=tmp_path)
+def test_reduce_none_has_no_reduce_figures(pair):
+    run, tmp_path = pair[0]["reduce-none"]
     assert run.returncode == 0, run.stderr
     doc = load_results(tmp_path / "r.json")
     assert "reduce_seconds_median" not in doc["rows"][0]
@@ -168,12 +188,16 @@ def test_rank_failing_mid_run_ends_job_quickly(tmp_path):
 
 
 @pytest.mark.parametrize("nprocs", [None, pytest.param(2, marks=needs_mpi)])
-def test_wrong_product_is_caught_and_exit_code_is_one(tmp_path, nprocs):
+def test_wrong_product_is_caught_and_exit_code_is_one(request, tmp_path, nprocs):
     """One wrong element of C on the last rank: its row and the sum are FAILED, the files say so, exit code 1."""
     last = 0 if nprocs is None else nprocs - 1
-    out = tmp_path / "r.json"
-    run = run_cli(["matmul", "--size", "64", "--repeat", "1", "--backend", "sim:a100", "--out", str(out)],
-                  nprocs=nprocs, cwd=tmp_path, env={"HETBENCH_SIM_FAULT": f"corrupt@{last}"})
+    if nprocs is None:
+        out = tmp_path / "r.json"
+        run = run_cli(["matmul", "--size", "64", "--repeat", "1", "--backend", "sim:a100", "--out", str(out)],
+                      cwd=tmp_path, env={"HETBENCH_SIM_FAULT": f"corrupt@{last}"})
+    else:  # in the two-rank job (the fixture's command names rank 1)
+        run, folder = request.getfixturevalue("pair")[0]["wrong"]
+        out = folder / "r.json"
     assert run.returncode == 1, run.stderr
     assert "FAILED" in run.stdout
     doc = load_results(out)
