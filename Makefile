@@ -33,7 +33,7 @@ VENV_OPENMPI ?= .venv-openmpi
 EXTRAS_OPENMPI ?= opencl,report,dev$(if $(HAVE_CLBLAST),$(comma)clblast)
 OPENMPI_MPIRUN ?= /usr/bin/mpirun
 
-.PHONY: demo test test-openmpi bench bench-torch bench-split bench-train bench-train-torch mutate env env-openmpi clean
+.PHONY: demo test test-slow test-openmpi bench bench-torch bench-split bench-train bench-train-torch mutate env env-openmpi clean
 
 env: $(VENV)/.installed
 
@@ -103,8 +103,14 @@ demo: env
 	$(HETBENCH) report --brief $(DEMO_DIR) --html $(DEMO_REPORT) --csv $(DEMO_DIR)/merged.csv
 	@echo "demo report: $(abspath $(DEMO_REPORT)) (open it in a browser; the runs are in $(DEMO_DIR))"
 
+# `make test` leaves out the tests marked slow (the docs' examples run as written, the demo and bench recipes, the
+# memory tests at full size, signals, the watchdog's waits, the two-node tests): `make test-slow` runs those, and
+# CI (.ci/run) runs both, so every test still runs there
 test: env
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not slow"
+
+test-slow: env
+	$(PY) -m pytest -q -m slow
 
 # Issue 19's hostile battery (tests/hostile/): several hundred bad inputs, bad paths, doctored files, signals to one
 # rank, a deleted working directory and a closed stdout over every command, run as the real CLI (under this

@@ -581,6 +581,7 @@ NOT_RUN: dict[str, str] = {
 MAKE: dict[str, str] = {
     "make demo": "minutes at its default sizes; tests/cli/test_makefile_demo.py runs its whole recipe at small sizes",
     "make test": "the whole suite (this test among it)",
+    "make test-slow": "the tests `make test` leaves out (this one among them)",
     "make test-openmpi": "the MPI tests again under Open MPI, from a second virtualenv",
     "make bench": "minutes of measuring (docs/bench.md); its parts' recipes are checked by tests/cli/test_makefile_bench.py",
     "make bench-train": "about 3.5 minutes of measuring",
@@ -629,6 +630,7 @@ def _marks(examples: tuple[str, ...], extra: list) -> list:
     return marks
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", [pytest.param(c, marks=_marks(c.examples, c.marks), id=c.examples[0][:70])
                                   for c in RUN.values()])
 def test_example_runs_as_written(case: Case, tmp_path, request):
@@ -642,6 +644,7 @@ def test_example_runs_as_written(case: Case, tmp_path, request):
     case.check(done, tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("example", [pytest.param(e, marks=_marks((e,), r.marks), id=e[:70])
                                      for e, r in REDUCED.items()])
 def test_heavy_example_runs_smaller(example, tmp_path):

@@ -169,6 +169,7 @@ def test_bench_goal_verdicts(values, faulty, baselines, verdict):
         assert "FAULT" not in text
 
 
+@pytest.mark.slow
 def test_gemm_and_opencl_benches_run_small():
     """Each part `make bench` runs, made small, runs through and gives positive figures and their ratio."""
     from hetbench import overhead

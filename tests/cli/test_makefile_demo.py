@@ -42,6 +42,7 @@ def test_demo_runs_the_host_opencl_pair_before_the_simulated_pair():
     assert "--html results/report.html" in text[report:]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not (REPO / ".venv" / "bin" / "mpiexec").exists(), reason="no .venv with mpiexec (make env)")
 def test_demo_ends_with_one_page_of_the_runs_it_made(tmp_path):
     """The whole demo, made small: every run lands in its folder and the page holds each run's plots."""

@@ -196,6 +196,7 @@ def test_collectives_size_that_cannot_fit_under_rlimit_as_is_refused(tmp_path, n
     assert json.loads((tmp_path / "r.json").read_text())["summary"]["wrong_total"] == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size, reduce", [(4096, "sum"), (4096, "none"), (6144, "sum")])
 def test_matmul_on_the_host_holds_little_beyond_its_data(tmp_path, size, reduce):
     """Issue 20's bound: a host rank's peak above its start is at most 1.1 x (A + B + C, + the sum received at the
@@ -217,6 +218,7 @@ def test_matmul_on_the_host_holds_little_beyond_its_data(tmp_path, size, reduce)
     assert row["h2d_bytes"] == row["d2h_bytes"] == 0 and row["h2d_gbps"] is None and row["d2h_gbps"] is None
 
 
+@pytest.mark.slow
 @needs_mpi
 def test_a_512_mib_allreduce_on_the_host_holds_at_most_three_buffers(tmp_path):
     """Issue 20's bound: send, receive and MPI's temporary, nothing else (the host backend's buffers are the host's:

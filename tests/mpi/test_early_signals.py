@@ -23,6 +23,9 @@ import os, signal, sys
 RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK")
 rank = next((os.environ[v] for v in RANK_VARIABLES if os.environ.get(v)), "0")
 
+# signals sent at chosen moments and jobs waited on to end: `make test-slow` (and `make test-openmpi`)
+pytestmark = pytest.mark.slow
+
 
 class SignalOnImport:
     def find_spec(self, name, path=None, target=None):

@@ -17,6 +17,9 @@ from helpers import MPIEXEC, REPO, alive, descendants, handles_sigterm, kill_gro
 
 END_WITHIN_SECONDS = 10.0  # the bound, from the signal to the end of every rank
 
+# signals sent at chosen moments and jobs waited on to end: `make test-slow` (and `make test-openmpi`)
+pytestmark = pytest.mark.slow
+
 
 def _env() -> dict[str, str]:
     env = dict(os.environ)

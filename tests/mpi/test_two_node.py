@@ -24,7 +24,8 @@ from netns.nodes import NODE_NAMES, TwoNodes, why_not
 
 pytestmark = [needs_mpi,
               pytest.mark.skipif(MPIEXEC_KIND is None, reason=f"no mpiexec, or {MPIEXEC} is neither MPICH nor "
-                                                              "Open MPI")]
+                                                              "Open MPI"),
+              pytest.mark.slow]  # `make test-slow` (and `make test-openmpi`): network namespaces, cut links, waits
 
 TIMEOUT = 5  # --timeout of the cut and stopped runs: a healthy operation here takes milliseconds
 WITHIN_SECONDS = TIMEOUT + 10  # the bound on the end of such a job

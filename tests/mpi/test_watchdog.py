@@ -77,6 +77,7 @@ def _error_lines(err: str) -> list[str]:
     return [line for line in err.splitlines() if line.startswith("Error:")]
 
 
+@pytest.mark.slow
 @needs_mpi
 def test_a_stopped_peer_ends_the_job_with_the_waiting_ranks_line(tmp_path):
     """2 ranks, an allreduce sweep; rank 1 stopped mid-sweep: rank 0 waits in Allreduce and ends the job."""
@@ -111,6 +112,7 @@ def _latest(ckpt: Path) -> int:
         return 0
 
 
+@pytest.mark.slow
 @needs_mpi
 def test_a_stopped_rank_0_ends_a_3_rank_training_keeping_its_checkpoints(tmp_path):
     """3 ranks train with a checkpoint each step; rank 0 stopped after the second is committed: ranks 1 and 2 wait
@@ -170,6 +172,7 @@ else:  # a healthy operation, then the watchdog off: no firing
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how, operation", [("recv", "Recv"), ("wait", "Wait (a non-blocking operation)"),
                                             ("waitall", "Waitall (non-blocking operations)")])
 def test_one_process_stuck_in_a_watched_operation_ends(tmp_path, how, operation):
@@ -226,6 +229,7 @@ print("started", flush=True)
 """
 
 
+@pytest.mark.slow
 @needs_mpi
 @pytest.mark.parametrize("nprocs, gone", [(2, 1), (3, 0)])
 def test_a_rank_gone_before_mpi_init_ends_the_job(tmp_path, nprocs, gone):
@@ -249,6 +253,7 @@ def test_a_rank_gone_before_mpi_init_ends_the_job(tmp_path, nprocs, gone):
     assert "Traceback" not in run.stderr
 
 
+@pytest.mark.slow
 @needs_mpi
 def test_a_rank_gone_before_the_command_starts_ends_the_command(tmp_path):
     """The same through the command: its MPI starts first thing (to learn the rank), before --timeout is parsed by
