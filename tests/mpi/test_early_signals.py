@@ -15,6 +15,9 @@ import time
 import pytest
 from helpers import MPIEXEC, MPIEXEC_KIND, REPO, needs_mpi
 
+# signals sent at chosen moments and jobs waited on to end: `make test-slow` (and `make test-openmpi`)
+pytestmark = pytest.mark.slow
+
 END_WITHIN_SECONDS = 20.0
 # the signal is sent by the rank to itself while `from hetbench import signals` runs (an import hook): at a moment
 # no timing can be sure to hit from outside
@@ -22,9 +25,6 @@ SELF_SIGNAL = """
 import os, signal, sys
 RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK")
 rank = next((os.environ[v] for v in RANK_VARIABLES if os.environ.get(v)), "0")
-
-# signals sent at chosen moments and jobs waited on to end: `make test-slow` (and `make test-openmpi`)
-pytestmark = pytest.mark.slow
 
 
 class SignalOnImport:
