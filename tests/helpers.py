@@ -401,3 +401,24 @@ def kill_group(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+_CHECK_JOBS: dict[tuple, tuple[int, dict[str, str], str]] = {}
+
+
+def script_checks(script: Path, args: list[str], nprocs: int | None, timeout: float = 120,
+                  env: dict[str, str] | None = None) -> tuple[int, dict[str, str], str]:
+    """A worker script's checks, every one in one launch (`python -m mpi4py SCRIPT ARGS`, alone or under mpiexec
+    -n NPROCS; mpi4py's runner aborts every rank when one raises): (exit code, each check's outcome line from rank
+    0 keyed by its name: "ok NAME" or "FAILED NAME: ...", stderr). Made by the first test that asks, kept for the
+    others (mpi4py's own suite runs its cases so)."""
+    key = (str(script), tuple(args), nprocs, tuple(sorted((env or {}).items())))
+    if key not in _CHECK_JOBS:
+        run = run_python(["-m", "mpi4py", str(script), *args], nprocs=nprocs, timeout=timeout, env=env)
+        said = {}
+        for line in run.stdout.splitlines():
+            word, _, rest = line.partition(" ")
+            if word in ("ok", "FAILED"):
+                said[rest.split(":")[0]] = line
+        _CHECK_JOBS[key] = (run.returncode, said, run.stderr)
+    return _CHECK_JOBS[key]

@@ -16,26 +16,16 @@ import json
 import numpy as np
 import pytest
 
-from helpers import MPIEXEC, REPO, assert_usage_error, needs_mpi, run_cli, run_python
+from helpers import MPIEXEC, REPO, assert_usage_error, needs_mpi, run_cli, script_checks
 
 SCRIPT = REPO / "tests" / "mpi_split_stream.py"
 CHECKS = ["identical", "progress", "column_chunks"]
 RANKS = [None, pytest.param(2, marks=pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec")),
          pytest.param(3, marks=pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec"))]
-_JOBS: dict[int | None, tuple[int, dict[str, str], str]] = {}
 
 
 def _job(nprocs: int | None) -> tuple[int, dict[str, str], str]:
-    if nprocs not in _JOBS:
-        run = run_python(["-m", "mpi4py", str(SCRIPT), *CHECKS], nprocs=nprocs, timeout=240,
-                         env={"OPENBLAS_NUM_THREADS": "1"})
-        said = {}
-        for line in run.stdout.splitlines():
-            word, _, rest = line.partition(" ")
-            if word in ("ok", "FAILED"):
-                said[rest.split(":")[0]] = line
-        _JOBS[nprocs] = (run.returncode, said, run.stderr)
-    return _JOBS[nprocs]
+    return script_checks(SCRIPT, CHECKS, nprocs, timeout=240, env={"OPENBLAS_NUM_THREADS": "1"})
 
 
 @pytest.mark.parametrize("nprocs", RANKS)

@@ -7,26 +7,17 @@ measured across the ranks and given, every op verified. Where no OpenCL device i
 from __future__ import annotations
 
 import pytest
-from helpers import HAVE_OPENCL, REPO, needs_mpi, run_python
+from helpers import HAVE_OPENCL, REPO, needs_mpi, script_checks
 
 SCRIPT = REPO / "tests" / "mpi_staging.py"
 CHECKS = ["every_op_chunked", "sweep", "staged_allreduce"]
 OPENCL = "opencl" if HAVE_OPENCL else "sim:a100"
 JOBS = {2: f"{OPENCL},sim:mi300x", 3: f"host,{OPENCL},sim:h100"}
-_RUNS: dict[int, tuple[int, dict[str, str], str]] = {}
 
 
 def _job(nprocs: int) -> tuple[int, dict[str, str], str]:
     """Every check in one launch per rank count: (exit code, each check's outcome line from rank 0, stderr)."""
-    if nprocs not in _RUNS:
-        run = run_python(["-m", "mpi4py", str(SCRIPT), JOBS[nprocs], *CHECKS], nprocs=nprocs, timeout=180)
-        said = {}
-        for line in run.stdout.splitlines():
-            word, _, rest = line.partition(" ")
-            if word in ("ok", "FAILED"):
-                said[rest.split(":")[0]] = line
-        _RUNS[nprocs] = (run.returncode, said, run.stderr)
-    return _RUNS[nprocs]
+    return script_checks(SCRIPT, [JOBS[nprocs], *CHECKS], nprocs, timeout=180)
 
 
 @needs_mpi

@@ -5,7 +5,7 @@ one broken function does not hide the others."""
 from __future__ import annotations
 
 import pytest
-from helpers import MPIEXEC, REPO, run_python
+from helpers import MPIEXEC, REPO, run_python, script_checks
 
 SCRIPT = REPO / "tests" / "mpi_vcollectives.py"
 RANKS = [None, pytest.param(2, marks=pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec")),
@@ -18,21 +18,12 @@ def run_script(checks: list[str], nprocs: int | None, timeout: float = 60):
 
 
 CHECKS = ["gatherv", "allgatherv", "reduce_scatterv", "bad_counts"]
-_JOBS: dict[int | None, tuple[int, dict[str, str], str]] = {}
 
 
 def _job(nprocs: int | None) -> tuple[int, dict[str, str], str]:
     """Every check in one launch per rank count (mpi4py's own suite runs its cases so): (exit code, each check's
     outcome line from rank 0, stderr), made by the first test that asks for that rank count."""
-    if nprocs not in _JOBS:
-        run = run_script(CHECKS, nprocs)
-        said = {}
-        for line in run.stdout.splitlines():
-            word, _, rest = line.partition(" ")
-            if word in ("ok", "FAILED"):
-                said[rest.split(":")[0]] = line
-        _JOBS[nprocs] = (run.returncode, said, run.stderr)
-    return _JOBS[nprocs]
+    return script_checks(SCRIPT, CHECKS, nprocs, timeout=60)
 
 
 @pytest.mark.parametrize("nprocs", RANKS)
