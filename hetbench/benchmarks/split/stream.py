@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from hetbench.backends.base import TIMING_MODELLED, capabilities
+from hetbench.backends.base import capabilities
 from hetbench.comm.progress import Progress
 from hetbench.comm.world import World
 from hetbench.dtypes import DType
@@ -69,7 +69,7 @@ class StreamedSplitter:
 
     def __init__(self, world: World, state: Any, dtype: DType, strategy: str, parts: list[int], chunks: int,
                  progress: Progress | None = None) -> None:
-        from hetbench.benchmarks.split.run import Phases, _offsets  # noqa: F401  (Phases: the iteration's figures)
+        from hetbench.benchmarks.split.run import _offsets
 
         assert state.mnk is not None
         self.world, self.state, self.dtype, self.strategy, self.parts = world, state, dtype, strategy, parts
@@ -82,7 +82,6 @@ class StreamedSplitter:
         self.progress = progress if progress is not None else Progress()
         self.backend = state.backend
         self.on_host = capabilities(state.info.backend).computes_on_host_arrays
-        self.modelled = state.backend.timing == TIMING_MODELLED
         host = dtype.host
         p = self.part
         # this rank's inputs: A's rows (rows) or columns (k), and its B chunks
@@ -94,7 +93,6 @@ class StreamedSplitter:
         self.b_r = [np.empty((b_rows, w), dtype=host) for _, w in self.cols]
         self.types: list[Any] = []
         self.c: np.ndarray | None = None
-        self._engine_on = False
         if self.me == ROOT:
             a, b = state.a, state.b
             assert a is not None and b is not None
@@ -116,8 +114,10 @@ class StreamedSplitter:
                     continue
                 self.sends.append((r, a_blk, b_chunks))  # type: ignore[arg-type]
             if strategy == "rows":
-                # one chunk is B itself (no copy); more are packed once (k x n more at the root)
-                packed = [b if w == n else np.ascontiguousarray(b[:, c0:c0 + w]) for c0, w in self.cols]
+                # one chunk is B itself (no copy); more are packed once (k x n more at the root), where any rank
+                # but the root works
+                packed = ([b if w == n else np.ascontiguousarray(b[:, c0:c0 + w]) for c0, w in self.cols]
+                          if self.sends else [])
                 self.sends = [(r, a_blk, packed) for r, a_blk, _ in self.sends]
                 self.b_whole = b
                 self.c = np.empty((m, n), dtype=host)
