@@ -177,9 +177,9 @@ def _sendrecv_to_the_right(comm: Any, MPI: Any, send: Any, recv: Any, root: int)
 
 
 def _isendrecv_to_the_right(comm: Any, MPI: Any, send: Any, recv: Any, root: int) -> Any:
-    """Its Isend and Irecv, as one request list's worth: MPI_Isendrecv is MPI 4's (Open MPI 4.1 lacks it, and
-    mpi4py raises NotImplementedError there), so the pair is posted as two requests, which every MPI has; returns
-    a request completing both (MPI_Grequest-free: a list wrapped by _Both)."""
+    """The staged sendrecv's start: an Irecv from the left and an Isend to the right, which every MPI has
+    (MPI_Isendrecv is MPI 4's: Open MPI 4.1 lacks it and mpi4py raises NotImplementedError there); returns the
+    two as one request (_Both)."""
     rank, nranks = comm.Get_rank(), comm.Get_size()
     got = comm.Irecv(recv, source=(rank - 1) % nranks, tag=_SENDRECV_TAG)
     sent = comm.Isend(send, dest=(rank + 1) % nranks, tag=_SENDRECV_TAG)
