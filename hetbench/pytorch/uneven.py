@@ -123,14 +123,30 @@ def exact_ddp(module: nn.Module, process_group: Any = None, **kwargs: Any) -> nn
 def exact_fully_shard(model: nn.Module, units: Iterable[nn.Module] = (), **kwargs: Any) -> nn.Module:
     """FSDP2 (`fully_shard`) over each of `units` (in the order given), then the root `model`, with every
     FSDPModule summing its gradients (divide factor 1, sum-only reductions): exact for any batch shares when each
-    rank's loss is part_of_mean. kwargs go to every fully_shard call (mesh, reshard_after_forward, ...)."""
+    rank's loss is part_of_mean. kwargs go to every fully_shard call (mesh, reshard_after_forward, ...).
+
+    Without a mesh, each rank's mesh is the world group on the device its model's parameters lie on: fully_shard's
+    own default takes the machine's accelerator, so on a node with a GPU a CPU (or OpenCL, or simulated) rank's
+    parameters moved to cuda:0 and its host-side work failed (first seen on an H100)."""
     from torch.distributed.fsdp import fully_shard
 
+    if "mesh" not in kwargs:
+        kwargs["mesh"] = rank_mesh(model)
     for unit in units:
         fully_shard(unit, **kwargs)
     fully_shard(model, **kwargs)
     sum_gradients(model)
     return model
+
+
+def rank_mesh(model: nn.Module, group: Any = None) -> Any:
+    """A one-dimensional DeviceMesh over `group` (default: the world) whose device type is that of `model`'s first
+    parameter on this rank (cpu on a CPU rank, cuda on a GPU rank): mixed ranks each name their own."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    param = next(model.parameters(), None)
+    device_type = param.device.type if param is not None else "cpu"
+    return DeviceMesh.from_group(group if group is not None else dist.group.WORLD, device_type)
 
 
 def sum_gradients(model: nn.Module) -> int:
