@@ -69,8 +69,16 @@ def _op_of(opts: Any) -> Any:
     return getattr(opts, "reduceOp", opts)
 
 
+# torch 2.13's ReduceOp shows PREMUL_SUM's factor to a Python backend (`op.factor`); torch 2.11's does not (seen on a
+# GPU node's 2.11.0+cu130), so there the factor cannot be known and PREMUL_SUM fails with this message
+PREMUL_FACTOR_VISIBLE = isinstance(getattr(dist.ReduceOp, "factor", None), property)
+
+
 def _premul_factor(op: Any) -> float:
-    factor = op.factor if hasattr(op, "factor") else None
+    if not PREMUL_FACTOR_VISIBLE:
+        raise BackendError(f"PREMUL_SUM: torch {torch.__version__} does not show the op's factor to a Python backend "
+                           "(torch 2.13 does); accepted here: SUM, AVG, PRODUCT, MIN, MAX (scale before a SUM)")
+    factor = op.factor
     if isinstance(factor, torch.Tensor):
         return float(factor.item())
     if factor is None:
@@ -251,6 +259,8 @@ class HetbenchProcessGroup(dist.ProcessGroup):
                                    "tensors is not supported; accepted: SUM, AVG, PREMUL_SUM, PRODUCT, MIN, MAX of "
                                    "fp64/fp32/fp16/bf16 and integer tensors (AVG and PREMUL_SUM floating only), "
                                    "BAND/BOR/BXOR of integers")
+            if name == "PREMUL_SUM":
+                _premul_factor(op)  # every rank refuses a factor it cannot read, before any MPI call
 
     def _mpi_op(self, op: Any) -> Any:
         name = _op_name(op)

@@ -26,6 +26,7 @@ from helpers import MPIEXEC, REPO, run_python  # noqa: E402
 
 from hetbench.pytorch import BackendError, HetbenchProcessGroup  # noqa: E402
 from hetbench.pytorch_support import version_problem  # noqa: E402
+from hetbench.pytorch.backend import PREMUL_FACTOR_VISIBLE  # noqa: E402
 from hetbench.pytorch.metrics import CollectiveMetrics  # noqa: E402
 
 WORKER = REPO / "tests" / "torch_workers" / "collectives.py"
@@ -52,9 +53,14 @@ def test_every_collective_matches_numpy(nprocs):
     assert run.returncode == 0, f"exit {run.returncode}\nstdout: {run.stdout}\nstderr: {run.stderr}"
     assert "FAILED" not in run.stderr, run.stderr
     lines = run.stdout.strip().splitlines()
-    match = re.fullmatch(r"CHECKS (\d+) passed", lines[-1]) if lines else None
+    match = re.fullmatch(r"CHECKS (\d+) passed(?:, (\d+) left out \(torch \S+ lacks the API\))?",
+                         lines[-1]) if lines else None
     assert match, run.stdout
-    assert int(match.group(1)) >= CHECKS_FLOOR[nprocs], run.stdout
+    # a check of an API this torch lacks (torch 2.11 has no all_gather_single) counts towards the floor only as
+    # left out: two such checks a group at most, on the battery's three groups
+    left_out = int(match.group(2) or 0)
+    assert left_out <= 2 * 3, run.stdout
+    assert int(match.group(1)) + left_out >= CHECKS_FLOOR[nprocs], run.stdout
     # printed once, by rank 0
     assert sum(line.startswith("CHECKS ") for line in lines) == 1, run.stdout
 
@@ -97,6 +103,11 @@ def test_solo_premul_sum_scales_once(solo):
     pg = solo()
     x = torch.arange(-8, 8, dtype=torch.float16) / 4
     t = x.clone()
+    if not PREMUL_FACTOR_VISIBLE:  # torch 2.11: the factor cannot be read, so the op is refused, the input untouched
+        with pytest.raises(BackendError, match="does not show the op's factor"):
+            pg.allreduce([t], allreduce_opts(dist._make_nccl_premul_sum(0.5)))
+        assert torch.equal(t, x)
+        return
     pg.allreduce([t], allreduce_opts(dist._make_nccl_premul_sum(0.5)))
     assert torch.equal(t, x * 0.5)
     # reduce_scatter_tensor with PREMUL_SUM leaves the caller's input alone
@@ -107,6 +118,20 @@ def test_solo_premul_sum_scales_once(solo):
     pg._reduce_scatter_base(out, inp, opts)
     assert torch.equal(out, torch.arange(6, dtype=torch.float32) * 3)
     assert torch.equal(inp, torch.arange(6, dtype=torch.float32))
+
+
+def test_premul_sum_is_refused_where_torch_hides_its_factor(solo, monkeypatch):
+    """torch 2.11's ReduceOp has no `factor` (seen on a GPU node): every rank refuses PREMUL_SUM before any MPI call,
+    with the message, and the tensor is left as it was."""
+    import hetbench.pytorch.backend as backend_module
+
+    monkeypatch.setattr(backend_module, "PREMUL_FACTOR_VISIBLE", False)
+    pg = solo()
+    x = torch.arange(6, dtype=torch.float32)
+    t = x.clone()
+    with pytest.raises(BackendError, match=r"PREMUL_SUM: torch \S+ does not show the op's factor"):
+        pg.allreduce([t], allreduce_opts(dist._make_nccl_premul_sum(0.5)))
+    assert torch.equal(t, x)
 
 
 def test_solo_data_movers_copy_their_input(solo):
