@@ -347,3 +347,34 @@ class HostArrays:
 
     def matmul(self, a, b, out, dtype) -> None:
         np.matmul(a, b, out=out)
+
+
+# device properties as CUDA and HIP report them (cudaGetDeviceProperties), for the fake runtime
+H100 = {
+    "name": b"NVIDIA H100 80GB HBM3",
+    "major": 9,
+    "minor": 0,
+    "totalGlobalMem": 85520809984,
+    "clockRate": 1980000,
+    "memoryClockRate": 2619000,
+    "memoryBusWidth": 5120,
+    "multiProcessorCount": 132,
+    "pciDomainID": 0,
+    "pciBusID": 0x1B,
+    "pciDeviceID": 0,
+}
+MI300X = {
+    "name": b"AMD Instinct MI300X",
+    "gcnArchName": b"gfx942:sramecc+:xnack-",
+    "major": 9,
+    "minor": 4,
+    "totalGlobalMem": 205822885888,
+    "clockRate": 2100000,
+    "memoryClockRate": 1300000,
+    "memoryBusWidth": 8192,
+    "multiProcessorCount": 304,
+    "pciDomainID": 0,
+    "pciBusID": 0x0C,
+    "pciDeviceID": 0,
+}
+HIP_6_3 = 60342131  # 6 * 10_000_000 + 3 * 100_000 + 42131

@@ -95,8 +95,7 @@ def test_device_path_refused_where_mpi_cannot_take_the_buffers(tmp_path):
 def test_a_cupy_rank_keeps_its_state_on_the_gpu():
     """The CuPy backend names its array library, so train keeps that rank's state there (with the fake CuPy of
     tests/doubles.py: no GPU here)."""
-    from doubles import FakeRuntime, make_fake_cupy
-    from test_backend_cupy import H100
+    from doubles import H100, FakeRuntime, make_fake_cupy
 
     import hetbench.backends.cupy as cupy_backend
 
