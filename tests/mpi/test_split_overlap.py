@@ -113,3 +113,25 @@ def test_streamed_figures_agree_with_the_raw_values(tmp_path):
 def test_bad_chunks(tmp_path, args, needle):
     run = run_cli(["split", "--size", "16", "--backend", "0=host,1=sim:h100", *args], nprocs=2, cwd=tmp_path)
     assert_usage_error(run, tmp_path, needle, "auto" if "--no-overlap" not in args else "--chunks")
+
+
+@needs_mpi
+def test_auto_chunks_measure_each_count_twice_and_keep_the_fewest_near_the_fastest(tmp_path):
+    """--chunks auto (the default): every count with chunks of at least 256 columns run twice, in the order 1, 2,
+    4, 8, 8, 4, 2, 1; each count's time its faster run; the count kept the fewest within CHUNK_MARGIN of the fastest."""
+    from hetbench.benchmarks.split.run import CHUNK_MARGIN
+
+    out = tmp_path / "a.json"
+    run = run_cli(["split", "--m", "64", "--n", "1024", "--k", "32", "--warmup", "0", "--repeat", "1",
+                   "--strategy", "rows", "--weights", "1,1", "--no-compare-even", "--out", str(out),
+                   "--backend", "0=host,1=sim:mi300x"], nprocs=2, cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    s = json.loads(out.read_text())["summary"]
+    tried = s["chunks_tried"]
+    assert [t["chunks"] for t in tried] == [1, 2, 4]  # 8 chunks of 1024 would be 128 columns wide
+    for t in tried:
+        assert len(t["end_to_end_seconds_runs"]) == 2 and all(x > 0 for x in t["end_to_end_seconds_runs"])
+        assert t["end_to_end_seconds"] == min(t["end_to_end_seconds_runs"])
+    fastest = min(t["end_to_end_seconds"] for t in tried)
+    near = [t["chunks"] for t in tried if t["end_to_end_seconds"] <= fastest * (1 + CHUNK_MARGIN)]
+    assert s["chunks"] == min(near)

@@ -75,3 +75,22 @@ def test_streamed_prediction_of_a_split_all_at_the_root_is_its_compute():
 def test_chunk_widths_refuses_nothing_to_cut(n, chunks):
     with pytest.raises(ValueError, match="n >= 1 and chunks >= 1"):
         plan.chunk_widths(n, chunks)
+
+
+def _tried(*pairs):
+    return [{"chunks": c, "end_to_end_seconds": s} for c, s in pairs]
+
+
+@pytest.mark.parametrize("tried, expected", [
+    (_tried((1, 1.00), (2, 0.90), (4, 0.80), (8, 0.81)), 4),  # 8 is within 3 % of 4, but 4 is fewer and fastest
+    (_tried((1, 1.02), (2, 1.01), (4, 1.00), (8, 1.10)), 1),  # 1 within 3 % of the fastest (4): fewest wins
+    (_tried((1, 1.031), (2, 1.20), (4, 1.00)), 4),  # 1 is 3.1 % slower: outside the margin
+    (_tried((1, 0.50),), 1),
+])
+def test_auto_chunks_keep_the_fewest_within_the_margin(tried, expected):
+    from hetbench.benchmarks.split.run import CHUNK_MARGIN, fewest_chunks_within_margin
+
+    assert CHUNK_MARGIN == 0.03
+    assert fewest_chunks_within_margin(tried) == expected
+    # no margin: simply the fastest
+    assert fewest_chunks_within_margin(tried, margin=0.0) == min(tried, key=lambda t: t["end_to_end_seconds"])["chunks"]

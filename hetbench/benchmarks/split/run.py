@@ -486,25 +486,39 @@ def streamed_chunks(cfg: Any, n: int) -> int | None:
 AUTO_REFINE_STEPS = 3
 FINISH_STEPS = 2  # streamed iterations that balance auto weights by each rank's finish
 CHUNK_CANDIDATES = (1, 2, 4, 8)  # --chunks auto tries these (chunks at least AUTO_CHUNK_MIN_COLUMNS wide)
+# --chunks auto keeps the fewest chunks within this share of the fastest count: more chunks cost narrower GEMMs and
+# more messages on every later run, so a gain inside the runs' noise (2-5 % between identical iterations) is none
+CHUNK_MARGIN = 0.03
 
 
 def _measured_chunks(world: World, state: SplitState, dtype: DType, strategy: str, parts: list[int],
                      n: int) -> tuple[int, list[dict[str, Any]]]:
-    """Collective. --chunks auto: one streamed iteration at each candidate chunk count; the one whose end to end
-    (the slowest rank's) was shortest. More chunks hide more of the transfers but cut the GEMMs narrower (PoCL's
-    tuned kernel lost 5-25 % at 256-1024 columns of 2048), so the trade is measured, not assumed. Returns the count
-    and each candidate's seconds."""
+    """Collective. --chunks auto: streamed iterations at each candidate chunk count, in the order 1, 2, 4, 8 and
+    back (a drift of the machine's speed weighs on every count alike), each count's end to end (the slowest rank's)
+    its faster of the two; the fewest chunks within CHUNK_MARGIN of the fastest count win. More chunks hide more of
+    the transfers but cut the GEMMs narrower (PoCL's tuned kernel lost 5-25 % at 256-1024 columns of 2048), so the
+    trade is measured, not assumed; one iteration each picked 4 chunks at 2048 where 1 ran 10 % faster (bench-split,
+    2026-11-24). Returns the count and each candidate's seconds."""
     from hetbench.benchmarks.split.stream import AUTO_CHUNK_MIN_COLUMNS
 
     candidates = [c for c in CHUNK_CANDIDATES if c == 1 or n // c >= AUTO_CHUNK_MIN_COLUMNS]
-    tried = []
+    runs: dict[int, list[float]] = {c: [] for c in candidates}
     modelled = state.backend.timing == TIMING_MODELLED
-    for c in candidates:
+    for c in candidates + candidates[::-1]:
         phases, _ = run_split(world, state, dtype, strategy, parts, 0, 1, chunks=c)
-        seconds = max(world.allgather(phases[0].end_to_end(modelled)))
-        tried.append({"chunks": c, "end_to_end_seconds": seconds})
-    best = min(tried, key=lambda t: (t["end_to_end_seconds"], t["chunks"]))
-    return int(best["chunks"]), tried
+        runs[c].append(max(world.allgather(phases[0].end_to_end(modelled))))
+    tried = [{"chunks": c, "end_to_end_seconds": min(runs[c]), "end_to_end_seconds_runs": runs[c]}
+             for c in candidates]
+    return fewest_chunks_within_margin(tried), tried
+
+
+def fewest_chunks_within_margin(tried: list[dict[str, Any]], margin: float | None = None) -> int:
+    """The fewest chunks whose end to end is within `margin` (default CHUNK_MARGIN) of the fastest candidate's."""
+    margin = CHUNK_MARGIN if margin is None else margin
+    fastest = min(t["end_to_end_seconds"] for t in tried)
+    return int(min(t["chunks"] for t in tried if t["end_to_end_seconds"] <= fastest * (1 + margin)))
+
+
 TIME_PART_RUNS = 3
 
 
