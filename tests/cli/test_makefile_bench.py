@@ -71,10 +71,21 @@ def test_split_figures_are_the_runs_and_unmet_goals_fail(tmp_path):
     assert f"efficiency {w['efficiency_end_to_end']:.3f} end-to-end, {w['efficiency_compute']:.3f} compute" in shown.stdout
     assert f"(sum {s['sum_solo_gflops']:.2f})" in shown.stdout
     # one round: its median, min and max are its value, so its verdict is met or NOT met; an efficiency above 1 is
-    # a measurement fault, which judges nothing (UNDECIDED)
+    # a measurement fault, which judges nothing (UNDECIDED). At n=64 the end-to-end efficiency is printed, not judged
+    # (issue 20 sets its goal from 2048); the gain over even is judged as a share of the ideal gain, sum / (2 x min)
+    # of the weighted rows' solo rates
+    doc = json.loads((tmp_path / "s.json").read_text())
+    rates = [r["solo_gflops"] for r in doc["rows"] if r["split"] == "weighted"]
+    ideal = sum(rates) / (2 * min(rates))
+    e = s["efficiency_end_to_end"]
+    assert (f"n=64: efficiency_end_to_end: median {e:.3f} of 1 round(s) (spread {e:.3f}-{e:.3f}): reported, no goal "
+            "below n=2048") in shown.stdout
+    assert "goal efficiency_end_to_end" not in shown.stdout
+    share = s["speedup_over_even"] / ideal
+    assert (f"n=64: weighted over even {s['speedup_over_even']:.3f}x, ideal {ideal:.3f}x (summed solo rates / (ranks x "
+            f"the slowest)): {share:.3f} of the ideal") in shown.stdout
     met = []
-    for k, goal in (("efficiency_compute", 0.95), ("efficiency_end_to_end", 0.95), ("speedup_over_even", 3.0)):
-        v = s[k]
+    for k, goal, v in (("efficiency_compute", 0.95, s["efficiency_compute"]), ("speedup_over_even_of_ideal", 0.9, share)):
         verdict = ("UNDECIDED" if k.startswith("efficiency") and v > 1 else "met" if v >= goal else "NOT met")
         assert f"goal {k} >= {goal}: median {v:.3f} of 1 round(s) (spread {v:.3f}-{v:.3f}) {verdict}" in shown.stdout
         met.append(verdict == "met")
@@ -84,19 +95,19 @@ def test_split_figures_are_the_runs_and_unmet_goals_fail(tmp_path):
             f"{error:.3f}) {'met' if model_met else 'NOT met'}") in shown.stdout
     assert shown.returncode == (0 if all(met) and model_met else 1)
     # three rounds: each goal's line from the three documents' figures (judged's cases: test_bench_goal_verdicts)
-    doc = json.loads((tmp_path / "s.json").read_text())
-    for i, (compute, e2e, speedup) in enumerate([(0.97, 0.97, 3.5), (0.96, 0.99, 3.1), (1.013, 0.96, 4.0)]):
-        doc["summary"].update(efficiency_compute=compute, efficiency_end_to_end=e2e, speedup_over_even=speedup,
+    for i, (compute, e2e, of_ideal) in enumerate([(0.97, 0.97, 0.95), (0.96, 0.99, 0.93), (1.013, 0.96, 0.99)]):
+        doc["summary"].update(efficiency_compute=compute, efficiency_end_to_end=e2e, speedup_over_even=of_ideal * ideal,
                               predicted_seconds=doc["summary"]["end_to_end_seconds_median"])
         (tmp_path / f"r{i}.json").write_text(json.dumps(doc))
     rounds = _overhead_split(tmp_path, "r0.json", "r1.json", "r2.json")
     assert ("goal efficiency_compute >= 0.95: median 0.970 of 3 round(s) (spread 0.960-1.013) met "
             "[1 round(s) a MEASUREMENT FAULT, flagged]") in rounds.stdout
-    assert "goal efficiency_end_to_end >= 0.95: median 0.970 of 3 round(s) (spread 0.960-0.990) met" in rounds.stdout
-    assert "goal speedup_over_even >= 3.0: median 3.500 of 3 round(s) (spread 3.100-4.000) met" in rounds.stdout
+    assert ("n=64: efficiency_end_to_end: median 0.970 of 3 round(s) (spread 0.960-0.990): reported, no goal below "
+            "n=2048") in rounds.stdout
+    assert "goal speedup_over_even_of_ideal >= 0.9: median 0.950 of 3 round(s) (spread 0.930-0.990) met" in rounds.stdout
     assert rounds.returncode == 0, rounds.stdout
     # the rounds' baselines (their summed solo rates) moved 2 %: each goal's band widens by it, from the documents'
-    # own sum_solo_gflops; every round still above its goal, the efficiencies' bands now reach below them
+    # own sum_solo_gflops; every round still above its goal, the compute efficiency's band now reaches below it
     base = doc["summary"]["sum_solo_gflops"]
     for i, factor in enumerate((1.0, 1.02, 1.01)):
         moved = json.loads((tmp_path / f"r{i}.json").read_text())
@@ -107,17 +118,14 @@ def test_split_figures_are_the_runs_and_unmet_goals_fail(tmp_path):
     assert (f"goal efficiency_compute >= 0.95: median 0.970 of 3 round(s) (spread 0.960-1.013; the baselines moved "
             f"2.0 % between rounds: band {0.96 / (1 + d):.3f}-{1.013 * (1 + d):.3f}) UNDECIDED (the goal inside the "
             "band: within the machine's drift) [1 round(s) a MEASUREMENT FAULT, flagged]") in drifted.stdout
-    assert (f"goal efficiency_end_to_end >= 0.95: median 0.970 of 3 round(s) (spread 0.960-0.990; the baselines moved "
-            f"2.0 % between rounds: band {0.96 / (1 + d):.3f}-{0.99 * (1 + d):.3f}) UNDECIDED (the goal inside the "
-            "band: within the machine's drift)") in drifted.stdout  # 0.96 / 1.02 = 0.941
-    assert (f"goal speedup_over_even >= 3.0: median 3.500 of 3 round(s) (spread 3.100-4.000; the baselines moved "
-            f"2.0 % between rounds: band {3.1 / (1 + d):.3f}-{4.0 * (1 + d):.3f}) met") in drifted.stdout
+    assert (f"goal speedup_over_even_of_ideal >= 0.9: median 0.950 of 3 round(s) (spread 0.930-0.990; the baselines "
+            f"moved 2.0 % between rounds: band {0.93 / (1 + d):.3f}-{0.99 * (1 + d):.3f}) met") in drifted.stdout
     assert drifted.returncode == 1, drifted.stdout
-    doc["summary"]["speedup_over_even"] = 2.0  # round 3 now below the goal: the spread is across it
+    doc["summary"]["speedup_over_even"] = 0.85 * ideal  # round 3 now below the goal: the spread is across it
     (tmp_path / "r2.json").write_text(json.dumps(doc))
     across = _overhead_split(tmp_path, "r0.json", "r1.json", "r2.json")
-    assert ("goal speedup_over_even >= 3.0: median 3.100 of 3 round(s) (spread 2.000-3.500) UNDECIDED (the goal "
-            "inside the rounds' spread)") in across.stdout
+    assert ("goal speedup_over_even_of_ideal >= 0.9: median 0.930 of 3 round(s) (spread 0.850-0.950) UNDECIDED (the "
+            "goal inside the rounds' spread)") in across.stdout
     assert across.returncode == 1
 
 
