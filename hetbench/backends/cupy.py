@@ -276,7 +276,8 @@ class CupyBackend:
 
     # --- pipelined host staging (hetbench.comm.staging): cudaMemcpyAsync on this backend's stream, an event each ---
     # (from CuPy's documented API: cupy.cuda.runtime.memcpyAsync, cupy.cuda.Event's record/done/synchronize,
-    # cupyx.empty_pinned; untested on a GPU by the project: tests/unit/test_staging.py drives it with a fake CuPy)
+    # cupyx.empty_pinned; the staged collectives ran once on an H100, docs/gpu.md; the suite drives it
+    # with a fake CuPy, tests/unit/test_staging.py)
 
     def _copy_async(self, dst: int, src: int, nbytes: int, kind: int, what: str) -> "_CupyPending":
         runtime = self._cupy.cuda.runtime
