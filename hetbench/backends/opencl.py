@@ -198,6 +198,27 @@ class _Ledger:
         self.held_bytes -= nbytes
 
 
+PROGRESS_EVERY_SECONDS = 5.0
+
+
+def progress_lines(what: str, every: float = PROGRESS_EVERY_SECONDS,
+                   clock: Any = time.monotonic) -> Any:
+    """on_step(done, total, label) for a search that runs on first use: a "Note: <what>: done/total candidates,
+    N s" line on stderr (the log) at most every `every` seconds and at the last step. Lines, not a redrawn bar: a
+    rank under mpiexec writes through a pipe and cannot tell a terminal is at its end, and the backend layer draws
+    nothing itself (`hetbench tune --progress` draws the bar)."""
+    start = clock()
+    last = [start]
+
+    def on_step(done: int, total: int, label: str) -> None:
+        now = clock()
+        if done >= total or now - last[0] >= every:
+            last[0] = now
+            _log.warning("Note: %s: %d/%d candidates, %.0f s", what, done, total, now - start)
+
+    return on_step
+
+
 class OpenCLBackend:
     name = "opencl"
     timing = TIMING_MEASURED
@@ -319,7 +340,7 @@ class OpenCLBackend:
         if entry is None and self._gemm == "tuned":
             self._note(f"tuning the OpenCL GEMM for {dtype.name} {cls} products on {self._info.label} (once; "
                        f"at most {opencl_tune.DEFAULT_BUDGET_SECONDS:.0f} s, cached in {self.tuning_key.path()})")
-            entry = self.tune_gemm(dtype, cls)
+            entry = self.tune_gemm(dtype, cls, on_step=progress_lines(f"tuning {dtype.name} {cls}"))
         if entry is None:  # auto before any tune
             if self._info.kind != "cpu" and pyclblast is not None:
                 decided = ("clblast", None)
