@@ -42,7 +42,8 @@ M, N, K = 37, 23, 29
 @needs_mpi
 def test_streamed_figures_agree_with_the_raw_values(tmp_path):
     """Every figure of a streamed split recomputed from its document: the job's time per iteration is the slowest
-    rank's own (its wall time; on a simulated rank with the modelled device time in place of the real one), the
+    rank's own (its wall time; on a simulated rank with the modelled device time in place of the real one; with a
+    simulated rank in the job, each rank's up to its ready time, its final wait left out), the
     phases are each the slowest rank's, and the efficiencies divide by the solo rates at the final parts."""
     from hetbench.harness.gemm import generate_inputs
     from hetbench.dtypes import DTYPES
@@ -69,7 +70,10 @@ def test_streamed_figures_agree_with_the_raw_values(tmp_path):
                 device = x["h2d_seconds"][i] + x["compute_seconds"][i] + x["d2h_seconds"][i]
                 wall = x["wall_seconds"][i]
                 assert x["device_wall_seconds"][i] <= wall
-                own.append(wall - x["device_wall_seconds"][i] + device if modelled[r] else wall)
+                whole = wall - x["device_wall_seconds"][i] + device if modelled[r] else wall
+                # the job has simulated ranks: each rank counts up to its ready time, its final wait (collect) left
+                # out, since that wait ran behind the other ranks' real-time emulation (job_end_to_end)
+                own.append(whole - x["collect_seconds"][i])
             e2e.append(max(own))
             distribute.append(max(x["distribute_seconds"][i] for x in raw))
             collect.append(max(x["collect_seconds"][i] for x in raw))
@@ -135,3 +139,27 @@ def test_auto_chunks_measure_each_count_twice_and_keep_the_fewest_near_the_faste
     fastest = min(t["end_to_end_seconds"] for t in tried)
     near = [t["chunks"] for t in tried if t["end_to_end_seconds"] <= fastest * (1 + CHUNK_MARGIN)]
     assert s["chunks"] == min(near)
+
+
+def test_job_end_to_end_with_and_without_a_simulated_rank():
+    """A real job's time is its slowest rank's wall; with a simulated rank, each rank counts up to its ready time
+    (its final wait ran behind the others' real-time emulation): a simulated H100 pair's 0.3 ms GEMMs took 300 ms
+    of emulation, and the streamed split read 0.1x the even split's throughput before this."""
+    from hetbench.benchmarks.split.run import Phases, job_end_to_end
+
+    # the root emulates for 0.29 s of its 0.30 and waits 0.005 s at the end; the worker emulates 0.06 s and then
+    # waits 0.21 s for the root to take its results
+    root = Phases(distribute=0.0, collect=0.005, h2d=0.0005, gemm=0.0003, d2h=0.0002, wall=0.30, device_wall=0.29)
+    worker = Phases(distribute=0.004, collect=0.21, h2d=0.0004, gemm=0.0001, d2h=0.0001, wall=0.30,
+                    device_wall=0.06)
+    # both simulated: the root's ready 0.30 - 0.29 + 0.001 - 0.005 = 0.006, the worker's 0.30 - 0.06 + 0.0006 - 0.21
+    assert job_end_to_end([root, worker], [True, True]) == pytest.approx(0.0306)
+    assert root.end_to_end(True) == pytest.approx(0.011) and worker.end_to_end(True) == pytest.approx(0.2406)
+    # a real root beside a simulated worker: the root's wall less its final wait
+    real_root = Phases(distribute=0.0, collect=0.05, gemm=0.1, wall=0.16)
+    assert job_end_to_end([real_root, worker], [False, True]) == pytest.approx(max(0.16 - 0.05, 0.0306))
+    # no simulated rank: the slowest wall, final waits included
+    real_worker = Phases(distribute=0.004, collect=0.01, gemm=0.12, wall=0.17)
+    assert job_end_to_end([real_root, real_worker], [False, False]) == pytest.approx(0.17)
+    # a phased iteration has no wall: None
+    assert job_end_to_end([Phases(distribute=0.1), Phases(distribute=0.1)], [False, True]) is None
