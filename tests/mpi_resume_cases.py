@@ -4,7 +4,8 @@ NumPy's arrays report to), for tests/mpi/test_train_checkpoint.py.
 
     mpiexec -n N python tests/mpi_resume_cases.py CASES.json
 
-CASES.json: a list of {"name": ..., "args": [...]} (hetbench's arguments). Every case must end alike on every rank
+CASES.json: a list of {"name": ..., "args": [...]} (hetbench's arguments), and "trace": false for a case whose
+peak nobody reads (tracemalloc makes importing torch, say, many times slower). Every case must end alike on every rank
 (bad input: exit 2 after the ranks agreed), or the ranks fall out of step; one that fails while running aborts the
 whole launch, as the command does.
 """
@@ -18,12 +19,13 @@ import sys
 import tracemalloc
 
 
-def run_case(args: list[str]) -> dict:
+def run_case(args: list[str], trace: bool = True) -> dict:
     from hetbench.cli import main
 
     out, err = io.StringIO(), io.StringIO()
-    tracemalloc.start()
-    tracemalloc.reset_peak()
+    if trace:
+        tracemalloc.start()
+        tracemalloc.reset_peak()
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
@@ -32,7 +34,7 @@ def run_case(args: list[str]) -> dict:
             except SystemExit as e:
                 code = e.code if isinstance(e.code, int) else 1
     finally:
-        _, peak = tracemalloc.get_traced_memory()
+        _, peak = tracemalloc.get_traced_memory() if trace else (0, 0)
         tracemalloc.stop()
     return {"code": code, "stdout": out.getvalue(), "stderr": err.getvalue(), "peak_bytes": peak}
 
@@ -43,7 +45,7 @@ def main_cases(path: str) -> None:
     cases = json.loads(open(path, encoding="utf-8").read())
     results = []
     for case in cases:
-        results.append({"name": case["name"], "rank": run_case(case["args"])})
+        results.append({"name": case["name"], "rank": run_case(case["args"], case.get("trace", True))})
     world = World()
     every = world.gather([r["rank"] for r in results])
     if world.rank == 0:

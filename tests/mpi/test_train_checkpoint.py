@@ -449,8 +449,9 @@ def test_a_doctored_torch_checkpoint_is_one_line(tmp_path):
         manifest = json.loads(manifest_path.read_text())
         change(manifest)
         manifest_path.write_text(json.dumps(manifest))
+        # no peak traced: tracemalloc made the first case's torch import take most of 20 s
         cases.append({"name": name, "args": ["train", *small, "--steps", "4", "--resume", str(tmp_path / name),
-                                             "--out", str(tmp_path / f"{name}.json")]})
+                                             "--out", str(tmp_path / f"{name}.json")], "trace": False})
     (tmp_path / "cases.json").write_text(json.dumps(cases))
     run = run_python([str(REPO / "tests" / "mpi_resume_cases.py"), str(tmp_path / "cases.json")], cwd=tmp_path,
                      timeout=240)
