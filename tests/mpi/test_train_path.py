@@ -10,7 +10,7 @@ import json
 
 import numpy as np
 import pytest
-from helpers import HAVE_OPENCL, assert_usage_error, needs_mpi, run_cli
+from helpers import HAVE_OPENCL, Batches, assert_usage_error, needs_mpi, run_cli
 
 from hetbench.backends.base import BackendSpec
 from hetbench.backends.host import HostBackend
@@ -24,24 +24,42 @@ SMALL = ["--layers", "4", "--hidden", "16", "--batch", "24", "--steps", "20"]
 SECOND = "opencl" if HAVE_OPENCL else "host"
 
 
-def _train(tmp_path, name, nprocs, *args, env=None):
-    out = tmp_path / f"{name}.json"
-    run = run_cli(["train", *SMALL, "--out", str(out), *args], nprocs=nprocs, cwd=tmp_path, timeout=240, env=env)
+PARAMS = [("fsdp", "fp32"), ("ddp", "fp32"), ("pipeline", "fp32"), ("fsdp", "bf16")]
+
+
+def _commands(nprocs, root):
+    """Every 2-rank command of this file, in one launch (helpers.Batches): each parametrization's plain, staged and
+    direct runs (HETBENCH_TRAIN_RESIDENT is read when the command runs), and the refused device path."""
+    commands = []
+    for strategy, dtype in PARAMS:
+        common = ["--strategy", strategy, "--weights", "3,1", "--backend", f"0=host,1={SECOND}", "--dtype", dtype]
+        for name, extra, env in (("plain", [], {}), ("staged", ["--path", "host"], {RESIDENT_ENV: "1"}),
+                                 ("direct", ["--path", "device"], {RESIDENT_ENV: "1"})):
+            folder = f"{strategy}-{dtype}-{name}"
+            commands.append((folder, ["train", *SMALL, "--out", str(root / folder / "t.json"), *common, *extra],
+                             env))
+    commands.append(("refused", ["train", *SMALL, "--path", "device", "--backend", "0=host,1=sim:h100"], {}))
+    return commands
+
+
+@pytest.fixture(scope="module")
+def batches(tmp_path_factory):
+    return Batches(tmp_path_factory.mktemp("train-path"), _commands, timeout=300)
+
+
+def _train(batches, name):
+    run, folder = batches.get(2)[name]
     assert run.returncode == 0, run.stdout + run.stderr
-    return json.loads(out.read_text())
+    return json.loads((folder / "t.json").read_text())
 
 
 @needs_mpi
-@pytest.mark.parametrize("strategy,dtype", [("fsdp", "fp32"), ("ddp", "fp32"), ("pipeline", "fp32"),
-                                            ("fsdp", "bf16")])
-def test_both_paths_of_a_device_resident_rank_train_the_one_process_run(tmp_path, strategy, dtype):
+@pytest.mark.parametrize("strategy,dtype", PARAMS)
+def test_both_paths_of_a_device_resident_rank_train_the_one_process_run(batches, strategy, dtype):
     """Rank 0 keeps its state on its "device"; rank 1 (OpenCL: its state in host memory, its GEMMs' operands
     uploaded) hands MPI host arrays on either path. Both paths and the plain run give the same losses, bit for bit (the
     copies move values, they do not change them), and the one process's."""
-    common = ["--strategy", strategy, "--weights", "3,1", "--backend", f"0=host,1={SECOND}", "--dtype", dtype]
-    plain = _train(tmp_path, "plain", 2, *common)
-    staged = _train(tmp_path, "staged", 2, *common, "--path", "host", env={RESIDENT_ENV: "1"})
-    direct = _train(tmp_path, "direct", 2, *common, "--path", "device", env={RESIDENT_ENV: "1"})
+    plain, staged, direct = (_train(batches, f"{strategy}-{dtype}-{name}") for name in ("plain", "staged", "direct"))
     assert plain["summary"]["state_memory"] == ["host", "host"]
     for doc, path in ((staged, "host"), (direct, "device")):
         s = doc["summary"]
@@ -83,11 +101,11 @@ def test_only_a_device_with_an_array_library_keeps_the_state():
 
 
 @needs_mpi
-def test_device_path_refused_where_mpi_cannot_take_the_buffers(tmp_path):
+def test_device_path_refused_where_mpi_cannot_take_the_buffers(batches, tmp_path):
     """A simulated NVIDIA GPU stands for a rank whose state is in GPU memory: it needs a CUDA-aware MPI, which this
     MPI is not: one line, exit 2, on every rank, nothing written (as `collectives --path device`)."""
-    run = run_cli(["train", *SMALL, "--path", "device", "--backend", "0=host,1=sim:h100"], nprocs=2, cwd=tmp_path)
-    assert_usage_error(run, tmp_path, "--path device", "CUDA", "--path host")
+    run, folder = batches.get(2)["refused"]
+    assert_usage_error(run, folder, "--path device", "CUDA", "--path host")
     run = run_cli(["train", *SMALL, "--path", "nvlink"], cwd=tmp_path)
     assert_usage_error(run, tmp_path, "'nvlink' is not one of 'host', 'device'")
 
