@@ -125,6 +125,34 @@ def link_to_root(world: Any, root: int = 0, nbytes: int = 4 * 2**20, repeat: int
     return None if mine is None else Link(bytes_per_s=mine[0], latency_s=mine[1])
 
 
+COPY_PROBE_BYTES = 16 * 2**20  # the buffer a device's host <-> device copy rate is measured with
+COPY_PROBE_REPEAT = 3
+
+
+def copy_rate(backend: Any, dtype: DType | str, computes_on_host: bool, nbytes: int = COPY_PROBE_BYTES,
+              repeat: int = COPY_PROBE_REPEAT) -> float | None:
+    """This rank's copy rate between the host and its device, bytes/s: a buffer of `nbytes` uploaded and
+    downloaded `repeat` times after one untimed round, each round's 2 x nbytes over its two copies' times (the
+    backend's timer: device events, or a simulated device's model), their median. None where the device computes
+    on host arrays (the host backend: nothing is copied). One rank's own work (no MPI)."""
+    if computes_on_host:
+        return None
+    dt = _as_dtype(dtype)
+    count = max(1, nbytes // dt.itemsize)
+    host = np.ones(count, dtype=dt.host)
+    rates = []
+    for i in range(repeat + 1):
+        with backend.timer() as up:
+            on_device = backend.upload(host, dt)
+        with backend.timer() as down:
+            backend.download(on_device, dt)
+        del on_device
+        seconds = up.seconds + down.seconds
+        if i > 0 and seconds > 0:
+            rates.append(2 * count * dt.itemsize / seconds)
+    return _median(rates) if rates else None
+
+
 def slice_shape(strategy: str, m: int, n: int, k: int, part: int) -> tuple[int, int, int]:
     """The (m, n, k) of the GEMM a rank does for `part` of C = A (m x k) @ B (k x n): part x n x k for rows,
     m x n x part for k."""

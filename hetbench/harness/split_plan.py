@@ -329,14 +329,18 @@ class Prediction:
     # a streamed split (chunks): its end to end, the phases overlapping (predict's docstring); None: phased
     streamed_seconds: float | None = None
     chunks: int | None = None
+    # per rank, its copies between the host and its device (0.0 where it computes on host arrays); None: not modelled
+    copy_seconds: tuple[float, ...] | None = None
 
     @property
     def seconds(self) -> float:
-        """End to end: phased, distribute, then the slowest rank's compute, then collect; streamed, the
-        overlapped time predict computed."""
+        """End to end: phased, distribute, then the slowest rank's device phase (its compute and its copies),
+        then collect; streamed, the overlapped time predict computed."""
         if self.streamed_seconds is not None:
             return self.streamed_seconds
-        return self.distribute_seconds + max(self.compute_seconds) + self.collect_seconds
+        copies = self.copy_seconds or (0.0,) * len(self.compute_seconds)
+        return self.distribute_seconds + max(c + x for c, x in zip(self.compute_seconds, copies)) + \
+            self.collect_seconds
 
     def to_dict(self) -> dict:
         """Plain JSON types: strategy, parts, distribute_seconds, compute_seconds (list), collect_seconds,
@@ -349,6 +353,7 @@ class Prediction:
             "collect_seconds": float(self.collect_seconds),
             "seconds": float(self.seconds),
             "chunks": self.chunks,
+            "copy_seconds": None if self.copy_seconds is None else [float(x) for x in self.copy_seconds],
         }
 
 
@@ -388,6 +393,7 @@ def predict(
     root: int = 0,
     curves: Sequence[Sequence[Sequence[float]] | None] | None = None,
     chunks: int | None = None,
+    copies: Sequence[float | None] | None = None,
 ) -> Prediction:
     """Predict a split's phases (s = itemsize, bw_r and lat_r rank r's link; sums over ranks r != root with
     parts[r] > 0):
@@ -413,6 +419,12 @@ def predict(
     lat_r + (rows: parts[r]*w_last; k: m*w_last) * s / bw_r. End to end: the latest of the root's own compute,
     every rank's first_r + that + last_r, and the root's link busy with all of its transfers (the sums above).
     distribute_seconds and collect_seconds are then the largest first_r and last_r: what is not hidden.
+
+    `copies[r]`, where given (not None), is rank r's measured copy rate between the host and its device (bytes/s;
+    None for a device that computes on host arrays): its device phase then also copies its slice in and its result
+    out, copy_r = (rows: parts[r]*k + k*n + parts[r]*n; k: m*parts[r] + parts[r]*n + m*n) * s / copies[r], on the
+    same stream as its GEMMs (added to compute_r wherever the rank's time is counted; the root's too). A GPU's
+    copies through pageable host memory (2 GB/s on an H100 node) cost it more than its GEMMs.
     """
     _check_shape(m, n, k)
     dim = dim_of(strategy, m, n, k)
@@ -426,6 +438,17 @@ def predict(
 
     if curves is not None and len(curves) != count:
         raise ValueError(f"{count} parts and {len(curves)} curves: one each per rank")
+    if copies is not None and len(copies) != count:
+        raise ValueError(f"{count} parts and {len(copies)} copy rates: one each per rank")
+    copy_time = [0.0] * count
+    if copies is not None:
+        for r, part in enumerate(parts):
+            rate = copies[r]
+            if part and rate is not None:
+                if not (math.isfinite(rate) and rate > 0):
+                    raise ValueError(f"rank {r} has a copy rate of {rate!r} bytes/s")
+                moved = (part * k + k * n + part * n) if strategy == "rows" else (m * part + part * n + m * n)
+                copy_time[r] = moved * itemsize / rate
     distribute = 0.0
     collect = 0.0
     compute: list[float] = []
@@ -463,20 +486,24 @@ def predict(
             rest = b_rows * (n - widths[0]) * itemsize / link.bytes_per_s
             back = (part if strategy == "rows" else m) * widths[-1]
             last = link.latency_s + back * itemsize / link.bytes_per_s
-            ends.append(first + max(compute[r], rest + compute[r] / len(widths)) + last)
+            busy = compute[r] + copy_time[r]
+            ends.append(first + max(busy, rest + busy / len(widths)) + last)
             firsts.append(first)
             lasts.append(last)
+    copy_seconds = None if copies is None else tuple(copy_time)
     if chunks is not None:
-        streamed = max([compute[root], distribute + collect, *ends])
+        streamed = max([compute[root] + copy_time[root], distribute + collect, *ends])
         return Prediction(strategy=strategy, parts=tuple(int(p) for p in parts),
                           distribute_seconds=max(firsts, default=0.0), compute_seconds=tuple(compute),
-                          collect_seconds=max(lasts, default=0.0), streamed_seconds=streamed, chunks=int(chunks))
+                          collect_seconds=max(lasts, default=0.0), streamed_seconds=streamed, chunks=int(chunks),
+                          copy_seconds=copy_seconds)
     return Prediction(
         strategy=strategy,
         parts=tuple(int(p) for p in parts),
         distribute_seconds=distribute,
         compute_seconds=tuple(compute),
         collect_seconds=collect,
+        copy_seconds=copy_seconds,
     )
 
 
@@ -527,7 +554,7 @@ def choose_strategy(
 def best_root_share(strategy: str, m: int, n: int, k: int, itemsize: int, rates: Sequence[float],
                     links: Sequence[Link | None], caps: Sequence[int | None] | None = None, root: int = 0,
                     steps: int = 256, curves: Sequence[Sequence[Sequence[float]] | None] | None = None,
-                    chunks: int | None = None) -> Prediction:
+                    chunks: int | None = None, copies: Sequence[float | None] | None = None) -> Prediction:
     """The split the model predicts fastest when the root keeps more than its rate's share: the root's part
     moves no data, so over a slow link the best split gives it more (up to all of the work, where moving a slice
     costs more than computing it at the root). Tries the root's part at `steps` + 1 evenly spaced points of 0..dim
@@ -561,8 +588,8 @@ def best_root_share(strategy: str, m: int, n: int, k: int, itemsize: int, rates:
         candidates.append(parts)
     if not candidates:
         raise PlacementError(f"no split of {dim} {_UNIT[strategy]} fits the devices' free memory")
-    predictions = [predict(strategy, m, n, k, itemsize, p, rates, links, root=root, curves=curves, chunks=chunks)
-                   for p in candidates]
+    predictions = [predict(strategy, m, n, k, itemsize, p, rates, links, root=root, curves=curves, chunks=chunks,
+                           copies=copies) for p in candidates]
     return min(predictions, key=lambda p: (p.seconds, -p.parts[root]))
 
 

@@ -181,7 +181,15 @@ def test_figures_agree_with_each_other(tmp_path):
             if models[r] is not None:
                 for part, seconds in curve:
                     assert seconds == pytest.approx(gemm_model_seconds(models[r], part, N, K, "fp32"), rel=1e-12)
-        predicted = plan.predict("rows", M, N, K, 4, figures["parts"], rates, links, curves=s["model_curves"])
+        # each rank's copies between the host and its device at its measured rate (None: the host computes in place)
+        copies = [None if c is None else c * 1e9 for c in s["copies_gbps"]]
+        assert [c is None for c in copies] == [m is None for m in models]
+        for r, model in enumerate(models):  # a simulated device's probe copies at its model's rate, exactly
+            if model is not None:
+                probe_bytes = 16 * 2**20
+                assert copies[r] == pytest.approx(probe_bytes / transfer_model_seconds(model, probe_bytes), rel=1e-12)
+        predicted = plan.predict("rows", M, N, K, 4, figures["parts"], rates, links, curves=s["model_curves"],
+                                 copies=copies)
         assert figures["predicted"]["parts"] == figures["parts"]
         assert figures["predicted"]["seconds"] == pytest.approx(predicted.seconds, rel=1e-9)
         assert figures["predicted"]["compute_seconds"] == pytest.approx(predicted.compute_seconds, rel=1e-9)
@@ -237,12 +245,19 @@ def test_plan_for_an_h100_and_mi300x_pair(tmp_path):
 
 
 def test_plan_keeps_a_small_product_at_the_root_and_splits_a_large_one():
-    """Over 100 Gb/s, moving B and the slices of an 8192^3 fp32 product costs more than the MI300X saves: the
-    model's best keeps it all on the root's H100. At 65536^3 the compute outweighs the moving: the best split uses
+    """Over 100 Gb/s, moving B and the slices of a 4096^3 fp32 product costs more than the MI300X saves: the
+    model's best keeps it all on the root's H100 (which still copies its part in and out: its copy seconds, at its
+    model's host link, are in the prediction). At 65536^3 the compute outweighs the moving: the best split uses
     both GPUs and beats the H100 alone."""
-    small = run_cli(["split", "--plan", "--size", "8192", "--backend", "0=sim:h100,1=sim:mi300x", "--json"])
+    from hetbench.backends import sim
+
+    small = run_cli(["split", "--plan", "--size", "4096", "--backend", "0=sim:h100,1=sim:mi300x", "--json"])
     assert small.returncode == 0, small.stderr
-    assert json.loads(small.stdout)["summary"]["model_best"]["parts"] == [8192, 0]
+    best = json.loads(small.stdout)["summary"]["model_best"]
+    assert best["parts"] == [4096, 0]
+    h100 = sim.get_model("h100")
+    rate = 16 * 2**20 / (16 * 2**20 / (h100.host_link_gbps * 1e9) + h100.launch_latency_us * 1e-6)
+    assert best["copy_seconds"] == pytest.approx([3 * 4096 * 4096 * 4 / rate, 0.0], rel=1e-12)  # A, B and C
     run = run_cli(["split", "--plan", "--size", "65536", "--backend", "0=sim:h100,1=sim:mi300x", "--json"])
     assert run.returncode == 0, run.stderr
     s = json.loads(run.stdout)["summary"]

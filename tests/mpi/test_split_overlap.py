@@ -100,9 +100,12 @@ def test_streamed_figures_agree_with_the_raw_values(tmp_path):
         links = [None if link is None else plan.Link(link["link_gbps"] * 1e9, link["link_latency_us"] * 1e-6)
                  for link in s["links"]]
         rates = [r["rate_gflops"] * 1e9 for r in rows]
+        copies = [None if c is None else c * 1e9 for c in s["copies_gbps"]]  # the host's: None
+        assert copies[0] is None and all(c > 0 for c in copies[1:])
         predicted = plan.predict("rows", M, N, K, 4, figures["parts"], rates, links, curves=s["model_curves"],
-                                 chunks=4)
+                                 chunks=4, copies=copies)
         assert figures["predicted"]["chunks"] == 4
+        assert figures["predicted"]["copy_seconds"] == pytest.approx(predicted.copy_seconds, rel=1e-9)
         assert figures["predicted"]["seconds"] == pytest.approx(predicted.seconds, rel=1e-9)
 
 

@@ -218,13 +218,21 @@ def test_a_plans_figures_and_its_even_splits_prediction(backend, weights, strate
     # --link-gbps is gigabits: 80 Gb/s is 10 GB/s; --link-latency-us 7 is 7e-6 s
     link = plan.Link(10e9, 7e-6)
     links = [None] + [link] * (ranks - 1)
+    # each simulated device's copies between the host and it at its model's host link (a 16 MiB copy's rate)
+    from hetbench.backends import sim
+    from hetbench.harness.probe import COPY_PROBE_BYTES
+
+    models = [item.split("=")[1].split(":")[1] for item in backend.split(",")]
+    copies = [COPY_PROBE_BYTES / (COPY_PROBE_BYTES / (sim.get_model(x).host_link_gbps * 1e9)
+                                  + sim.get_model(x).launch_latency_us * 1e-6) for x in models]
+    assert s["copies_gbps"] == pytest.approx([c / 1e9 for c in copies], rel=1e-12)
     assert [r["link_gbps"] for r in rows] == [None] + [pytest.approx(10.0)] * (ranks - 1)
     assert [r["link_latency_us"] for r in rows] == [None] + [pytest.approx(7.0)] * (ranks - 1)
     # the even split: equal parts (largest remainder, ties to the lower rank), predicted with the plan's rates and
     # link for the chosen strategy
     even_parts = [dim // ranks + (1 if r < dim % ranks else 0) for r in range(ranks)]
     assert s["even_parts"] == even_parts
-    even = plan.predict(chosen, m, n, k, 4, even_parts, rates, links, chunks=chunks)
+    even = plan.predict(chosen, m, n, k, 4, even_parts, rates, links, chunks=chunks, copies=copies)
     assert s["even_predicted_seconds"] == pytest.approx(even.seconds, rel=1e-9)
     stored = s["even_predictions"][chosen]
     assert stored["parts"] == even_parts and stored["compute_seconds"] == pytest.approx(even.compute_seconds, rel=1e-9)
@@ -234,7 +242,7 @@ def test_a_plans_figures_and_its_even_splits_prediction(backend, weights, strate
     given = rates if weights == "auto" else [float(w) for w in weights.split(",")]
     parts = plan.shares(given, dim)
     assert s["parts"] == parts != even_parts
-    weighted = plan.predict(chosen, m, n, k, 4, parts, rates, links, chunks=chunks)
+    weighted = plan.predict(chosen, m, n, k, 4, parts, rates, links, chunks=chunks, copies=copies)
     assert s["predicted_seconds"] == pytest.approx(weighted.seconds, rel=1e-9)
     assert s["predicted_speedup_over_even"] == pytest.approx(even.seconds / weighted.seconds, rel=1e-9)
     total = 2 * m * n * k

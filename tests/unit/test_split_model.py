@@ -94,3 +94,48 @@ def test_auto_chunks_keep_the_fewest_within_the_margin(tried, expected):
     assert fewest_chunks_within_margin(tried) == expected
     # no margin: simply the fastest
     assert fewest_chunks_within_margin(tried, margin=0.0) == min(tried, key=lambda t: t["end_to_end_seconds"])["chunks"]
+
+
+def test_copies_by_hand_phased_and_streamed():
+    """A rank's copies between the host and its device, (rows: part*k + k*n + part*n) elements at its copy rate, join
+    its GEMM on its device; a rank computing on host arrays (None) copies nothing; the root's count too."""
+    m, n, k, s = 8, 6, 4, 4
+    link = Link(bytes_per_s=1000.0, latency_s=0.5)
+    parts, rates = [3, 5], [2 * 3 * n * k / 2.0, 2 * 5 * n * k / 1.0]  # the root computes 2 s, rank 1 1 s
+    copies = [None, 40.0]
+    p = plan.predict("rows", m, n, k, s, parts, rates, [None, link], copies=copies)
+    moved = (5 * k + k * n + 5 * n) * s  # 20 + 24 + 30 elements of 4 bytes = 296 bytes
+    assert p.copy_seconds == pytest.approx((0.0, moved / 40.0))
+    distribute = 0.5 + (5 * k + k * n) * s / 1000.0
+    collect = 0.5 + 5 * n * s / 1000.0
+    assert p.seconds == pytest.approx(distribute + max(2.0, 1.0 + moved / 40.0) + collect)
+    assert p.to_dict()["copy_seconds"] == pytest.approx([0.0, moved / 40.0])
+    # the root on a device copies its own part, A's rows, B and C's rows, at its rate
+    q = plan.predict("rows", m, n, k, s, parts, rates, [None, link], copies=[10.0, None])
+    root_moved = (3 * k + k * n + 3 * n) * s
+    assert q.copy_seconds == pytest.approx((root_moved / 10.0, 0.0))
+    assert q.seconds == pytest.approx(distribute + max(2.0 + root_moved / 10.0, 1.0) + collect)
+    # streamed in one chunk: the rank's first chunk, then its busy time (GEMM and copies), then its last chunk
+    r = plan.predict("rows", m, n, k, s, parts, rates, [None, link], chunks=1, copies=copies)
+    first = 0.5 + (5 * k + k * n) * s / 1000.0
+    last = 0.5 + 5 * n * s / 1000.0
+    assert r.seconds == pytest.approx(max(2.0, distribute + collect, first + 1.0 + moved / 40.0 + last))
+    # no copies given: none modelled (None), as before
+    assert plan.predict("rows", m, n, k, s, parts, rates, [None, link]).copy_seconds is None
+    with pytest.raises(ValueError, match="copy rate"):
+        plan.predict("rows", m, n, k, s, parts, rates, [None, link], copies=[None, 0.0])
+    with pytest.raises(ValueError, match="copy rates"):
+        plan.predict("rows", m, n, k, s, parts, rates, [None, link], copies=[None])
+
+
+def test_copy_rate_probe_on_a_simulated_device_and_the_host():
+    from hetbench.backends import sim
+    from hetbench.backends.base import BackendSpec
+    from hetbench.dtypes import DTYPES
+    from hetbench.harness import probe
+
+    backend = sim.open_device(BackendSpec("sim", 0, model="h100"), 0, 1)
+    model = sim.get_model("h100")
+    want = 2**20 / sim.transfer_model_seconds(model, 2**20)  # up and down, each modelled alike
+    assert probe.copy_rate(backend, DTYPES["fp32"], False, nbytes=2**20) == pytest.approx(want, rel=1e-12)
+    assert probe.copy_rate(backend, DTYPES["fp32"], True) is None  # computes on host arrays: nothing to copy

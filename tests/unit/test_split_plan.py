@@ -305,6 +305,7 @@ def test_prediction_to_dict_is_plain_json():
         "collect_seconds": pytest.approx(1.14, rel=1e-12),
         "seconds": pytest.approx(3.32, rel=1e-12),
         "chunks": None,
+        "copy_seconds": None,
     }
 
 

@@ -35,7 +35,7 @@ from hetbench.comm.world import World
 from hetbench.dtypes import DType
 from hetbench.harness import verify
 from hetbench.harness.devices import OpenDevice
-from hetbench.harness.probe import slice_shape
+from hetbench.harness.probe import COPY_PROBE_BYTES, slice_shape
 from hetbench.harness.stats import summarize
 
 ROOT = 0
@@ -343,6 +343,9 @@ def measure(cfg: Any, world: World, state: SplitState,
     ranks, dtype = world.size, cfg.dtype
     link = probe.link_to_root(world, ROOT)
     links = world.allgather(link)
+    # each rank's copy rate between the host and its device (None where it computes on host arrays): the model's
+    # copies (a GPU's through pageable memory cost it more than its GEMMs; first seen on an H100)
+    copies = world.allgather(probe.copy_rate(state.backend, dtype, _computes_on_host(state)))
 
     strategies = list(plan.STRATEGIES) if cfg.strategy == "auto" else [cfg.strategy]
     # Each rank's GEMM rate at its slice's shape, twice: all ranks at once (as the split runs them: devices that
@@ -392,7 +395,7 @@ def measure(cfg: Any, world: World, state: SplitState,
     for s in strategies:
         parts_s = plan.shares(weights_for(s), plan.dim_of(s, m, n, k), state.caps[s])
         predictions[s] = plan.predict(s, m, n, k, dtype.itemsize, parts_s, rates[s], links, ROOT, curves=curves[s],
-                                      chunks=chunks)
+                                      chunks=chunks, copies=copies)
     strategy = plan.fastest(predictions)
     dim = plan.dim_of(strategy, m, n, k)
     parts = list(predictions[strategy].parts)
@@ -478,12 +481,21 @@ def measure(cfg: Any, world: World, state: SplitState,
     verdict = world.comm.bcast(verdict, root=ROOT)
     chosen = {"mnk": (m, n, k), "caps": state.caps[strategy], "strategy": strategy, "strategy_given": cfg.strategy, "weights_kind": cfg.weights.kind,
               "weights": weights_for(strategy), "predictions": {s: p.to_dict() for s, p in predictions.items()},
-              "links": links, "rates": rates, "solo_rates": solo_rates, "refined": refined,
+              "links": links, "copies": copies, "rates": rates, "solo_rates": solo_rates, "refined": refined,
               "solo_at_parts": solo_at_parts, "overlap": chunks is not None, "chunks": chunks,
               "chunks_tried": tried_chunks,
               "curves": [[list(p) for p in pts] for pts in points]}
     return RankRun(link, solo, splits, history, chosen, c if world.rank == ROOT else None, verdict,
                    rank_facts(world, state))
+
+
+def _computes_on_host(state: SplitState) -> bool:
+    """Whether this rank's device computes on host arrays (nothing to copy); a backend hetbench does not know (a
+    plugin's, a test's double) is taken to, as the split's phases then count no copies for it either."""
+    try:
+        return capabilities(state.info.backend).computes_on_host_arrays
+    except ValueError:
+        return True
 
 
 def streamed_chunks(cfg: Any, n: int) -> int | None:
@@ -788,6 +800,7 @@ def summarize_job(cfg: Any, rows_: list[dict[str, Any]], gathered: list[RankRun]
     sum_solo = (sum(a["gflops_median"] * 1e9 if a else p for a, p in zip(at_parts, probe_solo)) if at_parts
                 else sum_probe)
     links = root.chosen["links"]
+    copies = root.chosen.get("copies")  # None in documents from before the copies were measured
     # the cost model: each rank's time against its part fitted through every point it was timed at (documents
     # from before the curves: its one rate)
     curves = root.chosen.get("curves")
@@ -819,7 +832,7 @@ def summarize_job(cfg: Any, rows_: list[dict[str, Any]], gathered: list[RankRun]
             "imbalance": _median([t["imbalance"] for t in its]),
             "imbalance_per_iteration": [t["imbalance"] for t in its],
             "predicted": plan.predict(s, m, n, k, cfg.dtype.itemsize, parts, rates, links, ROOT,
-                                      curves=curves, chunks=chunks).to_dict(),
+                                      curves=curves, chunks=chunks, copies=copies).to_dict(),
             "timing": "modelled" if modelled_compute else "measured",
             "raw": {"end_to_end_seconds": e2e, "compute_seconds": compute},
         }
@@ -855,8 +868,10 @@ def summarize_job(cfg: Any, rows_: list[dict[str, Any]], gathered: list[RankRun]
         "splits": splits,
         "predictions": root.chosen["predictions"],
         "model_best": plan.best_root_share(strategy, m, n, k, cfg.dtype.itemsize, rates, links, root.chosen["caps"],
-                                           ROOT, curves=curves, chunks=chunks).to_dict(),
+                                           ROOT, curves=curves, chunks=chunks, copies=copies).to_dict(),
         "model_curves": curves,
+        # each rank's measured copy rate between the host and its device (GB/s; None: it computes on host arrays)
+        "copies_gbps": None if copies is None else [None if c is None else c / 1e9 for c in copies],
         "links": [None if l is None else {"link_gbps": l.bytes_per_s / 1e9, "link_latency_us": l.latency_s * 1e6}
                   for l in links],
         "rebalance": root.rebalance,
@@ -905,17 +920,21 @@ def plan_only(cfg: Any, world: World, state: SplitState) -> RankRun:
         return ([1.0] * ranks if kind == "even" else list(cfg.weights.values) if kind == "list" else rates[s])  # mutation: equivalent[1.0 -> 2.0] (only plan.shares reads them: equal weights of any size share alike)
 
     chunks = streamed_chunks(cfg, n)  # the streamed split's model where it streams (--overlap, the default)
+    # a simulated device's copies at its model's host link (a profile's devices: not modelled)
+    copies = None if state.profile is not None else [
+        COPY_PROBE_BYTES / sim.transfer_model_seconds(sim.get_model(spec.model), COPY_PROBE_BYTES)
+        if capabilities(spec.name).simulated else None for spec in cfg.backends]
     predictions, even = {}, {}
     for s in strategies:
         dim = plan.dim_of(s, m, n, k)
         predictions[s] = plan.predict(s, m, n, k, itemsize, plan.shares(weights_for(s), dim, caps[s]), rates[s],
-                                      links, ROOT, chunks=chunks)
+                                      links, ROOT, chunks=chunks, copies=copies)
         even[s] = plan.predict(s, m, n, k, itemsize, plan.shares([1.0] * ranks, dim, caps[s]), rates[s], links,  # mutation: equivalent[1.0 -> 2.0] (equal weights of any size share alike)
-                               ROOT, chunks=chunks)
+                               ROOT, chunks=chunks, copies=copies)
     strategy = plan.fastest(predictions)
     chosen, even_chosen = predictions[strategy], even[strategy]
-    best = {s: plan.best_root_share(s, m, n, k, itemsize, rates[s], links, caps[s], ROOT, chunks=chunks)
-            for s in strategies}
+    best = {s: plan.best_root_share(s, m, n, k, itemsize, rates[s], links, caps[s], ROOT, chunks=chunks,
+                                    copies=copies) for s in strategies}
     best_strategy = plan.fastest(best)
     total = gemm.flops(m, n, k)
     dim = plan.dim_of(strategy, m, n, k)
@@ -943,6 +962,7 @@ def plan_only(cfg: Any, world: World, state: SplitState) -> RankRun:
         "even_predicted_seconds": even_chosen.seconds, "even_parts": list(even_chosen.parts),
         "predicted_speedup_over_even": even_chosen.seconds / chosen.seconds,
         "link_gbit_per_s": gbit, "link_latency_us": latency_us, "overlap": chunks is not None, "chunks": chunks,
+        "copies_gbps": None if copies is None else [None if c is None else c / 1e9 for c in copies],
         "predictions": {s: p.to_dict() for s, p in predictions.items()},
         "even_predictions": {s: p.to_dict() for s, p in even.items()},
         "model_best": {"strategy": best_strategy, **best[best_strategy].to_dict(),
