@@ -695,15 +695,18 @@ def split_report(rows: list[dict[str, Any]], summary: dict[str, Any], wide: bool
                       f"{fmt(best['root_share_percent'])} %: its part moves nothing) {mod}"
                       f"{fmt(best['seconds'], scale=1e3)} ms", markup=False)
         for s, p in summary["predictions"].items():
+            # a device's copies to and from the host, where modelled: the longest rank's
+            copies = (f" (+ copies {fmt(max(p['copy_seconds']), scale=1e3)} ms)" if p.get("copy_seconds") and
+                      max(p["copy_seconds"]) > 0 else "")
             if p.get("chunks") is None:  # phased: the three phases in turn
                 out.print(f"  {s}: parts {p['parts']}, distribute {fmt(p['distribute_seconds'], scale=1e3)} ms, "
-                          f"compute {fmt(max(p['compute_seconds']), scale=1e3)} ms, collect "
+                          f"compute {fmt(max(p['compute_seconds']), scale=1e3)} ms{copies}, collect "
                           f"{fmt(p['collect_seconds'], scale=1e3)} ms = {fmt(p['seconds'], scale=1e3)} ms",
                           markup=False)
             else:  # streamed: only the first chunk's arrival and the last one's return are not hidden
                 out.print(f"  {s}: parts {p['parts']}, streamed in {p['chunks']} chunk(s): first chunk in "
                           f"{fmt(p['distribute_seconds'], scale=1e3)} ms, compute "
-                          f"{fmt(max(p['compute_seconds']), scale=1e3)} ms, last chunk back "
+                          f"{fmt(max(p['compute_seconds']), scale=1e3)} ms{copies}, last chunk back "
                           f"{fmt(p['collect_seconds'], scale=1e3)} ms, overlapped: {fmt(p['seconds'], scale=1e3)} ms",
                           markup=False)
         return

@@ -244,7 +244,7 @@ def test_plan_for_an_h100_and_mi300x_pair(tmp_path):
     assert "modelled" in run.stdout and "nothing was run" in run.stdout and "model's best" in run.stdout
 
 
-def test_plan_keeps_a_small_product_at_the_root_and_splits_a_large_one():
+def test_plan_keeps_a_small_product_at_the_root_and_splits_a_large_one(tmp_path):
     """Over 100 Gb/s, moving B and the slices of a 4096^3 fp32 product costs more than the MI300X saves: the
     model's best keeps it all on the root's H100 (which still copies its part in and out: its copy seconds, at its
     model's host link, are in the prediction). At 65536^3 the compute outweighs the moving: the best split uses
@@ -258,6 +258,15 @@ def test_plan_keeps_a_small_product_at_the_root_and_splits_a_large_one():
     h100 = sim.get_model("h100")
     rate = 16 * 2**20 / (16 * 2**20 / (h100.host_link_gbps * 1e9) + h100.launch_latency_us * 1e-6)
     assert best["copy_seconds"] == pytest.approx([3 * 4096 * 4096 * 4 / rate, 0.0], rel=1e-12)  # A, B and C
+    # the console names each prediction's longest copies beside its compute
+    from hetbench.report.console import fmt
+
+    shown = run_cli(["split", "--plan", "--size", "4096", "--backend", "0=sim:h100,1=sim:mi300x", "--out",
+                     "plan.json"], cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    for name, p in json.loads((tmp_path / "plan.json").read_text())["summary"]["predictions"].items():
+        assert f"{name}: parts {p['parts']}" in shown.stdout
+        assert f"ms (+ copies {fmt(max(p['copy_seconds']), scale=1e3)} ms), last chunk back" in shown.stdout
     run = run_cli(["split", "--plan", "--size", "65536", "--backend", "0=sim:h100,1=sim:mi300x", "--json"])
     assert run.returncode == 0, run.stderr
     s = json.loads(run.stdout)["summary"]
