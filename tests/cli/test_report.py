@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import HAVE_OPENCL, MPIEXEC, REPO, Run, run_cli
+from helpers import HAVE_OPENCL, MPIEXEC, REPO, Run, run_cli, run_cli_batch
 from hetbench.results import SCHEMA_VERSION, load_results, write_json_atomic
 from hetbench.results import io as results_io
 from hetbench.results import schema
@@ -41,9 +41,13 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "c2.json": (2, ["collectives", "--op", "allreduce", "--path", "both", "--max-bytes", "1K", "--iters", "3",
                         "--warmup", "1", "--backend", "host"]),
     }
-    for name, (nprocs, args) in jobs.items():
-        run = run_cli([*args, "--out", name], nprocs=nprocs, cwd=folder)
-        assert run.returncode == 0, run.stderr
+    # one launch per rank count (helpers.run_cli_batch), each command in this folder as alone
+    for nprocs in (3, 2):
+        named = [(name, args) for name, (n, args) in jobs.items() if n == nprocs]
+        runs = run_cli_batch([([*args, "--out", name], folder) for name, args in named], nprocs,
+                             tmp_path_factory.mktemp(f"batch-{nprocs}"), timeout=240)
+        for run in runs:
+            assert run.returncode == 0, run.stderr
     return {name: folder / name for name in jobs}
 
 

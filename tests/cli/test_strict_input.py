@@ -9,7 +9,7 @@ import json
 import os
 
 import pytest
-from helpers import REPO, assert_usage_error, needs_mpi, run_cli
+from helpers import REPO, Batches, assert_usage_error, needs_mpi, run_cli
 
 DATA = REPO / "tests" / "data"
 
@@ -33,12 +33,42 @@ def test_rates_and_rates_of_learning_are_finite(tmp_path, args, option):
     assert_usage_error(run, tmp_path, option, "finite number")
 
 
+ASCII = [("0=host,١=host", "'١=host'"), ("host:²", "'²'"), ("0=host,１=host", "'１=host'")]
+FRONTENDS = ["numpy", "torch"]
+
+
+def _launched(nprocs, root):
+    """This file's commands under mpiexec, one launch per rank count (helpers.Batches): every one is bad input,
+    refused alike on every rank, and the job goes on to the next."""
+    commands = [(f"ascii-{i}", ["matmul", "--size", "16", "--backend", backend], {})
+                for i, (backend, _) in enumerate(ASCII)]
+    if nprocs == 2:
+        commands += [(f"too-big-{frontend}", ["train", "--frontend", frontend, "--hidden", "65536", "--layers", "100",
+                                              "--steps", "2"], {}) for frontend in FRONTENDS]
+        (root / "results-a-file").mkdir()
+        (root / "results-a-file" / "results").write_text("x")
+        commands.append(("results-a-file", ["matmul", "--size", "16", "--backend", "host"], {}))
+    return commands
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    return Batches(tmp_path_factory.mktemp("strict-launched"), _launched, timeout=240)
+
+
+def _run(launched, name, nprocs, args, tmp_path, timeout=120):
+    """(the command's Run, the folder it ran in): alone in TMP_PATH, or NAME in its rank count's launch."""
+    if nprocs is None:
+        return run_cli(args, cwd=tmp_path, timeout=timeout), tmp_path
+    return launched.get(nprocs)[name]
+
+
 @pytest.mark.parametrize("nprocs", [None, pytest.param(2, marks=needs_mpi), pytest.param(3, marks=needs_mpi)])
-@pytest.mark.parametrize("backend, needle", [("0=host,١=host", "'١=host'"), ("host:²", "'²'"),
-                                             ("0=host,１=host", "'１=host'")])
-def test_rank_numbers_and_indices_in_ascii_digits_only(tmp_path, nprocs, backend, needle):
-    run = run_cli(["matmul", "--size", "16", "--backend", backend], nprocs=nprocs, cwd=tmp_path)
-    assert_usage_error(run, tmp_path, "--backend", needle)
+@pytest.mark.parametrize("case", range(len(ASCII)), ids=[b for b, _ in ASCII])
+def test_rank_numbers_and_indices_in_ascii_digits_only(tmp_path, launched, nprocs, case):
+    backend, needle = ASCII[case]
+    run, folder = _run(launched, f"ascii-{case}", nprocs, ["matmul", "--size", "16", "--backend", backend], tmp_path)
+    assert_usage_error(run, folder, "--backend", needle)
 
 
 @pytest.mark.parametrize("args, option", [
@@ -131,15 +161,16 @@ def test_the_documented_json_still_reads(tmp_path):
 
 
 @pytest.mark.parametrize("nprocs", [None, pytest.param(2, marks=needs_mpi)])
-@pytest.mark.parametrize("frontend", ["numpy", "torch"])
-def test_train_refuses_a_model_the_host_cannot_hold_before_allocating(tmp_path, nprocs, frontend):
+@pytest.mark.parametrize("frontend", FRONTENDS)
+def test_train_refuses_a_model_the_host_cannot_hold_before_allocating(tmp_path, launched, nprocs, frontend):
     """A MemoryError after allocating, before; now one line at once, every rank alike (torch or not: the check
     comes before the front end makes anything, so it holds where torch is missing too)."""
-    run = run_cli(["train", "--frontend", frontend, "--hidden", "65536", "--layers", "100", "--steps", "2"],
-                  nprocs=nprocs, cwd=tmp_path, timeout=60)
+    run, folder = _run(launched, f"too-big-{frontend}", nprocs, ["train", "--frontend", frontend, "--hidden", "65536",
+                                                                 "--layers", "100", "--steps", "2"], tmp_path,
+                       timeout=60)
     if frontend == "torch" and "torch" in run.stderr and "needs up to" not in run.stderr:
         pytest.skip("torch is not installed here: the front end's own check speaks first")
-    assert_usage_error(run, tmp_path, "--hidden 65536", "needs up to", "bytes of host memory on rank",
+    assert_usage_error(run, folder, "--hidden 65536", "needs up to", "bytes of host memory on rank",
                        "lower --batch, --hidden or --layers")
 
 
@@ -253,16 +284,16 @@ def test_an_output_folder_that_takes_no_new_file_is_refused_before_computing(tmp
 
 
 @pytest.mark.parametrize("nprocs", [None, pytest.param(2, marks=needs_mpi)])
-def test_a_default_results_folder_that_is_a_file_is_one_line(tmp_path, nprocs):
+def test_a_default_results_folder_that_is_a_file_is_one_line(tmp_path, launched, nprocs):
     """Two lines before, one for --out and one for --csv, of the one cause."""
     (tmp_path / "results").write_text("x")
-    run = run_cli(["matmul", "--size", "16", "--backend", "host"], nprocs=nprocs, cwd=tmp_path)
+    run, folder = _run(launched, "results-a-file", nprocs, ["matmul", "--size", "16", "--backend", "host"], tmp_path)
     assert run.returncode == 2 and run.stdout == "" and "Traceback" not in run.stderr, run.stderr
     lines = run.error_lines  # (Open MPI adds its banner)
     assert len(lines) == 1 and lines[0].endswith(  # rank 0 checks the outputs
         "the default results folder 'results' is not a folder; move it away, or name the outputs with --out and "
         "--csv"), run.stderr
-    assert (tmp_path / "results").read_text() == "x"
+    assert (folder / "results").read_text() == "x"
 
 
 def test_an_integer_too_long_to_read_is_one_line(tmp_path):
