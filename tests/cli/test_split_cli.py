@@ -10,7 +10,7 @@ import statistics
 import numpy as np
 import pytest
 
-from helpers import HAVE_OPENCL, assert_usage_error, needs_mpi, run_cli
+from helpers import HAVE_OPENCL, Batches, assert_usage_error, needs_mpi, run_cli
 from hetbench.harness.gemm import generate_inputs
 from hetbench.dtypes import DTYPES
 
@@ -23,19 +23,81 @@ def expected(m: int = M, n: int = N, k: int = K, seed: int = 0) -> np.ndarray:
     return a.astype(np.float64) @ b.astype(np.float64)
 
 
-def split(tmp_path, nprocs: int, *args: str):
-    out, saved = tmp_path / "s.json", tmp_path / "c.npy"
-    run = run_cli(["split", "--m", str(M), "--n", str(N), "--k", str(K), "--warmup", "0", "--repeat", "2",
-                   "--out", str(out), "--save", str(saved), *args], nprocs=nprocs, cwd=tmp_path)
+def split_args(folder, *args: str) -> list[str]:
+    return ["split", "--m", str(M), "--n", str(N), "--k", str(K), "--warmup", "0", "--repeat", "2",
+            "--out", str(folder / "s.json"), "--save", str(folder / "c.npy"), *args]
+
+
+BAD_INPUT = [
+    (["--weights", "1,-2"], "-2"),
+    (["--weights", "1,2,3"], "3"),
+    (["--weights", "0,0"], "0,0"),
+    (["--weights", "a,b"], "a,b"),
+    (["--weights", "missing.json"], "missing.json"),
+    (["--strategy", "diag"], "diag"),
+    (["--rebalance", "0"], "--rebalance"),
+    (["--link-gbps", "100"], "--link-gbps"),
+    (["--plan", "--backend", "0=host,1=sim:h100"], "rank(s) 0=host"),
+    (["--plan", "--size", "300000", "--backend", "0=sim:h100,1=sim:mi300x"], "cannot be placed"),
+]
+
+
+def bad_args(args: list[str]) -> list[str]:
+    backend = [] if "--backend" in args else ["--backend", "0=host,1=sim:h100"]
+    return ["split", "--size", "16", *backend, *args] if "--size" not in args else ["split", *backend, *args]
+
+
+def _commands(nprocs, root):
+    """This file's commands under mpiexec, in one launch per rank count (helpers.Batches): NAME, ARGS, ENV."""
+    if nprocs == 3:
+        return [*[(f"zero-{strategy}", split_args(root / f"zero-{strategy}", "--strategy", strategy, "--weights",
+                                                  "2,0,1", "--backend", f"0=host,1={SECOND},2=sim:mi300x"), {})
+                  for strategy in ("rows", "k")],
+                ("figures", split_args(root / "figures", "--repeat", "3", "--strategy", "rows", "--weights", "2,1,3",
+                                       "--no-overlap", "--backend", "0=host,1=sim:h100,2=sim:mi300x"), {})]
+    files = root / "files"
+    files.mkdir()
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((31, 17)).astype(np.float32), rng.standard_normal((17, 13)).astype(np.float32)
+    np.save(files / "a.npy", a)
+    np.save(files / "b.npy", b)
+    profile = root / "profile" / "profile.json"
+    return [
+        *[(f"two-{strategy}-{weights}", split_args(root / f"two-{strategy}-{weights}", "--strategy", strategy,
+                                                   "--weights", weights, "--backend", "0=host,1=sim:mi300x"), {})
+          for strategy in ("rows", "k") for weights in ("even", "3,1", "auto")],
+        ("files", ["split", "--a", "a.npy", "--b", "b.npy", "--repeat", "1", "--warmup", "0", "--backend",
+                   "0=host,1=sim:h100", "--out", str(files / "s.json"), "--save", str(files / "c.npy")], {}),
+        ("rebalance", split_args(root / "rebalance", "--strategy", "rows", "--weights", "even", "--rebalance", "3",
+                                 "--backend", "0=host,1=sim:h100"), {}),
+        *[(f"bad-{i}", bad_args(args), {}) for i, (args, _) in enumerate(BAD_INPUT) if "--plan" not in args],
+        ("profile", ["calibrate", "--size", "48", "--strategy", "rows", "--backend", "0=host,1=sim:h100", "--out",
+                     str(profile)], {}),
+        ("profile-split", split_args(root / "profile-split", "--strategy", "rows", "--weights", str(profile),
+                                     "--backend", "0=host,1=sim:h100"), {}),
+        ("profile-other", ["split", "--size", "16", "--weights", str(profile), "--backend", "0=host,1=sim:mi300x"],
+         {}),
+        ("saved", split_args(root / "saved", "--strategy", "k", "--weights", "3,1", "--backend", "0=host,1=host"), {}),
+    ]
+
+
+@pytest.fixture(scope="module")
+def batches(tmp_path_factory):
+    return Batches(tmp_path_factory.mktemp("split-cli"), _commands, timeout=300)
+
+
+def split(batches, nprocs: int, name: str):
+    """NAME's run in its rank count's launch: (its Run, its JSON document, its saved C)."""
+    run, folder = batches.get(nprocs)[name]
     assert run.returncode == 0, run.stdout + run.stderr
-    return run, json.loads(out.read_text()), np.load(saved)
+    return run, json.loads((folder / "s.json").read_text()), np.load(folder / "c.npy")
 
 
 @needs_mpi
 @pytest.mark.parametrize("strategy", ["rows", "k"])
 @pytest.mark.parametrize("weights", ["even", "3,1", "auto"])
-def test_two_ranks_compute_numpys_product(tmp_path, strategy, weights):
-    run, doc, c = split(tmp_path, 2, "--strategy", strategy, "--weights", weights, "--backend", "0=host,1=sim:mi300x")
+def test_two_ranks_compute_numpys_product(batches, strategy, weights):
+    run, doc, c = split(batches, 2, f"two-{strategy}-{weights}")
     np.testing.assert_allclose(c, expected(), rtol=1e-4, atol=1e-4)
     summary = doc["summary"]
     assert summary["strategy"] == strategy and summary["verified"] is True
@@ -54,9 +116,8 @@ def test_two_ranks_compute_numpys_product(tmp_path, strategy, weights):
 
 @needs_mpi
 @pytest.mark.parametrize("strategy", ["rows", "k"])
-def test_three_mixed_ranks_with_a_zero_share(tmp_path, strategy):
-    run, doc, c = split(tmp_path, 3, "--strategy", strategy, "--weights", "2,0,1",
-                        "--backend", f"0=host,1={SECOND},2=sim:mi300x")
+def test_three_mixed_ranks_with_a_zero_share(batches, strategy):
+    run, doc, c = split(batches, 3, f"zero-{strategy}")
     np.testing.assert_allclose(c, expected(), rtol=1e-4, atol=1e-4)
     weighted = [r for r in doc["rows"] if r["split"] == "weighted"]
     assert [r["part"] for r in weighted][1] == 0 and weighted[1]["gemm_flops"] == 0
@@ -67,14 +128,11 @@ def test_three_mixed_ranks_with_a_zero_share(tmp_path, strategy):
 
 
 @needs_mpi
-def test_auto_strategy_and_files_at_the_root(tmp_path):
+def test_auto_strategy_and_files_at_the_root(batches):
+    run, folder = batches.get(2)["files"]  # a.npy and b.npy made there by _commands, from the same seed
     rng = np.random.default_rng(5)
     a, b = rng.standard_normal((31, 17)).astype(np.float32), rng.standard_normal((17, 13)).astype(np.float32)
-    np.save(tmp_path / "a.npy", a)
-    np.save(tmp_path / "b.npy", b)
-    out, saved = tmp_path / "s.json", tmp_path / "c.npy"
-    run = run_cli(["split", "--a", "a.npy", "--b", "b.npy", "--repeat", "1", "--warmup", "0", "--backend",
-                   "0=host,1=sim:h100", "--out", str(out), "--save", str(saved)], nprocs=2, cwd=tmp_path)
+    out, saved = folder / "s.json", folder / "c.npy"
     assert run.returncode == 0, run.stderr
     np.testing.assert_allclose(np.load(saved), a.astype(np.float64) @ b.astype(np.float64), rtol=1e-4, atol=1e-4)
     summary = json.loads(out.read_text())["summary"]
@@ -84,7 +142,7 @@ def test_auto_strategy_and_files_at_the_root(tmp_path):
 
 
 @needs_mpi
-def test_figures_agree_with_each_other(tmp_path):
+def test_figures_agree_with_each_other(batches):
     """Every derived figure of a phased split (--no-overlap; the streamed one's: tests/mpi/test_split_overlap.py)
     recomputed from the raw values in its own document. The weights
     are fixed (2,1,3: parts [12, 6, 19], even [13, 12, 12]), so the even split is always measured beside (auto
@@ -93,8 +151,7 @@ def test_figures_agree_with_each_other(tmp_path):
     from hetbench.backends.sim import gemm_model_seconds, get_model, transfer_model_seconds
     from hetbench.harness import split_plan as plan
 
-    _, doc, _ = split(tmp_path, 3, "--repeat", "3", "--strategy", "rows", "--weights", "2,1,3", "--no-overlap",
-                      "--backend", "0=host,1=sim:h100,2=sim:mi300x")
+    _, doc, _ = split(batches, 3, "figures")
     s = doc["summary"]
     flops = 2 * M * N * K
     assert s["total_gemm_flops"] == flops and s["parts"] == [12, 6, 19] and s["weights"] == [2, 1, 3]
@@ -209,9 +266,8 @@ def test_figures_agree_with_each_other(tmp_path):
 
 
 @needs_mpi
-def test_rebalance_records_each_iteration(tmp_path):
-    _, doc, c = split(tmp_path, 2, "--strategy", "rows", "--weights", "even", "--rebalance", "3",
-                      "--backend", "0=host,1=sim:h100")
+def test_rebalance_records_each_iteration(batches):
+    _, doc, c = split(batches, 2, "rebalance")
     np.testing.assert_allclose(c, expected(), rtol=1e-4, atol=1e-4)
     history = doc["summary"]["rebalance"]
     assert 1 <= len(history) <= 3
@@ -278,51 +334,38 @@ def test_plan_keeps_a_small_product_at_the_root_and_splits_a_large_one(tmp_path)
 
 
 @needs_mpi
-@pytest.mark.parametrize("args, needle", [
-    (["--weights", "1,-2"], "-2"),
-    (["--weights", "1,2,3"], "3"),
-    (["--weights", "0,0"], "0,0"),
-    (["--weights", "a,b"], "a,b"),
-    (["--weights", "missing.json"], "missing.json"),
-    (["--strategy", "diag"], "diag"),
-    (["--rebalance", "0"], "--rebalance"),
-    (["--link-gbps", "100"], "--link-gbps"),
-    (["--plan", "--backend", "0=host,1=sim:h100"], "rank(s) 0=host"),
-    (["--plan", "--size", "300000", "--backend", "0=sim:h100,1=sim:mi300x"], "cannot be placed"),
-])
-def test_bad_input(tmp_path, args, needle):
-    backend = [] if "--backend" in args else ["--backend", "0=host,1=sim:h100"]
-    nprocs = None if "--plan" in args else 2
-    run = run_cli(["split", "--size", "16", *backend, *args] if "--size" not in args else
-                  ["split", *backend, *args], nprocs=nprocs, cwd=tmp_path)
-    assert_usage_error(run, tmp_path, needle)
+@pytest.mark.parametrize("case", range(len(BAD_INPUT)), ids=[" ".join(a) for a, _ in BAD_INPUT])
+def test_bad_input(tmp_path, batches, case):
+    args, needle = BAD_INPUT[case]
+    if "--plan" in args:  # one process, alone
+        run, folder = run_cli(bad_args(args), cwd=tmp_path), tmp_path
+    else:  # 2 ranks, in this file's launch
+        run, folder = batches.get(2)[f"bad-{case}"]
+    assert_usage_error(run, folder, needle)
 
 
 @needs_mpi
-def test_profile_weights_from_calibrate(tmp_path):
+def test_profile_weights_from_calibrate(batches):
     """`hetbench calibrate` writes a profile; `split --weights` takes its rates as the weights on the same devices
     and refuses it on others, on every rank alike."""
-    cal = run_cli(["calibrate", "--size", "48", "--strategy", "rows", "--backend", "0=host,1=sim:h100", "--out",
-                   "profile.json"], nprocs=2, cwd=tmp_path)
+    cal, folder = batches.get(2)["profile"]
     assert cal.returncode == 0, cal.stderr
-    rates = [r["gemm_gflops"] for r in json.loads((tmp_path / "profile.json").read_text())["rows"]]
-    _, doc, c = split(tmp_path, 2, "--strategy", "rows", "--weights", "profile.json",
-                      "--backend", "0=host,1=sim:h100")
+    rates = [r["gemm_gflops"] for r in json.loads((folder / "profile.json").read_text())["rows"]]
+    _, doc, c = split(batches, 2, "profile-split")
     np.testing.assert_allclose(c, expected(), rtol=1e-4, atol=1e-4)
     from hetbench.harness import split_plan as plan
 
     assert doc["summary"]["weights_kind"] == "profile"
     assert doc["summary"]["weights"] == pytest.approx([r * 1e9 for r in rates])
     assert doc["summary"]["parts"] == plan.shares([r * 1e9 for r in rates], M)
-    other = run_cli(["split", "--size", "16", "--weights", "profile.json", "--backend", "0=host,1=sim:mi300x"],
-                    nprocs=2, cwd=tmp_path)
+    other, _ = batches.get(2)["profile-other"]
     assert other.returncode == 2 and "rank 1 was sim:h100" in other.stderr and "Traceback" not in other.stderr
 
 
 @needs_mpi
-def test_report_shows_a_saved_split_as_it_was_printed(tmp_path):
-    run, doc, _ = split(tmp_path, 2, "--strategy", "k", "--weights", "3,1", "--backend", "0=host,1=host")
-    shown = run_cli(["report", "s.json"], cwd=tmp_path)
+def test_report_shows_a_saved_split_as_it_was_printed(batches):
+    run, doc, _ = split(batches, 2, "saved")
+    shown = run_cli(["report", "s.json"], cwd=batches.get(2)["saved"][1])
     assert shown.returncode == 0, shown.stderr
     weighted = doc["summary"]["splits"]["weighted"]
     line = next(l for l in run.stdout.splitlines() if l.startswith("weighted split"))
