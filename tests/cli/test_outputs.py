@@ -17,7 +17,7 @@ from pathlib import Path
 import click
 import numpy as np
 import pytest
-from helpers import MPIEXEC, REPO, Run, assert_usage_error, needs_mpi, require_mpi_mark, run_cli
+from helpers import MPIEXEC, REPO, Batches, Run, assert_usage_error, needs_mpi, require_mpi_mark, run_cli
 
 from hetbench.results import io as results_io
 from hetbench.results import load_results
@@ -129,14 +129,61 @@ def test_explicit_out_may_replace_a_regular_file(tmp_path):
 # --- outputs that are not regular files -----------------------------------------------------------------------
 
 
+SYMLINKED = ["--out", "--csv", "--save"]
+TWICE = [
+    (["--out", "r.json", "--csv", "r.json"], "--out 'r.json'", "--csv 'r.json'"),
+    (["--out", "r.json", "--save", "r.json"], "--out 'r.json'", "--save 'r.json'"),
+    (["--out", "r.json", "--csv", "./r.json"], "--out 'r.json'", "--csv 'r.json'"),
+    (["--csv", "r.csv", "--save", "sub/../r.csv"], "--csv 'r.csv'", "--save 'sub/../r.csv'"),
+    (["--out", "r.json", "--csv", "alias/r.json"], "--out 'r.json'", "--csv 'alias/r.json'"),
+]
+
+
+def _symlinked(folder: Path) -> None:
+    (folder / "target.txt").write_text("keep me", encoding="utf-8")
+    (folder / "link.json").symlink_to(folder / "target.txt")
+
+
+def _fifo(folder: Path) -> None:
+    os.mkfifo(folder / "r.json")
+
+
+def _twice(folder: Path) -> None:
+    (folder / "sub").mkdir()
+    (folder / "alias").symlink_to(folder)
+
+
+def _launched(nprocs, root):
+    """The 2-rank commands of this file, in one launch (helpers.Batches): each in its own folder, made as the
+    one-process case makes its tmp_path; all bad input, refused alike on every rank, the job going on."""
+    cases = [*[(f"symlink{option}", _symlinked, [option, "link.json"]) for option in SYMLINKED],
+             ("fifo", _fifo, ["--out", "r.json"]),
+             *[(f"twice-{i}", _twice, args) for i, (args, _, _) in enumerate(TWICE)]]
+    for name, setup, _ in cases:
+        (root / name).mkdir()
+        setup(root / name)
+    return [(name, [*MATMUL, *args], {}) for name, _, args in cases]
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    return Batches(tmp_path_factory.mktemp("outputs-launched"), _launched, timeout=120)
+
+
+def _run(launched, tmp_path, nprocs, name, setup, args, timeout=120):
+    """(the command's Run, the folder it ran in): alone in TMP_PATH (SETUP made there first), or NAME in the
+    2-rank launch (its folder made alike)."""
+    if nprocs is None:
+        setup(tmp_path)
+        return run_cli(args, cwd=tmp_path, timeout=timeout), tmp_path
+    return launched.get(nprocs)[name]
+
+
 @pytest.mark.parametrize("nprocs", RANKS)
-@pytest.mark.parametrize("option", ["--out", "--csv", "--save"])
-def test_symlink_output_is_refused_and_left_alone(tmp_path, nprocs, option):
-    target = tmp_path / "target.txt"
-    target.write_text("keep me", encoding="utf-8")
-    link = tmp_path / "link.json"
-    link.symlink_to(target)
-    run = run_cli([*MATMUL, option, "link.json"], nprocs=nprocs, cwd=tmp_path)
+@pytest.mark.parametrize("option", SYMLINKED)
+def test_symlink_output_is_refused_and_left_alone(tmp_path, launched, nprocs, option):
+    run, tmp_path = _run(launched, tmp_path, nprocs, f"symlink{option}", _symlinked, [*MATMUL, option, "link.json"])
+    target, link = tmp_path / "target.txt", tmp_path / "link.json"
     assert run.returncode == 2, run.stderr
     assert "Traceback" not in run.stderr and len(run.error_lines) == 1, run.stderr
     assert option in run.error_lines[0] and "'link.json'" in run.error_lines[0]
@@ -178,10 +225,9 @@ def test_device_output_is_refused(tmp_path, name, option):
 
 
 @pytest.mark.parametrize("nprocs", RANKS)
-def test_fifo_output_is_refused_without_blocking(tmp_path, nprocs):
+def test_fifo_output_is_refused_without_blocking(tmp_path, launched, nprocs):
+    run, tmp_path = _run(launched, tmp_path, nprocs, "fifo", _fifo, [*MATMUL, "--out", "r.json"], timeout=60)
     fifo = tmp_path / "r.json"
-    os.mkfifo(fifo)
-    run = run_cli([*MATMUL, "--out", "r.json"], nprocs=nprocs, cwd=tmp_path, timeout=60)
     assert_usage_error(run, tmp_path, "--out", "'r.json'", "a FIFO")
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
 
@@ -212,20 +258,10 @@ def test_commit_never_renames_over_a_link_made_after_the_check(tmp_path):
 
 
 @pytest.mark.parametrize("nprocs", RANKS)
-@pytest.mark.parametrize(
-    "args, first, second",
-    [
-        (["--out", "r.json", "--csv", "r.json"], "--out 'r.json'", "--csv 'r.json'"),
-        (["--out", "r.json", "--save", "r.json"], "--out 'r.json'", "--save 'r.json'"),
-        (["--out", "r.json", "--csv", "./r.json"], "--out 'r.json'", "--csv 'r.json'"),
-        (["--csv", "r.csv", "--save", "sub/../r.csv"], "--csv 'r.csv'", "--save 'sub/../r.csv'"),
-        (["--out", "r.json", "--csv", "alias/r.json"], "--out 'r.json'", "--csv 'alias/r.json'"),
-    ],
-)
-def test_one_file_named_twice_is_a_usage_error(tmp_path, nprocs, args, first, second):
-    (tmp_path / "sub").mkdir()
-    (tmp_path / "alias").symlink_to(tmp_path)
-    run = run_cli([*MATMUL, *args], nprocs=nprocs, cwd=tmp_path)
+@pytest.mark.parametrize("case", range(len(TWICE)), ids=[f"{a}-{b}" for _, a, b in TWICE])
+def test_one_file_named_twice_is_a_usage_error(tmp_path, launched, nprocs, case):
+    args, first, second = TWICE[case]
+    run, tmp_path = _run(launched, tmp_path, nprocs, f"twice-{case}", _twice, [*MATMUL, *args])
     assert_usage_error(run, tmp_path, first, second, "the same file")
 
 
