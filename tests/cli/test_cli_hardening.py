@@ -50,11 +50,20 @@ def test_counts_and_sizes_have_upper_bounds(args, needles):
         assert needle in message, message
 
 
+HUGE_REPEAT = ["matmul", "--size", "16", "--backend", "host", "--repeat", str(10**22)]
+
+
+def _alone_or_launched(batches, tmp_path, nprocs, name, args, env=None):
+    """(the command's Run, the folder it ran in): alone in TMP_PATH, or NAME in the 2-rank launch."""
+    if nprocs is None:
+        return run_cli(args, cwd=tmp_path, timeout=60, env=env), tmp_path
+    return batches.get(nprocs)[name]
+
+
 @pytest.mark.parametrize("nprocs", RANKS)
-def test_huge_repeat_is_a_usage_error_on_every_rank(tmp_path, nprocs):
-    run = run_cli(["matmul", "--size", "16", "--backend", "host", "--repeat", str(10**22)], nprocs=nprocs,
-                  cwd=tmp_path, timeout=60)
-    assert_usage_error(run, tmp_path, "--repeat", str(10**22), "1<=x<=1000000")
+def test_huge_repeat_is_a_usage_error_on_every_rank(tmp_path, batches, nprocs):
+    run, folder = _alone_or_launched(batches, tmp_path, nprocs, "huge-repeat", HUGE_REPEAT)
+    assert_usage_error(run, folder, "--repeat", str(10**22), "1<=x<=1000000")
 
 
 def test_the_bounds_themselves_are_accepted(tmp_path):
@@ -95,10 +104,13 @@ def test_parse_bytes_reads_ascii_digits_only():
             parse_bytes(text)
 
 
+NON_ASCII_SIZE = ["matmul", "--backend", "host", "--size", FULLWIDTH_16]
+
+
 @pytest.mark.parametrize("nprocs", RANKS)
-def test_non_ascii_size_end_to_end(tmp_path, nprocs):
-    run = run_cli(["matmul", "--backend", "host", "--size", FULLWIDTH_16], nprocs=nprocs, cwd=tmp_path, timeout=60)
-    assert_usage_error(run, tmp_path, "--size", repr(FULLWIDTH_16), "0-9")
+def test_non_ascii_size_end_to_end(tmp_path, batches, nprocs):
+    run, folder = _alone_or_launched(batches, tmp_path, nprocs, "non-ascii-size", NON_ASCII_SIZE)
+    assert_usage_error(run, folder, "--size", repr(FULLWIDTH_16), "0-9")
 
 
 def test_ascii_integers_with_sign_spaces_and_underscores_still_parse(tmp_path):
@@ -150,6 +162,10 @@ def _commands(nprocs, root):
     found = [(f"dtype-{command}", _dtype_args(command), {}) for command in DTYPE_COMMANDS]
     if nprocs == 2:
         found += [(f"help-{i}", args, {}) for i, (args, _) in enumerate(HELP)]
+        found += [("huge-repeat", HUGE_REPEAT, {}), ("non-ascii-size", NON_ASCII_SIZE, {})]
+        # HETBENCH_SIM_FAULT is read when the command runs
+        found += [(f"fault-{command}", _fault_args(command), {sim.FAULT_ENV: "matmull"})
+                  for command in FAULT_COMMANDS]
     return found
 
 
@@ -233,14 +249,21 @@ def test_unknown_sim_faults(monkeypatch, value):
     assert message is not None and repr(value.strip()) in message and "corrupt-copy" in message
 
 
-@pytest.mark.parametrize("nprocs", RANKS)
-@pytest.mark.parametrize("command", ["matmul", "collectives"])
-def test_unknown_sim_fault_is_a_usage_error(tmp_path, nprocs, command):
-    """Before, a misspelt fault injected nothing and the run passed."""
+FAULT_COMMANDS = ["matmul", "collectives"]
+
+
+def _fault_args(command):
     args = ["--size", "16", "--repeat", "1"] if command == "matmul" else ["--op", "allreduce", "--max-bytes", "1K"]
-    run = run_cli([command, *args, "--backend", "sim:h100"], nprocs=nprocs, cwd=tmp_path, timeout=60,
-                  env={sim.FAULT_ENV: "matmull"})
-    assert_usage_error(run, tmp_path, "HETBENCH_SIM_FAULT", "'matmull'", "matmul, upload, corrupt, corrupt-copy",
+    return [command, *args, "--backend", "sim:h100"]
+
+
+@pytest.mark.parametrize("nprocs", RANKS)
+@pytest.mark.parametrize("command", FAULT_COMMANDS)
+def test_unknown_sim_fault_is_a_usage_error(tmp_path, batches, nprocs, command):
+    """Before, a misspelt fault injected nothing and the run passed."""
+    run, folder = _alone_or_launched(batches, tmp_path, nprocs, f"fault-{command}", _fault_args(command),
+                                     env={sim.FAULT_ENV: "matmull"})
+    assert_usage_error(run, folder, "HETBENCH_SIM_FAULT", "'matmull'", "matmul, upload, corrupt, corrupt-copy",
                        "@RANK")
 
 
