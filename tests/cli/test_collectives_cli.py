@@ -8,7 +8,8 @@ import json
 
 import numpy as np
 import pytest
-from helpers import ALL_OPS, HAND_FACTOR, MPIEXEC, Batches, assert_usage_error, needs_mpi, needs_opencl, run_cli
+from helpers import (ALL_OPS, HAND_FACTOR, HAVE_OPENCL, MPIEXEC, Batches, assert_usage_error, needs_mpi, needs_opencl,
+                     run_cli)
 
 from hetbench.results import SCHEMA_VERSION, load_results
 
@@ -92,10 +93,9 @@ def test_json_stdout_is_only_the_document(tmp_path):
 
 
 @needs_mpi
-def test_two_ranks_default_backend_all_ops(tmp_path):
-    out = tmp_path / "r.json"
-    run = run_cli(["collectives", "--min-bytes", "4K", "--max-bytes", "16K", "--root", "1", *FAST, "--out",
-                   str(out)], nprocs=2, cwd=tmp_path)
+def test_two_ranks_default_backend_all_ops(batches):
+    run, folder = batches.get(2)["default-all-ops"]
+    out = folder / "r.json"
     assert run.returncode == 0, run.stderr
     assert run.stdout.count("allreduce  (path: host") == 1  # only rank 0 prints
     doc = load_results(out)
@@ -104,11 +104,10 @@ def test_two_ranks_default_backend_all_ops(tmp_path):
 
 
 @needs_mpi
-def test_three_ranks_host_smallest_default_sizes(tmp_path):
+def test_three_ranks_host_smallest_default_sizes(batches):
     # without --min-bytes the sweep starts at one element per rank for ops that split their size: 3 x 8 B
-    out = tmp_path / "r.json"
-    run = run_cli(["collectives", "--op", "allgather,allreduce,scatter", "--backend", "host", "--max-bytes", "96",
-                   "--dtype", "fp64", "--root", "2", *FAST, "--out", str(out)], nprocs=3, cwd=tmp_path)
+    run, folder = batches.get(3)["smallest"]
+    out = folder / "r.json"
     assert run.returncode == 0, run.stderr
     doc = load_results(out)
     _check_document(doc, 3, ("allgather", "allreduce", "scatter"), [24, 48, 96], root=2, itemsize=8)
@@ -116,11 +115,9 @@ def test_three_ranks_host_smallest_default_sizes(tmp_path):
 
 @needs_mpi
 @needs_opencl
-def test_three_ranks_host_opencl_sim_all_ops(tmp_path):
-    out, csv_path = tmp_path / "r.json", tmp_path / "r.csv"
-    run = run_cli(["collectives", "--backend", "0=host,1=opencl,2=sim:mi300x", "--min-bytes", "12K",
-                   "--max-bytes", "48K", "--root", "2", *FAST, "--out", str(out), "--csv", str(csv_path)],
-                  nprocs=3, cwd=tmp_path)
+def test_three_ranks_host_opencl_sim_all_ops(batches):
+    run, folder = batches.get(3)["host-opencl-sim"]
+    out, csv_path = folder / "r.json", folder / "r.csv"
     assert run.returncode == 0, run.stderr
     doc = load_results(out)
     _check_document(doc, 3, ALL_OPS, [12288, 24576, 49152], root=2)
@@ -134,10 +131,9 @@ def test_three_ranks_host_opencl_sim_all_ops(tmp_path):
 
 
 @needs_mpi
-def test_device_path_with_host_memory(tmp_path):
-    out = tmp_path / "r.json"
-    run = run_cli(["collectives", "--backend", "host", "--path", "device", "--min-bytes", "4K", "--max-bytes", "8K",
-                   *FAST, "--out", str(out)], nprocs=2, cwd=tmp_path)
+def test_device_path_with_host_memory(batches):
+    run, folder = batches.get(2)["device-path"]
+    out = folder / "r.json"
     assert run.returncode == 0, run.stderr
     doc = load_results(out)
     _check_document(doc, 2, ALL_OPS, [4096, 8192], paths=("device",))
@@ -148,11 +144,9 @@ def test_device_path_with_host_memory(tmp_path):
 
 
 @needs_mpi
-def test_both_paths(tmp_path):
-    out = tmp_path / "r.json"
-    run = run_cli(["collectives", "--backend", "host", "--path", "both", "--op", "allreduce,gather,sendrecv",
-                   "--min-bytes", "8K", "--max-bytes", "16K", "--dtype", "fp64", *FAST, "--out", str(out)],
-                  nprocs=2, cwd=tmp_path)
+def test_both_paths(batches):
+    run, folder = batches.get(2)["both-paths"]
+    out = folder / "r.json"
     assert run.returncode == 0, run.stderr
     doc = load_results(out)
     _check_document(doc, 2, ("allreduce", "gather", "sendrecv"), [8192, 16384], paths=("host", "device"), itemsize=8)
@@ -162,25 +156,32 @@ def test_both_paths(tmp_path):
 
 
 RANKS = [None, pytest.param(2, marks=pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec"))]
+REFUSED_SIM = ["collectives", "--backend", "sim:h100", "--path", "device", "--max-bytes", "4K", *FAST]
+REFUSED_OPENCL = ["collectives", "--backend", "opencl", "--path", "both", "--max-bytes", "4K", *FAST]
+
+
+def _alone_or_launched(batches, tmp_path, nprocs, name, args):
+    """(the command's Run, the folder it ran in): alone in TMP_PATH, or NAME in the 2-rank launch."""
+    if nprocs is None:
+        return run_cli(args, cwd=tmp_path, timeout=60), tmp_path
+    return batches.get(nprocs)[name]
 
 
 @pytest.mark.parametrize("nprocs", RANKS)
-def test_device_path_refused_without_gpu_aware_mpi(tmp_path, nprocs):
+def test_device_path_refused_without_gpu_aware_mpi(tmp_path, batches, nprocs):
     from hetbench.comm.gpu import gpu_support
 
     if gpu_support()["cuda"]:
         pytest.skip("this MPI reports CUDA support")
-    run = run_cli(["collectives", "--backend", "sim:h100", "--path", "device", "--max-bytes", "4K", *FAST],
-                  nprocs=nprocs, cwd=tmp_path, timeout=60)
-    assert_usage_error(run, tmp_path, "--path device", "CUDA", "MPI", "--path host")
+    run, folder = _alone_or_launched(batches, tmp_path, nprocs, "refused-sim", REFUSED_SIM)
+    assert_usage_error(run, folder, "--path device", "CUDA", "MPI", "--path host")
 
 
 @needs_opencl
 @pytest.mark.parametrize("nprocs", RANKS)
-def test_device_path_refused_for_opencl(tmp_path, nprocs):
-    run = run_cli(["collectives", "--backend", "opencl", "--path", "both", "--max-bytes", "4K", *FAST],
-                  nprocs=nprocs, cwd=tmp_path, timeout=60)
-    assert_usage_error(run, tmp_path, "--path device", "OpenCL", "--path host")
+def test_device_path_refused_for_opencl(tmp_path, batches, nprocs):
+    run, folder = _alone_or_launched(batches, tmp_path, nprocs, "refused-opencl", REFUSED_OPENCL)
+    assert_usage_error(run, folder, "--path device", "OpenCL", "--path host")
 
 
 @pytest.mark.parametrize("nprocs", [None, pytest.param(2, marks=needs_mpi)])
@@ -235,31 +236,55 @@ BAD_THREE = [
 ]
 
 
-def _bad_commands(nprocs, root):
-    """The bad-input commands for one rank count, in one job (helpers.Batches; a usage error ends no job)."""
+def _commands(nprocs, root):
+    """This file's commands for one rank count, in one job (helpers.Batches): the bad input (a usage error ends
+    no job) and, under mpiexec, the runs that complete (each writing into its own folder)."""
+    def out(name):
+        return ["--out", str(root / name / "r.json")]
+
     if nprocs == 3:
-        return [(f"three-{i}", ["collectives", "--backend", "host", "--max-bytes", "4K", "--iters", "1", *args], {})
-                for i, (args, _) in enumerate(BAD_THREE)]
-    return [(f"bad-{i}", ["collectives", "--backend", "host", "--max-bytes", "4K", "--iters", "1", "--warmup", "0",
-                          *args], {}) for i, (args, _) in enumerate(BAD)]
+        return [
+            *[(f"three-{i}", ["collectives", "--backend", "host", "--max-bytes", "4K", "--iters", "1", *args], {})
+              for i, (args, _) in enumerate(BAD_THREE)],
+            ("smallest", ["collectives", "--op", "allgather,allreduce,scatter", "--backend", "host", "--max-bytes",
+                          "96", "--dtype", "fp64", "--root", "2", *FAST, *out("smallest")], {}),
+            *([("host-opencl-sim", ["collectives", "--backend", "0=host,1=opencl,2=sim:mi300x", "--min-bytes", "12K",
+                                    "--max-bytes", "48K", "--root", "2", *FAST, *out("host-opencl-sim"), "--csv",
+                                    str(root / "host-opencl-sim" / "r.csv")], {})] if HAVE_OPENCL else []),
+        ]
+    found = [(f"bad-{i}", ["collectives", "--backend", "host", "--max-bytes", "4K", "--iters", "1", "--warmup", "0",
+                           *args], {}) for i, (args, _) in enumerate(BAD)]
+    if nprocs == 2:
+        found += [
+            ("default-all-ops", ["collectives", "--min-bytes", "4K", "--max-bytes", "16K", "--root", "1", *FAST,
+                                 *out("default-all-ops")], {}),
+            ("device-path", ["collectives", "--backend", "host", "--path", "device", "--min-bytes", "4K",
+                             "--max-bytes", "8K", *FAST, *out("device-path")], {}),
+            ("both-paths", ["collectives", "--backend", "host", "--path", "both", "--op", "allreduce,gather,sendrecv",
+                            "--min-bytes", "8K", "--max-bytes", "16K", "--dtype", "fp64", *FAST,
+                            *out("both-paths")], {}),
+            ("refused-sim", REFUSED_SIM, {}),
+            *([("refused-opencl", REFUSED_OPENCL, {})] if HAVE_OPENCL else []),
+        ]
+    return found
 
 
 @pytest.fixture(scope="module")
-def bad_runs(tmp_path_factory):
-    return Batches(tmp_path_factory.mktemp("collectives-bad-input"), _bad_commands, timeout=180)
+def batches(tmp_path_factory):
+    return Batches(tmp_path_factory.mktemp("collectives-cli"), _commands, timeout=240)
 
 
 @pytest.mark.parametrize("nprocs", RANKS)
 @pytest.mark.parametrize("args, needles", BAD)
-def test_bad_input(bad_runs, nprocs, args, needles):
-    run, folder = bad_runs.get(nprocs)[f"bad-{BAD.index((args, needles))}"]
+def test_bad_input(batches, nprocs, args, needles):
+    run, folder = batches.get(nprocs)[f"bad-{BAD.index((args, needles))}"]
     assert_usage_error(run, folder, *needles)
 
 
 @pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec")
 @pytest.mark.parametrize("args, needles", BAD_THREE)
-def test_bad_input_three_ranks(bad_runs, args, needles):
-    run, folder = bad_runs.get(3)[f"three-{BAD_THREE.index((args, needles))}"]
+def test_bad_input_three_ranks(batches, args, needles):
+    run, folder = batches.get(3)[f"three-{BAD_THREE.index((args, needles))}"]
     assert_usage_error(run, folder, *needles)
 
 
