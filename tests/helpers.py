@@ -260,10 +260,18 @@ def run_cli_batch(commands: list[tuple[list[str], Path] | tuple[list[str], Path,
     folder.mkdir(parents=True, exist_ok=True)
     cases = [{"args": [str(a) for a in c[0]], "cwd": str(c[1]), "env": c[2] if len(c) > 2 else {},
               "out": str(folder / f"case-{i}")} for i, c in enumerate(commands)]
+    return _batch_job("mpi_cli_batch.py", cases, nprocs, folder, timeout,
+                      lambda case: f"`hetbench {' '.join(case['args'])}`")
+
+
+def _batch_job(runner: str, cases: list[dict], nprocs: int | None, folder: Path, timeout: float, name) -> list[Run]:
+    """CASES run by tests/RUNNER in one job: each case's Run (every rank's stdout and stderr from the case's OUT
+    folder); a case the job did not finish gets exit code -1 and a stderr naming (NAME(case)) the case that ended
+    it, with the job's own output."""
     (folder / "cases.json").write_text(json.dumps(cases))
     results = folder / "results.jsonl"
     try:
-        job = run_python([str(TESTS / "mpi_cli_batch.py"), str(folder / "cases.json"), str(results)], nprocs=nprocs,
+        job = run_python([str(TESTS / runner), str(folder / "cases.json"), str(results)], nprocs=nprocs,
                          cwd=folder, timeout=timeout)
     except pytest.fail.Exception as e:  # a hang: the cases it finished stand, the rest say so
         job = Run(-1, "", str(e), timeout)
@@ -283,11 +291,61 @@ def run_cli_batch(commands: list[tuple[list[str], Path] | tuple[list[str], Path,
             runs.append(Run(done[i]["returncode"], stdout, stderr, done[i]["seconds"]))
         else:
             ended = min(set(range(len(cases))) - set(done))
-            runs.append(Run(-1, stdout, f"{stderr}\n[batch] `hetbench {' '.join(case['args'])}` did not finish: the "
-                            f"job (exit {job.returncode}) ended in case {ended}, `hetbench "
-                            f"{' '.join(cases[ended]['args'])}`\njob stdout: {job.stdout}\njob stderr: {job.stderr}",
-                            0.0))
+            runs.append(Run(-1, stdout, f"{stderr}\n[batch] {name(case)} did not finish: the job (exit "
+                            f"{job.returncode}) ended in case {ended}, {name(cases[ended])}\njob stdout: "
+                            f"{job.stdout}\njob stderr: {job.stderr}", 0.0))
     return runs
+
+
+def run_script_batch(scripts: list[tuple[Path, list[str]]], nprocs: int, folder: Path,
+                     timeout: float = 300) -> list[tuple[Run, Path]]:
+    """Python scripts, each (SCRIPT, ARGS), run one after another in ONE `mpiexec -n NPROCS` job
+    (tests/mpi_script_batch.py), each as `python SCRIPT ARGS` would run it, in its own folder FOLDER/case-I
+    (its working directory): each one's (Run, folder), as run_cli_batch gives them."""
+    folder.mkdir(parents=True, exist_ok=True)
+    cases = []
+    for i, (script, args) in enumerate(scripts):
+        (folder / f"case-{i}").mkdir()
+        cases.append({"script": str(script), "args": [str(a) for a in args], "cwd": str(folder / f"case-{i}"),
+                      "out": str(folder / f"case-{i}" / "output")})
+    runs = _batch_job("mpi_script_batch.py", cases, nprocs, folder, timeout,
+                      lambda case: f"`python {case['script']} {' '.join(case['args'])}`")
+    return [(run, Path(case["cwd"])) for run, case in zip(runs, cases)]
+
+
+# The torch workers' and the example's runs under mpiexec, shared by tests/mpi/test_torch_train.py and
+# tests/mpi/test_torch_fsdp.py: one launch per rank count (each rank's torch import paid once, not once a script),
+# made by the first test that asks. NAME -> (SCRIPT, ARGS); the example's --log is written into its own folder.
+TORCH_SCRIPTS: dict[int, dict[str, tuple[Path, list[str]]]] = {
+    2: {
+        "exact": (TESTS / "torch_workers" / "exact.py", ["even", "3,1"]),
+        "fsdp": (TESTS / "torch_workers" / "fsdp.py", ["3,1"]),
+        "example-fsdp": (REPO / "examples" / "torch_uneven.py", ["--strategy", "fsdp", "--weights", "3,1", "--steps",
+                                                                "6"]),
+        "example-fsdp2-log": (REPO / "examples" / "torch_uneven.py", ["--strategy", "fsdp2", "--weights", "3,1",
+                                                                     "--steps", "6", "--log", "ex.jsonl"]),
+    },
+    3: {
+        "exact": (TESTS / "torch_workers" / "exact.py", ["even", "3,2,1", "2,1,0"]),
+        "fsdp": (TESTS / "torch_workers" / "fsdp.py", ["0.5,0.3,0.2", "2,1,0"]),
+    },
+}
+_TORCH_RUNS: dict[int, dict[str, tuple[Run, Path]]] = {}
+
+
+def torch_script_runs(nprocs: int) -> dict[str, tuple[Run, Path]]:
+    """TORCH_SCRIPTS[NPROCS]'s runs, NAME -> (its Run, its folder), in one launch (its timeout 280 s, within
+    pytest's 300 s a test; each script had 120-240 s alone)."""
+    if nprocs not in _TORCH_RUNS:
+        import atexit
+        import tempfile
+
+        folder = Path(tempfile.mkdtemp(prefix=f"hetbench-test-torch-scripts-{nprocs}-"))
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        named = TORCH_SCRIPTS[nprocs]
+        runs = run_script_batch(list(named.values()), nprocs, folder, timeout=280)
+        _TORCH_RUNS[nprocs] = dict(zip(named, runs))
+    return _TORCH_RUNS[nprocs]
 
 
 def run_cli_stages(root: Path, stages: list[tuple[int | None, list[tuple[str, list[str], dict[str, str]]]]],

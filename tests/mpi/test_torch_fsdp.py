@@ -9,14 +9,14 @@ import json
 import re
 
 import pytest
-from helpers import HAVE_OPENCL, TESTS, assert_usage_error, needs_mpi, run_cli_stages, run_python
+from helpers import (HAVE_OPENCL, TORCH_SCRIPTS, assert_usage_error, needs_mpi, run_cli_stages,
+                     torch_script_runs)
 
 torch = pytest.importorskip("torch")
 
 from torch import nn  # noqa: E402
 
 SECOND = "opencl" if HAVE_OPENCL else "sim:h100"
-WORKERS = TESTS / "torch_workers"
 SMALL_GPT = ["--model", "gpt", "--layers", "2", "--hidden", "32", "--heads", "2", "--seq-len", "16", "--batch", "12",
              "--lr", "3e-3"]
 SMALL_MLP = ["--layers", "3", "--hidden", "16", "--batch", "24"]
@@ -25,7 +25,9 @@ SMALL_MLP = ["--layers", "3", "--hidden", "16", "--batch", "24"]
 @needs_mpi
 @pytest.mark.parametrize("nprocs,weights", [(2, ["3,1"]), (3, ["0.5,0.3,0.2", "2,1,0"])])
 def test_uneven_fsdp_matches_one_process_and_holds_its_share(nprocs, weights):
-    run = run_python([str(WORKERS / "fsdp.py"), *weights], nprocs=nprocs, timeout=240)
+    # tests/torch_workers/fsdp.py WEIGHTS, in the torch scripts' launch for NPROCS (helpers.TORCH_SCRIPTS)
+    assert TORCH_SCRIPTS[nprocs]["fsdp"][1] == weights
+    run, _ = torch_script_runs(nprocs)["fsdp"]
     assert run.returncode == 0, run.stdout + run.stderr
     cases = re.findall(r"CASE (\S+) (\S+) loss=(\S+) param=(\S+) elements=(\S+) ok", run.stdout)
     assert sorted((c[0], c[1]) for c in cases) == sorted(
@@ -172,8 +174,10 @@ def test_fsdp_checkpoint_resumes_on_three_ranks_with_ddp_fsdp2_and_fsdp(jobs):
 def test_the_example_shards_a_users_own_model():
     from helpers import REPO
 
-    run = run_python([str(REPO / "examples" / "torch_uneven.py"), "--strategy", "fsdp", "--weights", "3,1",
-                      "--steps", "6"], nprocs=2, timeout=120)
+    # in the torch scripts' 2-rank launch (helpers.TORCH_SCRIPTS)
+    assert TORCH_SCRIPTS[2]["example-fsdp"] == (REPO / "examples" / "torch_uneven.py",
+                                                ["--strategy", "fsdp", "--weights", "3,1", "--steps", "6"])
+    run, _ = torch_script_runs(2)["example-fsdp"]
     assert run.returncode == 0, run.stdout + run.stderr
     # 3 blocks of Linear(32, 32) and the head Linear(32, 1) left to the root: 3 * 1056 + 33 parameters
     held = re.findall(r"rank (\d): (\d+) of 3201 parameters \(([\d.]+) %\), (\d+) \+ (\d+) \+ (\d+) bytes", run.stdout)

@@ -11,13 +11,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import (HAVE_OPENCL, MPIEXEC_KIND, REPO, TESTS, assert_usage_error, needs_mpi,
-                      require_mpi_mark, run_cli, run_cli_stages, run_python)
+from helpers import (HAVE_OPENCL, MPIEXEC_KIND, REPO, TORCH_SCRIPTS, assert_usage_error, needs_mpi,
+                      require_mpi_mark, run_cli, run_cli_stages, run_python, torch_script_runs)
 
 torch = pytest.importorskip("torch")
 
 SECOND = "opencl" if HAVE_OPENCL else "sim:h100"
-WORKERS = TESTS / "torch_workers"
 SMALL_MLP = ["--layers", "3", "--hidden", "16", "--batch", "24", "--steps", "12"]
 SMALL_GPT = ["--model", "gpt", "--layers", "1", "--hidden", "32", "--heads", "2", "--seq-len", "16", "--batch", "12",
              "--steps", "10", "--lr", "3e-3"]
@@ -27,7 +26,9 @@ MIXED = [("bf16", "fsdp2"), ("fp16", "ddp")]
 @needs_mpi
 @pytest.mark.parametrize("nprocs,weights", [(2, ["even", "3,1"]), (3, ["even", "3,2,1", "2,1,0"])])
 def test_ddp_and_fsdp2_match_one_process_under_uneven_shares(nprocs, weights):
-    run = run_python([str(WORKERS / "exact.py"), *weights], nprocs=nprocs, timeout=240)
+    # tests/torch_workers/exact.py WEIGHTS, in the torch scripts' launch for NPROCS (helpers.TORCH_SCRIPTS)
+    assert TORCH_SCRIPTS[nprocs]["exact"][1] == weights
+    run, _ = torch_script_runs(nprocs)["exact"]
     assert run.returncode == 0, run.stdout + run.stderr
     cases = re.findall(r"CASE (\S+) (\S+) rows=(\S+) loss=(\S+) param=(\S+) (\S+)", run.stdout)
     exact = [c for c in cases if c[0] != "plain-ddp"]
@@ -279,10 +280,13 @@ def test_the_check_fails_on_a_curve_one_percent_off():
 
 
 @needs_mpi
-def test_the_example_script_and_its_log(tmp_path):
-    log = tmp_path / "ex.jsonl"
-    run = run_python([str(REPO / "examples" / "torch_uneven.py"), "--strategy", "fsdp2", "--weights", "3,1",
-                      "--steps", "6", "--log", str(log)], nprocs=2, cwd=tmp_path, timeout=240)
+def test_the_example_script_and_its_log():
+    # examples/torch_uneven.py --strategy fsdp2 --weights 3,1 --steps 6 --log ex.jsonl, in the torch scripts'
+    # 2-rank launch (helpers.TORCH_SCRIPTS), in its own folder
+    assert TORCH_SCRIPTS[2]["example-fsdp2-log"][1] == ["--strategy", "fsdp2", "--weights", "3,1", "--steps", "6",
+                                                        "--log", "ex.jsonl"]
+    run, folder = torch_script_runs(2)["example-fsdp2-log"]
+    log = folder / "ex.jsonl"
     assert run.returncode == 0, run.stdout + run.stderr
     lines = [json.loads(line) for line in log.read_text().splitlines()]
     assert [line["step"] for line in lines] == list(range(6))
