@@ -45,6 +45,9 @@ def saved(tmp_path_factory):
     return ck, json.loads((root / "first.json").read_text())
 
 
+SGD = [*MODEL, "--optimizer", "sgd", "--lr", "0.05", "--backend", "host"]
+
+
 def resume(tmp_path, nprocs, *args, env=None):
     out, log = tmp_path / "r.json", tmp_path / "r.jsonl"
     run = run_cli(["train", *MODEL, "--out", str(out), "--log", str(log), *args], nprocs=nprocs, cwd=tmp_path,
@@ -183,7 +186,14 @@ def commands(saved, tmp_path_factory):
         stages[nprocs].append((f"resume-{name}", ["train", *MODEL, "--out", str(root / f"resume-{name}" / "r.json"),
                                                   "--log", str(root / f"resume-{name}" / "r.jsonl"), "--resume",
                                                   str(ck), "--steps", "40", *args], {}))
+    sgd_ck = root / "sgd-first" / "ck"
     stages[2] += [
+        # sgd, fsdp with weights 1,0 (rank 1 holds nothing), then resumed as a pipeline from its checkpoint
+        ("sgd-first", ["train", *SGD, "--steps", "6", "--strategy", "fsdp", "--weights", "1,0", "--checkpoint",
+                       str(sgd_ck), "--json"], {}),
+        ("sgd-resumed", ["train", *MODEL, "--out", str(root / "sgd-resumed" / "r.json"), "--log",
+                         str(root / "sgd-resumed" / "r.jsonl"), *SGD, "--steps", "10", "--strategy", "pipeline",
+                         "--resume", str(sgd_ck)], {}),
         ("proc-folder", ["train", *MODEL, "--steps", "4", "--checkpoint", "/proc/nope/ck", "--backend", "host"], {}),
         ("made-folder", ["train", *MODEL, "--steps", "4", "--checkpoint", "new/deeper/ck", "--weights",
                          "missing-profile.json", "--backend", "host"], {}),
@@ -242,17 +252,17 @@ def test_bad_checkpoints_are_refused(commands, case):
 
 
 @needs_mpi
-def test_sgd_with_a_rank_holding_nothing_resumes_as_a_pipeline(tmp_path):
+def test_sgd_with_a_rank_holding_nothing_resumes_as_a_pipeline(commands):
     """sgd keeps no optimizer state; fsdp with weights 1,0 leaves rank 1 no shard (no files): the pipeline that
     resumes it takes each stage's layers from rank 0's pieces alone."""
-    ck = tmp_path / "ck"
-    sgd = [*MODEL, "--optimizer", "sgd", "--lr", "0.05", "--backend", "host"]
-    first = run_cli(["train", *sgd, "--steps", "6", "--strategy", "fsdp", "--weights", "1,0", "--checkpoint",
-                     str(ck), "--json"], nprocs=2, cwd=tmp_path, timeout=240)
+    first, folder = commands[0]["sgd-first"]  # in the 2-rank launch, before sgd-resumed
+    ck = folder / "ck"
     assert first.returncode == 0, first.stderr
     assert sorted(p.name for p in (ck / "step-6").iterdir()) == ["manifest.json", "rank-0.param.npy"]
-    (tmp_path / "out").mkdir()
-    doc, lines = resume(tmp_path / "out", 2, *sgd, "--steps", "10", "--strategy", "pipeline", "--resume", str(ck))
+    run, folder = commands[0]["sgd-resumed"]
+    assert run.returncode == 0, run.stdout + run.stderr
+    doc = json.loads((folder / "r.json").read_text())
+    lines = [json.loads(line) for line in (folder / "r.jsonl").read_text().splitlines()]
     losses, _ = reference(CFG, "sgd", 0.05, 10)
     np.testing.assert_allclose([line["loss"] for line in lines], losses[6:10], rtol=1e-4)
     assert doc["summary"]["verified"] is True
@@ -278,6 +288,7 @@ def _set(path, value):
         for key in path[:-1]:
             holder = holder[key]
         holder[path[-1]] = value
+    change.path, change.value = path, value  # for tests/mpi_resume_cases.py's "doctor"
     return change
 
 
@@ -439,24 +450,24 @@ def test_a_doctored_torch_checkpoint_is_one_line(tmp_path):
     if torch_problem() is not None:
         pytest.skip(f"torch: {torch_problem()}")
     small = ["--frontend", "torch", "--strategy", "fsdp", "--layers", "2", "--hidden", "8", "--batch", "8"]
-    first = run_cli(["train", *small, "--steps", "2", "--checkpoint", str(tmp_path / "ck"), "--out",
-                     str(tmp_path / "first.json")], cwd=tmp_path, timeout=120)
-    assert first.returncode == 0, first.stderr
-    cases = []
+    # one process (torch imported once): the first run saves its checkpoint, then each case copies it, doctors the
+    # copy's manifest (_set's field and value) and resumes from it; no peak traced (tracemalloc made the first
+    # torch import take most of 20 s)
+    cases = [{"name": "first", "args": ["train", *small, "--steps", "2", "--checkpoint", str(tmp_path / "ck"),
+                                        "--out", str(tmp_path / "first.json")], "trace": False}]
     for name, (change, _) in TORCH_DOCTORED.items():
-        shutil.copytree(tmp_path / "ck", tmp_path / name)
-        manifest_path = tmp_path / name / "step-2" / "manifest.json"
-        manifest = json.loads(manifest_path.read_text())
-        change(manifest)
-        manifest_path.write_text(json.dumps(manifest))
-        # no peak traced: tracemalloc made the first case's torch import take most of 20 s
         cases.append({"name": name, "args": ["train", *small, "--steps", "4", "--resume", str(tmp_path / name),
-                                             "--out", str(tmp_path / f"{name}.json")], "trace": False})
+                                             "--out", str(tmp_path / f"{name}.json")], "trace": False,
+                      "doctor": {"from": str(tmp_path / "ck"), "to": str(tmp_path / name),
+                                 "manifest": "step-2/manifest.json", "path": change.path, "value": change.value}})
     (tmp_path / "cases.json").write_text(json.dumps(cases))
     run = run_python([str(REPO / "tests" / "mpi_resume_cases.py"), str(tmp_path / "cases.json")], cwd=tmp_path,
                      timeout=240)
     assert run.returncode == 0, run.stdout + run.stderr
-    for case in json.loads(run.stdout):
+    first, *doctored = json.loads(run.stdout)
+    assert first["name"] == "first" and first["ranks"][0]["code"] == 0, first
+    assert [case["name"] for case in doctored] == list(TORCH_DOCTORED)
+    for case in doctored:
         outcome, needle = case["ranks"][0], TORCH_DOCTORED[case["name"]][1]
         path = tmp_path / case["name"] / "step-2" / "manifest.json"
         assert outcome["code"] == 2 and outcome["stdout"] == "", (case["name"], outcome)
