@@ -29,9 +29,10 @@ needs_matplotlib = pytest.mark.skipif(importlib.util.find_spec("matplotlib") is 
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def launched(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Four real short runs: matmul on host + OpenCL + simulated MI300X (3 ranks) and on host + simulated MI300X
-    at another size; collectives on the same 3 ranks, and on 2 host ranks over both paths."""
+    at another size; collectives on the same 3 ranks, and on 2 host ranks over both paths; and a matmul size
+    sweep on 2 ranks."""
     folder = tmp_path_factory.mktemp("runs")
     jobs = {
         "mm3.json": (3, ["matmul", "--size", "64", "--repeat", "3", "--backend", f"0=host,1={SECOND},2=sim:mi300x"]),
@@ -40,6 +41,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                         "--warmup", "1", "--backend", f"0=host,1={SECOND},2=sim:mi300x"]),
         "c2.json": (2, ["collectives", "--op", "allreduce", "--path", "both", "--max-bytes", "1K", "--iters", "3",
                         "--warmup", "1", "--backend", "host"]),
+        # test_a_size_sweep_is_drawn_against_size's run
+        "sweep.json": (2, ["matmul", "--sizes", "32,64,128", "--repeat", "2", "--warmup", "1", "--backend",
+                           "0=host,1=sim:h100"]),
     }
     # one launch per rank count (helpers.run_cli_batch), each command in this folder as alone
     for nprocs in (3, 2):
@@ -49,6 +53,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         for run in runs:
             assert run.returncode == 0, run.stderr
     return {name: folder / name for name in jobs}
+
+
+@pytest.fixture(scope="module")
+def runs(launched: dict[str, Path]) -> dict[str, Path]:
+    """The four short runs (the size sweep has a test of its own)."""
+    return {name: path for name, path in launched.items() if name != "sweep.json"}
 
 
 def docs(runs: dict[str, Path]) -> dict[str, dict]:
@@ -397,12 +407,10 @@ def test_loader_upgrades_an_older_version_in_one_place(tmp_path: Path, monkeypat
 
 
 @needs_matplotlib
-def test_a_size_sweep_is_drawn_against_size(tmp_path: Path) -> None:
-    """One `matmul --sizes` run: its page has the throughput-against-size plot, whose points are the run's rows,
-    and its per-rank plots show the largest size."""
-    run = run_cli(["matmul", "--sizes", "32,64,128", "--repeat", "2", "--warmup", "1", "--backend",
-                   "0=host,1=sim:h100", "--out", "sweep.json"], nprocs=2, cwd=tmp_path)
-    assert run.returncode == 0, run.stderr
+def test_a_size_sweep_is_drawn_against_size(launched: dict[str, Path], tmp_path: Path) -> None:
+    """One `matmul --sizes` run (in the module's 2-rank launch): its page has the throughput-against-size plot,
+    whose points are the run's rows, and its per-rank plots show the largest size."""
+    shutil.copy(launched["sweep.json"], tmp_path / "sweep.json")
     page_run = run_cli(["report", "--brief", "sweep.json", "--html", "sweep.html"], cwd=tmp_path)
     assert page_run.returncode == 0, page_run.stderr
     doc = load_results(tmp_path / "sweep.json")
