@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import HAVE_OPENCL, MPIEXEC, REPO, Run, run_cli, run_cli_batch
+from helpers import HAVE_OPENCL, MPIEXEC, REPO, Run, run_cli, run_cli_batch, run_cli_stages
 from hetbench.results import SCHEMA_VERSION, load_results, write_json_atomic
 from hetbench.results import io as results_io
 from hetbench.results import schema
@@ -59,6 +59,31 @@ def launched(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def runs(launched: dict[str, Path]) -> dict[str, Path]:
     """The four short runs (the size sweep has a test of its own)."""
     return {name: path for name, path in launched.items() if name != "sweep.json"}
+
+
+def _trained_doc() -> dict:
+    doc = load_results(DATA / "matmul-v1.json")
+    doc["steps"] = [{"step": i, "loss": 2.0 / (i + 1), "tokens_per_second": 1000.0 + 10 * i} for i in range(5)]
+    return doc
+
+
+@pytest.fixture(scope="module")
+def pages(launched: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Run, Path]]:
+    """The `report` commands that draw (matplotlib imported once, not once a command: helpers.run_cli_stages,
+    one process), each in its own folder: NAME -> (its Run, its folder)."""
+    root = tmp_path_factory.mktemp("pages")
+    shown = [str(path) for name, path in launched.items() if name != "sweep.json"]
+    (root / "sweep").mkdir()
+    shutil.copy(launched["sweep.json"], root / "sweep" / "sweep.json")
+    (root / "steps").mkdir()
+    write_json_atomic(root / "steps" / "trained.json", _trained_doc())
+    return run_cli_stages(root, [(None, [
+        ("html", ["report", "--brief", *shown, "--html", "report.html"], {}),
+        ("plots", ["report", "--brief", str(launched["mm3.json"]), str(launched["c2.json"]), "--plots", "plots/new"],
+         {}),
+        ("sweep", ["report", "--brief", "sweep.json", "--html", "sweep.html"], {}),
+        ("steps", ["report", "--brief", "trained.json", "--html", "page.html"], {}),
+    ])], timeout=240)
 
 
 def docs(runs: dict[str, Path]) -> dict[str, dict]:
@@ -171,8 +196,8 @@ def points(figure: dict, label_part: str, panel: str | None = None) -> list[dict
 
 
 @needs_matplotlib
-def test_html_page(runs: dict[str, Path], tmp_path: Path) -> None:
-    run = run_cli(["report", "--brief", *map(str, runs.values()), "--html", "report.html"], cwd=tmp_path)
+def test_html_page(runs: dict[str, Path], pages) -> None:
+    run, tmp_path = pages["html"]  # `report --brief RUNS --html report.html`, in its folder
     assert run.returncode == 0, run.stderr
     assert "report page written to: report.html" in run.stdout
     page = parse_page(tmp_path / "report.html")
@@ -233,11 +258,10 @@ def test_html_page(runs: dict[str, Path], tmp_path: Path) -> None:
 
 
 @needs_matplotlib
-def test_steps_are_plotted(tmp_path: Path) -> None:
-    doc = load_results(DATA / "matmul-v1.json")
-    doc["steps"] = [{"step": i, "loss": 2.0 / (i + 1), "tokens_per_second": 1000.0 + 10 * i} for i in range(5)]
-    write_json_atomic(tmp_path / "trained.json", doc)
-    run = run_cli(["report", "--brief", "trained.json", "--html", "page.html"], cwd=tmp_path)
+def test_steps_are_plotted(pages) -> None:
+    doc = _trained_doc()
+    run, tmp_path = pages["steps"]  # `report --brief trained.json --html page.html` beside this doc
+    assert load_results(tmp_path / "trained.json") == doc
     assert run.returncode == 0, run.stderr
     figures = {f["data-plot"]: f for f in parse_page(tmp_path / "page.html").figures}
     steps = figures[f"steps-{run_id(doc)}"]
@@ -246,9 +270,8 @@ def test_steps_are_plotted(tmp_path: Path) -> None:
 
 
 @needs_matplotlib
-def test_plot_files(runs: dict[str, Path], tmp_path: Path) -> None:
-    run = run_cli(["report", "--brief", str(runs["mm3.json"]), str(runs["c2.json"]), "--plots", "plots/new"],
-                  cwd=tmp_path)
+def test_plot_files(runs: dict[str, Path], pages) -> None:
+    run, tmp_path = pages["plots"]  # `report --brief MM3 C2 --plots plots/new`, in its folder
     assert run.returncode == 0, run.stderr
     ident = run_id(load_results(runs["mm3.json"]))
     names = {p.name for p in (tmp_path / "plots" / "new").iterdir()}
@@ -407,11 +430,10 @@ def test_loader_upgrades_an_older_version_in_one_place(tmp_path: Path, monkeypat
 
 
 @needs_matplotlib
-def test_a_size_sweep_is_drawn_against_size(launched: dict[str, Path], tmp_path: Path) -> None:
+def test_a_size_sweep_is_drawn_against_size(pages) -> None:
     """One `matmul --sizes` run (in the module's 2-rank launch): its page has the throughput-against-size plot,
     whose points are the run's rows, and its per-rank plots show the largest size."""
-    shutil.copy(launched["sweep.json"], tmp_path / "sweep.json")
-    page_run = run_cli(["report", "--brief", "sweep.json", "--html", "sweep.html"], cwd=tmp_path)
+    page_run, tmp_path = pages["sweep"]  # `report --brief sweep.json --html sweep.html` beside a copy of the run
     assert page_run.returncode == 0, page_run.stderr
     doc = load_results(tmp_path / "sweep.json")
     figures = {f["data-plot"]: f for f in parse_page(tmp_path / "sweep.html").figures}
