@@ -8,7 +8,7 @@ import json
 import statistics
 
 import pytest
-from helpers import needs_mpi, run_cli, run_python
+from helpers import Batches, needs_mpi, run_cli, run_python
 
 from hetbench.benchmarks.train.run import AUTO_REBALANCE_STEPS, gathers_hidden
 from hetbench.train import StepLog
@@ -79,10 +79,36 @@ def _train(tmp_path, name, *args):
     return run, json.loads(out.read_text())
 
 
+LAUNCHED = {
+    "on": ["--backend", "0=host,1=sim:h100", "--weights", "3,1"],
+    "off": ["--backend", "0=host,1=sim:h100", "--weights", "3,1", "--no-prefetch"],
+    **{f"auto-{strategy}": ["--strategy", strategy, "--backend", "0=host,1=sim:mi300x", "--weights", "auto"]
+       for strategy in ("fsdp", "ddp")},
+    "w": ["--backend", "0=host,1=sim:mi300x", "--weights", "auto", "--warmup-steps", "4"],
+}
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """The 2-rank runs of the prefetch, auto-weights and warm-up tests in one launch (helpers.Batches), as _train
+    runs them, each in its own folder."""
+    def commands(nprocs, root):
+        return [(name, ["train", *SMALL, "--out", str(root / name / f"{name}.json"), "--log",
+                        str(root / name / f"{name}.log.jsonl"), *args], {}) for name, args in LAUNCHED.items()]
+
+    return Batches(tmp_path_factory.mktemp("train-balance"), commands, timeout=240)
+
+
+def _launched(launched, name):
+    run, folder = launched.get(2)[name]
+    assert run.returncode == 0, run.stdout + run.stderr
+    return run, json.loads((folder / f"{name}.json").read_text())
+
+
 @needs_mpi
-def test_prefetch_reports_what_it_hid_and_trains_the_same_run(tmp_path):
-    run, on = _train(tmp_path, "on", "--backend", "0=host,1=sim:h100", "--weights", "3,1")
-    _, off = _train(tmp_path, "off", "--backend", "0=host,1=sim:h100", "--weights", "3,1", "--no-prefetch")
+def test_prefetch_reports_what_it_hid_and_trains_the_same_run(launched):
+    run, on = _launched(launched, "on")
+    _, off = _launched(launched, "off")
     s = on["summary"]
     assert s["prefetch"] is True and s["gather_seconds_blocking"] > 0
     assert 0 <= s["comm_hidden_percent"] <= 100
@@ -104,10 +130,10 @@ def test_prefetch_reports_what_it_hid_and_trains_the_same_run(tmp_path):
 
 @needs_mpi
 @pytest.mark.parametrize("strategy", ["fsdp", "ddp"])
-def test_auto_weights_rebalance_the_batch_in_the_first_steps(tmp_path, strategy):
+def test_auto_weights_rebalance_the_batch_in_the_first_steps(launched, strategy):
     """auto: the shares from the GEMM probe, then measured again after each of the first AUTO_REBALANCE_STEPS
     steps; every step's samples follow them, and the run is still the single process's."""
-    _, doc = _train(tmp_path, "auto", "--strategy", strategy, "--backend", "0=host,1=sim:mi300x", "--weights", "auto")
+    _, doc = _launched(launched, f"auto-{strategy}")
     s = doc["summary"]
     assert s["verified"] is True
     history = s["shares_rebalanced"]
@@ -221,11 +247,11 @@ def test_bench_train_figures_are_the_runs(tmp_path):
 
 
 @needs_mpi
-def test_warmup_steps_are_logged_and_checked_but_not_timed(tmp_path):
+def test_warmup_steps_are_logged_and_checked_but_not_timed(launched):
     """--warmup-steps 4: the medians and samples/s are of steps 4..11; every step is still in the log and the
     check."""
 
-    _, doc = _train(tmp_path, "w", "--backend", "0=host,1=sim:mi300x", "--weights", "auto", "--warmup-steps", "4")
+    _, doc = _launched(launched, "w")
     s, steps = doc["summary"], doc["steps"]
     assert len(steps) == 12 and s["warmup_steps"] == 4 and s["verified"] is True
     assert s["step_seconds_median"] == pytest.approx(statistics.median(x["step_seconds"] for x in steps[4:]))
