@@ -21,6 +21,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 
 @contextlib.contextmanager
@@ -59,6 +60,32 @@ def _environment(env: dict[str, str]):
                 os.environ[name] = value
 
 
+def exit_code(e: SystemExit) -> int:
+    """The exit code a process ending with `e` would have."""
+    return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+
+
+def run_cases(cases: list[dict], results: Path, rank: int, run: Callable[[dict], int],
+              barrier: Callable[[], None]) -> None:
+    """Each case in turn: `run(case)` with fd 1 and 2 in the case's OUT folder (a SystemExit is its exit code),
+    then `barrier()`, then rank 0 appends {"case", "returncode", "seconds"} to `results`. Shared with
+    tests/mpi_script_batch.py."""
+    for i, case in enumerate(cases):
+        out = Path(case["out"])
+        out.mkdir(parents=True, exist_ok=True)
+        start = time.monotonic()
+        with _captured(out, rank):
+            try:
+                code = run(case)
+            except SystemExit as e:
+                code = exit_code(e)
+        seconds = time.monotonic() - start
+        barrier()  # every rank done with this case before the next begins
+        if rank == 0:
+            with results.open("a") as f:
+                f.write(json.dumps({"case": i, "returncode": code, "seconds": seconds}) + "\n")
+
+
 def main(argv: list[str]) -> None:
     cases = json.loads(Path(argv[0]).read_text())
     results = Path(argv[1])
@@ -66,28 +93,23 @@ def main(argv: list[str]) -> None:
     from hetbench.comm.launcher import world_rank
     from hetbench.signals import launched_size
 
-    rank = world_rank()
     home = os.getcwd()
-    for i, case in enumerate(cases):
-        out = Path(case["out"])
-        out.mkdir(parents=True, exist_ok=True)
-        start = time.monotonic()
-        with _environment(case.get("env") or {}), _captured(out, rank):
+
+    def run(case: dict) -> int:
+        with _environment(case.get("env") or {}):
             os.chdir(case["cwd"])
             try:
-                code = cli._main(list(case["args"]))
-            except SystemExit as e:
-                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+                return cli._main(list(case["args"]))
             finally:
                 os.chdir(home)
-        seconds = time.monotonic() - start
+
+    def barrier() -> None:
         if launched_size() > 1:
             from mpi4py import MPI
 
-            MPI.COMM_WORLD.Barrier()  # every rank done with this command before the next begins
-        if rank == 0:
-            with results.open("a") as f:
-                f.write(json.dumps({"case": i, "returncode": code, "seconds": seconds}) + "\n")
+            MPI.COMM_WORLD.Barrier()
+
+    run_cases(cases, results, world_rank(), run, barrier)
 
 
 if __name__ == "__main__":

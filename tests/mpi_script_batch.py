@@ -17,43 +17,36 @@ import json
 import os
 import runpy
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mpi_cli_batch import _captured  # noqa: E402 - this folder on the path first
+from mpi_cli_batch import run_cases  # noqa: E402 - this folder on the path first
 
 
 def main(argv: list[str]) -> None:
     from hetbench.comm.launcher import world_rank
 
     cases = json.loads(Path(argv[0]).read_text())
-    results = Path(argv[1])
     rank = world_rank()  # mpi4py is first imported by the first script, as alone
     home, path, argv0 = os.getcwd(), list(sys.path), list(sys.argv)
-    for i, case in enumerate(cases):
-        out = Path(case["out"])
-        out.mkdir(parents=True, exist_ok=True)
-        start = time.monotonic()
-        with _captured(out, rank):
-            os.chdir(case["cwd"])
-            sys.argv = [case["script"], *case["args"]]
-            sys.path[:] = [os.path.dirname(os.path.abspath(case["script"])), *path[1:]]
-            try:
-                runpy.run_path(case["script"], run_name="__main__")
-                code = 0
-            except SystemExit as e:
-                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-            finally:
-                os.chdir(home)
-                sys.argv, sys.path[:] = argv0, path
-        seconds = time.monotonic() - start
+
+    def run(case: dict) -> int:
+        os.chdir(case["cwd"])
+        sys.argv = [case["script"], *case["args"]]
+        sys.path[:] = [os.path.dirname(os.path.abspath(case["script"])), *path[1:]]
+        try:
+            runpy.run_path(case["script"], run_name="__main__")
+            return 0
+        finally:
+            os.chdir(home)
+            sys.argv, sys.path[:] = argv0, path
+
+    def barrier() -> None:
         from mpi4py import MPI
 
-        MPI.COMM_WORLD.Barrier()  # every rank done with this script before the next begins
-        if rank == 0:
-            with results.open("a") as f:
-                f.write(json.dumps({"case": i, "returncode": code, "seconds": seconds}) + "\n")
+        MPI.COMM_WORLD.Barrier()
+
+    run_cases(cases, Path(argv[1]), rank, run, barrier)
 
 
 if __name__ == "__main__":

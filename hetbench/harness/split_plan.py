@@ -422,7 +422,7 @@ def predict(
 
     `copies[r]`, where given (not None), is rank r's measured copy rate between the host and its device (bytes/s;
     None for a device that computes on host arrays): its device phase then also copies its slice in and its result
-    out, copy_r = (rows: parts[r]*k + k*n + parts[r]*n; k: m*parts[r] + parts[r]*n + m*n) * s / copies[r], on the
+    out, copy_r = device_bytes(parts[r]) / copies[r] (rows: parts[r]*k + k*n + parts[r]*n elements), on the
     same stream as its GEMMs (added to compute_r wherever the rank's time is counted; the root's too). A GPU's
     copies through pageable host memory (2 GB/s on an H100 node) cost it more than its GEMMs.
     """
@@ -447,8 +447,7 @@ def predict(
             if part and rate is not None:
                 if not (math.isfinite(rate) and rate > 0):
                     raise ValueError(f"rank {r} has a copy rate of {rate!r} bytes/s")
-                moved = (part * k + k * n + part * n) if strategy == "rows" else (m * part + part * n + m * n)
-                copy_time[r] = moved * itemsize / rate
+                copy_time[r] = device_bytes(strategy, m, n, k, part, itemsize) / rate  # all it holds, in and out
     distribute = 0.0
     collect = 0.0
     compute: list[float] = []
