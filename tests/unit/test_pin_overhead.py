@@ -94,7 +94,8 @@ def test_split_bench_lines_rounds_and_rebalancing(tmp_path, capsys):
     for speedup in (3.5, 3.1, 4.0):
         assert (f"  n=4096: weighted over even {speedup:.3f}x, ideal {ideal:.3f}x (the even split's slowest rank's "
                 f"device time over a perfect split's at the even split's rates): {speedup / ideal:.3f} of the "
-                "ideal\n") in out
+                "ideal [above 1, flagged: the even split lost more to its transfers than the weighted one; the ideal "
+                "counts device times only]\n") in out  # 3.1 / 2.5 and up: each above 1, each flagged
     assert (f"goal speedup_over_even_of_ideal >= 0.9: median {3.5 / ideal:.3f} of 3 round(s) (spread "
             f"{3.1 / ideal:.3f}-{4.0 / ideal:.3f}; the baselines moved 10.0 % between rounds: band "
             f"{3.1 / ideal / (1 + drift):.3f}-{4.0 / ideal * (1 + drift):.3f}) met") in out
