@@ -218,9 +218,12 @@ class FakeDeviceArray:
             "strides": None,
         }
 
-    def get(self, stream=None):
+    def get(self, stream=None, out=None):
         self._fake.log.append(("get", stream if stream is not None else self._fake.current_stream()))
-        return self.array.copy()
+        if out is None:
+            return self.array.copy()
+        out[...] = self.array  # CuPy copies into `out` (a NumPy array of the same shape and dtype) and returns it
+        return out
 
 
 def make_fake_cupy(runtime, pool_free_bytes=0, matmul_ms=2.5):

@@ -208,6 +208,38 @@ def staging_buffer(backend: Any, count: int, dtype: DType) -> np.ndarray:
     return own(count, dtype) if own is not None else np.empty(count, dtype=dtype.host)
 
 
+# A download into host memory allocated beforehand, outside any timer (as nccl-tests and BabelStream allocate their
+# buffers before timing): a backend may offer
+#   download_buffer(shape, dtype) -> np.ndarray    host memory its copies are fastest into (pinned on CuPy), its
+#                                                  pages touched already
+#   download_into(array, out) -> None              out[...] = array, returns once the copy has completed
+# A copy of 256 MiB from an H100 into fresh pageable memory took 77-119 ms, 58-63 of them the first touch of the new
+# pages (a fill of the same array alone), and 5 ms into pinned memory allocated before (docs/gpu.md).
+
+
+def download_buffer(backend: Any, shape: tuple[int, ...], dtype: DType) -> np.ndarray | None:
+    """Host memory for `download(backend, array, dtype, out)`, from the backend where it offers it; None where the
+    backend takes no such buffer (its download allocates the host copy itself)."""
+    own = getattr(backend, "download_buffer", None)
+    return own(tuple(shape), dtype) if own is not None else None
+
+
+def download(backend: Any, array: Any, dtype: DType, out: np.ndarray | None = None) -> np.ndarray:
+    """A host copy of a device array: into `out` (from download_buffer) where given, else a new array."""
+    if out is None:
+        return backend.download(array, dtype)
+    backend.download_into(array, out)
+    return out
+
+
+def touched_empty(shape: tuple[int, ...], dtype: DType) -> np.ndarray:
+    """A host array whose pages the kernel has already supplied (written once), so that a timed copy into it pays
+    the copy only."""
+    out = np.empty(shape, dtype=dtype.host)
+    out.fill(0)
+    return out
+
+
 def can_map_to_host(backend: Any) -> bool:
     """Whether the backend maps chunks of its arrays to host views without a copy (its memory is the host's)."""
     own = getattr(backend, "can_map_to_host", None)

@@ -20,6 +20,7 @@ from hetbench.backends.base import (
     Elapsed,
     check_dtype,
     index_for_rank,
+    touched_empty,
 )
 from hetbench.dtypes import DType
 
@@ -263,6 +264,25 @@ class CupyBackend:
             # older CuPy returns before a copy on an explicit stream has finished
             self._stream.synchronize()
         return np.ascontiguousarray(host, dtype=dtype.host)
+
+    def download_buffer(self, shape: tuple[int, ...], dtype: DType) -> np.ndarray:
+        """Pinned host memory for download_into (base.download_buffer): the copy engine writes it at the link's
+        speed; pageable memory with its pages touched where pinning fails (the host is short of lockable memory)."""
+        import cupyx
+
+        try:
+            with self._device_errors("pinned host buffer allocation"):
+                return cupyx.empty_pinned(tuple(shape), dtype=dtype.host)
+        except DeviceError:
+            return touched_empty(tuple(shape), dtype)
+
+    def download_into(self, array: Any, out: np.ndarray) -> None:
+        if tuple(out.shape) != tuple(array.shape) or out.dtype != array.dtype or not out.flags.c_contiguous:
+            raise ValueError(f"download_into needs a C-contiguous {array.dtype} host array of shape {array.shape}, "
+                             f"got {out.dtype} {out.shape}")
+        with self._device_errors("download"), self._device:
+            array.get(stream=self._stream, out=out)
+            self._stream.synchronize()
 
     def empty(self, shape: tuple[int, ...], dtype: DType) -> Any:
         check_dtype(self._info, dtype)

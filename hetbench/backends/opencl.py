@@ -24,6 +24,7 @@ from hetbench.backends.base import (
     Elapsed,
     check_dtype,
     index_for_rank,
+    touched_empty,
 )
 from hetbench.backends import opencl_tune
 from hetbench.dtypes import DType
@@ -295,6 +296,19 @@ class OpenCLBackend:
             # would pile up while the device array lives
             array.finish()
         return np.ascontiguousarray(host, dtype=dtype.host)
+
+    def download_buffer(self, shape: tuple[int, ...], dtype: DType) -> np.ndarray:
+        """Host memory for download_into (base.download_buffer), its pages touched before any timer."""
+        return touched_empty(tuple(shape), dtype)
+
+    def download_into(self, array: Any, out: np.ndarray) -> None:
+        if tuple(out.shape) != tuple(array.shape) or out.dtype != array.dtype or not out.flags.c_contiguous:
+            raise ValueError(f"download_into needs a C-contiguous {array.dtype} host array of shape {array.shape}, "
+                             f"got {out.dtype} {out.shape}")
+        with self._device_errors("download"):
+            array.get(ary=out)
+            self._queue.finish()
+            array.finish()
 
     def empty(self, shape: tuple[int, ...], dtype: DType) -> Any:
         check_dtype(self._info, dtype)

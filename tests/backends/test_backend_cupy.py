@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from doubles import H100, HIP_6_3, MI300X, FakeCUBLASError, FakeOutOfMemoryError, FakeRuntime, make_fake_cupy
 
+import hetbench.backends.base as backend_base
 import hetbench.backends.cupy as cupy_backend
 from hetbench.backends.base import BackendSpec, BackendUnavailable, DeviceError
 from hetbench.dtypes import DTYPES
@@ -117,6 +118,50 @@ def test_upload_matmul_download_match_numpy(backend_on_1, dtype_name):
     # the upload is a copy: changing the host array afterwards leaves the device array alone
     a_host[0, 0] = 99
     assert backend.download(a, dtype)[0, 0] != 99
+
+
+def test_download_into_a_pinned_buffer_on_the_stream(backend_on_1, monkeypatch):
+    """matmul's timed D2H copies into pinned memory allocated before the timer (base.download_buffer)."""
+    import types
+
+    from hetbench.backends import base
+
+    backend, fake, runtime = backend_on_1
+    dtype = DTYPES["fp32"]
+    pinned = []
+
+    def empty_pinned(shape, dtype=float):
+        pinned.append((shape, np.dtype(dtype)))
+        return np.zeros(shape, dtype=dtype)
+
+    monkeypatch.setitem(sys.modules, "cupyx", types.SimpleNamespace(empty_pinned=empty_pinned))
+    a_host = np.arange(12, dtype=np.float32).reshape(3, 4)
+    a = backend.upload(a_host, dtype)
+    out = base.download_buffer(backend, (3, 4), dtype)
+    assert pinned == [((3, 4), np.dtype(np.float32))]
+    fake.log.clear()
+    got = base.download(backend, a, dtype, out)
+    assert got is out
+    np.testing.assert_array_equal(out, a_host)
+    # the copy on the backend's stream, and its end waited for before the timer stops
+    assert [op for op, _ in fake.log] == ["get", "stream.synchronize"] and fake.log[0][1] is backend.stream
+    with pytest.raises(ValueError, match=r"shape \(3, 4\), got float32 \(4, 3\)"):
+        backend.download_into(a, np.zeros((4, 3), np.float32))
+    with pytest.raises(ValueError, match="float32 host array"):
+        backend.download_into(a, np.zeros((3, 4), np.float64))
+
+
+def test_download_buffer_falls_back_to_touched_pageable_memory(backend_on_1, monkeypatch):
+    import types
+
+    backend, fake, runtime = backend_on_1
+
+    def refuse(shape, dtype=float):
+        raise FakeOutOfMemoryError("cudaErrorMemoryAllocation: out of memory")
+
+    monkeypatch.setitem(sys.modules, "cupyx", types.SimpleNamespace(empty_pinned=refuse))
+    out = backend.download_buffer((5, 2), DTYPES["fp16"])
+    assert out.shape == (5, 2) and out.dtype == np.float16 and out.flags.c_contiguous and not out.any()
 
 
 def test_all_work_goes_to_the_backends_stream_on_its_device(backend_on_1):
@@ -299,6 +344,8 @@ def test_real_gpu_matmul_and_describe():
     with backend.timer() as t:
         backend.matmul(a, b, c, dtype)
     got = backend.download(c, dtype)
+    pinned = backend.download_buffer((m, n), dtype)
+    np.testing.assert_array_equal(backend_base.download(backend, c, dtype, pinned), got)
     exact = a_host.astype(np.float64) @ b_host.astype(np.float64)
     # the classical bound for any summation order: |error| <= k u / (1 - k u) * (|A| |B|), u = 2^-24
     ku = k * dtype.unit_roundoff

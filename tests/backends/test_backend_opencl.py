@@ -161,6 +161,22 @@ def test_timer_measures_positive_seconds(monkeypatch):
     backend.close()
 
 
+def test_download_into_a_buffer_made_before_the_timer(monkeypatch):
+    """matmul's timed D2H (base.download_buffer, base.download): into host memory whose pages are already touched."""
+    from hetbench.backends import base
+
+    backend = _open(monkeypatch, "kernel")
+    host = np.arange(6 * 5, dtype=np.float32).reshape(6, 5)
+    rows = backend.upload(host, FP32)[2:5]  # a row slice: an array with an offset into its buffer
+    out = base.download_buffer(backend, (3, 5), FP32)
+    assert out.shape == (3, 5) and out.dtype == np.float32 and not out.any()
+    assert base.download(backend, rows, FP32, out) is out
+    np.testing.assert_array_equal(out, host[2:5])
+    with pytest.raises(ValueError, match=r"shape \(3, 5\), got float32 \(5, 3\)"):
+        backend.download_into(rows, np.zeros((5, 3), np.float32))
+    backend.close()
+
+
 def test_index_out_of_range(monkeypatch):
     count = len(opencl._all_devices())
     with pytest.raises(BackendUnavailable, match=f"index {count + 3}"):

@@ -2,7 +2,7 @@
 products to the root, Freivalds checks of every product and of the sum, and the rows and summary of the result.
 
 The order on every rank: upload A_r and B_r (timed), warm-up and timed GEMMs (device timer), copy C_r to the
-host (timed), check C_r, then the host-staged reduce of C_r to the root, warm-up and timed repeats each after a
+host (timed: into host memory allocated, pinned on CuPy, and touched before the timer), check C_r, then the host-staged reduce of C_r to the root, warm-up and timed repeats each after a
 barrier, and the check of the sum at the root.
 """
 
@@ -14,7 +14,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from hetbench.backends.base import TIMING_MODELLED, Backend, DeviceInfo, Elapsed, capabilities
+from hetbench.backends.base import (TIMING_MODELLED, Backend, DeviceInfo, Elapsed, capabilities, download,
+                                    download_buffer)
 from hetbench.backends.host import (
     RUNTIME_SCRATCH_BYTES,
     host_memory_share_bytes,
@@ -323,8 +324,11 @@ def run_rank(cfg: MatmulConfig, world: World, prepared: Prepared,
     if in_place:
         d2h, c_host = Elapsed(0.0), c_dev
     else:
+        # C's host memory is allocated (pinned on CuPy) and its pages touched before the timer: d2h is the copy
+        c_target = download_buffer(backend, (m, n), dtype)
         with backend.timer() as d2h:
-            c_host = backend.download(c_dev, dtype)
+            c_host = download(backend, c_dev, dtype, c_target)
+        c_target = None
     c_dev = None  # the device's memory is free again before the reduce
     release_free_memory()
 
