@@ -93,6 +93,37 @@ def check_identical(world: World) -> None:
     assert cases > 100, cases
 
 
+def check_reuse(world: World) -> None:
+    """One streamed splitter, two iterations, new rows of A between them (the root's A blocks are views of A for
+    rows): the second C is the new product, so every rank received the new inputs and computed and sent them again
+    (rank 1 on PoCL keeps its device buffers and receives into them mapped: stream.py), none kept the first's."""
+    from hetbench.benchmarks.split.stream import StreamedSplitter
+
+    backend = open_backend(device_for(world.rank), world.local_rank, world.local_size)
+    info = backend.info()
+    dtype = DTYPES["fp32"]
+    m, n, k = 41, 19, 23
+    root = world.rank == 0
+    for chunks in (1, 3):
+        for parts in parts_patterns(m, world.size):
+            a, b = integer_inputs(m, n, k, seed=chunks + len(parts))
+            state = SplitState(backend, info, "x", a.astype(dtype.host) if root else None,
+                               b.astype(dtype.host) if root else None, (m, n, k), None)
+            splitter = StreamedSplitter(world, state, dtype, "rows", parts, chunks)
+            try:
+                splitter.iteration()
+                where = f"parts {parts} chunks {chunks}"
+                if root:
+                    assert np.array_equal(splitter.c, a @ b), f"{where}: first iteration"
+                    state.a[...] = 2 * state.a + 1
+                    splitter.c.fill(np.nan)
+                splitter.iteration()
+                if root:
+                    assert np.array_equal(splitter.c, (2 * a + 1) @ b), f"{where}: second iteration kept old data"
+            finally:
+                splitter.close()
+
+
 def check_progress(world: World) -> None:
     """A 16 MiB message between ranks 0 and 1, handed to the engine, then both ranks sleep: it is complete before
     anyone waits (MPICH moves nothing between calls: without the engine it is not), and the engine's thread stops

@@ -60,19 +60,45 @@ def task_config(cfg: Any) -> TaskConfig:
                       seq_len=cfg.seq_len, heads=cfg.heads)
 
 
+def thread_counts(local_size: int, offloaded: bool) -> tuple[int | None, int | None]:
+    """(torch's intra-op threads, NumPy's BLAS threads) for a torch rank, one of `local_size` on its node; None:
+    left as they are (the user set a count in the environment, or the rank is alone on its node).
+
+    torch's threads take the rank's share of the node's cores (as BLAS's do: harness.devices): two ranks on two
+    cores with two torch threads each spun against each other and against the BLAS and PoCL threads doing an
+    offloaded rank's products. Where torch cannot drive the rank's device (an OpenCL or simulated rank: its products
+    go to hetbench, a simulated one's computed by NumPy's BLAS), NumPy's BLAS gets one thread: torch's OpenMP
+    threads and BLAS's, both a share of the cores and used in turn, each spin on the cores the other needs. On a
+    16-core H100 node (docs/gpu.md) a host + simulated GPT step under FSDP2 took 585 ms with 8 + 8 threads a rank,
+    56 ms with BLAS at one, 39 ms for host + host."""
+    from hetbench.backends.host import threads_for_rank
+
+    threads = threads_for_rank(local_size)
+    if threads is None:
+        return None, None
+    return threads, (1 if offloaded and threads > 1 else None)
+
+
+def _blas_threads() -> int | None:
+    """NumPy's BLAS threads now (threadpoolctl), None where none is found."""
+    from threadpoolctl import threadpool_info
+
+    counts = [i["num_threads"] for i in threadpool_info() if i.get("user_api") == "blas"]
+    return min(counts) if counts else None
+
+
 def prepare(cfg: Any, world: World, opened: OpenDevice) -> tuple[TorchTrainState, list[str]]:
     """The rank's torch device; where torch cannot drive the rank's hetbench device (OpenCL, simulated), an Ops on
     it for the model's products (hetbench/pytorch/offload.py), in the run's dtype (mixed precision: the operands
     and results rounded to it, as the numpy trainer's GEMMs)."""
-    from hetbench.backends.host import threads_for_rank
-
-    # torch's own threads too take this rank's share of the node's cores (as BLAS's do: harness.devices), unless
-    # the user set a count: two ranks on two cores with two torch threads each spun against each other and
-    # against the BLAS and PoCL threads doing an offloaded rank's products
-    threads = threads_for_rank(world.local_size)
-    if threads is not None:
-        torch.set_num_threads(threads)
     device = for_backend(opened.backend, opened.spec, world.local_rank)
+    torch_threads, blas_threads = thread_counts(world.local_size, offloaded=not device.torch_has_device)
+    if torch_threads is not None:
+        torch.set_num_threads(torch_threads)
+    if blas_threads is not None:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(limits=blas_threads, user_api="blas")
     ops = None if device.torch_has_device else Ops(opened.backend, cfg.dtype.name)
     try:
         task = task_config(cfg)
@@ -322,6 +348,7 @@ def _train(cfg: Any, world: World, state: TorchTrainState, on_step: Any) -> Rank
              "device_timing": "modelled" if offloaded and state.ops.modelled else "measured",
              "torch_device": state.device.torch_device,
              "torch_has_device": state.device.torch_has_device, "hetbench_device": state.opened.info.name,
+             "torch_threads": torch.get_num_threads(), "blas_threads": _blas_threads(),
              "compute_dtype": cfg.dtype.name,
              # where the model's matmuls run: torch on its device (autocast under mixed precision), or the rank's
              # hetbench device through the offload (native or emulated in the dtype, as the numpy trainer's GEMMs)

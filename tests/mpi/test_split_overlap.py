@@ -19,7 +19,7 @@ import pytest
 from helpers import MPIEXEC, REPO, assert_usage_error, needs_mpi, run_cli, script_checks
 
 SCRIPT = REPO / "tests" / "mpi_split_stream.py"
-CHECKS = ["identical", "progress", "column_chunks"]
+CHECKS = ["identical", "reuse", "progress", "column_chunks"]
 RANKS = [None, pytest.param(2, marks=pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec")),
          pytest.param(3, marks=pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec"))]
 

@@ -408,3 +408,22 @@ def test_a_cupy_rank_without_torch_gpu_runs_its_products_on_the_cupy_backend(fak
     assert calls.count("matmul") == ops.gemms > 0 and calls.count("asarray") == ops.uploads > 0
     assert 0 < calls.count("get") <= ops.gemms  # one download per product (a batched one's B x H GEMMs: one)
     assert ops.upload_bytes > 0 and ops.compute_seconds == pytest.approx(ops.gemms * 1e-3)
+
+
+@pytest.mark.parametrize("cores,local_size,offloaded,want", [
+    (16, 2, True, (8, 1)),    # a simulated or OpenCL rank beside torch's threads: NumPy's BLAS at one thread
+    (16, 2, False, (8, None)),  # torch computes the products itself: BLAS keeps the share harness.devices gave it
+    (2, 2, True, (1, None)),  # one thread each already
+    (16, 1, True, (None, None)),  # alone on its node: nothing set
+    (3, 4, True, (1, None)),
+])
+def test_thread_counts_share_the_cores_and_keep_one_pool_spinning(monkeypatch, cores, local_size, offloaded, want):
+    from hetbench.backends import host
+    from hetbench.pytorch import trainer
+
+    for variable in host._THREAD_ENV:
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setattr(host, "_cores", lambda: cores)
+    assert trainer.thread_counts(local_size, offloaded) == want
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's count wins: nothing is set
+    assert trainer.thread_counts(local_size, offloaded) == (None, None)

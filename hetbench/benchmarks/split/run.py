@@ -28,7 +28,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from hetbench.backends.base import MPI_MEMORY_HOST, TIMING_MODELLED, Backend, DeviceInfo, capabilities
+from hetbench.backends.base import (MPI_MEMORY_HOST, TIMING_MODELLED, Backend, DeviceInfo, can_map_to_host,
+                                    capabilities)
 from hetbench.harness import gemm
 from hetbench.harness import split_plan as plan
 from hetbench.comm.world import World
@@ -343,9 +344,12 @@ def measure(cfg: Any, world: World, state: SplitState,
     ranks, dtype = world.size, cfg.dtype
     link = probe.link_to_root(world, ROOT)
     links = world.allgather(link)
-    # each rank's copy rate between the host and its device (None where it computes on host arrays): the model's
-    # copies (a GPU's through pageable memory cost it more than its GEMMs; first seen on an H100)
-    copies = world.allgather(probe.copy_rate(state.backend, dtype, _computes_on_host(state)))
+    chunks = streamed_chunks(cfg, n)
+    # each rank's copy rate between the host and its device (None where it computes on host arrays, or where the
+    # streamed split receives into its device buffers and sends from them, mapped: stream.py): the model's copies
+    # (a GPU's through pageable memory cost it more than its GEMMs; first seen on an H100)
+    maps = chunks is not None and world.rank != ROOT and can_map_to_host(state.backend)
+    copies = world.allgather(None if maps else probe.copy_rate(state.backend, dtype, _computes_on_host(state)))
 
     strategies = list(plan.STRATEGIES) if cfg.strategy == "auto" else [cfg.strategy]
     # Each rank's GEMM rate at its slice's shape, twice: all ranks at once (as the split runs them: devices that
@@ -379,7 +383,6 @@ def measure(cfg: Any, world: World, state: SplitState,
     rates = {s: [r[s][0] for r in world.allgather(together)] for s in strategies}
     solo_rates = {s: [r[s][0] for r in world.allgather(solo)] for s in strategies}
     curves = {s: [list(c[s]) for c in world.allgather(together_points)] for s in strategies}
-    chunks = streamed_chunks(cfg, n)
 
     def weights_for(s: str) -> list[float]:
         kind = cfg.weights.kind
@@ -430,13 +433,15 @@ def measure(cfg: Any, world: World, state: SplitState,
     if chunks is not None and cfg.weights.kind == "auto" and sum(1 for p in parts if p > 0) > 1:
         finish_points: list[list[tuple[int, float]]] = [[] for _ in range(ranks)]
         for _ in range(FINISH_STEPS):
-            phases, _ = run_split(world, state, dtype, strategy, parts, 0, 1, chunks=chunks)
+            phases, _ = run_split(world, state, dtype, strategy, parts, 0, FINISH_ITERATIONS, chunks=chunks)
             modelled = state.backend.timing == TIMING_MODELLED
-            ready = world.allgather(phases[0].ready(modelled))
+            runs = world.allgather([p.ready(modelled) for p in phases])
+            ready = [_median(r) for r in runs]
             for r, (p_r, t_r) in enumerate(zip(parts, ready)):
                 if p_r > 0 and t_r > 0:
                     finish_points[r].append((p_r, t_r))
-            refined.append({"parts": list(parts), "ready_seconds": ready, "chunks": chunks,
+            refined.append({"parts": list(parts), "ready_seconds": ready, "ready_seconds_runs": runs,
+                            "chunks": chunks,
                             "imbalance": plan.imbalance([t for t, p in zip(ready, parts) if p > 0],
                                                         [p for p in parts if p > 0])})
             parts = plan.balanced_parts(finish_points, dim, caps)
@@ -510,7 +515,10 @@ def streamed_chunks(cfg: Any, n: int) -> int | None:
 
 
 AUTO_REFINE_STEPS = 3
-FINISH_STEPS = 2  # streamed iterations that balance auto weights by each rank's finish
+FINISH_STEPS = 2  # streamed splits that balance auto weights by each rank's finish
+# iterations of each, every rank's finish their median: one iteration's finish moved by +-2 ms in a 85 ms split at
+# 2048 (host + PoCL), and the parts it balanced left one rank waiting 3-5 ms for the other in the timed iterations
+FINISH_ITERATIONS = 3
 CHUNK_CANDIDATES = (1, 2, 4, 8)  # --chunks auto tries these (chunks at least AUTO_CHUNK_MIN_COLUMNS wide)
 # --chunks auto keeps the fewest chunks within this share of the fastest count: more chunks cost narrower GEMMs and
 # more messages on every later run, so a gain inside the runs' noise (2-5 % between identical iterations) is none
