@@ -10,6 +10,8 @@ root, input files, placements, --plan's checks)."""
 
 from __future__ import annotations
 
+import statistics
+
 import contextlib
 import queue
 import threading
@@ -461,8 +463,9 @@ def test_list_weights_probes_each_rank_beside_the_others_then_alone_and_measures
     assert root.chosen["rates"]["rows"] == pytest.approx([1e9, 2e9, 3e9], rel=1e-12)
     assert root.chosen["solo_rates"]["rows"] == pytest.approx([1e9, 2e9, 3e9], rel=1e-12)
     # the probes beside each other (all ranks in one epoch), then each alone in turn; the final parts alone in
-    # turn at the end (rank 1 has none); between them the even split's 3 iterations and the weighted one's
-    assert rank_sets(net) == [[0, 1, 2], [0], [1], [2]] + [[0, 1, 2]] * 3 + [[0, 2]] * 3 + [[0], [2]]
+    # turn before and after the timed splits (rank 1 has none); between them the even split's 3 iterations and the
+    # weighted one's
+    assert rank_sets(net) == [[0, 1, 2], [0], [1], [2]] + [[0], [2]] + [[0, 1, 2]] * 3 + [[0, 2]] * 3 + [[0], [2]]
     # 3 : 0 : 2 of 12 rows: 7.2, 0, 4.8 -> 7, 0, 5; the even split 4, 4, 4 measured first
     assert [(name, st, parts, len(timed)) for name, st, parts, timed in root.splits] == [
         ("even", "rows", [4, 4, 4], 2), ("weighted", "rows", [7, 0, 5], 2)]
@@ -479,7 +482,8 @@ def test_list_weights_probes_each_rank_beside_the_others_then_alone_and_measures
     assert at[1] is None and [a["part"] for a in (at[0], at[2])] == [7, 5]
     for r in (0, 2):
         assert at[r]["gflops_median"] == pytest.approx(devices[r].rate / 1e9, rel=1e-12)
-        assert at[r]["seconds"] == pytest.approx([2 * at[r]["part"] * MN * MK / devices[r].rate] * 3, rel=1e-12)
+        # timed before and after the splits (merge_solo): twice TIME_PART_RUNS runs
+        assert at[r]["seconds"] == pytest.approx([2 * at[r]["part"] * MN * MK / devices[r].rate] * 6, rel=1e-12)
     # the summary's denominator: 1 + 3 GFLOP/s at the final parts, rank 1's probe 2
     assert s["sum_solo_gflops"] == pytest.approx(6.0, rel=1e-12)
     assert s["sum_solo_gflops_probe"] == pytest.approx(6.0, rel=1e-12)
@@ -489,8 +493,9 @@ def test_list_weights_probes_each_rank_beside_the_others_then_alone_and_measures
             assert f[f"efficiency_{key}_probe"] == pytest.approx(gflops / 6.0, rel=1e-12)
             assert f[f"efficiency_{key}"] == pytest.approx(gflops / 6.0, rel=1e-12)
     assert s["verified"] is True and s["timing"] == "modelled" and s["parts"] == [7, 0, 5]
-    # each rank's GEMMs: the weighted split's 3 iterations at its part; rank 0's 7 rows alone 1 + 3 times more
-    assert shapes_of(net, 0)[(7, MN, MK)] == 3 + 4
+    # each rank's GEMMs: the weighted split's 3 iterations at its part; rank 0's 7 rows alone 1 + 3 times more, before
+    # the timed splits and after them
+    assert shapes_of(net, 0)[(7, MN, MK)] == 3 + 2 * 4
     # the rows: one per split and rank, facts of the rank's device
     assert [(r["split"], r["rank"], r["part"]) for r in rows] == [
         ("even", 0, 4), ("even", 1, 4), ("even", 2, 4), ("weighted", 0, 7), ("weighted", 1, 0), ("weighted", 2, 5)]
@@ -868,3 +873,21 @@ def test_a_time_of_0_s_at_a_part_is_no_point_to_balance_by(monkeypatch):
     history = out[0].rebalance
     assert [(h["iteration"], h["parts"]) for h in history] == [(1, [6, 6]), (2, [4, 8]), (3, [4, 8])]
     assert [h["imbalance"] for h in history] == pytest.approx([1 / 3, 1.0, 1.0], rel=1e-9)
+
+
+def test_merge_solo_takes_every_run_of_both_sets():
+    """The solo rates before and after the timed splits as one: each rank's runs of both, their median, slowest and
+    fastest rates recomputed from the flops of its part; a rank without a part stays None; other parts refuse."""
+    flops = 2 * 4 * MN * MK
+    before = [{"part": 4, "seconds": [1.0, 3.0, 2.0]}, None]
+    after = [{"part": 4, "seconds": [5.0, 4.0, 6.0]}, None]
+    for x in (before[0], after[0]):
+        x.update(gflops_median=flops / statistics.median(x["seconds"]) / 1e9, gflops_min=0.0, gflops_max=0.0)
+    merged = run.merge_solo(before, after, "rows", MM, MN, MK)
+    assert merged[1] is None and merged[0]["part"] == 4
+    assert merged[0]["seconds"] == [1.0, 3.0, 2.0, 5.0, 4.0, 6.0]
+    assert merged[0]["gflops_median"] == pytest.approx(flops / 3.5 / 1e9, rel=1e-12)
+    assert merged[0]["gflops_min"] == pytest.approx(flops / 6.0 / 1e9, rel=1e-12)
+    assert merged[0]["gflops_max"] == pytest.approx(flops / 1.0 / 1e9, rel=1e-12)
+    with pytest.raises(ValueError, match="parts 4 and 5"):
+        run.merge_solo(before, [{"part": 5, "seconds": [1.0]}, None], "rows", MM, MN, MK)

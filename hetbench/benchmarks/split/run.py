@@ -468,6 +468,10 @@ def measure(cfg: Any, world: World, state: SplitState,
     total = len(plans) * (cfg.warmup + cfg.repeat)
     done = 0
     c = None
+    # the efficiency's denominators bracket the timed splits: each rank's GEMM alone at its final part, timed before
+    # and after them, every run's median (one set after them moved the summed solo rate 5.4 % between rounds of the
+    # 2048 bench, and one round read 1.024: this VM's speed moves within seconds)
+    solo_before = solo_at_final_parts(world, state, dtype, strategy, m, n, k, parts, cfg.seed)
     for name, p in plans:
         def tick(name: str = name) -> None:
             nonlocal done
@@ -478,7 +482,8 @@ def measure(cfg: Any, world: World, state: SplitState,
         timed, c = run_split(world, state, dtype, strategy, p, cfg.warmup, cfg.repeat, tick, chunks=chunks)
         splits.append((name, strategy, list(p), timed))
 
-    solo_at_parts = solo_at_final_parts(world, state, dtype, strategy, m, n, k, parts, cfg.seed)
+    solo_at_parts = merge_solo(solo_before, solo_at_final_parts(world, state, dtype, strategy, m, n, k, parts,
+                                                                cfg.seed), strategy, m, n, k)
     verdict = None
     if world.rank == ROOT:
         assert c is not None
@@ -559,8 +564,8 @@ TIME_PART_RUNS = 3
 
 def solo_at_final_parts(world: World, state: SplitState, dtype: DType, strategy: str, m: int, n: int, k: int,
                         parts: list[int], seed: int) -> list[dict[str, Any] | None]:
-    """Collective. The efficiency's denominators: each rank's GEMM alone (one rank at a time, the others waiting)
-    at exactly the part it finally computed, TIME_PART_RUNS runs: {"part", "gflops_median", "gflops_min",
+    """Collective. The efficiency's denominators (run before and after the timed splits, merge_solo): each rank's
+    GEMM alone (one rank at a time, the others waiting) at exactly the part it finally computed, TIME_PART_RUNS runs: {"part", "gflops_median", "gflops_min",
     "gflops_max", "seconds"} per rank, None for a rank without a part. A probe's small slice ran slower or faster
     than the final part (PoCL 4.95-10.15 GFLOP/s across runs at 64-128 rows), so an efficiency against it read 1.013."""
     mine = None
@@ -574,6 +579,25 @@ def solo_at_final_parts(world: World, state: SplitState, dtype: DType, strategy:
                     "seconds": seconds}
     world.barrier()
     return world.allgather(mine)
+
+
+def merge_solo(before: list[dict[str, Any] | None], after: list[dict[str, Any] | None], strategy: str, m: int,
+               n: int, k: int) -> list[dict[str, Any] | None]:
+    """Two solo_at_final_parts answers at the same parts as one: each rank's runs of both, in order, and their
+    median, slowest and fastest rates."""
+    out: list[dict[str, Any] | None] = []
+    for b, a in zip(before, after):
+        if b is None or a is None:
+            out.append(b or a)
+            continue
+        if b["part"] != a["part"]:
+            raise ValueError(f"solo runs at parts {b['part']} and {a['part']} cannot be merged")
+        seconds = list(b["seconds"]) + list(a["seconds"])
+        flops = flops_of(strategy, m, n, k, b["part"])
+        out.append({"part": b["part"], "gflops_median": flops / _median(seconds) / 1e9,
+                    "gflops_min": flops / max(seconds) / 1e9, "gflops_max": flops / min(seconds) / 1e9,
+                    "seconds": seconds})
+    return out
 
 
 def time_part(state: SplitState, dtype: DType, strategy: str, m: int, n: int, k: int, part: int, seed: int) -> float:
@@ -859,8 +883,8 @@ def summarize_job(cfg: Any, rows_: list[dict[str, Any]], gathered: list[RankRun]
         "total_gemm_flops": total_flops,
         "sum_solo_gflops": sum_solo / 1e9,
         "sum_solo_gflops_probe": sum_probe / 1e9,
-        "efficiency_basis": ("each rank alone at its final part (median of its runs; a rank without a part: its "
-                             "probe)" if at_parts else "each rank's probe alone"),
+        "efficiency_basis": ("each rank alone at its final part (median of its runs before and after the timed "
+                             "splits; a rank without a part: its probe)" if at_parts else "each rank's probe alone"),
         "solo_at_parts": at_parts,
         "measurement_faults": measurement_faults(splits),
         "parts": chosen["parts"],
