@@ -142,7 +142,12 @@ def test_split_figures_are_the_runs_and_unmet_goals_fail(tmp_path):
     ([0.90, 0.93, 0.99], [False] * 3, None, "UNDECIDED (the goal inside the rounds' spread)"),  # median below
     ([0.90, 0.93, 0.95], [False] * 3, None, "UNDECIDED (the goal inside the rounds' spread)"),  # the top at the goal
     ([0.96, 0.97, 1.013], [False, False, True], None, "met"),  # a faulty round flagged; the rest meet it
-    ([0.97, 1.02, 1.013], [False, True, True], None, "UNDECIDED"),  # the median itself above 1: nothing judged
+    # the median above 1, its band down to 0.97: an efficiency near 1 read through the drift, judged, flagged
+    ([0.97, 1.02, 1.013], [False, True, True], None, "met"),
+    ([0.94, 1.02, 1.013], [False, True, True], None, "UNDECIDED (the goal inside the rounds' spread)"),
+    ([1.01, 1.02, 1.013], [True, True, True], None, "UNDECIDED"),  # the whole band above 1: nothing judged
+    # 1.01 / 1.02 = 0.990: the band reaches 1, judged (met)
+    ([1.01, 1.02, 1.013], [True, True, True], [100.0, 102.0, 101.0], "met"),
     ([], [], None, "UNDECIDED"),  # no round
     # the baselines moved 2 %: 0.96 / 1.02 = 0.941 < 0.95, every round above the goal and still undecided
     ([0.96, 0.97, 0.99], [False] * 3, [100.0, 102.0, 101.0],
@@ -176,6 +181,9 @@ def test_bench_goal_verdicts(values, faulty, baselines, verdict):
         assert text.startswith("no round UNDECIDED")
     if sum(faulty) and verdict == "UNDECIDED":
         assert text.endswith("[the median above 1: a MEASUREMENT FAULT, nothing judged]")
+    elif sum(faulty) and sorted(values)[len(values) // 2] > 1:
+        assert text.endswith(f"[{sum(faulty)} round(s) a MEASUREMENT FAULT, flagged; the median above 1 inside the "
+                             "band, which reaches 1]")
     elif sum(faulty):
         assert text.endswith(f"[{sum(faulty)} round(s) a MEASUREMENT FAULT, flagged]")
     else:
