@@ -29,6 +29,10 @@ DEMO_PROGRESS := $(shell [ -t 2 ] && echo --progress)
 HAVE_TORCH = $(PY) -c 'import hetbench.pytorch' 2>/dev/null
 HAVE_OPENCL_DEVICE = $(PY) -c 'import sys; from hetbench.backends import opencl as cl; \
 	sys.exit(cl.unavailable_reason() is not None or not cl.list_devices())' 2>/dev/null
+# a GPU CuPy drives (NVIDIA, or AMD on a ROCm build): the demo's real pair is the host beside it where there is no
+# OpenCL device (a GPU node: both ranks on `auto` put both on the one GPU)
+HAVE_CUPY_DEVICE = $(PY) -c 'import sys; from hetbench.backends import cupy; \
+	sys.exit(cupy.unavailable_reason() is not None)' 2>/dev/null
 VENV_OPENMPI ?= .venv-openmpi
 EXTRAS_OPENMPI ?= opencl,report,dev$(if $(HAVE_CLBLAST),$(comma)clblast)
 OPENMPI_MPIRUN ?= /usr/bin/mpirun
@@ -54,8 +58,9 @@ $(VENV)/.installed: pyproject.toml
 $(VENV_OPENMPI)/.installed: pyproject.toml
 	$(call make_venv,$(VENV_OPENMPI),$(EXTRAS_OPENMPI),)
 
-# A real heterogeneous pair first (the CPU through NumPy/BLAS beside an OpenCL device; where there is no OpenCL
-# device, the devices `auto` picks), then one GEMM split across that pair by measured speed, then a simulated
+# A real heterogeneous pair first (the CPU through NumPy/BLAS beside an OpenCL device; where there is none, beside a
+# GPU CuPy drives; where neither, the devices `auto` picks), then one GEMM split across that pair by measured speed
+# (the OpenCL or CuPy pair), training on it (a simulated MI300X beside the host where neither), then a simulated
 # H100 + MI300X pair over a size sweep, then collectives; the
 # runs go to a folder of their own, and the demo ends with one HTML page of them all: results/report.html
 # one time stamp a make run, read once (:=): a folder named by the clock in a recursive variable is named anew
@@ -76,8 +81,12 @@ demo: env
 		echo "$(MPIEXEC) -n 2 $(HETBENCH) matmul --size $(DEMO_SIZE) --backend 0=host,1=opencl $(DEMO_REAL_RUNS)"; \
 		$(MPIEXEC) -n 2 $(HETBENCH) matmul --size $(DEMO_SIZE) --backend 0=host,1=opencl $(DEMO_REAL_RUNS) \
 			$(DEMO_PROGRESS) --out $(DEMO_DIR)/matmul-real.json; \
+	elif $(HAVE_CUPY_DEVICE); then \
+		echo "$(MPIEXEC) -n 2 $(HETBENCH) matmul --size $(DEMO_SIZE) --backend 0=host,1=cupy"; \
+		$(MPIEXEC) -n 2 $(HETBENCH) matmul --size $(DEMO_SIZE) --backend 0=host,1=cupy \
+			$(DEMO_PROGRESS) --out $(DEMO_DIR)/matmul-real.json; \
 	else \
-		echo "no OpenCL device here (apt-get install pocl-opencl-icd for one on the CPU): both ranks on auto"; \
+		echo "no OpenCL or CuPy device here (apt-get install pocl-opencl-icd for one on the CPU): both ranks on auto"; \
 		$(MPIEXEC) -n 2 $(HETBENCH) matmul --size $(DEMO_SIZE) $(DEMO_REAL_RUNS) $(DEMO_PROGRESS) \
 			--out $(DEMO_DIR)/matmul-real.json; \
 	fi
@@ -85,12 +94,18 @@ demo: env
 		echo "$(MPIEXEC) -n 2 $(HETBENCH) split --size $(DEMO_SIZE) --backend 0=host,1=opencl --strategy rows"; \
 		$(MPIEXEC) -n 2 $(HETBENCH) split --size $(DEMO_SIZE) --backend 0=host,1=opencl --strategy rows \
 			$(DEMO_REAL_RUNS) --out $(DEMO_DIR)/split-real.json; \
+	elif $(HAVE_CUPY_DEVICE); then \
+		echo "$(MPIEXEC) -n 2 $(HETBENCH) split --size $(DEMO_SIZE) --backend 0=host,1=cupy --strategy rows"; \
+		$(MPIEXEC) -n 2 $(HETBENCH) split --size $(DEMO_SIZE) --backend 0=host,1=cupy --strategy rows \
+			--out $(DEMO_DIR)/split-real.json; \
 	fi
-	@second=$$(if $(HAVE_OPENCL_DEVICE); then echo opencl; else echo sim:mi300x; fi); \
+	@second=$$(if $(HAVE_OPENCL_DEVICE); then echo opencl; elif $(HAVE_CUPY_DEVICE); then echo cupy; \
+		else echo sim:mi300x; fi); \
 		echo "$(MPIEXEC) -n 2 $(HETBENCH) train --strategy fsdp --steps $(DEMO_TRAIN_STEPS) --weights auto --backend 0=host,1=$$second"; \
 		$(MPIEXEC) -n 2 $(HETBENCH) train --strategy fsdp --steps $(DEMO_TRAIN_STEPS) --weights auto \
 			--backend 0=host,1=$$second $(DEMO_PROGRESS) --out $(DEMO_DIR)/train.json
-	@second=$$(if $(HAVE_OPENCL_DEVICE); then echo opencl; else echo sim:mi300x; fi); \
+	@second=$$(if $(HAVE_OPENCL_DEVICE); then echo opencl; elif $(HAVE_CUPY_DEVICE); then echo cupy; \
+		else echo sim:mi300x; fi); \
 	if $(HAVE_TORCH); then \
 		echo "$(MPIEXEC) -n 2 $(HETBENCH) train --frontend torch --model gpt --strategy fsdp2 --steps $(DEMO_TORCH_STEPS) --weights auto --backend 0=host,1=$$second"; \
 		$(MPIEXEC) -n 2 $(HETBENCH) train --frontend torch --model gpt --strategy fsdp2 --steps $(DEMO_TORCH_STEPS) \

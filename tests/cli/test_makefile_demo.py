@@ -1,5 +1,5 @@
-"""`make demo` shows a real heterogeneous pair (the host beside an OpenCL device) before the simulated one, and
-falls back to `auto` where there is no OpenCL device."""
+"""`make demo` shows a real heterogeneous pair (the host beside an OpenCL device, else beside a GPU CuPy drives)
+before the simulated one, and falls back to `auto` where there is neither."""
 
 from __future__ import annotations
 
@@ -34,7 +34,13 @@ def _make(*args: str) -> str:
 def test_demo_runs_the_host_opencl_pair_before_the_simulated_pair():
     text = _make("-n", "demo")
     real = text.index("matmul --size 2048 --backend 0=host,1=opencl --warmup 1 --repeat 3")  # PoCL: fewer repeats
-    fallback = text.index("no OpenCL device here")
+    # a GPU node without an OpenCL device: the host beside the GPU CuPy drives, not both ranks on the one GPU
+    gpu = text.index("from hetbench.backends import cupy; sys.exit(cupy.unavailable_reason() is not None)")
+    gpu_pair = text.index("matmul --size 2048 --backend 0=host,1=cupy \\")
+    assert text.index("split --size 2048 --backend 0=host,1=cupy --strategy rows") > gpu_pair
+    assert "echo cupy;" in text  # training's second rank too
+    fallback = text.index("no OpenCL or CuPy device here")
+    assert real < gpu < gpu_pair < fallback
     simulated = text.index("matmul --sizes 256:2048 --backend 0=sim:h100,1=sim:mi300x")
     collectives = text.index("collectives  --op allreduce,allgather --max-bytes 4M")
     report = text.index("report --brief results/demo-")
@@ -76,3 +82,10 @@ def test_demo_ends_with_one_page_of_the_runs_it_made(tmp_path):
 def test_demo_detects_the_opencl_device_as_the_tests_do():
     out = _make("-s", "--eval", "probe: ; @if $(HAVE_OPENCL_DEVICE); then echo yes; else echo no; fi", "probe")
     assert out.strip() == ("yes" if HAVE_OPENCL else "no")
+
+
+def test_demo_detects_a_cupy_gpu_as_the_backend_does():
+    from hetbench.backends import cupy
+
+    out = _make("-s", "--eval", "probe: ; @if $(HAVE_CUPY_DEVICE); then echo yes; else echo no; fi", "probe")
+    assert out.strip() == ("yes" if cupy.unavailable_reason() is None else "no")
