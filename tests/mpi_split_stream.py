@@ -97,6 +97,7 @@ def check_reuse(world: World) -> None:
     """One streamed splitter, two iterations, new rows of A between them (the root's A blocks are views of A for
     rows): the second C is the new product, so every rank received the new inputs and computed and sent them again
     (rank 1 on PoCL keeps its device buffers and receives into them mapped: stream.py), none kept the first's."""
+    from hetbench.benchmarks.split.run import _keeps_buffers
     from hetbench.benchmarks.split.stream import StreamedSplitter
 
     backend = open_backend(device_for(world.rank), world.local_rank, world.local_size)
@@ -120,6 +121,13 @@ def check_reuse(world: World) -> None:
                 splitter.iteration()
                 if root:
                     assert np.array_equal(splitter.c, (2 * a + 1) @ b), f"{where}: second iteration kept old data"
+                # the rank's GEMMs again, alone, on the buffers the iteration used: where it keeps them
+                seconds = splitter.solo_once()
+                keeps = _keeps_buffers(state, world.rank, parts, "rows")
+                assert (seconds is not None) == keeps, f"{where}: solo_once {seconds} where keeps is {keeps}"
+                assert seconds is None or (seconds > 0) == (parts[world.rank] > 0), where
+                if root:
+                    assert np.array_equal(splitter.c, (2 * a + 1) @ b), f"{where}: solo_once changed C"
             finally:
                 splitter.close()
 

@@ -66,6 +66,8 @@ def _commands(nprocs, root):
         *[(f"two-{strategy}-{weights}", split_args(root / f"two-{strategy}-{weights}", "--strategy", strategy,
                                                    "--weights", weights, "--backend", "0=host,1=sim:mi300x"), {})
           for strategy in ("rows", "k") for weights in ("even", "3,1", "auto")],
+        ("interleaved", split_args(root / "interleaved", "--strategy", "rows", "--weights", "3,1", "--repeat", "3",
+                                   "--warmup", "1", "--backend", f"0=host,1={SECOND}"), {}),
         ("files", ["split", "--a", "a.npy", "--b", "b.npy", "--repeat", "1", "--warmup", "0", "--backend",
                    "0=host,1=sim:h100", "--out", str(files / "s.json"), "--save", str(files / "c.npy")], {}),
         ("rebalance", split_args(root / "rebalance", "--strategy", "rows", "--weights", "even", "--rebalance", "3",
@@ -112,6 +114,27 @@ def test_two_ranks_compute_numpys_product(batches, strategy, weights):
     # for even weights, in some runs for auto) it is measured once
     assert set(summary["splits"]) == ({"weighted"} if summary["parts"] == even else {"even", "weighted"})
     assert "C at rank 0: verified" in run.stdout
+
+
+@needs_mpi
+def test_solo_runs_between_the_timed_iterations_where_every_rank_keeps_its_buffers(batches):
+    """Streamed rows on the host beside PoCL (which maps its buffers): each rank's GEMMs run again alone after each
+    timed iteration of the weighted split (one run per iteration), and the denominators are their medians. Beside a
+    simulated rank (no OpenCL device here), which uploads each iteration: timed before and after the splits."""
+    run, doc, c = split(batches, 2, "interleaved")
+    np.testing.assert_allclose(c, expected(), rtol=1e-4, atol=1e-4)
+    s = doc["summary"]
+    assert s["parts"] == [28, 9] and s["verified"] is True
+    interleaved = SECOND == "opencl"
+    assert ("between the timed iterations" in s["efficiency_basis"]) == interleaved
+    assert ("before and after the timed splits" in s["efficiency_basis"]) == (not interleaved)
+    for part, at in zip(s["parts"], s["solo_at_parts"]):
+        assert at["part"] == part and len(at["seconds"]) == (3 if interleaved else 6)
+        assert bool(at.get("interleaved")) == interleaved
+        assert at["gflops_median"] == pytest.approx(2 * part * N * K / float(np.median(at["seconds"])) / 1e9,
+                                                    rel=1e-12)
+        assert at["gflops_min"] == pytest.approx(2 * part * N * K / max(at["seconds"]) / 1e9, rel=1e-12)
+    assert s["sum_solo_gflops"] == pytest.approx(sum(at["gflops_median"] for at in s["solo_at_parts"]), rel=1e-12)
 
 
 @needs_mpi

@@ -891,3 +891,17 @@ def test_merge_solo_takes_every_run_of_both_sets():
     assert merged[0]["gflops_max"] == pytest.approx(flops / 1.0 / 1e9, rel=1e-12)
     with pytest.raises(ValueError, match="parts 4 and 5"):
         run.merge_solo(before, [{"part": 5, "seconds": [1.0]}, None], "rows", MM, MN, MK)
+
+
+def test_solo_from_runs_is_each_ranks_runs_between_the_iterations():
+    """The denominators from the solo runs between the timed iterations: per rank its runs, the median, slowest and
+    fastest rates from its part's flops; a rank without a part None."""
+    flops = 2 * 6 * MN * MK
+    got = run.solo_from_runs([[0.3, 0.1, 0.2, 0.4], [0.0, 0.0, 0.0, 0.0]], [6, 0], "rows", MM, MN, MK)
+    assert got[1] is None
+    assert got[0]["part"] == 6 and got[0]["seconds"] == [0.3, 0.1, 0.2, 0.4] and got[0]["interleaved"] is True
+    assert got[0]["gflops_median"] == pytest.approx(flops / 0.25 / 1e9, rel=1e-12)
+    assert got[0]["gflops_min"] == pytest.approx(flops / 0.4 / 1e9, rel=1e-12)
+    assert got[0]["gflops_max"] == pytest.approx(flops / 0.1 / 1e9, rel=1e-12)
+    k = run.solo_from_runs([[0.5]], [3], "k", MM, MN, MK)[0]
+    assert k["gflops_median"] == pytest.approx(2 * MM * MN * 3 / 0.5 / 1e9, rel=1e-12)

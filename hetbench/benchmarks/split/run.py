@@ -268,9 +268,11 @@ class SplitFigures:
 
 def run_split(world: World, state: SplitState, dtype: DType, strategy: str, parts: list[int], warmup: int,
               repeat: int, on_iteration: Callable[[], None] | None = None,
-              chunks: int | None = None) -> tuple[list[Phases], np.ndarray | None]:
+              chunks: int | None = None,
+              after_timed: Callable[[Any], None] | None = None) -> tuple[list[Phases], np.ndarray | None]:
     """`warmup` + `repeat` iterations of one split; this rank's timed phases, and the root's last C. `chunks`:
-    streamed in that many column chunks (stream.py); None: the phased iteration, its phases between barriers."""
+    streamed in that many column chunks (stream.py); None: the phased iteration, its phases between barriers.
+    `after_timed(splitter)`: called (collectively) after each timed iteration."""
     from hetbench.benchmarks.split.stream import StreamedSplitter
 
     splitter: Any = (Splitter(world, state, dtype, strategy, parts) if chunks is None
@@ -281,6 +283,8 @@ def run_split(world: World, state: SplitState, dtype: DType, strategy: str, part
             phases = splitter.iteration()
             if i >= warmup:
                 timed.append(phases)
+                if after_timed is not None:
+                    after_timed(splitter)
             if on_iteration is not None:
                 on_iteration()
     finally:
@@ -468,10 +472,26 @@ def measure(cfg: Any, world: World, state: SplitState,
     total = len(plans) * (cfg.warmup + cfg.repeat)
     done = 0
     c = None
-    # the efficiency's denominators bracket the timed splits: each rank's GEMM alone at its final part, timed before
-    # and after them, every run's median (one set after them moved the summed solo rate 5.4 % between rounds of the
-    # 2048 bench, and one round read 1.024: this VM's speed moves within seconds)
-    solo_before = solo_at_final_parts(world, state, dtype, strategy, m, n, k, parts, cfg.seed)
+    # the efficiency's denominators: each rank's GEMMs alone at its final part. Where every rank keeps its buffers
+    # across the streamed iterations (stream.StreamedSplitter.solo_once), run again alone after each timed
+    # iteration of the weighted split, one rank at a time: the pair's and the solo runs' medians then sample the
+    # same seconds (this VM's speed steps by up to 10 % within a second: with the solo runs only after the splits
+    # one 2048 round read 1.024, and bracketing them left 0.92-1.02 between a bench's rounds). Elsewhere timed
+    # before and after the timed splits, every run's median
+    interleave = chunks is not None and all(world.allgather(_keeps_buffers(state, world.rank, parts, strategy)))
+    solo_runs: list[float] = []
+
+    def solo_between(splitter: Any) -> None:
+        for r in range(world.size):
+            world.barrier()
+            if r == world.rank:
+                seconds = splitter.solo_once()
+                assert seconds is not None, "solo_once: this rank keeps no buffers"
+                solo_runs.append(seconds)
+        world.barrier()
+
+    solo_before = None if interleave else solo_at_final_parts(world, state, dtype, strategy, m, n, k, parts,
+                                                               cfg.seed)
     for name, p in plans:
         def tick(name: str = name) -> None:
             nonlocal done
@@ -479,11 +499,15 @@ def measure(cfg: Any, world: World, state: SplitState,
             if on_step is not None:
                 on_step(done, total, f"{name} split {strategy}")
 
-        timed, c = run_split(world, state, dtype, strategy, p, cfg.warmup, cfg.repeat, tick, chunks=chunks)
+        timed, c = run_split(world, state, dtype, strategy, p, cfg.warmup, cfg.repeat, tick, chunks=chunks,
+                             after_timed=solo_between if interleave and name == "weighted" else None)
         splits.append((name, strategy, list(p), timed))
 
-    solo_at_parts = merge_solo(solo_before, solo_at_final_parts(world, state, dtype, strategy, m, n, k, parts,
-                                                                cfg.seed), strategy, m, n, k)
+    if interleave:
+        solo_at_parts = solo_from_runs(world.allgather(solo_runs), parts, strategy, m, n, k)
+    else:
+        solo_at_parts = merge_solo(solo_before, solo_at_final_parts(world, state, dtype, strategy, m, n, k, parts,
+                                                                    cfg.seed), strategy, m, n, k)
     verdict = None
     if world.rank == ROOT:
         assert c is not None
@@ -579,6 +603,34 @@ def solo_at_final_parts(world: World, state: SplitState, dtype: DType, strategy:
                     "seconds": seconds}
     world.barrier()
     return world.allgather(mine)
+
+
+def _keeps_buffers(state: SplitState, rank: int, parts: list[int], strategy: str) -> bool:
+    """Whether this rank's streamed iterations keep the buffers its GEMMs run on (StreamedSplitter.solo_once can
+    run them again): rows only; the root where its device computes on host arrays, a rank beside it where its device
+    does or maps its buffers to the host's memory; a rank without a part always."""
+    if parts[rank] == 0:
+        return True
+    if strategy != "rows":
+        return False
+    on_host = _computes_on_host(state)
+    return on_host or (rank != ROOT and can_map_to_host(state.backend))
+
+
+def solo_from_runs(runs: list[list[float]], parts: list[int], strategy: str, m: int, n: int,
+                   k: int) -> list[dict[str, Any] | None]:
+    """solo_at_final_parts' answer from every rank's solo runs between the timed iterations (StreamedSplitter.
+    solo_once): per rank its runs, their median, slowest and fastest rates; None for a rank without a part."""
+    out: list[dict[str, Any] | None] = []
+    for part, seconds in zip(parts, runs):
+        if part == 0 or not seconds:
+            out.append(None)
+            continue
+        flops = flops_of(strategy, m, n, k, part)
+        out.append({"part": part, "gflops_median": flops / _median(seconds) / 1e9,
+                    "gflops_min": flops / max(seconds) / 1e9, "gflops_max": flops / min(seconds) / 1e9,
+                    "seconds": list(seconds), "interleaved": True})
+    return out
 
 
 def merge_solo(before: list[dict[str, Any] | None], after: list[dict[str, Any] | None], strategy: str, m: int,
@@ -883,8 +935,11 @@ def summarize_job(cfg: Any, rows_: list[dict[str, Any]], gathered: list[RankRun]
         "total_gemm_flops": total_flops,
         "sum_solo_gflops": sum_solo / 1e9,
         "sum_solo_gflops_probe": sum_probe / 1e9,
-        "efficiency_basis": ("each rank alone at its final part (median of its runs before and after the timed "
-                             "splits; a rank without a part: its probe)" if at_parts else "each rank's probe alone"),
+        "efficiency_basis": (("each rank alone at its final part (median of its runs between the timed iterations"
+                              if any(a and a.get("interleaved") for a in at_parts) else
+                              "each rank alone at its final part (median of its runs before and after the timed "
+                              "splits") + "; a rank without a part: its probe)" if at_parts else
+                             "each rank's probe alone"),
         "solo_at_parts": at_parts,
         "measurement_faults": measurement_faults(splits),
         "parts": chosen["parts"],

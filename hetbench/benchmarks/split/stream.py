@@ -165,6 +165,41 @@ class StreamedSplitter:
         if self.mapped:
             self.a_dev, self.b_dev, self.c_dev = None, [], []
 
+    def solo_once(self) -> float | None:
+        """This rank's GEMMs of an iteration run again, alone, on the buffers the iteration used (device timer,
+        summed over its chunks): the efficiency's denominator measured between the timed iterations (run.py). 0.0
+        without a part; None where the iteration keeps no such buffers (the k strategy, a root whose device is not
+        the host's memory, a rank beside it that uploads into new buffers each iteration)."""
+        if self.part == 0:
+            return 0.0
+        if self.strategy != "rows":
+            return None
+        be, dt = self.backend, self.dtype
+        if self.me == ROOT:
+            if not self.on_host:
+                return None
+            assert self.c is not None
+            start = self.starts[ROOT]
+            with be.timer() as g:
+                be.matmul(self.a_r, self.b_whole, self.c[start:start + self.part], dt)
+            return g.seconds
+        if self.mapped:
+            pairs = list(zip(self.b_dev, self.c_dev))
+            a = self.a_dev
+        elif self.on_host:
+            if not hasattr(self, "_solo_out"):
+                self._solo_out = [np.empty((self.part, w), dtype=dt.host) for _, w in self.cols]
+            pairs = list(zip(self.b_r, self._solo_out))
+            a = self.a_r
+        else:
+            return None
+        total = 0.0
+        for b, c in pairs:
+            with be.timer() as g:
+                be.matmul(a, b, c, dt)
+            total += g.seconds
+        return total
+
     # --- one iteration ----------------------------------------------------------------------------------------
 
     def iteration(self) -> Any:
