@@ -126,6 +126,27 @@ def test_split_figures_are_the_runs_and_unmet_goals_fail(tmp_path):
     assert (f"goal speedup_over_even_of_ideal >= 0.9: median 0.950 of 3 round(s) (spread 0.930-0.990; the baselines "
             f"moved 2.0 % between rounds: band {0.93 / (1 + d):.3f}-{0.99 * (1 + d):.3f}) met") in drifted.stdout
     assert drifted.returncode == 1, drifted.stdout
+    # the same rounds with every rank's solo runs made between the timed iterations (split.run.solo_from_runs): the
+    # efficiencies' bands are the rounds' spread (each ratio divides measurements of the same seconds), the gain
+    # over even (its baseline the even split, timed before) still widened; a rank without a part counts no run
+    for i in range(3):
+        same = json.loads((tmp_path / f"m{i}.json").read_text())
+        same["summary"]["solo_at_parts"] = [dict(a, interleaved=True) if a else a
+                                            for a in same["summary"]["solo_at_parts"]]
+        (tmp_path / f"i{i}.json").write_text(json.dumps(same))
+    between = _overhead_split(tmp_path, "i0.json", "i1.json", "i2.json")
+    assert ("goal efficiency_compute >= 0.95: median 0.970 of 3 round(s) (spread 0.960-1.013) met [1 round(s) a "
+            "MEASUREMENT FAULT, flagged] (solo runs between the timed iterations: the band is the rounds' spread)"
+            ) in between.stdout
+    assert (f"goal speedup_over_even_of_ideal >= 0.9: median 0.950 of 3 round(s) (spread 0.930-0.990; the baselines "
+            f"moved 2.0 % between rounds: band {0.93 / (1 + d):.3f}-{0.99 * (1 + d):.3f}) met\n") in between.stdout
+    assert between.returncode == 0, between.stdout
+    half = json.loads((tmp_path / "i1.json").read_text())  # one round's denominators timed after the splits
+    half["summary"]["solo_at_parts"] = [dict(a, interleaved=False) if a else a for a in half["summary"]["solo_at_parts"]]
+    (tmp_path / "i1.json").write_text(json.dumps(half))
+    mixed = _overhead_split(tmp_path, "i0.json", "i1.json", "i2.json")
+    assert "UNDECIDED (the goal inside the band: within the machine's drift)" in mixed.stdout
+    assert mixed.returncode == 1
     doc["summary"]["speedup_over_even"] = 0.85 * ideal  # round 3 now below the goal: the spread is across it
     (tmp_path / "r2.json").write_text(json.dumps(doc))
     across = _overhead_split(tmp_path, "r0.json", "r1.json", "r2.json")
