@@ -61,9 +61,12 @@ def test_demo_ends_with_one_page_of_the_runs_it_made(tmp_path):
                           env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     have_torch = _demo_has_torch()
+    from hetbench.backends import cupy
+
+    real_pair = HAVE_OPENCL or cupy.unavailable_reason() is None  # the host beside an OpenCL device or a CuPy GPU
     assert sorted(p.name for p in runs.glob("*.json")) == ["collectives-sim.json", "matmul-real.json",
                                                           "matmul-sim-sweep.json"] + (
-                                                              ["split-real.json"] if HAVE_OPENCL else []) + [
+                                                              ["split-real.json"] if real_pair else []) + [
                                                               *(["train-torch.json"] if have_torch else []), "train.json"]
     assert f"\ndemo report: {page} (open it in a browser; the runs are in {runs})\n" in proc.stdout
     html = page.read_text(encoding="utf-8")
