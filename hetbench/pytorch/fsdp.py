@@ -26,9 +26,11 @@ How a step runs (the NumPy trainer's fsdp, hetbench/train/data_parallel.py, for 
 - the gradient of the whole flat vector, once autograd has summed it, is reduce-scattered (MPI Reduce_scatter with
   the shares as counts, SUM) straight into the owners' flat-shard gradients; the buffer is then freed.
 - prefetch: the next unit's gather (forward order, recorded each forward; reversed in the backward) is started
-  (MPI Iallgatherv) as soon as the current unit is in hand, and tested after every operation that saves a tensor
-  for the backward (and after every device GEMM of an offloaded rank), so that an MPI without a progress thread
-  moves it while this unit computes. exposed_seconds lists, per prefetched gather, the time this rank spent
+  (MPI Iallgatherv) as soon as the current unit is in hand and handed to the progress engine
+  (hetbench/comm/progress.py), whose thread moves it while this unit computes: neither MPICH nor Open MPI moves a
+  started gather between calls into it, and a torch GEMM is one call (tests after every operation that saves a
+  tensor hid 0 % of the gathers in every bench-train-torch round). Where MPI gives no MPI_THREAD_MULTIPLE it is
+  tested after every such operation (and after every device GEMM of an offloaded rank) instead. exposed_seconds lists, per prefetched gather, the time this rank spent
   starting, testing and waiting for it; measured against a blocking gather's time (blocking_gather_seconds) it
   tells how much was hidden, as OSU's non-blocking benchmarks measure overlap.
 
@@ -175,7 +177,9 @@ class _Unit:
     aliases: list[list[tuple[nn.Module, str]]]  # per parameter: every (module, attribute) that names it
     root: bool = False
     full: torch.Tensor | None = None  # the gathered flat vector, while held
-    pending: Any = None  # a started gather: [request, buffer, host buffer, send buffer, exposed s, copy s]
+    # a started gather: [request, buffer, host buffer, send buffer, exposed s, copy s, the progress engine's flight
+    # (None where the caller's thread tests it)]
+    pending: Any = None
 
     @property
     def size(self) -> int:
@@ -263,6 +267,7 @@ class ShardedModule:
             unit.module.register_parameter(SHARD_NAME, unit.shard)
         self.root = next((u for u in self.units if u.root), None)
         self.prefetch = bool(prefetch) and self.size > 1 and len(self.units) > 1
+        self.progress: Any = None  # the progress engine, made on the first prefetched gather
         self.order = [u.index for u in self.units if not u.root]  # the units' forward order (recorded each forward)
         self._seen: list[int] = []
         self._live: dict[int, _Unit] = {}  # storage data_ptr of a gathered vector -> its unit
@@ -478,21 +483,43 @@ class ShardedModule:
         t0 = time.perf_counter()
         full, send, recv, copy = self._gather_buffers(nxt)
         request = self.comm.Iallgatherv(send, [recv, (nxt.counts, _displs(nxt.counts))])
-        nxt.pending = [request, full, recv, send, time.perf_counter() - t0, copy]
+        exposed = time.perf_counter() - t0
+        if self.progress is None:
+            from hetbench.comm.progress import Progress
+
+            self.progress = Progress()
+        # the engine's thread moves it while this unit computes (untimed: the handoff runs beside the compute's
+        # start, as the numpy trainer's does)
+        flight = self.progress.start([request]) if self.progress.threaded else None
+        nxt.pending = [request, full, recv, send, exposed, copy, flight]
         self._note_peak()
 
     def poll(self) -> None:
-        """Test every started gather (MPI moves it only inside MPI calls where it has no progress thread)."""
+        """Test every started gather the progress engine does not hold (MPI moves it only inside MPI calls where
+        it has no progress thread); one the engine holds is its thread's to test."""
         for u in self.units:
-            if u.pending is not None:
+            if u.pending is not None and u.pending[6] is None:
                 t0 = time.perf_counter()
                 u.pending[0].Test()
                 u.pending[4] += time.perf_counter() - t0
 
+    def _complete(self, pending: list[Any]) -> None:
+        """A started gather completed on this thread: taken back from the engine, or waited for."""
+        if pending[6] is not None:
+            self.progress.wait(pending[6])
+        else:
+            pending[0].Wait()
+
+    def close(self) -> None:
+        """End the progress engine's thread (a started gather left is the caller's to drain first)."""
+        if self.progress is not None:
+            self.progress.close()
+            self.progress = None
+
     def _wait(self, u: _Unit) -> torch.Tensor:
-        request, full, recv, _send, exposed, copy = u.pending
+        request, full, recv, _send, exposed, copy, _flight = u.pending
         t0 = time.perf_counter()
-        request.Wait()
+        self._complete(u.pending)
         if full.device.type != "cpu":
             t1 = time.perf_counter()
             full.copy_(torch.from_numpy(recv))
@@ -508,7 +535,7 @@ class ShardedModule:
         """Gathers started and never used (a unit the last forward skipped) are finished and dropped."""
         for u in self.units:
             if u.pending is not None:
-                u.pending[0].Wait()
+                self._complete(u.pending)
                 u.pending = None
 
     def _reduce_scatter(self, u: _Unit, grad: torch.Tensor) -> torch.Tensor:

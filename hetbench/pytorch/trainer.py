@@ -339,6 +339,8 @@ def _train(cfg: Any, world: World, state: TorchTrainState, on_step: Any) -> Rank
                 saver.save(step + 1, [], root_files=writer(full_now) if world.rank == ROOT else None)
             if logger.pg is not None:
                 logger.pg.metrics.take()  # the save's gathers are not the next step's communication
+    if engine is not None:
+        engine.close()  # its progress engine's thread: no gather is started after the last step
     full = engine.full_state_dict() if engine is not None else _full_state(cfg, model)
     collectives = _steps_collectives(logger.mine, world.size)
     offloaded = state.ops is not None

@@ -186,7 +186,7 @@ def test_wait_exposed_seconds_and_record_cpu(clock):
     u = s.units[0]
     full = torch.zeros(u.size)
     # started with 0.5 s exposed already and 0.25 s of the shard's host copy
-    u.pending = [Request(clock, 2.0), full, full.numpy(), None, 0.5, 0.25]
+    u.pending = [Request(clock, 2.0), full, full.numpy(), None, 0.5, 0.25, None]
     clock.now = 0.0
     # t0 = 1 (the tick); Wait to 3; then 4: exposed 0.5 + (4 - 1) = 3.5; on the CPU no copy is added
     assert s._wait(u) is full
@@ -221,7 +221,7 @@ def test_wait_exposed_seconds_and_record_device(clock):
     u = s.units[1]  # the root: 3 elements, 12 bytes
     full = DeviceVector(clock)
     recv = np.arange(3, dtype=np.float32)
-    u.pending = [Request(clock, 2.0), full, recv, None, 0.5, 0.25]
+    u.pending = [Request(clock, 2.0), full, recv, None, 0.5, 0.25, None]
     clock.now = 0.0
     # t0 = 1; Wait to 3; t1 = 4; the copy to 4.5; 5.5: copy 0.25 + (5.5 - 4) = 1.75; 6.5: exposed 0.5 + 5.5 = 6
     assert s._wait(u) is full
@@ -235,6 +235,7 @@ def test_a_prefetched_gather_start_poll_wait_and_the_gathered_peak(clock):
     s = _sharded(metrics=metrics)
     root, unit = s.units[1], s.units[0]
     s.comm.Iallgatherv = lambda send, recv: Request(clock, 2.0)
+    s.progress = types.SimpleNamespace(threaded=False)  # an MPI without MPI_THREAD_MULTIPLE: the caller tests
     s._hold(root, torch.zeros(root.size))
     assert s.figures.gathered_bytes_peak == 4 * 3
     assert s._sequence(backward=False) == [1, 0] and s.prefetched_units() == [0]
@@ -249,6 +250,47 @@ def test_a_prefetched_gather_start_poll_wait_and_the_gathered_peak(clock):
     s._wait(unit)
     assert metrics.added == [("allgather", 32, 5.5, 0.0, 0.0)]
     assert s.take_figures().exposed_seconds == [5.5]
+
+
+def test_a_prefetched_gather_goes_to_the_progress_engine(clock):
+    """With MPI_THREAD_MULTIPLE the started gather is handed to the progress engine, whose thread moves it while the
+    unit computes: poll() leaves it to that thread (one request is never tested by two threads), _wait() takes it
+    back through the engine (its time exposed), close() ends the thread."""
+    metrics = Metrics()
+    s = _sharded(metrics=metrics)
+    root, unit = s.units[1], s.units[0]
+    request = Request(clock, 2.0)
+    s.comm.Iallgatherv = lambda send, recv: request
+    calls = []
+
+    class Engine:
+        threaded = True
+
+        def start(self, requests):
+            calls.append(("start", requests))
+            return "flight"
+
+        def wait(self, flight):
+            calls.append(("wait", flight))
+            clock.now += 0.25
+
+        def close(self):
+            calls.append(("close",))
+
+    engine = Engine()
+    s.progress = engine
+    s._hold(root, torch.zeros(root.size))
+    clock.now = 0.0
+    s._start_next(root, s._sequence(backward=False))  # 1 s exposed: the Iallgatherv call between two ticks
+    assert calls == [("start", [request])] and unit.pending[6] == "flight" and unit.pending[4] == 1.0
+    s.poll()  # the engine holds it: no Test from this thread
+    assert unit.pending[4] == 1.0 and clock.now == 2.0
+    s._wait(unit)  # t0 = 2 (the clock to 3), the engine's wait to 3.25, read then: 1.25 more, 2.25 exposed
+    assert calls[-1] == ("wait", "flight")
+    assert metrics.added == [("allgather", 32, 2.25, 0.0, 0.0)]
+    s.close()
+    assert calls[-1] == ("close",) and s.progress is None
+    s.close()  # twice: nothing more
 
 
 def test_record_without_metrics_is_quiet():
@@ -339,6 +381,7 @@ def test_start_next_starts_the_following_unit_only(clock):
     s = _three_units()
     started = []
     s.comm.Iallgatherv = lambda send, recv: started.append(recv[1][0]) or Request(clock, 1.0)
+    s.progress = types.SimpleNamespace(threaded=False)  # the caller's thread tests them (no engine thread here)
     seq = s._sequence(backward=False)  # [2, 0, 1]
     # after unit 0 comes unit 1 (not the root before it): its counts [5, 1]
     s._start_next(s.units[0], seq)
