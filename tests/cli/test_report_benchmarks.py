@@ -36,7 +36,8 @@ JOBS = {
                     "1", "--backend", "0=host,1=sim:h100"],
     "calibrate": ["calibrate", "--size", "128", "--min-seconds", "0.001", "--link-bytes", "4K", "--backend",
                   "0=host,1=sim:mi300x"],
-    "split": ["split", "--size", "128", "--repeat", "3", "--warmup", "1", "--backend", "0=host,1=sim:mi300x"],
+    "split": ["split", "--size", "128", "--repeat", "3", "--warmup", "1", "--weights", "1,3",
+              "--backend", "0=host,1=sim:mi300x"],  # listed weights: parts other than even, always (auto met them once)
     "train": ["train", "--steps", "12", "--layers", "2", "--hidden", "16", "--batch", "16", "--backend",
               "0=host,1=sim:h100"],
     "torch": ["train", "--frontend", "torch", "--steps", "4", "--layers", "2", "--hidden", "16", "--batch", "16",
