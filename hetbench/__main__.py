@@ -60,6 +60,21 @@ def _fail_before_mpi(line: str, code: int) -> None:
     sys.exit(code)
 
 
+def _interrupt_in_chain(error: BaseException) -> KeyboardInterrupt | None:
+    """The KeyboardInterrupt (a signal's `Interrupted`) behind `error`, where Python wrapped it: a signal that lands
+    while a class body's `__set_name__` runs (a dataclass's fields, during the imports) comes out as "RuntimeError:
+    Error calling __set_name__", its cause the interrupt (seen under Open MPI's mpirun: the rank said "could not
+    start" and ended with 1, not the signal's code)."""
+    seen: set[int] = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
 def run() -> None:
     held = _HELD  # held since this module's first line
     from hetbench import signals
@@ -79,6 +94,9 @@ def run() -> None:
         except PluginError as e:
             _fail_before_mpi(f"Error: {e}", 2)
         except Exception as e:  # noqa: BLE001 - a broken install (on one node, say): one line, and the job ends
+            signalled = _interrupt_in_chain(e)
+            if signalled is not None:  # the signal's exception, wrapped by Python on its way out (see below)
+                raise signalled from None
             _fail_before_mpi(f"Error: hetbench could not start: {type(e).__name__}: {e}", 1)
     except KeyboardInterrupt as e:
         sys.exit(signals.interrupted(e.signum if isinstance(e, signals.Interrupted) else signal.SIGINT))
