@@ -38,6 +38,10 @@ ABORT_FLUSH_SECONDS = 0.25
 # a rank signalled before MPI started gets this long to start it and abort the job from its main thread (MPI_Init
 # returns once every rank has come to it: a peer may still be importing)
 STARTUP_GRACE_SECONDS = 30.0
+# meanwhile the watchdog looks this often whether MPI has come up: where the main thread dropped the interrupt (a
+# signal landing in a weakref callback during the imports: Python prints "Exception ignored" and goes on) it starts
+# MPI itself to run the command, and the watchdog then ends the job at once, not after the whole grace
+STARTUP_POLL_SECONDS = 0.1
 # the number of ranks each launcher exports (MPICH's hydra, Open MPI, MVAPICH2, Slurm's srun)
 SIZE_ENV = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "SLURM_NTASKS")
 
@@ -174,11 +178,14 @@ def _watch(read_fd: int) -> None:
             _abort_job(signum, rank)
         if launched_size() > 1 and not _finalized():
             # one of several ranks, MPI not started yet (or starting): the main thread starts it and aborts the job
-            # (`interrupted`); should it not get there, end this process after a while
-            time.sleep(STARTUP_GRACE_SECONDS)
-            rank, size = world()
-            if size > 1:
-                _abort_job(signum, rank)
+            # (`interrupted`); once MPI is up this thread aborts it too (where the main thread dropped the interrupt
+            # it went on to start MPI for the command), and should MPI not come up, ends this process after a while
+            deadline = time.monotonic() + STARTUP_GRACE_SECONDS
+            while time.monotonic() < deadline:
+                time.sleep(STARTUP_POLL_SECONDS)
+                rank, size = world()
+                if size > 1:
+                    _abort_job(signum, rank)
         # alone: the main thread unwinds through `Interrupted`; end the process if it is stuck in a long C call
         time.sleep(SINGLE_GRACE_SECONDS)
         if _ending.acquire(blocking=False):

@@ -77,3 +77,49 @@ def test_a_signal_to_one_rank_while_its_signal_handling_imports_ends_the_job(tmp
     assert all(" interrupted by SIG" in line for line in errors) and (len(errors) == 1 or MPIEXEC_KIND == "openmpi")
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     assert not (tmp_path / "r.json").exists()
+
+
+# the signal lands where Python drops its exception (here: caught and dropped by the code it interrupted, as Python
+# does in a weakref callback during the imports, "Exception ignored"): the rank goes on to start MPI and run the
+# command, and the signal watchdog must end the job (it waited out its whole 30 s start-up grace before)
+DROPPED_SIGNAL = """
+import os, signal, sys, time
+RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK")
+rank = next((os.environ[v] for v in RANK_VARIABLES if os.environ.get(v)), "0")
+
+
+class DropOnImport:
+    def find_spec(self, name, path=None, target=None):
+        if name == "hetbench.cli" and rank == os.environ["HB_TEST_SIGNAL_RANK"]:
+            sys.meta_path.remove(self)
+            try:
+                os.kill(os.getpid(), int(os.environ["HB_TEST_SIGNAL"]))
+                time.sleep(1.0)
+            except BaseException:
+                pass
+        return None
+
+
+sys.meta_path.insert(0, DropOnImport())
+sys.argv = ["hetbench", *sys.argv[1:]]
+from hetbench.__main__ import run
+run()
+"""
+
+
+@needs_mpi
+@pytest.mark.parametrize("nprocs, target, signum", [(2, 1, signal.SIGINT), (3, 0, signal.SIGTERM)])
+def test_a_signal_whose_exception_a_rank_dropped_still_ends_the_job(tmp_path, nprocs, target, signum):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    env.update(OMP_NUM_THREADS="1", HB_TEST_SIGNAL=str(int(signum)), HB_TEST_SIGNAL_RANK=str(target))
+    start = time.monotonic()
+    proc = subprocess.run([MPIEXEC, "-n", str(nprocs), sys.executable, "-c", DROPPED_SIGNAL, *LONG_RUN], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    seconds = time.monotonic() - start
+    assert seconds < END_WITHIN_SECONDS, (seconds, proc.stderr)
+    assert proc.returncode == 128 + signum, (proc.returncode, proc.stderr)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
+    assert f"Error: rank {target} ({os.uname().nodename}) interrupted by {signal.Signals(signum).name}" in errors, \
+        proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "r.json").exists()
