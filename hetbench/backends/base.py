@@ -232,6 +232,13 @@ def download(backend: Any, array: Any, dtype: DType, out: np.ndarray | None = No
     return out
 
 
+def check_download_target(array: Any, out: np.ndarray) -> None:
+    """download_into's target must be a C-contiguous host array of the device array's shape and dtype."""
+    if tuple(out.shape) != tuple(array.shape) or out.dtype != array.dtype or not out.flags.c_contiguous:
+        raise ValueError(f"download_into needs a C-contiguous {array.dtype} host array of shape {array.shape}, "
+                         f"got {out.dtype} {out.shape}")
+
+
 def touched_empty(shape: tuple[int, ...], dtype: DType) -> np.ndarray:
     """A host array whose pages the kernel has already supplied (written once), so that a timed copy into it pays
     the copy only."""

@@ -18,6 +18,7 @@ from hetbench.backends.base import (
     DeviceError,
     DeviceInfo,
     Elapsed,
+    check_download_target,
     check_dtype,
     index_for_rank,
     touched_empty,
@@ -277,9 +278,7 @@ class CupyBackend:
             return touched_empty(tuple(shape), dtype)
 
     def download_into(self, array: Any, out: np.ndarray) -> None:
-        if tuple(out.shape) != tuple(array.shape) or out.dtype != array.dtype or not out.flags.c_contiguous:
-            raise ValueError(f"download_into needs a C-contiguous {array.dtype} host array of shape {array.shape}, "
-                             f"got {out.dtype} {out.shape}")
+        check_download_target(array, out)
         with self._device_errors("download"), self._device:
             array.get(stream=self._stream, out=out)
             self._stream.synchronize()

@@ -22,6 +22,7 @@ from hetbench.backends.base import (
     DeviceError,
     DeviceInfo,
     Elapsed,
+    check_download_target,
     check_dtype,
     index_for_rank,
     touched_empty,
@@ -302,9 +303,7 @@ class OpenCLBackend:
         return touched_empty(tuple(shape), dtype)
 
     def download_into(self, array: Any, out: np.ndarray) -> None:
-        if tuple(out.shape) != tuple(array.shape) or out.dtype != array.dtype or not out.flags.c_contiguous:
-            raise ValueError(f"download_into needs a C-contiguous {array.dtype} host array of shape {array.shape}, "
-                             f"got {out.dtype} {out.shape}")
+        check_download_target(array, out)
         with self._device_errors("download"):
             array.get(ary=out)
             self._queue.finish()

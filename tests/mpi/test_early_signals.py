@@ -21,25 +21,28 @@ pytestmark = pytest.mark.slow
 END_WITHIN_SECONDS = 20.0
 # the signal is sent by the rank to itself while `from hetbench import signals` runs (an import hook): at a moment
 # no timing can be sure to hit from outside
-SELF_SIGNAL = """
-import os, signal, sys
+# the script around a rank's command: an import hook on MODULE that runs ACTION on the chosen rank, then hetbench
+HOOKED_RUN = """
+import os, signal, sys, time
 RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK")
 rank = next((os.environ[v] for v in RANK_VARIABLES if os.environ.get(v)), "0")
 
 
-class SignalOnImport:
+class OnImport:
     def find_spec(self, name, path=None, target=None):
-        if name == "hetbench.signals" and rank == os.environ["HB_TEST_SIGNAL_RANK"]:
+        if name == "{module}" and rank == os.environ["HB_TEST_SIGNAL_RANK"]:
             sys.meta_path.remove(self)
-            os.kill(os.getpid(), int(os.environ["HB_TEST_SIGNAL"]))
+{action}
         return None
 
 
-sys.meta_path.insert(0, SignalOnImport())
+sys.meta_path.insert(0, OnImport())
 sys.argv = ["hetbench", *sys.argv[1:]]
 from hetbench.__main__ import run
 run()
 """
+SELF_SIGNAL = HOOKED_RUN.format(module="hetbench.signals",
+                                action='            os.kill(os.getpid(), int(os.environ["HB_TEST_SIGNAL"]))')
 LONG_RUN = ["matmul", "--size", "64", "--backend", "host", "--repeat", "1000000", "--warmup", "0", "--out", "r.json"]
 
 
@@ -82,29 +85,12 @@ def test_a_signal_to_one_rank_while_its_signal_handling_imports_ends_the_job(tmp
 # the signal lands where Python drops its exception (here: caught and dropped by the code it interrupted, as Python
 # does in a weakref callback during the imports, "Exception ignored"): the rank goes on to start MPI and run the
 # command, and the signal watchdog must end the job (it waited out its whole 30 s start-up grace before)
-DROPPED_SIGNAL = """
-import os, signal, sys, time
-RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK")
-rank = next((os.environ[v] for v in RANK_VARIABLES if os.environ.get(v)), "0")
-
-
-class DropOnImport:
-    def find_spec(self, name, path=None, target=None):
-        if name == "hetbench.cli" and rank == os.environ["HB_TEST_SIGNAL_RANK"]:
-            sys.meta_path.remove(self)
+DROPPED_SIGNAL = HOOKED_RUN.format(module="hetbench.cli", action="""\
             try:
                 os.kill(os.getpid(), int(os.environ["HB_TEST_SIGNAL"]))
                 time.sleep(1.0)
             except BaseException:
-                pass
-        return None
-
-
-sys.meta_path.insert(0, DropOnImport())
-sys.argv = ["hetbench", *sys.argv[1:]]
-from hetbench.__main__ import run
-run()
-"""
+                pass""")
 
 
 @needs_mpi

@@ -599,23 +599,16 @@ def solo_at_final_parts(world: World, state: SplitState, dtype: DType, strategy:
         if r == world.rank and parts[r] > 0:
             seconds = time_part_runs(state, dtype, strategy, m, n, k, parts[r], seed)
             flops = flops_of(strategy, m, n, k, parts[r])
-            mine = {"part": parts[r], "gflops_median": flops / _median(seconds) / 1e9,
-                    "gflops_min": flops / max(seconds) / 1e9, "gflops_max": flops / min(seconds) / 1e9,
-                    "seconds": seconds}
+            mine = _solo_entry(parts[r], flops, seconds)
     world.barrier()
     return world.allgather(mine)
 
 
 def _keeps_buffers(state: SplitState, rank: int, parts: list[int], strategy: str) -> bool:
-    """Whether this rank's streamed iterations keep the buffers its GEMMs run on (StreamedSplitter.solo_once can
-    run them again): rows only; the root where its device computes on host arrays, a rank beside it where its device
-    does or maps its buffers to the host's memory; a rank without a part always."""
-    if parts[rank] == 0:
-        return True
-    if strategy != "rows":
-        return False
-    on_host = _computes_on_host(state)
-    return on_host or (rank != ROOT and can_map_to_host(state.backend))
+    """Whether this rank's streamed iterations keep the buffers its GEMMs run on (stream.keeps_buffers)."""
+    from hetbench.benchmarks.split.stream import keeps_buffers
+
+    return keeps_buffers(rank, parts[rank], strategy, _computes_on_host(state), can_map_to_host(state.backend))
 
 
 def solo_from_runs(runs: list[list[float]], parts: list[int], strategy: str, m: int, n: int,
@@ -627,10 +620,7 @@ def solo_from_runs(runs: list[list[float]], parts: list[int], strategy: str, m: 
         if part == 0 or not seconds:
             out.append(None)
             continue
-        flops = flops_of(strategy, m, n, k, part)
-        out.append({"part": part, "gflops_median": flops / _median(seconds) / 1e9,
-                    "gflops_min": flops / max(seconds) / 1e9, "gflops_max": flops / min(seconds) / 1e9,
-                    "seconds": list(seconds), "interleaved": True})
+        out.append(dict(_solo_entry(part, flops_of(strategy, m, n, k, part), list(seconds)), interleaved=True))
     return out
 
 
@@ -645,12 +635,15 @@ def merge_solo(before: list[dict[str, Any] | None], after: list[dict[str, Any] |
             continue
         if b["part"] != a["part"]:
             raise ValueError(f"solo runs at parts {b['part']} and {a['part']} cannot be merged")
-        seconds = list(b["seconds"]) + list(a["seconds"])
-        flops = flops_of(strategy, m, n, k, b["part"])
-        out.append({"part": b["part"], "gflops_median": flops / _median(seconds) / 1e9,
-                    "gflops_min": flops / max(seconds) / 1e9, "gflops_max": flops / min(seconds) / 1e9,
-                    "seconds": seconds})
+        out.append(_solo_entry(b["part"], flops_of(strategy, m, n, k, b["part"]),
+                               list(b["seconds"]) + list(a["seconds"])))
     return out
+
+
+def _solo_entry(part: int, flops: float, seconds: list[float]) -> dict[str, Any]:
+    """One rank's solo runs at its part: their median, slowest and fastest rates (GFLOP/s) and the runs."""
+    return {"part": part, "gflops_median": flops / _median(seconds) / 1e9, "gflops_min": flops / max(seconds) / 1e9,
+            "gflops_max": flops / min(seconds) / 1e9, "seconds": seconds}
 
 
 def time_part(state: SplitState, dtype: DType, strategy: str, m: int, n: int, k: int, part: int, seed: int) -> float:

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from hetbench.backends.base import can_map_to_host, capabilities
+from hetbench.backends.base import can_map_to_host, capabilities, touched_empty
 from hetbench.comm.progress import Progress
 from hetbench.comm.world import World
 from hetbench.dtypes import DType
@@ -64,6 +64,15 @@ def column_chunks(n: int, chunks: int) -> list[tuple[int, int]]:
         out.append((start, width))
         start += width
     return out
+
+
+def keeps_buffers(rank: int, part: int, strategy: str, on_host: bool, maps: bool) -> bool:
+    """Whether a rank's streamed iterations keep the buffers its GEMMs run on, so that StreamedSplitter.solo_once
+    can run them again: rows only; the root where its device computes on host arrays, a rank beside it where its
+    device does or maps its buffers to the host's memory (`maps`); a rank without a part always."""
+    if part == 0:
+        return True
+    return strategy == "rows" and (on_host or (rank != ROOT and maps))
 
 
 def _flat(array: np.ndarray) -> np.ndarray:
@@ -141,8 +150,7 @@ class StreamedSplitter:
                 self.b_whole = b
                 # C's pages supplied now, not by the first iteration's writes (a single iteration times a split
                 # while --chunks auto and the auto weights' finish steps measure it)
-                self.c = np.empty((m, n), dtype=host)
-                self.c.fill(0)
+                self.c = touched_empty((m, n), dtype)
                 # each working rank's chunk j of C lands in place: a subarray of C's bytes
                 from mpi4py import MPI
 
@@ -172,12 +180,10 @@ class StreamedSplitter:
         the host's memory, a rank beside it that uploads into new buffers each iteration)."""
         if self.part == 0:
             return 0.0
-        if self.strategy != "rows":
+        if not keeps_buffers(self.me, self.part, self.strategy, self.on_host, self.mapped):
             return None
         be, dt = self.backend, self.dtype
         if self.me == ROOT:
-            if not self.on_host:
-                return None
             assert self.c is not None
             start = self.starts[ROOT]
             with be.timer() as g:
@@ -186,15 +192,11 @@ class StreamedSplitter:
         if self.mapped:
             pairs = list(zip(self.b_dev, self.c_dev))
             a = self.a_dev
-        elif self.on_host:
+        else:  # the host's arrays
             if not hasattr(self, "_solo_out"):  # written once here: its pages are not the first timed run's
-                self._solo_out = [np.zeros((self.part, w), dtype=dt.host) for _, w in self.cols]
-                for out in self._solo_out:
-                    out.fill(0)
+                self._solo_out = [touched_empty((self.part, w), dt) for _, w in self.cols]
             pairs = list(zip(self.b_r, self._solo_out))
             a = self.a_r
-        else:
-            return None
         total = 0.0
         for b, c in pairs:
             with be.timer() as g:
