@@ -185,6 +185,78 @@ def check_progress(world: World) -> None:
     assert engine._thread is None
 
 
+def check_launch(world: World) -> None:
+    """Progress.launch: the engine's thread begins the operation (an Iallgatherv on a duplicate communicator) while
+    this thread runs a blocking collective on the world's and sleeps: done before anyone waits, every rank's part in
+    place. Launches begin in order: with the thread held back, wait() on the third begins the first two first. What
+    a begin raises comes out of wait(). Without the thread, launch() begins at once."""
+    from mpi4py import MPI
+
+    comm = world.raw_comm
+    size, rank = world.size, world.rank
+    dup = comm.Dup()
+    try:
+        counts = [1000 + 37 * r for r in range(size)]
+        displs = [sum(counts[:r]) for r in range(size)]
+        total = sum(counts)
+        want = np.concatenate([np.full(c, r + 0.5, np.float32) for r, c in enumerate(counts)])
+        mine = np.full(counts[rank], rank + 0.5, np.float32)
+
+        def gather(into: np.ndarray, order: list[int] | None = None, tag: int = 0):
+            def begin() -> list:
+                if order is not None:
+                    order.append(tag)
+                return [dup.Iallgatherv(mine, [into, (counts, displs)])]
+            return begin
+
+        engine = Progress(interval_s=0.0005)
+        assert engine.threaded
+        got = np.zeros(total, np.float32)
+        flight = engine.launch(gather(got))
+        total_ranks = comm.allreduce(1, op=MPI.SUM)  # a collective on the world's communicator meanwhile
+        assert total_ranks == size
+        time.sleep(0.3)
+        assert flight.done, f"the engine made {engine.polls} polls and the launched gather is still not done"
+        engine.wait(flight)
+        assert np.array_equal(got, want) and engine.cpu_seconds > 0
+        engine.close()
+
+        held = Progress()  # its thread never starts: every launch waits for wait()
+        held._ensure_thread = lambda: None  # type: ignore[method-assign]
+        order: list[int] = []
+        outs = [np.zeros(total, np.float32) for _ in range(3)]
+        flights = [held.launch(gather(out, order, i)) for i, out in enumerate(outs)]
+        assert order == [] and not any(f.done for f in flights)
+        held.wait(flights[2])
+        assert order == [0, 1, 2], f"begun in the order {order}"
+        for f in flights[:2]:
+            held.wait(f)
+        assert all(np.array_equal(out, want) for out in outs)
+
+        def broken() -> list:
+            raise ValueError("bad begin")
+
+        failing = Progress(interval_s=0.0005)
+        flight = failing.launch(broken)
+        try:
+            failing.wait(flight)
+        except ValueError as e:
+            assert str(e) == "bad begin"
+        else:
+            raise AssertionError("wait() did not raise what the begin raised")
+        failing.close()
+
+        single = Progress(threaded=False)
+        made: list[int] = []
+        got[...] = 0
+        flight = single.launch(gather(got, made, 5))
+        assert made == [5], "without the thread launch() begins at once"
+        single.wait(flight)
+        assert np.array_equal(got, want) and single._thread is None
+    finally:
+        dup.Free()
+
+
 def check_column_chunks(world: World) -> None:
     from hetbench.benchmarks.split.stream import auto_chunks, column_chunks
 

@@ -25,11 +25,13 @@ How a step runs (the NumPy trainer's fsdp, hetbench/train/data_parallel.py, for 
   reads them from the new buffer.
 - the gradient of the whole flat vector, once autograd has summed it, is reduce-scattered (MPI Reduce_scatter with
   the shares as counts, SUM) straight into the owners' flat-shard gradients; the buffer is then freed.
-- prefetch: the next unit's gather (forward order, recorded each forward; reversed in the backward) is started
-  (MPI Iallgatherv) as soon as the current unit is in hand and handed to the progress engine
-  (hetbench/comm/progress.py), whose thread moves it while this unit computes: neither MPICH nor Open MPI moves a
+- prefetch: the next unit's gather (forward order, recorded each forward; reversed in the backward) is handed to
+  the progress engine (hetbench/comm/progress.py, Progress.launch) as soon as the current unit is in hand; the
+  engine's thread starts it (MPI Iallgatherv, on a duplicate communicator of the gathers' own, so that its start
+  cannot cross this thread's collectives) and moves it while this unit computes: neither MPICH nor Open MPI moves a
   started gather between calls into it, and a torch GEMM is one call (tests after every operation that saves a
-  tensor hid 0 % of the gathers in every bench-train-torch round). Where MPI gives no MPI_THREAD_MULTIPLE it is
+  tensor hid 0 % of the gathers in every bench-train-torch round; started on this thread, 11-21 %: MPICH's
+  start copies the rank's own part and reads a peer's part that has come). Where MPI gives no MPI_THREAD_MULTIPLE it is
   tested after every such operation (and after every device GEMM of an offloaded rank) instead. exposed_seconds lists, per prefetched gather, the time this rank spent
   starting, testing and waiting for it; measured against a blocking gather's time (blocking_gather_seconds) it
   tells how much was hidden, as OSU's non-blocking benchmarks measure overlap.
@@ -268,6 +270,16 @@ class ShardedModule:
         self.root = next((u for u in self.units if u.root), None)
         self.prefetch = bool(prefetch) and self.size > 1 and len(self.units) > 1
         self.progress: Any = None  # the progress engine, made on the first prefetched gather
+        # where MPI lets a second thread call it, the prefetched gathers' own communicator: the engine's thread starts
+        # them there (Progress.launch), later than this thread's next collective may come
+        self._gather_comm: Any = None
+        if self.prefetch:
+            from mpi4py import MPI
+
+            from hetbench.comm.progress import threads_allowed
+
+            if threads_allowed(MPI):
+                self._gather_comm = self.comm.Dup()
         self.order = [u.index for u in self.units if not u.root]  # the units' forward order (recorded each forward)
         self._seen: list[int] = []
         self._live: dict[int, _Unit] = {}  # storage data_ptr of a gathered vector -> its unit
@@ -480,17 +492,19 @@ class ShardedModule:
         nxt = self.units[order[at + 1]]
         if nxt.full is not None or nxt.pending is not None:
             return
-        t0 = time.perf_counter()
-        full, send, recv, copy = self._gather_buffers(nxt)
-        request = self.comm.Iallgatherv(send, [recv, (nxt.counts, _displs(nxt.counts))])
-        exposed = time.perf_counter() - t0
         if self.progress is None:
             from hetbench.comm.progress import Progress
 
-            self.progress = Progress()
-        # the engine's thread moves it while this unit computes (untimed: the handoff runs beside the compute's
-        # start, as the numpy trainer's does)
-        flight = self.progress.start([request]) if self.progress.threaded else None
+            self.progress = Progress(threaded=self._gather_comm is not None)
+        t0 = time.perf_counter()
+        full, send, recv, copy = self._gather_buffers(nxt)
+        spec = [recv, (nxt.counts, _displs(nxt.counts))]
+        if self.progress.threaded and self._gather_comm is not None:  # the engine's thread starts and moves it
+            comm = self._gather_comm
+            request, flight = None, self.progress.launch(lambda: [comm.Iallgatherv(send, spec)])
+        else:  # every operation of this rank tests it (poll)
+            request, flight = self.comm.Iallgatherv(send, spec), None
+        exposed = time.perf_counter() - t0
         nxt.pending = [request, full, recv, send, exposed, copy, flight]
         self._note_peak()
 
@@ -511,10 +525,14 @@ class ShardedModule:
             pending[0].Wait()
 
     def close(self) -> None:
-        """End the progress engine's thread (a started gather left is the caller's to drain first)."""
+        """End the progress engine's thread and free the gathers' communicator (collective; a started gather left
+        is the caller's to drain first)."""
         if self.progress is not None:
             self.progress.close()
             self.progress = None
+        if self._gather_comm is not None:
+            self._gather_comm.Free()
+            self._gather_comm = None
 
     def _wait(self, u: _Unit) -> torch.Tensor:
         request, full, recv, _send, exposed, copy, _flight = u.pending

@@ -312,8 +312,7 @@ def train_fsdp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: flo
             checkpoint(step + 1, lambda: [layer_piece(layer, offset, shards[layer], opts[layer], host_copier(ops))
                                           for layer in range(L) if mine > 0])
     ops.poll = None
-    if fetch.progress is not None:
-        fetch.progress.close()
+    fetch.close()
     params = None
     for shard in shards:
         full = gatherv(comm, host_copier(ops)(shard), param_counts, root=0)
@@ -371,6 +370,18 @@ class _Prefetcher:
         self.flights: dict[int, Any] = {}  # the started gathers the progress engine holds
         self.exposed: dict[int, float] = {}
         self.exposed_seconds: list[float] = []
+        # the prefetched gathers' own communicator, where the engine's thread starts them (collective: every rank
+        # makes a _Prefetcher at the same point)
+        threaded = progress is not None and progress.threaded
+        self.gather_comm = clock.mpi.Dup() if threaded else None
+
+    def close(self) -> None:
+        """End the progress engine's thread and free the gathers' communicator (collective)."""
+        if self.progress is not None:
+            self.progress.close()
+        if self.gather_comm is not None:
+            self.gather_comm.Free()
+            self.gather_comm = None
 
     def reset(self) -> None:
         self.exposed_seconds = []
@@ -389,7 +400,17 @@ class _Prefetcher:
         return out
 
     def start(self, layer: int) -> None:
-        """Start gathering `layer`; every GEMM until wait(layer) tests it."""
+        """Start gathering `layer`: the progress engine's thread starts and moves it (on the gathers' own
+        communicator, so that its later start cannot cross this thread's collectives), or every GEMM until
+        wait(layer) tests it."""
+        if self.gather_comm is not None:
+            pending = self._timed(layer, lambda: self.move.prepare_iallgatherv(self.shards[layer], self.counts,
+                                                                               self._buffer(layer)))
+            self.pending[layer] = pending
+            comm = self.gather_comm
+            self.flights[layer] = self._timed(layer, lambda: self.progress.launch(  # type: ignore[union-attr]
+                lambda: [pending.begin(comm)]))
+            return
         pending = self._timed(layer, lambda: self.move.iallgatherv(self.clock, self.shards[layer], self.counts,
                                                                    self._buffer(layer)))
         self.pending[layer] = pending

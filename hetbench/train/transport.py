@@ -64,9 +64,15 @@ class Transport:
 
     def iallgatherv(self, clock: Any, send: Any, counts: Sequence[int], recv: Any) -> "Pending":
         """Start an allgatherv (no barrier first); Pending.wait() completes it and lands the data."""
+        pending = self.prepare_iallgatherv(send, counts, recv)
+        clock.comm(lambda: pending.begin(clock.mpi), wait_first=False)
+        return pending
+
+    def prepare_iallgatherv(self, send: Any, counts: Sequence[int], recv: Any) -> "Pending":
+        """An allgatherv with its buffers ready (the copy down, where staged, made here) but not started:
+        Pending.begin(comm) starts it, on whichever thread makes the call (the progress engine's: launch)."""
         out, into = self.outgoing(send), self.incoming(recv)
-        request = clock.comm(lambda: iallgatherv(clock.mpi, out, counts, into), wait_first=False)
-        return Pending(self, request, recv, into, keep=out)
+        return Pending(self, None, recv, into, keep=out, counts=counts)
 
     def reduce_scatterv(self, clock: Any, send: Any, counts: Sequence[int]) -> Any:
         """The summed `send` of every rank, this rank's counts[rank] elements of it, where its arrays live."""
@@ -107,9 +113,16 @@ class Transport:
 class Pending:
     """A started allgatherv: test() moves it on, wait() completes it and puts the data in place."""
 
-    def __init__(self, transport: Transport, request: Any, target: Any, buffer: Any, keep: Any) -> None:
+    def __init__(self, transport: Transport, request: Any, target: Any, buffer: Any, keep: Any,
+                 counts: Sequence[int] = ()) -> None:
         self.transport, self.request, self.target, self.buffer = transport, request, target, buffer
         self._keep = keep  # the send buffer (a host copy when staged) must outlive the operation
+        self.counts = list(counts)
+
+    def begin(self, comm: Any) -> Any:
+        """Start the allgatherv on `comm` (MPI Iallgatherv); its request, also kept as self.request."""
+        self.request = iallgatherv(comm, self._keep, self.counts, self.buffer)
+        return self.request
 
     def test(self) -> Any:
         return self.request.Test()

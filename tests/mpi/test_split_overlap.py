@@ -4,7 +4,8 @@ engine (hetbench/comm/progress.py).
 - tests/mpi_split_stream.py, alone and under `mpiexec -n 2` and `-n 3` (one launch each, every case said on its
   own): the streamed C equal, bit for bit, to the phased one and to A @ B for both strategies, every share pattern,
   chunk counts of 1, not dividing n, one column each and more than n, on host, PoCL and simulated ranks; a 16 MiB
-  transfer completed by the engine while both ranks sleep; the column chunks' arithmetic.
+  transfer completed by the engine while both ranks sleep; gathers launched on the engine (begun by its thread, in
+  order, a begin's error raised in wait()); the column chunks' arithmetic.
 - One streamed CLI run of 3 ranks whose every derived figure is recomputed from the raw values in its document.
 - Bad --chunks values and --chunks with --no-overlap: exit 2, one line.
 """
@@ -19,7 +20,7 @@ import pytest
 from helpers import MPIEXEC, REPO, assert_usage_error, needs_mpi, run_cli, script_checks
 
 SCRIPT = REPO / "tests" / "mpi_split_stream.py"
-CHECKS = ["identical", "reuse", "progress", "column_chunks"]
+CHECKS = ["identical", "reuse", "progress", "launch", "column_chunks"]
 RANKS = [None, pytest.param(2, marks=pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec")),
          pytest.param(3, marks=pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec"))]
 

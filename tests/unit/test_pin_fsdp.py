@@ -59,6 +59,14 @@ class FakeComm:
         self.calls.append("Scatterv")
         recv[:] = 0.0
 
+    def Dup(self) -> "FakeComm":
+        """The prefetched gathers' communicator: this one, its calls recorded with the rest."""
+        self.calls.append("Dup")
+        return self
+
+    def Free(self) -> None:
+        self.calls.append("Free")
+
     def Barrier(self) -> None:
         self.calls.append("Barrier")
         if self.clock is not None:
@@ -253,11 +261,13 @@ def test_a_prefetched_gather_start_poll_wait_and_the_gathered_peak(clock):
 
 
 def test_a_prefetched_gather_goes_to_the_progress_engine(clock):
-    """With MPI_THREAD_MULTIPLE the started gather is handed to the progress engine, whose thread moves it while the
-    unit computes: poll() leaves it to that thread (one request is never tested by two threads), _wait() takes it
-    back through the engine (its time exposed), close() ends the thread."""
+    """With MPI_THREAD_MULTIPLE the gather is handed to the progress engine (launch), whose thread starts it on the
+    gathers' own communicator (a Dup of the world's, made with the module) and moves it while the unit computes:
+    poll() leaves it to that thread (one request is never tested by two threads), _wait() takes it back through the
+    engine (its time exposed), close() ends the thread and frees that communicator."""
     metrics = Metrics()
     s = _sharded(metrics=metrics)
+    assert s._gather_comm is s.comm and s.comm.calls.count("Dup") == 1  # FakeComm.Dup: itself, the call recorded
     root, unit = s.units[1], s.units[0]
     request = Request(clock, 2.0)
     s.comm.Iallgatherv = lambda send, recv: request
@@ -266,8 +276,8 @@ def test_a_prefetched_gather_goes_to_the_progress_engine(clock):
     class Engine:
         threaded = True
 
-        def start(self, requests):
-            calls.append(("start", requests))
+        def launch(self, begin):
+            calls.append(("launch", begin()))  # the engine's thread makes the call; here, at once
             return "flight"
 
         def wait(self, flight):
@@ -281,16 +291,17 @@ def test_a_prefetched_gather_goes_to_the_progress_engine(clock):
     s.progress = engine
     s._hold(root, torch.zeros(root.size))
     clock.now = 0.0
-    s._start_next(root, s._sequence(backward=False))  # 1 s exposed: the Iallgatherv call between two ticks
-    assert calls == [("start", [request])] and unit.pending[6] == "flight" and unit.pending[4] == 1.0
+    s._start_next(root, s._sequence(backward=False))  # 1 s exposed: the handoff between two ticks
+    assert calls == [("launch", [request])] and unit.pending[6] == "flight" and unit.pending[4] == 1.0
     s.poll()  # the engine holds it: no Test from this thread
     assert unit.pending[4] == 1.0 and clock.now == 2.0
     s._wait(unit)  # t0 = 2 (the clock to 3), the engine's wait to 3.25, read then: 1.25 more, 2.25 exposed
     assert calls[-1] == ("wait", "flight")
     assert metrics.added == [("allgather", 32, 2.25, 0.0, 0.0)]
     s.close()
-    assert calls[-1] == ("close",) and s.progress is None
+    assert calls[-1] == ("close",) and s.progress is None and s.comm.calls[-1] == "Free" and s._gather_comm is None
     s.close()  # twice: nothing more
+    assert s.comm.calls.count("Free") == 1
 
 
 def test_record_without_metrics_is_quiet():
