@@ -790,6 +790,13 @@ def train_report(rows: list[dict[str, Any]], summary: dict[str, Any], config: di
         out.print(f"prefetch: {fmt(summary['comm_hidden_percent'])} % of the layer gathers' time hidden behind "
                   f"compute (a gather alone takes {fmt(summary['gather_seconds_blocking'], scale=1e3)} ms)",
                   markup=False)
+    if summary.get("solo_between_steps") and summary.get("efficiency_vs_summed_solo") is not None:
+        solos = ", ".join(f"rank {r['rank']} {fmt(r.get('solo_samples_per_second'))}" for r in rows)
+        fault = ("  [above 1: a MEASUREMENT FAULT, the machine's speed moved between the steps]"
+                 if summary.get("efficiency_above_1") else "")
+        out.print(f"against each rank alone (the whole batch, between the steps; samples/s {solos}): "
+                  f"{fmt(summary['efficiency_vs_summed_solo'])} of their sum "
+                  f"{fmt(summary['solo_samples_per_second_sum'])}{fault}", markup=False)
     sharded = summary.get("sharded_state")
     if sharded:
         each = ", ".join(f"rank {r} {_size(b)} ({fmt(p)} %, weight {fmt(w)} %)" for r, (b, p, w) in enumerate(

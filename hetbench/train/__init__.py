@@ -36,6 +36,8 @@ class StepLog:
     #                         started, the time this rank spent starting, testing and waiting for it
     loss_scale: float = 1.0  # the scale this step's backward ran with (fp16's dynamic loss scaling; else 1)
     step_skipped: bool = False  # the update was skipped: non-finite gradients somewhere (mixed precision only)
+    solo_step_seconds: float | None = None  # --solo-between-steps: this rank's step alone on the whole batch,
+    #                                         right after this step (the harness's, not the strategy's)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -28,7 +28,9 @@ BAD = [
     (["--strategy", "pipeline", "--micro-batches", "99", "--batch", "8"], "99 micro-batches"),
     (["--strategy", "zero3"], "zero3"),
     (["--dtype", "fp8"], "fp8"),
+    (["--solo-between-steps", "--frontend", "torch"], "--solo-between-steps"),
 ]
+SOLO = ["fsdp", "pipeline"]
 
 
 def _train_args(folder, *args):
@@ -42,6 +44,9 @@ def _commands(nprocs, root):
             *[(f"two-{s}", _train_args(root / f"two-{s}", "--strategy", s, "--weights", "3,1", "--backend",
                                        "0=host,1=sim:h100"), {}) for s in STRATEGIES],
             ("for-report", _train_args(root / "for-report", "--strategy", "ddp", "--backend", "host"), {}),
+            *[(f"solo-{s}", _train_args(root / f"solo-{s}", "--strategy", s, "--weights", "3,1", "--backend",
+                                        "0=host,1=sim:h100", "--steps", "6", "--warmup-steps", "2",
+                                        "--solo-between-steps"), {}) for s in SOLO],
             *[(f"bad-{i}", ["train", "--backend", "host", *args], {}) for i, (args, _) in enumerate(BAD)],
         ]
     return [(f"three-{s}", _train_args(root / f"three-{s}", "--strategy", s, "--weights", "0.5,0.3,0.2",
@@ -122,3 +127,32 @@ def test_report_plots_the_logged_steps(batches, tmp_path):
 def test_bad_input(batches, args, needle):
     run, folder = batches.get(2)[f"bad-{BAD.index((args, needle))}"]
     assert_usage_error(run, folder, needle)
+
+
+@needs_mpi
+@pytest.mark.parametrize("strategy", SOLO)
+def test_solo_steps_between_the_steps_and_the_efficiency_from_them(batches, strategy):
+    """--solo-between-steps: every timed step (after --warmup-steps) carries each rank's solo step (the whole batch
+    alone, > 0), the warm-up steps none; each rank's solo samples/s is the batch over the median of its solo steps,
+    the efficiency the job's samples/s over their sum, flagged above 1; the run itself still checked."""
+    import statistics
+
+    run, doc, lines = train(batches, 2, f"solo-{strategy}")
+    s = doc["summary"]
+    assert s["verified"] is True and s["solo_between_steps"] is True
+    for line in lines[:2]:
+        assert all("solo_step_seconds" not in r for r in line["ranks"])
+    timed = lines[2:]
+    assert len(timed) == 4 and all(r["solo_step_seconds"] > 0 for line in timed for r in line["ranks"])
+    rates = []
+    for rank, row in enumerate(doc["rows"]):
+        median = statistics.median(line["ranks"][rank]["solo_step_seconds"] for line in timed)
+        assert row["solo_step_seconds_median"] == pytest.approx(median, rel=1e-12)
+        assert row["solo_samples_per_second"] == pytest.approx(24 / median, rel=1e-12)
+        rates.append(24 / median)
+    step = statistics.median(line["step_seconds"] for line in timed)
+    assert s["samples_per_second"] == pytest.approx(24 / step, rel=1e-12)
+    assert s["solo_samples_per_second_sum"] == pytest.approx(sum(rates), rel=1e-12)
+    assert s["efficiency_vs_summed_solo"] == pytest.approx(24 / step / sum(rates), rel=1e-12)
+    assert s["efficiency_above_1"] is (s["efficiency_vs_summed_solo"] > 1)
+    assert "against each rank alone (the whole batch, between the steps; samples/s rank 0 " in run.stdout

@@ -190,6 +190,45 @@ def test_train_bench_lines_flags_at_the_edges_and_exit_codes(tmp_path, capsys):
             f"{0.9 * (1 + drift):.3f}) UNDECIDED (the goal inside the rounds' spread)") in capsys.readouterr().out
 
 
+def test_train_bench_rounds_with_solo_steps_between_the_pairs_steps(tmp_path, capsys):
+    """Rounds whose pair ran --solo-between-steps (no solo-*.json): each rank's solo line from the pair's rows, the
+    round's ratio auto over the sum of those rates, and the goal judged on the rounds' spread alone, however far
+    the solo sums moved between the rounds; a round above 1 is flagged. One round without them: the drift band."""
+    def pair(auto, solos, hidden=60.0):
+        doc = _train_doc(auto, 0.0456, 24, rows=2, shares=[20, 4], hidden=hidden)
+        doc["summary"].update(solo_between_steps=True, solo_samples_per_second_sum=sum(solos))
+        for row, rate in zip(doc["rows"], solos):
+            row.update(solo_samples_per_second=rate, solo_step_seconds_median=24 / rate)
+        return doc
+
+    # the solo sums 1000 and 1200 (20 % apart): with separate runs UNDECIDED; here the rounds' spread 0.93-0.95
+    _write(tmp_path, "b/round-1/pair-auto.json", pair(930.0, (600.0, 400.0)))
+    _write(tmp_path, "b/round-2/pair-auto.json", pair(1140.0, (700.0, 500.0)))
+    _write(tmp_path, "b/pair-even.json", _train_doc(500.0, 0.0789, 24, rows=2, shares=[12, 12]))
+    folder = str(tmp_path / "b")
+    assert overhead.train_figures([folder]) == 0
+    out = capsys.readouterr().out
+    assert "  host alone               600 samples/s, step 40.0 ms (between the pair's steps)\n" in out
+    assert "  opencl alone             500 samples/s, step 48.0 ms (between the pair's steps)\n" in out
+    assert "  auto / sum of solo (1000): 0.930\n" in out and "  auto / sum of solo (1200): 0.950\n" in out
+    assert ("goal median auto / sum of solo >= 0.9: median 0.940 of 2 round(s) (spread 0.930-0.950) met (solo steps "
+            "between the pair's steps: the band is the rounds' spread)\n") in out
+    assert "  shapes: each rank alone 24 rows a step, in the pair [20, 4]\n" in out
+    # above its summed solo: flagged, a measurement fault
+    _write(tmp_path, "b/round-2/pair-auto.json", pair(1300.0, (700.0, 500.0)))
+    overhead.train_figures([folder])
+    out = capsys.readouterr().out
+    assert "  auto / sum of solo (1200): 1.083  [above 1: a measurement fault" in out
+    assert "1 round(s) a MEASUREMENT FAULT, flagged" in out
+    # a round of separate solo runs beside: the drift between the rounds widens the band again
+    _write(tmp_path, "b/round-2/pair-auto.json", _train_doc(1140.0, 0.0456, 24, rows=2, shares=[20, 4], hidden=60.0))
+    _write(tmp_path, "b/round-2/solo-host.json", _train_doc(700.0, 0.04, 24))
+    _write(tmp_path, "b/round-2/solo-opencl.json", _train_doc(500.0, 0.06, 24, backend="opencl"))
+    assert overhead.train_figures([folder]) == 1
+    out = capsys.readouterr().out
+    assert "the baselines moved 20.0 % between rounds" in out and "band is the rounds' spread" not in out
+
+
 def test_train_bench_wants_one_folder(tmp_path, capsys):
     assert overhead.train_figures([]) == 2
     assert overhead.train_figures([str(tmp_path), str(tmp_path)]) == 2

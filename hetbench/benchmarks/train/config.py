@@ -30,6 +30,7 @@ class TrainConfig:
     path: str = "host"
     prefetch: bool = True  # fsdp: start the next layer's gather while this one computes
     warmup_steps: int = 0  # the run's first steps, left out of the timing figures (still logged and checked)
+    solo_between_steps: bool = False  # after each timed step, every rank trains the whole batch alone in turn
     check: bool = True
     log: Path | None = None
     checkpoint: Path | None = None  # save the state here (at the end, and every checkpoint_every steps if > 0)

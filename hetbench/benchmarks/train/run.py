@@ -145,7 +145,11 @@ def run_rank(cfg: Any, world: World, state: TrainState,
     extra = {"start_step": start, "initial": resume, "checkpoint": saver.hook if saver is not None else None,
              "scaler": scaler}
 
+    solo = _solo_runner(cfg, world, state, model, strategy) if cfg.solo_between_steps and world.size > 1 else None
+
     def step_done(log: Any) -> None:
+        if solo is not None and log.step - start >= _warmup(cfg):  # the timed steps: each followed by the solo ones
+            log.solo_step_seconds = solo(log.step)
         if on_step is not None:
             on_step(log.step + 1, cfg.steps, f"step {log.step + 1}/{cfg.steps} loss {log.loss:.4g}")
 
@@ -174,6 +178,37 @@ def run_rank(cfg: Any, world: World, state: TrainState,
             result.check = _check(cfg, model, [log.loss for log in outcome.logs], outcome.params, start,
                                   [log.step_skipped for log in outcome.logs])
     return result
+
+
+SOLO_STEPS = 2  # --solo-between-steps: a fresh one-rank run's steps; the first warms its fresh state, the last is timed
+
+
+def _solo_runner(cfg: Any, world: World, state: TrainState, model: Any, strategy: Any) -> Callable[[int], float]:
+    """--solo-between-steps: `solo(step)`, collective, made after a timed step of the job: every rank in turn,
+    the others waiting at a barrier, trains the whole batch alone (a fresh run of the same strategy on one rank,
+    COMM_SELF, the same device and dtype, SOLO_STEPS steps from `step`'s data) and returns its last step's seconds
+    (as `hetbench train` alone would time it). What a rank shows alone is then measured seconds from the job's step
+    it is set against, not minutes apart in another process: the baseline of efficiency_vs_summed_solo."""
+    from mpi4py import MPI
+
+    from hetbench.train.precision import LossScaler
+
+    alone = World(MPI.COMM_SELF)
+    train = strategy.train_function()
+
+    def solo(step: int) -> float:
+        seconds = 0.0
+        for r in range(world.size):
+            world.barrier()
+            if world.rank == r:
+                out = train(alone, state.ops, model, cfg.optimizer, cfg.lr, SOLO_STEPS, [1.0], path=cfg.path,
+                            micro_batches=cfg.micro_batches, start_step=step,
+                            scaler=LossScaler.for_dtype(cfg.dtype))
+                seconds = float(out.logs[-1].step_seconds)
+        world.barrier()
+        return seconds
+
+    return solo
 
 
 def _saver(cfg: Any, world: World, facts: dict[str, Any], weights: list[float], shares: list[int], start: int,
@@ -265,7 +300,8 @@ def _step_lines(cfg: Any, every: list[list[Any]], facts: list[dict[str, Any]],
             "step_skipped": logs[0].step_skipped,
             "ranks": [{"rank": r, "compute_seconds": log.compute_seconds, "comm_seconds": log.comm_seconds,
                        "idle_seconds": log.idle_seconds, "samples": log.samples, "param_bytes": log.param_bytes,
-                       "grad_bytes": log.grad_bytes, "optimizer_bytes": log.optimizer_bytes}
+                       "grad_bytes": log.grad_bytes, "optimizer_bytes": log.optimizer_bytes,
+                       **({} if log.solo_step_seconds is None else {"solo_step_seconds": log.solo_step_seconds})}
                       for r, log in enumerate(logs)],
         })
     return lines
@@ -303,8 +339,19 @@ def rows(cfg: Any, gathered: list[RankOutcome]) -> list[dict[str, Any]]:
             "param_bytes": max((log.param_bytes for log in logs), default=0),
             "grad_bytes": max((log.grad_bytes for log in logs), default=0),
             "optimizer_bytes": max((log.optimizer_bytes for log in logs), default=0),
+            **_solo_row(cfg, logs),
         })
     return out
+
+
+def _solo_row(cfg: Any, logs: list[Any]) -> dict[str, Any]:
+    """--solo-between-steps: the rank's solo step (the whole batch alone) over the timed steps, its median, and its
+    samples/s alone: the global batch over that median."""
+    solo = [log.solo_step_seconds for log in logs if log.solo_step_seconds is not None]
+    if not solo:
+        return {}
+    median = statistics.median(solo)
+    return {"solo_step_seconds_median": median, "solo_samples_per_second": cfg.batch / median if median > 0 else None}
 
 
 def state_scaling(cfg: Any) -> str:
@@ -345,6 +392,7 @@ def summarize_job(cfg: Any, rows_: list[dict[str, Any]], gathered: list[RankOutc
         # on the host with NumPy: the figure of this machine, not of the GPU simulated
         "step_timing": "wall time; simulated ranks compute on the host" if modelled else "wall time",
         **_prefetch_summary(root),
+        **_solo_summary(cfg, rows_, cfg.batch / median if median > 0 else None),
         "path": cfg.path,
         "state_memory": [r.get("state_memory") for r in rows_],
         "dtype": cfg.dtype.name,
@@ -357,6 +405,21 @@ def summarize_job(cfg: Any, rows_: list[dict[str, Any]], gathered: list[RankOutc
         "check": check,
         "verified": None if check is None else check["ok"],
     }
+
+
+def _solo_summary(cfg: Any, rows_: list[dict[str, Any]], samples_per_second: float | None) -> dict[str, Any]:
+    """--solo-between-steps: the ranks' solo samples/s summed, and the job's samples/s over that sum
+    (efficiency_vs_summed_solo: each rank alone computes the whole batch, its GEMMs at least as tall as in the job,
+    so the sum bounds the job from above; a figure above 1 is flagged, a measurement fault)."""
+    if not getattr(cfg, "solo_between_steps", False) or len(rows_) < 2:
+        return {}
+    rates = [r.get("solo_samples_per_second") for r in rows_]
+    if any(rate is None for rate in rates) or samples_per_second is None:
+        return {"solo_between_steps": True, "solo_samples_per_second_sum": None, "efficiency_vs_summed_solo": None}
+    total = sum(rates)
+    efficiency = samples_per_second / total
+    return {"solo_between_steps": True, "solo_samples_per_second_sum": total,
+            "efficiency_vs_summed_solo": efficiency, "efficiency_above_1": efficiency > 1}
 
 
 def _prefetch_summary(root: RankOutcome) -> dict[str, Any]:
