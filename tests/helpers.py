@@ -381,6 +381,32 @@ class Batches:
         return self.done[nprocs]
 
 
+def assert_solo_figures(doc: dict, lines: list[dict], batch: int, warmup: int) -> None:
+    """`hetbench train --solo-between-steps`: every timed step (after `warmup`) carries each rank's solo step (the
+    whole batch alone, > 0), the warm-up steps none; each rank's solo samples/s is the batch over the median of its
+    solo steps, the efficiency the job's samples/s (the batch over the median step) over their sum, flagged above
+    1: every figure recomputed from the raw values in the document."""
+    import statistics
+
+    s = doc["summary"]
+    assert s["solo_between_steps"] is True
+    for line in lines[:warmup]:
+        assert all("solo_step_seconds" not in r for r in line["ranks"])
+    timed = lines[warmup:]
+    assert timed and all(r["solo_step_seconds"] > 0 for line in timed for r in line["ranks"])
+    rates = []
+    for rank, row in enumerate(doc["rows"]):
+        median = statistics.median(line["ranks"][rank]["solo_step_seconds"] for line in timed)
+        assert row["solo_step_seconds_median"] == pytest.approx(median, rel=1e-12)
+        assert row["solo_samples_per_second"] == pytest.approx(batch / median, rel=1e-12)
+        rates.append(batch / median)
+    step = statistics.median(line["step_seconds"] for line in timed)
+    assert s["samples_per_second"] == pytest.approx(batch / step, rel=1e-12)
+    assert s["solo_samples_per_second_sum"] == pytest.approx(sum(rates), rel=1e-12)
+    assert s["efficiency_vs_summed_solo"] == pytest.approx(batch / step / sum(rates), rel=1e-12)
+    assert s["efficiency_above_1"] is (s["efficiency_vs_summed_solo"] > 1)
+
+
 def assert_usage_error(run: Run, tmp_path: Path, *needles: str) -> None:
     """Bad input: exit code 2, one line (said once, by rank 0) holding every needle, no traceback, nothing on
     stdout, and no results file left behind."""

@@ -12,6 +12,7 @@ It returns the NumPy trainer's RankOutcome (hetbench/train/outcome.py), so that 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -316,6 +317,8 @@ def _train(cfg: Any, world: World, state: TorchTrainState, on_step: Any) -> Rank
     if engine is not None:
         engine.take_figures()
         logger.rank_figures = lambda: _fsdp_step_figures(engine)
+    solo = _solo_runner(cfg, world, state) if getattr(cfg, "solo_between_steps", False) and world.size > 1 else None
+    solo_seconds: dict[int, float] = {}  # --solo-between-steps: this rank alone after each timed step
     for step in range(start, cfg.steps):
         start_row = sum(balance.counts[:world.rank])
         stop_row = start_row + balance.counts[world.rank]
@@ -327,6 +330,8 @@ def _train(cfg: Any, world: World, state: TorchTrainState, on_step: Any) -> Rank
                 torch.cuda.synchronize(device)
         steps_taken[0] += 0 if rec.step_skipped else 1
         balance.after_step(stop_row - start_row, logger.mine[-1]["compute_seconds"])
+        if solo is not None and step - start >= cfg.warmup_steps:
+            solo_seconds[step] = solo(step)
         if on_step is not None and logger.lines:
             on_step(step + 1, cfg.steps, f"step {step + 1}/{cfg.steps} loss {logger.lines[-1]['loss']:.4g}")
         if saver is not None and saver.due(step + 1):
@@ -360,7 +365,9 @@ def _train(cfg: Any, world: World, state: TorchTrainState, on_step: Any) -> Rank
     logs = [StepLog(step=m["step"], loss=float("nan"), step_seconds=m["step_seconds"],
                     compute_seconds=m["compute_seconds"], comm_seconds=m["comm_seconds"] or 0.0,
                     idle_seconds=m["idle_seconds"] or 0.0, samples=m["samples"], param_bytes=m["param_bytes"],
-                    grad_bytes=m["grad_bytes"], optimizer_bytes=m["optimizer_bytes"]) for m in logger.mine]
+                    grad_bytes=m["grad_bytes"], optimizer_bytes=m["optimizer_bytes"],
+                    solo_step_seconds=solo_seconds.get(m["step"])) for m in logger.mine]
+    every_solo = world.gather(solo_seconds) if solo is not None else None
     note = state.device.note
     if offloaded:
         note = (f"torch cannot drive {state.opened.spec} ({state.opened.info.name}): the model's matmuls (nn.Linear's "
@@ -383,6 +390,12 @@ def _train(cfg: Any, world: World, state: TorchTrainState, on_step: Any) -> Rank
             log.loss = line["loss"]
         if engine is not None and engine.prefetch:
             _add_hidden(result.steps, blocking, [u.index for u in engine.units])
+        if every_solo is not None:
+            for line in result.steps:
+                for entry in line["ranks"]:
+                    seconds = every_solo[entry["rank"]].get(line["step"])
+                    if seconds is not None:
+                        entry["solo_step_seconds"] = seconds
         if cfg.log is not None:
             import json
 
@@ -391,6 +404,47 @@ def _train(cfg: Any, world: World, state: TorchTrainState, on_step: Any) -> Rank
             result.check = check_against_one_process(cfg, state.task, [s["loss"] for s in result.steps], full, start,
                                                      [s["step_skipped"] for s in result.steps])
     return result
+
+
+def _solo_runner(cfg: Any, world: World, state: TorchTrainState) -> Any:
+    """--solo-between-steps (the numpy trainer's, hetbench.benchmarks.train.run._solo_runner): `solo(step)`,
+    collective, after a timed step: every rank in turn, the others waiting at a barrier, trains the whole batch
+    alone (a fresh plain model of the task on the rank's device, its matmuls offloaded as in the run, the same
+    optimizer and dtype, SOLO_STEPS steps from `step`'s data, no process group) and returns its last step's
+    seconds (wall time; on a simulated device the modelled GEMM and copy time in place of their emulation). The plain model does without fsdp's gathers and reduce-scatters, which one rank would still make as
+    copies: a solo step a little faster than `hetbench train -n 1` times, a baseline that errs high."""
+    from hetbench.benchmarks.train.run import SOLO_STEPS
+
+    device = state.device.device
+
+    def solo(step: int) -> float:
+        seconds = 0.0
+        for r in range(world.size):
+            world.barrier()
+            if world.rank == r:
+                torch.manual_seed(cfg.seed)
+                model = build_model(state.task).to(device)
+                if state.ops is not None:
+                    offload_linears(model, state.ops)
+                opt = _optimizer(cfg, model.parameters())
+                scaler = LossScaler.for_dtype(cfg.dtype.name)
+                for s in range(step, step + SOLO_STEPS):
+                    x, y = make_batch(state.task, s, 0, cfg.batch)
+                    x, y = x.to(device), y.to(device)
+                    if state.ops is not None:
+                        state.ops.reset()
+                    t0 = time.perf_counter()
+                    one_step(cfg, model, opt, scaler, x, y, distributed=False)
+                    if device.type == "cuda":
+                        torch.cuda.synchronize(device)
+                    # a simulated device's modelled GEMM and copy time in place of the host's emulating them
+                    seconds = step_seconds(state.ops, time.perf_counter() - t0)
+                if state.ops is not None:
+                    state.ops.reset()
+        world.barrier()
+        return seconds
+
+    return solo
 
 
 def _optimizer_steps(opt: torch.optim.Optimizer) -> int:

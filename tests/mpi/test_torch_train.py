@@ -90,6 +90,8 @@ def jobs(tmp_path_factory):
                               str(root / "ck-refused-numpy" / "n.json")], {}),
         ("auto", _train_args(root / "auto", *SMALL_MLP, "--steps", "3", "--strategy", "ddp", "--weights", "auto",
                              "--backend", f"0=host,1={SECOND}"), {}),
+        ("solo", _train_args(root / "solo", *SMALL_MLP, "--steps", "5", "--warmup-steps", "2", "--strategy", "fsdp",
+                             "--weights", "3,1", "--solo-between-steps", "--backend", "0=host,1=sim:mi300x"), {}),
         *[(f"mixed-{dtype}-{strategy}", _train_args(root / f"mixed-{dtype}-{strategy}", *SMALL_MLP, "--steps", "20",
                                                     "--strategy", strategy, "--dtype", dtype, "--weights", "3,1",
                                                     "--backend", f"0=host,1={SECOND}"), {})
@@ -420,3 +422,13 @@ def test_mixed_precision_matches_one_process_in_the_same_dtype(jobs, dtype, stra
     assert scales == ({1.0} if dtype == "bf16" else scales) and (dtype == "bf16" or min(scales) >= 1.0)
     if dtype == "fp16":
         assert lines[0]["loss_scale"] == 2.0**16
+
+
+def test_solo_steps_between_the_steps(jobs):
+    """--frontend torch --solo-between-steps: each rank's solo steps (the plain model, the whole batch, a simulated
+    rank's offloaded GEMMs at their modelled time) between the timed ones, and every figure from them."""
+    from helpers import assert_solo_figures
+
+    run, doc, lines = _train(jobs, "solo")
+    assert doc["summary"]["verified"] is True and len(lines) == 5
+    assert_solo_figures(doc, lines, batch=24, warmup=2)

@@ -293,6 +293,9 @@ def test_a_prefetched_gather_goes_to_the_progress_engine(clock):
     clock.now = 0.0
     s._start_next(root, s._sequence(backward=False))  # 1 s exposed: the handoff between two ticks
     assert calls == [("launch", [request])] and unit.pending[6] == "flight" and unit.pending[4] == 1.0
+    # the engine's begin made the unit's vector and MPI's view of it (a CPU rank: off the computing thread)
+    full, recv = unit.pending[1], unit.pending[2]
+    assert full.numel() == unit.size and np.shares_memory(recv, full.numpy())
     s.poll()  # the engine holds it: no Test from this thread
     assert unit.pending[4] == 1.0 and clock.now == 2.0
     s._wait(unit)  # t0 = 2 (the clock to 3), the engine's wait to 3.25, read then: 1.25 more, 2.25 exposed

@@ -130,10 +130,11 @@ class Train:
                               "(nonblocking MPI, tested after every GEMM); the summary says how much of the "
                               "gathers' time that hid."),
             click.Option(["--solo-between-steps"], is_flag=True, default=False,
-                         help="numpy front end, several ranks: after each timed step every rank in turn trains "
-                              "the whole batch alone (a fresh one-rank run of the same strategy, SOLO_STEPS steps, "
-                              "the last one timed) while the others wait; the summary divides the job's samples/s by "
-                              "the sum of those solo rates, measured in the same seconds as the job's steps."),
+                         help="Several ranks: after each timed step every rank in turn trains the whole batch "
+                              "alone (numpy: a fresh one-rank run of the same strategy; torch: the plain model; 2 "
+                              "steps, the last one timed) while the others wait; the summary divides the job's "
+                              "samples/s by the sum of those solo rates, measured in the same seconds as the job's "
+                              "steps."),
             click.Option(["--check/--no-check"], default=True, show_default=True,
                          help="Train the same run in one process at rank 0 afterwards and check the loss curve "
                               "against it (fp32 tolerance; mixed precision: the dtype's)."),
@@ -257,9 +258,6 @@ def _check_frontend(params: dict[str, Any], world: Any) -> None:
         other = next(f for f in FRONTENDS if strategy in strategies.names(f))
         raise click.BadParameter(f"{strategy} is a strategy of --frontend {other}; accepted with --frontend "
                                  f"{frontend}: {', '.join(own)}", param_hint="'--strategy'")
-    if params["solo_between_steps"] and frontend != "numpy":
-        raise click.BadParameter(f"is measured by the numpy front end; accepted with --frontend {frontend}: "
-                                 "leave it out", param_hint="'--solo-between-steps'")
     if frontend == "numpy":
         if params["model"] != "mlp":
             raise click.BadParameter(f"{params['model']} is trained by --frontend torch; the numpy trainer trains "
