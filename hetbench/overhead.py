@@ -564,13 +564,14 @@ def split_figures(paths: list[str]) -> int:
         solo = ", ".join(f"rank {r['rank']} {r['backend']} {r['solo_gflops']:.2f}" for r in weighted)
         print(f"split {m}x{n}x{k} {rows[0]['dtype']}, strategy {s['strategy']}, weights {s['weights_kind']}: "
               f"solo GFLOP/s {solo} (sum {s['sum_solo_gflops']:.2f})")
+        how = ("zero copy" if s.get("zero_copy") else f"streamed in {s['chunks']} chunk(s)" if s.get("overlap")
+               else "phased")
         for name, f in s["splits"].items():
             print(f"  {name:<8} parts {f['parts']}: {f['achieved_gflops']:.2f} GFLOP/s end-to-end, efficiency "
                   f"{f['efficiency_end_to_end']:.3f} end-to-end, {f['efficiency_compute']:.3f} compute phase, "
                   f"imbalance {100 * f['imbalance']:.1f} %, measured {1e3 * f['end_to_end_seconds_median']:.1f} ms, "
                   f"predicted {1e3 * f['predicted']['seconds']:.1f} ms "
-                  f"({f['predicted']['seconds'] / f['end_to_end_seconds_median']:.2f}x)"
-                  f"{', streamed in ' + str(s['chunks']) + ' chunk(s)' if s.get('overlap') else ', phased'}")
+                  f"({f['predicted']['seconds'] / f['end_to_end_seconds_median']:.2f}x), {how}")
         for entry in s.get("rebalance") or []:
             print(f"  rebalance {entry['iteration']}: parts {entry['parts']}, imbalance "
                   f"{100 * entry['imbalance']:.1f} %")

@@ -93,6 +93,75 @@ def check_identical(world: World) -> None:
     assert cases > 100, cases
 
 
+def zero_copy_device(rank: int) -> BackendSpec:
+    """Devices that compute in host memory: rank 1 PoCL where there is an OpenCL device, every other rank the host."""
+    if rank == 1:
+        from hetbench.backends import opencl
+
+        if opencl.unavailable_reason() is None:
+            return BackendSpec("opencl")
+    return BackendSpec("host")
+
+
+def check_zero_copy(world: World) -> None:
+    """The zero-copy split (stream.py: A, B and C in the root's shared-memory window, nothing sent): for every shape,
+    dtype and share pattern, two iterations' C == the phased C == A @ B exactly; nothing distributed; each rank's
+    GEMMs run again alone on the window (solo_once, > 0 with a part, 0 without) leave C as it was; the C returned
+    outlives the window. A simulated GPU cannot take part (its memory is not the host's)."""
+    from hetbench.backends.base import TIMING_MODELLED, capabilities
+    from hetbench.benchmarks.split.stream import StreamedSplitter, zero_copy_capable
+
+    sim = open_backend(BackendSpec("sim", model="h100"))
+    assert not zero_copy_capable(sim, capabilities("sim").computes_on_host_arrays, TIMING_MODELLED)
+    backend = open_backend(zero_copy_device(world.rank), world.local_rank, world.local_size)
+    info = backend.info()
+    assert zero_copy_capable(backend, capabilities(info.backend).computes_on_host_arrays, backend.timing)
+    cases = 0
+    root = world.rank == 0
+    for dtype_name in ("fp32", "fp64"):
+        dtype = DTYPES[dtype_name]
+        if not all(world.allgather(dtype.name in info.dtypes)):
+            continue
+        for m, n, k in SHAPES:
+            a, b = integer_inputs(m, n, k, seed=m + n * k)
+            want = a @ b
+            for parts in parts_patterns(m, world.size):
+                state = SplitState(backend, info, "x", a.astype(dtype.host) if root else None,
+                                   b.astype(dtype.host) if root else None, (m, n, k), None)
+                where = f"{dtype.name} {m}x{n}x{k} parts {parts}"
+                _, phased = run_split(world, state, dtype, "rows", parts, 0, 1)
+                solos: list[float] = []
+                phases, c = run_split(world, state, dtype, "rows", parts, 1, 2, chunks=3, zero_copy=True,
+                                      after_timed=lambda sp: solos.append(sp.solo_once()))
+                assert len(phases) == 2 and all(p.wall > 0 and p.distribute == 0 for p in phases), where
+                mine = parts[world.rank]
+                assert len(solos) == 2 and all((t > 0) == (mine > 0) for t in solos), f"{where}: solo {solos}"
+                if mine and world.rank != 0:
+                    assert all(p.gemm > 0 for p in phases), where
+                if root:
+                    assert c is not None and c.shape == (m, n) and np.array_equal(c, phased), f"{where}: != phased"
+                    assert np.array_equal(c.astype(np.float64), want), f"{where}: differs from A @ B"
+                cases += 1
+    # the splitter itself: zero copy only for rows (k streams), its window gone after close
+    a, b = integer_inputs(9, 7, 5, seed=3)
+    state = SplitState(backend, info, "x", a.astype(np.float32) if root else None,
+                       b.astype(np.float32) if root else None, (9, 7, 5), None)
+    k_parts = parts_patterns(5, world.size)[0]
+    splitter = StreamedSplitter(world, state, DTYPES["fp32"], "k", k_parts, 1, zero_copy=True)
+    try:
+        assert splitter.zero_copy is False and splitter.win is None
+    finally:
+        splitter.close()
+    splitter = StreamedSplitter(world, state, DTYPES["fp32"], "rows", parts_patterns(9, world.size)[0], 1,
+                                zero_copy=True)
+    splitter.iteration()
+    splitter.close()
+    assert splitter.win is None
+    if root:
+        assert np.array_equal(splitter.c, a @ b), "C after close"
+    assert cases >= 2 * len(SHAPES), cases
+
+
 def check_reuse(world: World) -> None:
     """One streamed splitter, two iterations, new rows of A between them (the root's A blocks are views of A for
     rows): the second C is the new product, so every rank received the new inputs and computed and sent them again

@@ -247,6 +247,13 @@ def touched_empty(shape: tuple[int, ...], dtype: DType) -> np.ndarray:
     return out
 
 
+def can_wrap_host(backend: Any) -> bool:
+    """Whether the backend can compute on host memory it is handed (wrap_host: a device array over those bytes,
+    nothing copied): a device whose memory is the host's and whose backend offers it (OpenCL on a CPU device)."""
+    own = getattr(backend, "wrap_host", None)
+    return own is not None and can_map_to_host(backend)
+
+
 def can_map_to_host(backend: Any) -> bool:
     """Whether the backend maps chunks of its arrays to host views without a copy (its memory is the host's)."""
     own = getattr(backend, "can_map_to_host", None)

@@ -488,6 +488,19 @@ class OpenCLBackend:
             _advise_huge_pages(view)
         return view[:count]
 
+    def wrap_host(self, host: np.ndarray, dtype: DType) -> Any:
+        """A device array over `host`'s own bytes (CL_MEM_USE_HOST_PTR), for a device whose memory is the host's
+        (base.can_wrap_host): its kernels read and write that memory in place. The host reads what the device wrote
+        after a map of the array (map_to_host; the OpenCL rule, a pointer check on PoCL), and `host` must outlive
+        the array."""
+        check_dtype(self._info, dtype)
+        if host.dtype != dtype.host or not host.flags.c_contiguous:
+            raise ValueError(f"wrap_host needs a C-contiguous {dtype.host} array, got {host.dtype}")
+        with self._device_errors("host buffer"):
+            flags = cl.mem_flags.READ_WRITE | cl.mem_flags.USE_HOST_PTR
+            buffer = cl.Buffer(self._context, flags, hostbuf=host if host.size else np.empty(1, dtype.host))
+            return cl_array.Array(self._queue, host.shape, host.dtype, data=buffer)
+
     def can_map_to_host(self) -> bool:
         """A device whose memory is the host's (CL_DEVICE_HOST_UNIFIED_MEMORY: a CPU device, an integrated GPU) maps
         a buffer's chunk without copying it."""

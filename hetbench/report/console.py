@@ -728,7 +728,10 @@ def split_report(rows: list[dict[str, Any]], summary: dict[str, Any], wide: bool
         out.print(f"[bold red]MEASUREMENT FAULT[/]: {escape(fault)}")
     if summary.get("speedup_over_even") is not None:
         out.print(f"weighted over even: {fmt(summary['speedup_over_even'])}x the throughput", markup=False)
-    if summary.get("overlap"):
+    if summary.get("zero_copy"):
+        out.print("zero copy: A, B and C in one shared-memory window at rank 0, each rank computing its rows there "
+                  "in place; nothing sent", markup=False)
+    elif summary.get("overlap"):
         tried = summary.get("chunks_tried") or []
         measured = (" (measured end to end: " + ", ".join(f"{t['chunks']}: {fmt(t['end_to_end_seconds'], scale=1e3)} ms"
                                                          for t in tried) + ")") if tried else ""

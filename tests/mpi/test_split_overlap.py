@@ -3,7 +3,8 @@ engine (hetbench/comm/progress.py).
 
 - tests/mpi_split_stream.py, alone and under `mpiexec -n 2` and `-n 3` (one launch each, every case said on its
   own): the streamed C equal, bit for bit, to the phased one and to A @ B for both strategies, every share pattern,
-  chunk counts of 1, not dividing n, one column each and more than n, on host, PoCL and simulated ranks; a 16 MiB
+  chunk counts of 1, not dividing n, one column each and more than n, on host, PoCL and simulated ranks; the
+  zero-copy split (the root's shared-memory window) the same for every share pattern on host and PoCL ranks; a 16 MiB
   transfer completed by the engine while both ranks sleep; gathers launched on the engine (begun by its thread, in
   order, a begin's error raised in wait()); the column chunks' arithmetic.
 - One streamed CLI run of 3 ranks whose every derived figure is recomputed from the raw values in its document.
@@ -17,10 +18,10 @@ import json
 import numpy as np
 import pytest
 
-from helpers import MPIEXEC, REPO, assert_usage_error, needs_mpi, run_cli, script_checks
+from helpers import HAVE_OPENCL, MPIEXEC, REPO, assert_usage_error, needs_mpi, run_cli, run_cli_stages, script_checks
 
 SCRIPT = REPO / "tests" / "mpi_split_stream.py"
-CHECKS = ["identical", "reuse", "progress", "launch", "column_chunks"]
+CHECKS = ["identical", "zero_copy", "reuse", "progress", "launch", "column_chunks"]
 RANKS = [None, pytest.param(2, marks=pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec")),
          pytest.param(3, marks=pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec"))]
 
@@ -167,3 +168,36 @@ def test_job_end_to_end_with_and_without_a_simulated_rank():
     assert job_end_to_end([real_root, real_worker], [False, False]) == pytest.approx(0.17)
     # a phased iteration has no wall: None
     assert job_end_to_end([Phases(distribute=0.1), Phases(distribute=0.1)], [False, True]) is None
+
+
+@needs_mpi
+def test_zero_copy_by_default_where_every_rank_computes_in_host_memory(tmp_path):
+    """On one node with every rank computing in host memory (host, PoCL) a streamed rows split goes through the
+    root's shared-memory window: the summary says so, nothing is distributed (measured and modelled), one GEMM a
+    rank, C verified, the console says it. --no-zero-copy streams messages; a simulated rank (its memory not the
+    host's) streams them too."""
+    second = "opencl" if HAVE_OPENCL else "host"
+    base = ["split", "--m", "37", "--n", "23", "--k", "29", "--warmup", "0", "--repeat", "3", "--strategy", "rows",
+            "--weights", "2,1", "--no-compare-even"]
+    runs = run_cli_stages(tmp_path, [(2, [
+        ("zero", [*base, "--backend", f"0=host,1={second}", "--out", str(tmp_path / "zero" / "s.json")], {}),
+        ("messages", [*base, "--backend", f"0=host,1={second}", "--no-zero-copy", "--chunks", "2", "--out",
+                      str(tmp_path / "messages" / "s.json")], {}),
+        ("sim", [*base, "--backend", "0=host,1=sim:h100", "--out", str(tmp_path / "sim" / "s.json")], {}),
+    ])])
+    docs = {}
+    for name, (run, folder) in runs.items():
+        assert run.returncode == 0, run.stdout + run.stderr
+        docs[name] = json.loads((folder / "s.json").read_text())["summary"]
+        assert docs[name]["verified"] is True
+    zero = docs["zero"]
+    weighted = zero["splits"]["weighted"]
+    assert zero["zero_copy"] is True and zero["overlap"] is True and zero["chunks"] == 1
+    assert weighted["distribute_seconds_median"] == 0.0
+    assert weighted["predicted"]["distribute_seconds"] == 0.0 and weighted["predicted"]["collect_seconds"] == 0.0
+    assert "zero copy: A, B and C in one shared-memory window at rank 0" in runs["zero"][0].stdout
+    for name in ("messages", "sim"):
+        assert docs[name]["zero_copy"] is False and docs[name]["overlap"] is True, name
+        assert "streamed: B and C in" in runs[name][0].stdout, name
+    assert docs["messages"]["chunks"] == 2
+    assert docs["messages"]["splits"]["weighted"]["predicted"]["distribute_seconds"] > 0

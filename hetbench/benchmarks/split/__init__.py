@@ -111,6 +111,10 @@ class Split:
                          help=f"With --overlap: the column chunks B and C are streamed in (auto: "
                               f"{AUTO_CHUNKS}, fewer where a chunk would be narrower than "
                               f"{AUTO_CHUNK_MIN_COLUMNS} columns; at most the product's columns)."),
+            click.Option(["--zero-copy/--no-zero-copy"], default=True, show_default=True,
+                         help="With --overlap, strategy rows: where every rank is on the root's node and computes "
+                              "in host memory (host BLAS, a CPU OpenCL device), A, B and C live in one MPI "
+                              "shared-memory window at the root and nothing is sent; --no-zero-copy: messages."),
             click.Option(["--compare-even/--no-compare-even"], default=True, show_default=True,
                          help="Measure the even split beside the chosen one, in the same run."),
             click.Option(["--warmup"], type=int_range(0, MAX_WARMUP), default=1, show_default=True,
@@ -165,7 +169,7 @@ class Split:
             compare_even=params["compare_even"], warmup=params["warmup"], repeat=params["repeat"],
             seed=params["seed"], a_path=a_path, b_path=b_path, save=params["save"], plan=params["plan"],
             link_gbit_per_s=params["link_gbit_per_s"], link_latency_us=params["link_latency_us"], output=output,
-            overlap=params["overlap"], chunks=params["chunks"],
+            overlap=params["overlap"], chunks=params["chunks"], zero_copy=params["zero_copy"],
         )
 
     def output_paths(self, cfg: SplitConfig) -> dict[str, tuple[Any, int]]:

@@ -38,6 +38,7 @@ class SplitConfig:
     link_latency_us: float | None = None
     overlap: bool = True  # stream the chunks while the devices compute (stream.py); False: phases between barriers
     chunks: int | None = None  # --chunks; None: auto (stream.auto_chunks)
+    zero_copy: bool = True  # streamed rows on one node, every rank computing in host memory: the root's window
     output: OutputConfig = field(default_factory=OutputConfig)
 
     def to_dict(self) -> dict[str, Any]:

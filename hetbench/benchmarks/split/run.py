@@ -22,9 +22,10 @@ The root verifies the gathered C of the chosen split with Freivalds' check.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -269,14 +270,16 @@ class SplitFigures:
 def run_split(world: World, state: SplitState, dtype: DType, strategy: str, parts: list[int], warmup: int,
               repeat: int, on_iteration: Callable[[], None] | None = None,
               chunks: int | None = None,
-              after_timed: Callable[[Any], None] | None = None) -> tuple[list[Phases], np.ndarray | None]:
+              after_timed: Callable[[Any], None] | None = None,
+              zero_copy: bool = False) -> tuple[list[Phases], np.ndarray | None]:
     """`warmup` + `repeat` iterations of one split; this rank's timed phases, and the root's last C. `chunks`:
     streamed in that many column chunks (stream.py); None: the phased iteration, its phases between barriers.
+    `zero_copy`: a streamed rows split through the root's shared-memory window (stream.py; every rank must agree).
     `after_timed(splitter)`: called (collectively) after each timed iteration."""
     from hetbench.benchmarks.split.stream import StreamedSplitter
 
     splitter: Any = (Splitter(world, state, dtype, strategy, parts) if chunks is None
-                     else StreamedSplitter(world, state, dtype, strategy, parts, chunks))
+                     else StreamedSplitter(world, state, dtype, strategy, parts, chunks, zero_copy=zero_copy))
     timed = []
     try:
         for i in range(warmup + repeat):
@@ -349,10 +352,12 @@ def measure(cfg: Any, world: World, state: SplitState,
     link = probe.link_to_root(world, ROOT)
     links = world.allgather(link)
     chunks = streamed_chunks(cfg, n)
+    zero = zero_copy_job(cfg, world, state, chunks)
     # each rank's copy rate between the host and its device (None where it computes on host arrays, or where the
-    # streamed split receives into its device buffers and sends from them, mapped: stream.py): the model's copies
-    # (a GPU's through pageable memory cost it more than its GEMMs; first seen on an H100)
-    maps = chunks is not None and world.rank != ROOT and can_map_to_host(state.backend)
+    # streamed split receives into its device buffers and sends from them, mapped, or computes on the root's
+    # window, zero copy: stream.py): the model's copies (a GPU's through pageable memory cost it more than its
+    # GEMMs; first seen on an H100)
+    maps = chunks is not None and (world.rank != ROOT or zero) and can_map_to_host(state.backend)
     copies = world.allgather(None if maps else probe.copy_rate(state.backend, dtype, _computes_on_host(state)))
 
     strategies = list(plan.STRATEGIES) if cfg.strategy == "auto" else [cfg.strategy]
@@ -401,8 +406,8 @@ def measure(cfg: Any, world: World, state: SplitState,
     predictions = {}
     for s in strategies:
         parts_s = plan.shares(weights_for(s), plan.dim_of(s, m, n, k), state.caps[s])
-        predictions[s] = plan.predict(s, m, n, k, dtype.itemsize, parts_s, rates[s], links, ROOT, curves=curves[s],
-                                      chunks=chunks, copies=copies)
+        predictions[s] = plan.predict(s, m, n, k, dtype.itemsize, parts_s, rates[s], model_links(links, s, zero),
+                                      ROOT, curves=curves[s], chunks=chunks, copies=copies)
     strategy = plan.fastest(predictions)
     dim = plan.dim_of(strategy, m, n, k)
     parts = list(predictions[strategy].parts)
@@ -432,12 +437,17 @@ def measure(cfg: Any, world: World, state: SplitState,
     # rank has handed its last result to MPI (its GEMMs and everything the streaming leaves exposed), not by its
     # GEMMs alone
     tried_chunks: list[dict[str, Any]] = []
-    if chunks is not None and cfg.chunks is None and any(p > 0 for r, p in enumerate(parts) if r != ROOT):
+    zero_rows = zero and strategy == "rows"  # the window's split: nothing streamed, one GEMM a rank
+    if zero_rows:
+        chunks = 1
+    if (chunks is not None and cfg.chunks is None and not zero_rows
+            and any(p > 0 for r, p in enumerate(parts) if r != ROOT)):
         chunks, tried_chunks = _measured_chunks(world, state, dtype, strategy, parts, n)
     if chunks is not None and cfg.weights.kind == "auto" and sum(1 for p in parts if p > 0) > 1:
         finish_points: list[list[tuple[int, float]]] = [[] for _ in range(ranks)]
         for _ in range(FINISH_STEPS):
-            phases, _ = run_split(world, state, dtype, strategy, parts, 0, FINISH_ITERATIONS, chunks=chunks)
+            phases, _ = run_split(world, state, dtype, strategy, parts, 0, FINISH_ITERATIONS, chunks=chunks,
+                                  zero_copy=zero)
             modelled = state.backend.timing == TIMING_MODELLED
             runs = world.allgather([p.ready(modelled) for p in phases])
             ready = [_median(r) for r in runs]
@@ -454,7 +464,7 @@ def measure(cfg: Any, world: World, state: SplitState,
     # times measured so far, until the imbalance is under the goal
     history: list[dict[str, Any]] = []
     for i in range(cfg.rebalance):
-        phases, _ = run_split(world, state, dtype, strategy, parts, 0, 1, chunks=chunks)
+        phases, _ = run_split(world, state, dtype, strategy, parts, 0, 1, chunks=chunks, zero_copy=zero)
         every = world.allgather(phases[0].compute)
         working = [c for c, p in zip(every, parts) if p > 0]
         imb = plan.imbalance(working, [p for p in parts if p > 0])
@@ -478,7 +488,8 @@ def measure(cfg: Any, world: World, state: SplitState,
     # same seconds (this VM's speed steps by up to 10 % within a second: with the solo runs only after the splits
     # one 2048 round read 1.024, and bracketing them left 0.92-1.02 between a bench's rounds). Elsewhere timed
     # before and after the timed splits, every run's median
-    interleave = chunks is not None and all(world.allgather(_keeps_buffers(state, world.rank, parts, strategy)))
+    interleave = chunks is not None and all(world.allgather(zero_rows or _keeps_buffers(state, world.rank, parts,
+                                                                                        strategy)))
     solo_runs: list[float] = []
 
     def solo_between(splitter: Any) -> None:
@@ -500,7 +511,8 @@ def measure(cfg: Any, world: World, state: SplitState,
                 on_step(done, total, f"{name} split {strategy}")
 
         timed, c = run_split(world, state, dtype, strategy, p, cfg.warmup, cfg.repeat, tick, chunks=chunks,
-                             after_timed=solo_between if interleave and name == "weighted" else None)
+                             after_timed=solo_between if interleave and name == "weighted" else None,
+                             zero_copy=zero)
         splits.append((name, strategy, list(p), timed))
 
     if interleave:
@@ -517,6 +529,7 @@ def measure(cfg: Any, world: World, state: SplitState,
               "weights": weights_for(strategy), "predictions": {s: p.to_dict() for s, p in predictions.items()},
               "links": links, "copies": copies, "rates": rates, "solo_rates": solo_rates, "refined": refined,
               "solo_at_parts": solo_at_parts, "overlap": chunks is not None, "chunks": chunks,
+              "zero_copy": zero_rows,
               "chunks_tried": tried_chunks,
               "curves": [[list(p) for p in pts] for pts in points]}
     return RankRun(link, solo, splits, history, chosen, c if world.rank == ROOT else None, verdict,
@@ -530,6 +543,27 @@ def _computes_on_host(state: SplitState) -> bool:
         return capabilities(state.info.backend).computes_on_host_arrays
     except ValueError:
         return True
+
+
+def zero_copy_job(cfg: Any, world: World, state: SplitState, chunks: int | None) -> bool:
+    """Collective. Whether a streamed split goes through the root's shared-memory window (stream.py, zero copy):
+    --zero-copy (the default), streamed, every rank on the root's node and able to compute on host memory in place
+    (stream.zero_copy_capable). The same answer on every rank."""
+    from hetbench.benchmarks.split.stream import zero_copy_capable
+
+    if chunks is None or not getattr(cfg, "zero_copy", True):
+        return False
+    able = (world.local_size == world.size
+            and zero_copy_capable(state.backend, _computes_on_host(state), state.backend.timing))
+    return all(world.allgather(able))
+
+
+def model_links(links: Sequence[Any], strategy: str, zero_copy: bool) -> list[Any]:
+    """The links the cost model takes: a zero-copy rows split moves nothing (a link of no cost for every rank but
+    the root's), else the measured ones."""
+    if not (zero_copy and strategy == "rows"):
+        return list(links)
+    return [None if link is None else plan.Link(math.inf, 0.0) for link in links]
 
 
 def streamed_chunks(cfg: Any, n: int) -> int | None:
@@ -883,6 +917,7 @@ def summarize_job(cfg: Any, rows_: list[dict[str, Any]], gathered: list[RankRun]
     # from before the curves: its one rate)
     curves = root.chosen.get("curves")
     chunks = root.chosen.get("chunks")
+    zero = bool(root.chosen.get("zero_copy"))  # documents from before zero copy: False
     splits: dict[str, Any] = {}
     for index, (name, s, parts, _) in enumerate(root.splits):
         figures = SplitFigures(name, s, parts, [rr.splits[index][3] for rr in gathered],
@@ -909,8 +944,8 @@ def summarize_job(cfg: Any, rows_: list[dict[str, Any]], gathered: list[RankRun]
             "efficiency_compute_probe": compute_phase / (sum_probe / 1e9) if sum_probe > 0 else None,
             "imbalance": _median([t["imbalance"] for t in its]),
             "imbalance_per_iteration": [t["imbalance"] for t in its],
-            "predicted": plan.predict(s, m, n, k, cfg.dtype.itemsize, parts, rates, links, ROOT,
-                                      curves=curves, chunks=chunks, copies=copies).to_dict(),
+            "predicted": plan.predict(s, m, n, k, cfg.dtype.itemsize, parts, rates, model_links(links, s, zero),
+                                      ROOT, curves=curves, chunks=chunks, copies=copies).to_dict(),
             "timing": "modelled" if modelled_compute else "measured",
             "raw": {"end_to_end_seconds": e2e, "compute_seconds": compute},
         }
@@ -921,6 +956,7 @@ def summarize_job(cfg: Any, rows_: list[dict[str, Any]], gathered: list[RankRun]
         "strategy_given": root.chosen["strategy_given"],
         "overlap": root.chosen.get("overlap", False),
         "chunks": root.chosen.get("chunks"),
+        "zero_copy": zero,  # every rank on the root's shared-memory window: nothing sent (stream.py)
         "chunks_tried": root.chosen.get("chunks_tried") or [],  # --chunks auto: each count's measured end to end
         "refined": root.chosen.get("refined") or [],  # auto weights' steps: GEMM times, then finish times
         "weights_kind": root.chosen["weights_kind"],
@@ -948,7 +984,8 @@ def summarize_job(cfg: Any, rows_: list[dict[str, Any]], gathered: list[RankRun]
                               if "even" in splits else None),
         "splits": splits,
         "predictions": root.chosen["predictions"],
-        "model_best": plan.best_root_share(strategy, m, n, k, cfg.dtype.itemsize, rates, links, root.chosen["caps"],
+        "model_best": plan.best_root_share(strategy, m, n, k, cfg.dtype.itemsize, rates,
+                                           model_links(links, strategy, zero), root.chosen["caps"],
                                            ROOT, curves=curves, chunks=chunks, copies=copies).to_dict(),
         "model_curves": curves,
         # each rank's measured copy rate between the host and its device (GB/s; None: it computes on host arrays)
