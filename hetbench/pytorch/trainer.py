@@ -413,7 +413,7 @@ def _solo_runner(cfg: Any, world: World, state: TorchTrainState) -> Any:
     optimizer and dtype, SOLO_STEPS steps from `step`'s data, no process group) and returns its last step's
     seconds (wall time; on a simulated device the modelled GEMM and copy time in place of their emulation). The plain model does without fsdp's gathers and reduce-scatters, which one rank would still make as
     copies: a solo step a little faster than `hetbench train -n 1` times, a baseline that errs high."""
-    from hetbench.benchmarks.train.run import SOLO_STEPS
+    from hetbench.train.outcome import SOLO_STEPS
 
     device = state.device.device
 

@@ -21,6 +21,9 @@ CHECK_RTOL = 1e-3
 PARAM_RTOL = 5e-2
 # auto weights (fsdp, ddp): the batch shares are measured again after each of the first steps (train.BatchShares)
 AUTO_REBALANCE_STEPS = 4
+# --solo-between-steps: a fresh one-rank run's steps after each timed step; the first warms its fresh state, the
+# last is timed (both front ends)
+SOLO_STEPS = 2
 # Mixed precision (--dtype fp16/bf16). Each GEMM's result is rounded to the dtype where it falls, and a rank's
 # part of a weight gradient (its rows) is rounded before the ranks' parts are summed in fp32, where one process
 # rounds the whole batch's: the distributed run and the reference differ by the dtype's rounding (2**-11, 2**-8),

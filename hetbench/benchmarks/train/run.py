@@ -19,6 +19,7 @@ from hetbench.train import strategies
 from hetbench.train.outcome import (  # both front ends' pieces
     ROOT,
     AUTO_REBALANCE_STEPS,
+    SOLO_STEPS,
     RankOutcome,
     checkpoint_folder_errors,
     compare_with_reference,
@@ -178,9 +179,6 @@ def run_rank(cfg: Any, world: World, state: TrainState,
             result.check = _check(cfg, model, [log.loss for log in outcome.logs], outcome.params, start,
                                   [log.step_skipped for log in outcome.logs])
     return result
-
-
-SOLO_STEPS = 2  # --solo-between-steps: a fresh one-rank run's steps; the first warms its fresh state, the last is timed
 
 
 def _solo_runner(cfg: Any, world: World, state: TrainState, model: Any, strategy: Any) -> Callable[[int], float]:
