@@ -8,7 +8,7 @@ engine (hetbench/comm/progress.py).
   transfer completed by the engine while both ranks sleep; gathers launched on the engine (begun by its thread, in
   order, a begin's error raised in wait()); the column chunks' arithmetic.
 - One streamed CLI run of 3 ranks whose every derived figure is recomputed from the raw values in its document.
-- Bad --chunks values and --chunks with --no-overlap: exit 2, one line.
+- Bad --chunks values, and --chunks or --zero-copy with --no-overlap: exit 2, one line.
 """
 
 from __future__ import annotations
@@ -118,10 +118,11 @@ def test_streamed_figures_agree_with_the_raw_values(tmp_path):
     (["--chunks", "257"], "'257'"),
     (["--chunks", "many"], "'many'"),
     (["--chunks", "4", "--no-overlap"], "--no-overlap"),
+    (["--zero-copy", "--no-overlap"], "--no-overlap"),
 ])
 def test_bad_chunks(tmp_path, args, needle):
     run = run_cli(["split", "--size", "16", "--backend", "0=host,1=sim:h100", *args], nprocs=2, cwd=tmp_path)
-    assert_usage_error(run, tmp_path, needle, "auto" if "--no-overlap" not in args else "--chunks")
+    assert_usage_error(run, tmp_path, needle, "auto" if "--no-overlap" not in args else args[0])
 
 
 @needs_mpi

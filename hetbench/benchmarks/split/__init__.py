@@ -146,6 +146,12 @@ class Split:
                   if params[p] is not None]
         if linked and not params["plan"]:
             raise click.UsageError(f"{', '.join(linked)} model the link for --plan; a run measures its links")
+        from click.core import ParameterSource
+
+        if (not params["overlap"] and params["zero_copy"]
+                and ctx.get_parameter_source("zero_copy") not in (None, ParameterSource.DEFAULT)):
+            raise click.UsageError("--zero-copy shares the streamed split's window; --no-overlap sends each slice "
+                                   "in phases (leave --zero-copy out, or drop --no-overlap)")
         if params["chunks"] is not None and not params["overlap"]:
             raise click.UsageError(f"--chunks {params['chunks']} streams the chunks of --overlap; --no-overlap "
                                    "moves each slice whole (leave --chunks out, or drop --no-overlap)")
