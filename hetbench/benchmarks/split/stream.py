@@ -252,13 +252,8 @@ class StreamedSplitter:
         if not keeps_buffers(self.me, self.part, self.strategy, self.on_host, self.mapped):
             return None
         be, dt = self.backend, self.dtype
-        if self.zero_copy:  # the window's views, or the device arrays over them
-            with be.timer() as g:
-                if self.mapped:
-                    be.matmul(self.a_dev, self.b_dev[0], self.c_dev[0], dt)
-                else:
-                    be.matmul(self.a_r, self.b_whole, self.c_rows, dt)
-            return g.seconds
+        if self.zero_copy:
+            return self._window_gemm()
         if self.me == ROOT:
             assert self.c is not None
             start = self.starts[ROOT]
@@ -397,18 +392,24 @@ class StreamedSplitter:
         for _, c_view in sent:  # the buffers are the device's again for the next iteration's GEMMs
             self._device_step(ph, "d2h", self.backend.unmap_from_host(c_view))
 
+    def _window_gemm(self) -> float:
+        """Zero copy: this rank's rows of C from its rows of A and B in the window (through the device arrays over
+        them where the device does not compute on host arrays); the device timer's seconds."""
+        be, dt = self.backend, self.dtype
+        with be.timer() as g:
+            if self.mapped:
+                be.matmul(self.a_dev, self.b_dev[0], self.c_dev[0], dt)
+            else:
+                be.matmul(self.a_r, self.b_whole, self.c_rows, dt)
+        return g.seconds
+
     def _rows_shared(self, comm: Any, ph: Any) -> None:
         """Zero copy: this rank's rows of C from its rows of A and B, all in the window; then the root hears from
         every other working rank that its rows are written."""
-        be, dt = self.backend, self.dtype
+        be = self.backend
         if self.part > 0:
             t = time.perf_counter()
-            with be.timer() as g:
-                if self.mapped:
-                    be.matmul(self.a_dev, self.b_dev[0], self.c_dev[0], dt)
-                else:
-                    be.matmul(self.a_r, self.b_whole, self.c_rows, dt)
-            ph.gemm += g.seconds
+            ph.gemm += self._window_gemm()
             ph.device_wall += time.perf_counter() - t
             if self.mapped:  # the device's writes seen by the host: a map of its C rows (OpenCL's rule)
                 view, pending = be.map_to_host(self.c_dev[0], 0, self.c_dev[0].size, False)
