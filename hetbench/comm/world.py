@@ -58,6 +58,17 @@ class World:
     def barrier(self) -> None:
         self.comm.Barrier()
 
+    def in_turn(self, fn: Any) -> Any:
+        """Collective. Every rank calls `fn()` alone, in rank order, the others waiting at a barrier (a device
+        timed alone, as the solo runs between a job's iterations are); this rank's result."""
+        out = None
+        for r in range(self.size):
+            self.barrier()
+            if r == self.rank:
+                out = fn()
+        self.barrier()
+        return out
+
     def allgather(self, obj: Any) -> list[Any]:
         return self.comm.allgather(obj)
 

@@ -411,38 +411,38 @@ def _solo_runner(cfg: Any, world: World, state: TorchTrainState) -> Any:
     collective, after a timed step: every rank in turn, the others waiting at a barrier, trains the whole batch
     alone (a fresh plain model of the task on the rank's device, its matmuls offloaded as in the run, the same
     optimizer and dtype, SOLO_STEPS steps from `step`'s data, no process group) and returns its last step's
-    seconds (wall time; on a simulated device the modelled GEMM and copy time in place of their emulation). The plain model does without fsdp's gathers and reduce-scatters, which one rank would still make as
-    copies: a solo step a little faster than `hetbench train -n 1` times, a baseline that errs high."""
+    seconds (wall time; on a simulated device the modelled GEMM and copy time in place of their emulation). The
+    plain model does without fsdp's gathers and reduce-scatters, which one rank would still make as copies: a solo
+    step a little faster than `hetbench train -n 1` times, a baseline that errs high."""
     from hetbench.train.outcome import SOLO_STEPS
 
     device = state.device.device
 
-    def solo(step: int) -> float:
+    def alone_once(step: int) -> float:
+        torch.manual_seed(cfg.seed)
+        model = build_model(state.task).to(device)
+        if state.ops is not None:
+            offload_linears(model, state.ops)
+        opt = _optimizer(cfg, model.parameters())
+        scaler = LossScaler.for_dtype(cfg.dtype.name)
         seconds = 0.0
-        for r in range(world.size):
-            world.barrier()
-            if world.rank == r:
-                torch.manual_seed(cfg.seed)
-                model = build_model(state.task).to(device)
-                if state.ops is not None:
-                    offload_linears(model, state.ops)
-                opt = _optimizer(cfg, model.parameters())
-                scaler = LossScaler.for_dtype(cfg.dtype.name)
-                for s in range(step, step + SOLO_STEPS):
-                    x, y = make_batch(state.task, s, 0, cfg.batch)
-                    x, y = x.to(device), y.to(device)
-                    if state.ops is not None:
-                        state.ops.reset()
-                    t0 = time.perf_counter()
-                    one_step(cfg, model, opt, scaler, x, y, distributed=False)
-                    if device.type == "cuda":
-                        torch.cuda.synchronize(device)
-                    # a simulated device's modelled GEMM and copy time in place of the host's emulating them
-                    seconds = step_seconds(state.ops, time.perf_counter() - t0)
-                if state.ops is not None:
-                    state.ops.reset()
-        world.barrier()
+        for s in range(step, step + SOLO_STEPS):
+            x, y = make_batch(state.task, s, 0, cfg.batch)
+            x, y = x.to(device), y.to(device)
+            if state.ops is not None:
+                state.ops.reset()
+            t0 = time.perf_counter()
+            one_step(cfg, model, opt, scaler, x, y, distributed=False)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            # a simulated device's modelled GEMM and copy time in place of the host's emulating them
+            seconds = step_seconds(state.ops, time.perf_counter() - t0)
+        if state.ops is not None:
+            state.ops.reset()
         return seconds
+
+    def solo(step: int) -> float:
+        return world.in_turn(lambda: alone_once(step))
 
     return solo
 

@@ -493,13 +493,9 @@ def measure(cfg: Any, world: World, state: SplitState,
     solo_runs: list[float] = []
 
     def solo_between(splitter: Any) -> None:
-        for r in range(world.size):
-            world.barrier()
-            if r == world.rank:
-                seconds = splitter.solo_once()
-                assert seconds is not None, "solo_once: this rank keeps no buffers"
-                solo_runs.append(seconds)
-        world.barrier()
+        seconds = world.in_turn(splitter.solo_once)
+        assert seconds is not None, "solo_once: this rank keeps no buffers"
+        solo_runs.append(seconds)
 
     solo_before = None if interleave else solo_at_final_parts(world, state, dtype, strategy, m, n, k, parts,
                                                                cfg.seed)

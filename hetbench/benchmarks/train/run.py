@@ -194,17 +194,13 @@ def _solo_runner(cfg: Any, world: World, state: TrainState, model: Any, strategy
     alone = World(MPI.COMM_SELF)
     train = strategy.train_function()
 
+    def alone_once(step: int) -> float:
+        out = train(alone, state.ops, model, cfg.optimizer, cfg.lr, SOLO_STEPS, [1.0], path=cfg.path,
+                    micro_batches=cfg.micro_batches, start_step=step, scaler=LossScaler.for_dtype(cfg.dtype))
+        return float(out.logs[-1].step_seconds)
+
     def solo(step: int) -> float:
-        seconds = 0.0
-        for r in range(world.size):
-            world.barrier()
-            if world.rank == r:
-                out = train(alone, state.ops, model, cfg.optimizer, cfg.lr, SOLO_STEPS, [1.0], path=cfg.path,
-                            micro_batches=cfg.micro_batches, start_step=step,
-                            scaler=LossScaler.for_dtype(cfg.dtype))
-                seconds = float(out.logs[-1].step_seconds)
-        world.barrier()
-        return seconds
+        return world.in_turn(lambda: alone_once(step))
 
     return solo
 
