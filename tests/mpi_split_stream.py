@@ -326,6 +326,21 @@ def check_launch(world: World) -> None:
         dup.Free()
 
 
+def check_in_turn(world: World) -> None:
+    """World.in_turn: each rank's call alone, in rank order (the calls' time spans do not overlap and follow the
+    ranks), every rank returning its own result."""
+    def span() -> tuple[float, float, int]:
+        t0 = time.monotonic()
+        time.sleep(0.02)
+        return t0, time.monotonic(), world.rank
+
+    mine = world.in_turn(span)
+    assert mine[2] == world.rank
+    spans = world.allgather(mine)
+    for (a0, a1, ra), (b0, b1, rb) in zip(spans, spans[1:]):
+        assert rb == ra + 1 and a1 <= b0, f"rank {ra} ran {a0:.4f}-{a1:.4f}, rank {rb} {b0:.4f}-{b1:.4f}"
+
+
 def check_column_chunks(world: World) -> None:
     from hetbench.benchmarks.split.stream import auto_chunks, column_chunks
 

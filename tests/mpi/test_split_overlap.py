@@ -6,7 +6,7 @@ engine (hetbench/comm/progress.py).
   chunk counts of 1, not dividing n, one column each and more than n, on host, PoCL and simulated ranks; the
   zero-copy split (the root's shared-memory window) the same for every share pattern on host and PoCL ranks; a 16 MiB
   transfer completed by the engine while both ranks sleep; gathers launched on the engine (begun by its thread, in
-  order, a begin's error raised in wait()); the column chunks' arithmetic.
+  order, a begin's error raised in wait()); World.in_turn's calls one rank at a time; the column chunks' arithmetic.
 - One streamed CLI run of 3 ranks whose every derived figure is recomputed from the raw values in its document.
 - Bad --chunks values, and --chunks or --zero-copy with --no-overlap: exit 2, one line.
 """
@@ -21,7 +21,7 @@ import pytest
 from helpers import HAVE_OPENCL, MPIEXEC, REPO, assert_usage_error, needs_mpi, run_cli, run_cli_stages, script_checks
 
 SCRIPT = REPO / "tests" / "mpi_split_stream.py"
-CHECKS = ["identical", "zero_copy", "reuse", "progress", "launch", "column_chunks"]
+CHECKS = ["identical", "zero_copy", "reuse", "progress", "launch", "in_turn", "column_chunks"]
 RANKS = [None, pytest.param(2, marks=pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec")),
          pytest.param(3, marks=pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec"))]
 
