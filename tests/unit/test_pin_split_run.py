@@ -29,6 +29,7 @@ from hetbench.benchmarks.split.config import SplitConfig
 from hetbench.config import parse_backend_map
 from hetbench.dtypes import DTYPES
 from hetbench.benchmarks.split import run
+from hetbench.comm.world import World
 from hetbench.harness import verify
 from hetbench.harness.devices import OpenDevice
 
@@ -138,6 +139,8 @@ class FakeWorld:
 
     def bcast(self, obj, root=0):
         return self.comm.bcast(obj, root)
+
+    in_turn = World.in_turn  # the real one: each rank alone, in rank order, over this world's barriers
 
 
 def on_ranks(size: int, body):

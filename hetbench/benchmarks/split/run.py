@@ -384,11 +384,7 @@ def measure(cfg: Any, world: World, state: SplitState,
         rate, part, curve = probe_rate()
         together[s] = (rate, part)
         together_points[s] = curve
-        for r in range(ranks):
-            world.barrier()
-            if r == world.rank:
-                solo[s] = probe_rate()[:2]
-        world.barrier()
+        solo[s] = world.in_turn(probe_rate)[:2]
     rates = {s: [r[s][0] for r in world.allgather(together)] for s in strategies}
     solo_rates = {s: [r[s][0] for r in world.allgather(solo)] for s in strategies}
     curves = {s: [list(c[s]) for c in world.allgather(together_points)] for s in strategies}
@@ -623,15 +619,15 @@ def solo_at_final_parts(world: World, state: SplitState, dtype: DType, strategy:
     runs: {"part", "gflops_median", "gflops_min",
     "gflops_max", "seconds"} per rank, None for a rank without a part. A probe's small slice ran slower or faster
     than the final part (PoCL 4.95-10.15 GFLOP/s across runs at 64-128 rows), so an efficiency against it read 1.013."""
-    mine = None
-    for r in range(world.size):
-        world.barrier()
-        if r == world.rank and parts[r] > 0:
-            seconds = time_part_runs(state, dtype, strategy, m, n, k, parts[r], seed)
-            flops = flops_of(strategy, m, n, k, parts[r])
-            mine = _solo_entry(parts[r], flops, seconds)
-    world.barrier()
-    return world.allgather(mine)
+    part = parts[world.rank]
+
+    def alone() -> dict[str, Any] | None:
+        if part <= 0:
+            return None
+        seconds = time_part_runs(state, dtype, strategy, m, n, k, part, seed)
+        return _solo_entry(part, flops_of(strategy, m, n, k, part), seconds)
+
+    return world.allgather(world.in_turn(alone))
 
 
 def _keeps_buffers(state: SplitState, rank: int, parts: list[int], strategy: str) -> bool:
