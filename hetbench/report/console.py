@@ -797,9 +797,10 @@ def train_report(rows: list[dict[str, Any]], summary: dict[str, Any], config: di
         solos = ", ".join(f"rank {r['rank']} {fmt(r.get('solo_samples_per_second'))}" for r in rows)
         fault = ("  [above 1: a MEASUREMENT FAULT, the machine's speed moved between the steps]"
                  if summary.get("efficiency_above_1") else "")
+        modelled = " (modelled: simulated ranks)" if summary.get("timing") == "modelled" else ""
         out.print(f"against each rank alone (the whole batch, between the steps; samples/s {solos}): "
                   f"{fmt(summary['efficiency_vs_summed_solo'])} of their sum "
-                  f"{fmt(summary['solo_samples_per_second_sum'])}{fault}", markup=False)
+                  f"{fmt(summary['solo_samples_per_second_sum'])} samples/s{modelled}{fault}", markup=False)
     sharded = summary.get("sharded_state")
     if sharded:
         each = ", ".join(f"rank {r} {_size(b)} ({fmt(p)} %, weight {fmt(w)} %)" for r, (b, p, w) in enumerate(

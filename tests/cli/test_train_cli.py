@@ -137,3 +137,12 @@ def test_solo_steps_between_the_steps_and_the_efficiency_from_them(batches, stra
     assert doc["summary"]["verified"] is True and len(lines) == 6
     assert_solo_figures(doc, lines, batch=24, warmup=2)
     assert "against each rank alone (the whole batch, between the steps; samples/s rank 0 " in run.stdout
+    # its sum with its unit, and modelled where a simulated rank is in the job (rank 1: sim:h100)
+    assert doc["summary"]["timing"] == "modelled" and " samples/s (modelled: simulated ranks)" in run.stdout
+
+
+def test_solo_between_steps_wants_two_ranks(tmp_path):
+    """One process: the run is itself the solo run, so --solo-between-steps is refused, one line, exit 2."""
+    run = run_cli(["train", "--backend", "host", "--solo-between-steps", "--steps", "2", "--out",
+                   str(tmp_path / "t.json")], cwd=tmp_path)
+    assert_usage_error(run, tmp_path, "--solo-between-steps", "1 rank")

@@ -175,6 +175,10 @@ class Train:
         if params["strategy"] == "pipeline" and params["micro_batches"] > params["batch"]:
             raise click.BadParameter(f"{params['micro_batches']} micro-batches are more than the batch of "
                                      f"{params['batch']}", param_hint="'--micro-batches'")
+        if params["solo_between_steps"] and world.size < 2:
+            raise click.BadParameter("sets each rank alone against the others' job; with 1 rank the run itself is "
+                                     "the solo run (leave it out, or run 2 ranks or more)",
+                                     param_hint="'--solo-between-steps'")
         if params["checkpoint_every"] and params["checkpoint"] is None:
             raise click.BadParameter("needs --checkpoint DIR to save in", param_hint="'--checkpoint-every'")
         return TrainConfig(
