@@ -224,15 +224,15 @@ class BatchShares:
         rates = [s / t if s > 0 and t > 0 else None for s, t in self._measured]
         # a rank without samples (or without a measurable time) keeps its weight, scaled as the others' moved
         known = [(w, r) for w, r in zip(self.weights, rates) if r is not None and w > 0]
-        if not known:
-            return
-        scale = sum(r for _, r in known) / sum(w for w, _ in known)
-        weights = [r if r is not None else w * scale for w, r in zip(self.weights, rates)]
-        counts = shares(weights, self.batch)
-        if min(c for c, w in zip(counts, self.weights) if w > 0) < 1:
-            return  # a working rank would be left without a sample: keep the shares
-        self.weights, self.counts = weights, counts
-        self.history.append(list(counts))
+        if known:
+            scale = sum(r for _, r in known) / sum(w for w, _ in known)
+            weights = [r if r is not None else w * scale for w, r in zip(self.weights, rates)]
+            counts = shares(weights, self.batch)
+            # a working rank that would be left without a sample: the shares are kept
+            if min(c for c, w in zip(counts, self.weights) if w > 0) >= 1:
+                self.weights, self.counts = weights, counts
+        # every rebalancing's shares, kept ones too: the next step's, one record per rebalancing step
+        self.history.append(list(self.counts))
 
     def details(self) -> dict[str, Any]:
         """The shares for TrainOutcome.details: the last (batch_counts), the first, and each rebalancing's."""

@@ -234,3 +234,34 @@ def test_a_resumed_run_trains_the_steps_after_the_checkpoints(world, host, saved
     assert outcome.start_step == 3 and [log.step for log in outcome.logs] == [3, 4]
     assert [s[:2] for s in seen] == [(4, 5), (5, 5)] and seen[0][2].startswith("step 4/5 loss ")
     assert outcome.resumed_from == str(saved / "step-3")
+
+
+def test_every_rebalancing_step_records_the_shares_it_leaves_kept_ones_too():
+    """BatchShares (auto weights): one record per rebalancing step, so the n-th record is step n's shares; a
+    rebalancing whose rates would leave a working rank without a sample keeps the shares, and records them (the
+    record had skipped them, and a test reading record n as step n's failed in CI at 24 rows); after the
+    rebalancing steps nothing more is measured or recorded."""
+    from hetbench.train import BatchShares
+
+    class Comm:  # rank 0 of 2; each allgather answers the next step's (samples, busy seconds) of both ranks
+        def __init__(self, steps):
+            self.steps = list(steps)
+
+        def Get_size(self):
+            return 2
+
+        def allgather(self, mine):
+            return self.steps.pop(0)
+
+    # step 1: rank 1 did 12 samples in 100 s against rank 0's 12 in 1 s: the shares [24, 0] leave it none, kept;
+    # step 2 (summed with step 1): rank 0 24 in 2 s, rank 1 24 in 103 s: [24, 0] again, kept;
+    # step 3: 36 in 3 s and 36 in 103.01 s: [23, 1], taken
+    comm = Comm([[(12, 1.0), (12, 100.0)], [(12, 1.0), (12, 3.0)], [(12, 1.0), (12, 0.01)]])
+    shares = BatchShares(comm, [1.0, 1.0], 24, rebalance_steps=3)
+    assert shares.counts == [12, 12]
+    for _ in range(3):
+        shares.after_step(12, 1.0)
+    assert len(shares.history) == 3 and shares.history[:2] == [[12, 12], [12, 12]]
+    assert shares.history[2] == shares.counts == [23, 1]
+    shares.after_step(12, 1.0)  # past the rebalancing steps: the comm is not asked again (it has no answers)
+    assert len(shares.history) == 3 and shares.details()["batch_counts_rebalanced"] == shares.history
