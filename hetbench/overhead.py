@@ -696,10 +696,11 @@ def train_figures(paths: list[str], even_goal: float | None = None) -> int:
         interleaved.append(between)
         if between:  # each rank alone between the pair's steps, in the same run
             solos = []
+            modelled = " (modelled: simulated ranks)" if pair["summary"].get("timing") == "modelled" else ""
             for row in pair["rows"]:
-                print(f"  {row['backend'] + ' alone':<24} {row['solo_samples_per_second']:.0f} samples/s, step "
-                      f"{1e3 * row['solo_step_seconds_median']:.1f} ms (between the pair's steps)")
-            solo = sum(row["solo_samples_per_second"] for row in pair["rows"])
+                print(f"  {row['backend'] + ' alone':<24} {row['solo_samples_per_second']:.0f} samples/s{modelled}, "
+                      f"step {1e3 * row['solo_step_seconds_median']:.1f} ms (between the pair's steps)")
+            solo = pair["summary"]["solo_samples_per_second_sum"]  # the run's own sum of those rates
         else:
             solos = [load_results(p) for p in sorted(r.glob("solo-*.json"))]
             solo = sum(show(d, f"{d['rows'][0]['backend']} alone") for d in solos)
