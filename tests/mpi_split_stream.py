@@ -23,6 +23,7 @@ from hetbench.benchmarks.split.run import SplitState, run_split
 from hetbench.comm.progress import Progress
 from hetbench.comm.world import World
 from hetbench.dtypes import DTYPES
+from mpi_fail_fast import run_checks
 
 SHAPES = [(37, 23, 29), (5, 64, 3), (1, 1, 1), (64, 17, 40)]
 CHUNKS = [1, 2, 5, 64, 200]
@@ -159,6 +160,19 @@ def check_zero_copy(world: World) -> None:
     assert splitter.win is None
     if root:
         assert np.array_equal(splitter.c, a @ b), "C after close"
+    # close() waits for every rank's last writes into C before the root copies it (a solo run after the last
+    # iteration rewrites the rank's rows: the root copied C while host BLAS, which zeroes C first, was at it)
+    parts = parts_patterns(9, world.size)[0]
+    splitter = StreamedSplitter(world, state, DTYPES["fp32"], "rows", parts, 1, zero_copy=True)
+    splitter.iteration()
+    if not root and splitter.part > 0:
+        time.sleep(0.3)
+        splitter.c_rows[...] = -1
+    splitter.close()
+    if root:
+        late = (a @ b).astype(np.float32)
+        late[parts[0]:] = -1
+        assert np.array_equal(splitter.c, late), "close() copied C before every rank's last writes"
     assert cases >= 2 * len(SHAPES), cases
 
 
@@ -355,19 +369,8 @@ def check_column_chunks(world: World) -> None:
 
 def main(names: list[str]) -> int:
     world = World()
-    failed = False
-    for name in names:
-        error = None
-        try:
-            globals()[f"check_{name}"](world)
-        except Exception as e:  # noqa: BLE001 - said per case; a missing check is an error too
-            error = f"{type(e).__name__}: {e}"
-        errors = world.allgather(error)
-        bad = [f"rank {r}: {e}" for r, e in enumerate(errors) if e]
-        if world.rank == 0:
-            print(f"FAILED {name}: {bad[0]}" if bad else f"ok {name}", flush=True)
-        failed |= bool(bad)
-    return 1 if failed else 0
+    passed = run_checks(world.raw_comm, names, lambda name: globals()[f"check_{name}"](world))
+    return 0 if passed else 1
 
 
 if __name__ == "__main__":

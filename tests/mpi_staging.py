@@ -22,6 +22,7 @@ from hetbench.comm.world import World
 from hetbench.config import parse_backend_spec
 from hetbench.dtypes import DTYPES
 from hetbench.harness.devices import OpenDevice
+from mpi_fail_fast import run_checks
 
 # parts (elements of one rank's part) and chunks (elements): parts no chunk divides, a chunk of one element, one
 # larger than the part, one equal to it
@@ -138,26 +139,11 @@ def main(argv: list[str]) -> None:
     spec = parse_backend_spec(specs[comm.Get_rank() % len(specs)])
     backend = open_backend(spec, comm.Get_rank(), comm.Get_size())
     info = backend.info()
-    failed = False
-    for name in names:
-        if comm.Get_rank() == 0:
-            print(f"start {name}", flush=True)
-        problem = None
-        try:
-            CHECKS[name](comm, backend, info)
-        except Exception as e:  # this rank's; agreed below
-            problem = f"{type(e).__name__}: {e}"
-        problems = comm.allgather(problem)
-        bad = [(r, p) for r, p in enumerate(problems) if p is not None]
-        failed = failed or bool(bad)
-        if comm.Get_rank() == 0:
-            print(f"ok {name}" if not bad else f"FAILED {name}: " + "; ".join(f"rank {r}: {p}" for r, p in bad),
-                  flush=True)
+    passed = run_checks(comm, names, lambda name: CHECKS[name](comm, backend, info))
     backend.close()
     comm.Barrier()
-    if failed:
+    if not passed:
         sys.exit(1)
-
 
 if __name__ == "__main__":
     main(sys.argv[1:])

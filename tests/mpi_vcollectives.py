@@ -13,6 +13,7 @@ import numpy as np
 from mpi4py import MPI
 
 from hetbench.comm.vcollectives import allgatherv, displacements, gatherv, reduce_scatterv
+from mpi_fail_fast import run_checks
 
 DTYPES = (np.float32, np.float64, np.int64)
 
@@ -117,45 +118,43 @@ def check_broken_on_rank_1(comm, counts, dtype) -> None:
     assert comm.Get_rank() != 1, "broken on purpose"
 
 
+def check_broken_inside_a_collective(comm, counts, dtype) -> None:
+    """A check whose last rank fails while every other rank waits for it in a collective it never reaches: the
+    suite's test that such a job ends within seconds with that rank's message (tests/mpi_fail_fast.py)."""
+    if comm.Get_rank() == comm.Get_size() - 1:
+        raise RuntimeError(f"broken on purpose on rank {comm.Get_rank()}")
+    comm.Barrier()
+
+
 CHECKS = {"gatherv": check_gatherv, "allgatherv": check_allgatherv, "reduce_scatterv": check_reduce_scatter,
-          "broken_on_rank_1": check_broken_on_rank_1}
+          "broken_on_rank_1": check_broken_on_rank_1, "broken_inside_a_collective": check_broken_inside_a_collective}
+BROKEN = ("broken_on_rank_1", "broken_inside_a_collective")
 
 
 def main(names: list[str]) -> None:
     """Run the named checks (gatherv, allgatherv, reduce_scatterv, bad_counts), or all of them, in one job (as
     mpi4py's own suite runs its cases): each check's outcome is agreed over the ranks after it and said by rank 0,
     "ok NAME" or "FAILED NAME: rank R: ...", so that one broken function does not hide the others; exit 1 when any
-    failed. A check that hangs (a rank failing inside a collective) is named by the "start NAME" line before it."""
+    failed. A rank failing inside a collective says so itself and ends the job (tests/mpi_fail_fast.py)."""
     comm = MPI.COMM_WORLD
-    names = names or [*(n for n in CHECKS if n != "broken_on_rank_1"), "bad_counts"]
+    names = names or [*(n for n in CHECKS if n not in BROKEN), "bad_counts"]
     unknown = [n for n in names if n not in CHECKS and n != "bad_counts"]
     assert not unknown, f"unknown checks {unknown}; accepted: {', '.join(CHECKS)}, bad_counts"
     assert displacements([1, 4, 0, 3]) == [0, 1, 5, 5]
     assert displacements([]) == []
-    failed = False
-    for name in names:
-        if comm.Get_rank() == 0:
-            print(f"start {name}", flush=True)
-        problem = None
-        try:
-            if name == "bad_counts":
-                check_bad_counts(comm)
-            else:
-                for counts in count_patterns(comm.Get_size()):
-                    for dtype in DTYPES:
-                        CHECKS[name](comm, counts, dtype)
-        except Exception as e:  # this rank's; agreed below
-            problem = f"{type(e).__name__}: {e}"
-        problems = comm.allgather(problem)
-        bad = [(r, p) for r, p in enumerate(problems) if p is not None]
-        failed = failed or bool(bad)
-        if comm.Get_rank() == 0:
-            print(f"ok {name}" if not bad else f"FAILED {name}: " + "; ".join(f"rank {r}: {p}" for r, p in bad),
-                  flush=True)
-    comm.Barrier()
-    if failed:
-        sys.exit(1)
 
+    def run(name: str) -> None:
+        if name == "bad_counts":
+            check_bad_counts(comm)
+            return
+        for counts in count_patterns(comm.Get_size()):
+            for dtype in DTYPES:
+                CHECKS[name](comm, counts, dtype)
+
+    passed = run_checks(comm, names, run)
+    comm.Barrier()
+    if not passed:
+        sys.exit(1)
 
 if __name__ == "__main__":
     main(sys.argv[1:])

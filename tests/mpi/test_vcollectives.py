@@ -46,6 +46,26 @@ def test_failed_check_ends_every_rank():
 @pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec")
 def test_one_failed_check_is_said_and_the_others_still_run():
     run = run_script(["gatherv", "broken_on_rank_1", "allgatherv"], 2)
-    said = [line for line in run.stdout.splitlines() if not line.startswith("start")]
-    assert said == ["ok gatherv", "FAILED broken_on_rank_1: rank 1: AssertionError: broken on purpose", "ok allgatherv"]
+    said = run.stdout.splitlines()
+    # the failing rank says its own line at once, rank 0 the agreed one: the two may reach the launcher in any order
+    failed = "FAILED broken_on_rank_1: rank 1: AssertionError: broken on purpose"
+    assert sorted(said) == sorted(["ok gatherv", failed, failed, "ok allgatherv"]), said
+    assert said.index("ok gatherv") < said.index("ok allgatherv"), said
     assert run.returncode == 1
+
+
+@pytest.mark.parametrize("nprocs", [pytest.param(n, marks=pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec"))
+                                    for n in (2, 3)])
+def test_a_rank_failing_inside_a_collective_ends_the_job_within_seconds(nprocs):
+    """The last rank raises while the others wait for it in a barrier (tests/mpi_fail_fast.py): the job ends within
+    10 s (the grace is 5 s), not at the test's timeout, with that rank's own line, and the checks after it do not
+    run."""
+    run = run_script(["gatherv", "broken_inside_a_collective", "allgatherv"], nprocs, timeout=60)
+    last = nprocs - 1
+    assert run.seconds < 10, run.seconds
+    assert run.returncode != 0
+    said = run.stdout.splitlines()
+    assert "ok gatherv" in said, said
+    assert f"FAILED broken_inside_a_collective: rank {last}: RuntimeError: broken on purpose on rank {last}" in said
+    assert "ok allgatherv" not in said
+    assert f"[fail-fast] rank {last}" in run.stderr

@@ -234,6 +234,10 @@ class StreamedSplitter:
         if self.mapped:
             self.a_dev, self.b_dev, self.c_dev = None, [], []
         if self.win is not None:  # the window's memory goes: the root keeps a copy of C for the caller
+            # every rank's last writes into C (a solo run after the last iteration) land before the root copies it
+            self.win.Sync()
+            self.world.raw_comm.Barrier()
+            self.win.Sync()
             if self.c is not None:
                 self.c = self.c.copy()
             self.a_r = self.b_whole = self.c_rows = None
