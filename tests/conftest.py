@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import time
+
 import pytest
-from helpers import _CURRENT, NO_MPIEXEC, _checkout_entries
+from helpers import _CURRENT, _FORKSERVER, NO_MPIEXEC, SESSION_MARK, _checkout_entries, wait_gone
+
+# how long the processes of a finished test session may take to end before they count as orphans
+ORPHAN_GRACE_SECONDS = 15.0
 
 
 def pytest_configure(config):
     """The tuned OpenCL GEMM's winners go to a cache of the test session's own (HETBENCH_CACHE_DIR), never to the
     user's ~/.cache/hetbench; the commands the tests launch inherit it."""
-    import os
     import tempfile
 
     os.environ["HETBENCH_CACHE_DIR"] = tempfile.mkdtemp(prefix="hetbench-test-cache-")
@@ -18,6 +23,35 @@ def pytest_configure(config):
     # none is ever written, and every one of them compiled hetbench from source again (0.15 s of each start-up for
     # the command line alone, more for what a command imports; a quarter of some files' time).
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    if not hasattr(config, "workerinput"):  # the session's first process (pytest-xdist's workers inherit the mark)
+        os.environ[SESSION_MARK] = f"{os.getpid()}-{time.time_ns()}"
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session, exitstatus):
+    """No orphan: once the session is over (xdist's workers ended), no process it started may still be alive. Those
+    left are listed, killed, and fail the run."""
+    import signal
+
+    _FORKSERVER.stop()
+    if hasattr(session.config, "workerinput") or SESSION_MARK not in os.environ:
+        return
+    left = wait_gone(f"{SESSION_MARK}={os.environ[SESSION_MARK]}", ORPHAN_GRACE_SECONDS, exclude=(os.getpid(),))
+    if not left:
+        return
+    for pid, _ in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    lines = [f"the test session left {len(left)} process(es) running (killed now):",
+             *(f"  pid {pid}: {cmd[:200]}" for pid, cmd in left)]
+    if reporter is not None:
+        reporter.write_line("\n".join(lines), red=True)
+    else:
+        print("\n".join(lines))
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_collection_modifyitems(config, items):

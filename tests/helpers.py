@@ -128,6 +128,29 @@ def require_mpi_mark() -> None:
                     "pass (pytest -m mpi) would leave it out")
 
 
+def run_in_group(cmd: list[str], timeout: float, capture_output: bool = False,
+                 **kwargs) -> subprocess.CompletedProcess:
+    """subprocess.run(CMD, timeout=TIMEOUT, ...) in a session of its own: on the timeout (or an interrupt) every
+    process of that session is killed, mpiexec's ranks and proxies too (killing mpiexec alone, as subprocess.run
+    does, left its ranks spinning in their collective), then TimeoutExpired is raised as subprocess.run raises it."""
+    if capture_output:
+        kwargs["stdout"] = kwargs["stderr"] = subprocess.PIPE
+    with subprocess.Popen(cmd, start_new_session=True, **kwargs) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_group(proc)
+            try:
+                out, err = proc.communicate(timeout=10)
+            except subprocess.TimeoutExpired:  # a process that left the session holds the pipes: give up on them
+                out, err = None, None
+            raise subprocess.TimeoutExpired(proc.args, timeout, output=out, stderr=err) from None
+        except BaseException:
+            kill_group(proc)
+            raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
 def run_python(args: list[str], nprocs: int | None = None, cwd: Path | None = None, timeout: float = 120,
                env: dict[str, str] | None = None, launcher_args: list[str] | None = None) -> Run:
     """`python ARGS` (nprocs None), or `mpiexec [LAUNCHER_ARGS] -n NPROCS python ARGS`, with this checkout on the
@@ -148,8 +171,8 @@ def run_python(args: list[str], nprocs: int | None = None, cwd: Path | None = No
     if nprocs is None and _FORKSERVER.usable(full_env):
         return _FORKSERVER.run(args, cwd, timeout, start)
     try:
-        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env,
-                              stdin=subprocess.DEVNULL)
+        proc = run_in_group(cmd, timeout, cwd=cwd, capture_output=True, text=True, env=full_env,
+                            stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"{' '.join(cmd)} did not finish within {timeout} s (a hang?)\nstdout: {e.stdout}\nstderr: {e.stderr}")
     return Run(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start)
@@ -478,6 +501,40 @@ def alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
     except OSError:
         return False
+
+
+# Every process the test session starts, however deep (launchers, ranks, fork servers, commands), inherits this
+# variable from the session's first process (tests/conftest.py sets it); at the session's end any still alive is
+# an orphan of the suite's, which fails the run (conftest's pytest_sessionfinish)
+SESSION_MARK = "HETBENCH_TEST_SESSION"
+
+
+def processes_with(variable: str, exclude: tuple[int, ...] = ()) -> list[tuple[int, str]]:
+    """Live processes (not zombies) whose environment holds VARIABLE ("NAME=VALUE"), but those in EXCLUDE: (pid,
+    command line)."""
+    needle = variable.encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in exclude:
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if needle in environ and alive(int(entry)):
+            found.append((int(entry), cmdline.strip()))
+    return found
+
+
+def wait_gone(variable: str, seconds: float, exclude: tuple[int, ...] = ()) -> list[tuple[int, str]]:
+    """processes_with(VARIABLE), polled until none is left or SECONDS have passed: those still there."""
+    deadline = time.monotonic() + seconds
+    while True:
+        left = processes_with(variable, exclude)
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.1)
 
 
 def kill_group(proc: subprocess.Popen) -> None:

@@ -1,7 +1,8 @@
 """Runs several `hetbench` commands one after another in one MPI job, so that a test file pays the launcher's and
 the interpreter's start-up (NumPy, mpi4py, torch: seconds a rank on the 2-core CI machine) once, not once a command.
-For commands that succeed: a command that fails aborts the job (as it does alone), and the cases after it report
-that they did not run (tests/helpers.py's run_cli_batch names the case that ended the job).
+For commands that succeed: a command that fails aborts the job (as it does alone), or, where it fails on some ranks
+while the others wait inside it, is ended by tests/mpi_fail_fast.py within seconds; the cases after it report that
+they did not run (tests/helpers.py's run_cli_batch names the case that ended the job).
 
     mpiexec -n N python tests/mpi_cli_batch.py CASES.json RESULTS.jsonl
     python tests/mpi_cli_batch.py CASES.json RESULTS.jsonl        (one process, as `hetbench` alone)
@@ -20,6 +21,7 @@ import json
 import os
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Callable
 
@@ -66,10 +68,12 @@ def exit_code(e: SystemExit) -> int:
 
 
 def run_cases(cases: list[dict], results: Path, rank: int, run: Callable[[dict], int],
-              barrier: Callable[[], None]) -> None:
-    """Each case in turn: `run(case)` with fd 1 and 2 in the case's OUT folder (a SystemExit is its exit code),
-    then `barrier()`, then rank 0 appends {"case", "returncode", "seconds"} to `results`. Shared with
-    tests/mpi_script_batch.py."""
+              arrive: Callable[[str, bool], None]) -> None:
+    """Each case in turn: `run(case)` with fd 1 and 2 in the case's OUT folder (a SystemExit is its exit code, an
+    exception exit code 1 with its traceback in the case's stderr), then `arrive(NAME, failed)`, every rank done
+    with the case before the next begins (tests/mpi_fail_fast.py: a rank whose case failed while the others wait
+    inside it ends the job within seconds), then rank 0 appends {"case", "returncode", "seconds"} to `results`.
+    Shared with tests/mpi_script_batch.py."""
     for i, case in enumerate(cases):
         out = Path(case["out"])
         out.mkdir(parents=True, exist_ok=True)
@@ -79,11 +83,25 @@ def run_cases(cases: list[dict], results: Path, rank: int, run: Callable[[dict],
                 code = run(case)
             except SystemExit as e:
                 code = exit_code(e)
+            except Exception:  # noqa: BLE001 - the case's failure, said in its stderr; the job goes on
+                traceback.print_exc()
+                code = 1
         seconds = time.monotonic() - start
-        barrier()  # every rank done with this case before the next begins
+        arrive(f"case {i}", code != 0)
         if rank == 0:
             with results.open("a") as f:
                 f.write(json.dumps({"case": i, "returncode": code, "seconds": seconds}) + "\n")
+
+
+def arrival(size: int) -> Callable[[str, bool], None]:
+    """run_cases' `arrive` for a job of SIZE ranks (mpi4py imported only where there are several)."""
+    if size <= 1:
+        return lambda name, failed: None
+    from mpi4py import MPI
+
+    from mpi_fail_fast import Outcomes
+
+    return Outcomes(MPI.COMM_WORLD).arrive
 
 
 def main(argv: list[str]) -> None:
@@ -103,14 +121,7 @@ def main(argv: list[str]) -> None:
             finally:
                 os.chdir(home)
 
-    def barrier() -> None:
-        if launched_size() > 1:
-            from mpi4py import MPI
-
-            MPI.COMM_WORLD.Barrier()
-
-    run_cases(cases, results, world_rank(), run, barrier)
-
+    run_cases(cases, results, world_rank(), run, arrival(launched_size()))
 
 if __name__ == "__main__":
     main(sys.argv[1:])

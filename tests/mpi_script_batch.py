@@ -1,8 +1,9 @@
 """Runs several Python scripts one after another in one MPI job (each as `python SCRIPT ARGS` would run it, through
 runpy as __main__), so that the launcher's and each rank's start-up (torch's import: seconds a rank on the 2-core CI
 machine) is paid once, not once a script. The scripts are the tests' torch workers and the example, which each start
-and end their own process group; a script that fails ends the job as it would alone (it aborts, or exits non-zero),
-and tests/helpers.py's run_script_batch says which case that was.
+and end their own process group; a script that fails ends the job as it would alone (it aborts), or, where it raises on
+some ranks while the others wait inside it, within seconds (tests/mpi_fail_fast.py); tests/helpers.py's
+run_script_batch says which case that was.
 
     mpiexec -n N python tests/mpi_script_batch.py CASES.json RESULTS.jsonl
 
@@ -20,7 +21,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mpi_cli_batch import run_cases  # noqa: E402 - this folder on the path first
+from mpi_cli_batch import arrival, run_cases  # noqa: E402 - this folder on the path first
 
 
 def main(argv: list[str]) -> None:
@@ -41,13 +42,9 @@ def main(argv: list[str]) -> None:
             os.chdir(home)
             sys.argv, sys.path[:] = argv0, path
 
-    def barrier() -> None:
-        from mpi4py import MPI
+    from mpi4py import MPI
 
-        MPI.COMM_WORLD.Barrier()
-
-    run_cases(cases, Path(argv[1]), rank, run, barrier)
-
+    run_cases(cases, Path(argv[1]), rank, run, arrival(MPI.COMM_WORLD.Get_size()))
 
 if __name__ == "__main__":
     main(sys.argv[1:])

@@ -14,7 +14,7 @@ import sys
 import time
 
 import pytest
-from helpers import MPIEXEC, MPIEXEC_KIND, REPO, needs_mpi, run_cli
+from helpers import MPIEXEC, MPIEXEC_KIND, REPO, needs_mpi, run_cli, run_in_group
 
 DATA = REPO / "tests" / "data"
 ENDED_BY_SIGPIPE = -signal.SIGPIPE  # what subprocess says of it; a shell says 128 + 13 = 141
@@ -187,8 +187,8 @@ def test_a_plugin_that_does_not_import_is_said_once_under_mpiexec(tmp_path, npro
     (tmp_path / "plugin_boom.py").write_text("raise RuntimeError('boom')\n")
     env = {**_env(), "HETBENCH_BENCHMARKS": "plugin_boom"}
     env["PYTHONPATH"] = os.pathsep.join((str(tmp_path), env["PYTHONPATH"]))
-    proc = subprocess.run([MPIEXEC, "-n", str(nprocs), sys.executable, "-m", "hetbench", "devices"], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    proc = run_in_group([MPIEXEC, "-n", str(nprocs), sys.executable, "-m", "hetbench", "devices"], 120,
+                        cwd=tmp_path, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     assert proc.returncode == 2, proc.stderr
     # (MPICH adds its own "Abort(2) on node 0 ..." line: the job is aborted, as a plugin missing on one node only
     # must end it, test below)
@@ -211,8 +211,8 @@ def test_a_plugin_missing_on_one_node_ends_the_job_at_once(tmp_path, nprocs, fai
     env = {**_env(), "HETBENCH_BENCHMARKS": "plugin_half"}
     env["PYTHONPATH"] = os.pathsep.join((str(tmp_path), env["PYTHONPATH"]))
     start = time.monotonic()
-    proc = subprocess.run([MPIEXEC, "-n", str(nprocs), sys.executable, "-m", "hetbench", "devices"], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    proc = run_in_group([MPIEXEC, "-n", str(nprocs), sys.executable, "-m", "hetbench", "devices"], 120,
+                        cwd=tmp_path, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     assert time.monotonic() - start < 30, proc.stderr
     assert proc.returncode == 2, proc.stderr
     who = "" if failing == 0 else f"rank {failing} ("

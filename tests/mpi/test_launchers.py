@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import MPIEXEC, MPIEXEC_KIND, REPO, Run, run_cli, run_python
+from helpers import MPIEXEC, MPIEXEC_KIND, REPO, Run, run_cli, run_in_group, run_python
 
 HOSTFILES = REPO / "hostfiles"
 SLURM_SCRIPT = HOSTFILES / "slurm-nvidia-amd.sbatch"
@@ -126,8 +126,8 @@ def run_bash(script: Path, args: list[str], cwd: Path, env: dict[str, str]):
     full_env.setdefault("OMP_NUM_THREADS", "1")
     full_env.update(env)
     start = time.monotonic()
-    proc = subprocess.run(["bash", str(script), *args], cwd=cwd, capture_output=True, text=True, timeout=120,
-                          env=full_env, stdin=subprocess.DEVNULL)
+    proc = run_in_group(["bash", str(script), *args], 120, cwd=cwd, capture_output=True, text=True,
+                        env=full_env, stdin=subprocess.DEVNULL)
     return Run(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start)
 
 

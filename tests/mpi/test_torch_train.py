@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from helpers import (HAVE_OPENCL, MPIEXEC_KIND, REPO, TORCH_SCRIPTS, assert_usage_error, needs_mpi,
-                      require_mpi_mark, run_cli, run_cli_stages, run_python, torch_script_runs)
+                      require_mpi_mark, run_cli, run_cli_stages, run_in_group, run_python, torch_script_runs)
 
 torch = pytest.importorskip("torch")
 
@@ -329,8 +329,8 @@ def test_mpmd_form_with_two_interpreters(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     import subprocess
 
-    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env,
-                          stdin=subprocess.DEVNULL)
+    proc = run_in_group(cmd, 120, cwd=tmp_path, capture_output=True, text=True, env=env,
+                        stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "rows [16, 48]" in proc.stdout
 

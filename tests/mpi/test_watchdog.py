@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from helpers import MPIEXEC, MPIEXEC_KIND, REPO, alive, descendants, kill_group, needs_mpi, rank_of, \
-    require_mpi_mark, run_cli, run_python
+    require_mpi_mark, run_cli, run_in_group, run_python
 
 TIMEOUT = 3  # --timeout in these tests
 # the bound: the job ends within the timeout plus this
@@ -265,8 +265,8 @@ def test_a_rank_gone_before_the_command_starts_ends_the_command(tmp_path):
     cmd = [MPIEXEC, "-n", "2", "sh", "-c", script, sys.executable, "-m", "hetbench", "split", "--size", "64",
            "--backend", "host", "--timeout", "3", "--out", "s.json"]
     start = time.monotonic()
-    proc = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=60,
-                          stdin=subprocess.DEVNULL)
+    proc = run_in_group(cmd, 60, cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                        stdin=subprocess.DEVNULL)
     assert time.monotonic() - start < 3 + 10, proc.stderr
     assert proc.returncode != 0 and not (tmp_path / "s.json").exists(), proc.stderr
     if MPIEXEC_KIND == "mpich":

@@ -7,7 +7,8 @@ rank's input, and so the reference, locally. The battery runs three times in one
 (path host, CPU tensors), on a new group with the fake-device test hook and path device (tensors handed to MPI as
 __cuda_array_interface__ objects), and on another with the hook and path host (tensors staged through a copy).
 
-A failing check does not stop the run: rank 0 prints one line per failing check (with the ranks it failed on) to
+A failing check does not stop the run (unless it raised on a rank while the others wait inside it: that rank ends
+the job within seconds, tests/mpi_fail_fast.py): rank 0 prints one line per failing check (with the ranks it failed on) to
 stderr, then `CHECKS <passed> passed` to stdout (with `, <n> left out (...)` where this torch lacks an API a check
 calls); the exit code is 0 only when every check passed on every rank.
 """
@@ -29,6 +30,9 @@ from mpi4py import MPI
 import hetbench.pytorch as hp
 from hetbench.pytorch import BackendError
 from hetbench.pytorch.backend import PREMUL_FACTOR_VISIBLE, HetbenchProcessGroup
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from mpi_fail_fast import Outcomes  # noqa: E402 - tests/ on the path first
 
 # the deprecated names (all_gather_into_tensor, reduce_scatter_tensor) are what FSDP2 and most users call: test them
 warnings.filterwarnings("ignore", category=FutureWarning)
@@ -183,6 +187,8 @@ def pg_of(group: Any) -> HetbenchProcessGroup:
 class Battery:
     def __init__(self) -> None:
         self.next_id = 0
+        # a check that raises on one rank while the others wait inside it ends the job within seconds
+        self.outcomes = Outcomes(WORLD)
         # (name, problem or None, known bug or None), in the same order on every rank
         self.results: list[tuple[str, str | None, str | None]] = []
         self.left_out: list[str] = []  # checks of an API this torch lacks (all_gather_single in 2.11)
@@ -200,6 +206,7 @@ class Battery:
             tb = traceback.extract_tb(e.__traceback__)
             where = f" at line {tb[-1].lineno}" if tb else ""
             problem = f"raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}{where}"
+        self.outcomes.arrive(name, problem is not None)
         self.results.append((name, problem, xfail))
 
 

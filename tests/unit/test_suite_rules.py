@@ -5,7 +5,8 @@ the checkout; tests live in a folder of their kind and take their helpers from h
 from __future__ import annotations
 
 import pytest
-from helpers import REPO, _checkout_entries, needs_mpi, require_mpi_mark
+from helpers import (REPO, SESSION_MARK, _checkout_entries, needs_mpi, processes_with, require_mpi_mark, run_python,
+                     wait_gone)
 
 
 def test_an_unmarked_test_may_not_launch_mpiexec():
@@ -64,3 +65,36 @@ def test_tests_are_laid_out_by_kind_and_import_helpers_not_conftest():
                  if p.name != f"{module}.py" and (f"from {module} import" in p.read_text() or
                                                   f"import {module}" in p.read_text())]
     assert not importing, importing
+
+
+def test_a_process_the_session_left_running_is_found():
+    """What the session's end checks (conftest's pytest_sessionfinish): a process started by a test, in a session of
+    its own, is found by the session's mark while it lives, and not once it has ended."""
+    import os
+    import subprocess
+    import sys
+
+    mark = f"{SESSION_MARK}={os.environ[SESSION_MARK]}"
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        assert proc.pid in [pid for pid, _ in processes_with(mark)]
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.pid not in [pid for pid, _ in processes_with(mark)]
+
+
+@needs_mpi
+def test_a_launch_that_times_out_leaves_no_rank_running(tmp_path):
+    """A job that hangs (rank 0 sleeps, the others wait for it in a barrier) is ended whole at the test's timeout:
+    mpiexec, its proxies and every rank (a kill of mpiexec alone left the ranks spinning)."""
+    import uuid
+
+    script = tmp_path / "hang.py"
+    script.write_text("import time\nfrom mpi4py import MPI\n"
+                      "if MPI.COMM_WORLD.Get_rank() == 0:\n    time.sleep(600)\nMPI.COMM_WORLD.Barrier()\n")
+    tag = f"HETBENCH_TEST_HANG={uuid.uuid4().hex}"
+    name, _, value = tag.partition("=")
+    with pytest.raises(pytest.fail.Exception, match="did not finish within 4 s"):
+        run_python([str(script)], nprocs=2, timeout=4, env={name: value})
+    assert wait_gone(tag, 5) == []
