@@ -12,8 +12,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 MPIEXEC := $(VENV)/bin/mpiexec
 HETBENCH := $(VENV)/bin/hetbench
-# pyclblast has no wheel: it builds from source against libclblast (apt-get install libclblast-dev)
-HAVE_CLBLAST := $(shell (ldconfig -p 2>/dev/null | grep -q libclblast) && echo 1)
+# pyclblast has no wheel: it builds from source against libclblast (apt-get install libclblast-dev); asked when the
+# virtualenv is built (=, not :=), after tools/system-deps may have installed it
+HAVE_CLBLAST = $(shell (ldconfig -p 2>/dev/null | grep -q libclblast) && echo 1)
 EXTRAS ?= opencl,mpich,report,dev,torch$(if $(HAVE_CLBLAST),$(comma)clblast)
 # The torch extra's range admits CUDA builds of several GB: the main virtualenv takes this build first (on these
 # machines a CPU build of 2.13.0 lies on disk). `make TORCH_PIN= ...` leaves the choice to pip (a GPU node's own
@@ -37,11 +38,17 @@ VENV_OPENMPI ?= .venv-openmpi
 EXTRAS_OPENMPI ?= opencl,report,dev$(if $(HAVE_CLBLAST),$(comma)clblast)
 OPENMPI_MPIRUN ?= /usr/bin/mpirun
 
-.PHONY: demo test test-slow test-openmpi bench bench-torch bench-split bench-train bench-train-torch mutate env env-openmpi clean
+.PHONY: demo test test-slow test-openmpi bench bench-torch bench-split bench-train bench-train-torch mutate env env-openmpi \
+	system-deps clean
 
-env: $(VENV)/.installed
+# the system packages pip cannot install (PoCL, the OpenCL headers, CLBlast's library, Open MPI): installed with apt
+# where make runs as root, else named in one line (tools/system-deps; .ci/run calls it too)
+system-deps:
+	@tools/system-deps
 
-env-openmpi: $(VENV_OPENMPI)/.installed
+env: system-deps $(VENV)/.installed
+
+env-openmpi: system-deps $(VENV_OPENMPI)/.installed
 
 # $(1): the virtualenv, $(2): the extras, $(3): packages installed before them (pins)
 define make_venv
@@ -120,9 +127,11 @@ demo: env
 
 # `make test` leaves out the tests marked slow (the docs' examples run as written, the demo and bench recipes, the
 # memory tests at full size, signals, the watchdog's waits, the two-node tests): `make test-slow` runs those, and
-# CI (.ci/run) runs both, so every test still runs there
+# CI (.ci/run) runs both, so every test still runs there. TEST_JOBS pytest-xdist workers (a test file's tests on
+# one worker, the longest files first: tests/conftest.py); TEST_JOBS=0 runs the suite in this process
+TEST_JOBS ?= auto
 test: env
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow" -n $(TEST_JOBS)
 
 test-slow: env
 	$(PY) -m pytest -q -m slow

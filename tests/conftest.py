@@ -54,10 +54,41 @@ def pytest_sessionfinish(session, exitstatus):
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+# pytest-xdist (`make test` runs the suite on several workers, -n): a test file's tests stay on one worker (its
+# module-scoped batches are launched once), files that share a session cache are one group, and the longest groups
+# start first so that none is left running alone at the end (pytest_xdist_make_scheduler below)
+SHARED_GROUPS = {"mpi/test_torch_train.py": "torch-scripts", "mpi/test_torch_fsdp.py": "torch-scripts"}
+FIRST = ("torch-scripts", "mpi/test_torch_backend.py", "mpi/test_split_overlap.py", "cli/test_report_benchmarks.py",
+         "cli/test_makefile_bench.py", "mpi/test_staged_collectives.py", "mpi/test_train_checkpoint.py",
+         "cli/test_environment_faults.py", "cli/test_strict_input.py")
+
+
+def test_group(nodeid: str) -> str:
+    """The group a test runs in on one worker: its file (relative to tests/), or the group of files sharing a cache."""
+    path = nodeid.split("::")[0].removeprefix("tests/")
+    return SHARED_GROUPS.get(path, path)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist's scope scheduling with test_group as the scope, the groups sent in collection order (FIRST's
+    first: pytest_collection_modifyitems), not by their count of tests. (Its loadgroup marks cannot do it: with
+    pytest 9.2 the node id they rename is no longer the one it reports.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return test_group(nodeid)
+
+    config.option.loadscopereorder = False
+    return GroupScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if any(str(m.kwargs.get("reason", "")).startswith(NO_MPIEXEC) for m in item.iter_markers("skipif")):
             item.add_marker(pytest.mark.mpi)
+    rank = {group: i for i, group in enumerate(FIRST)}
+    items.sort(key=lambda item: rank.get(test_group(item.nodeid), len(FIRST)))
 
 
 @pytest.fixture(autouse=True)

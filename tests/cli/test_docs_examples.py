@@ -710,7 +710,7 @@ def _make_dry_run(*args: str) -> str:
     device were there, so the recipe's branches are printed rather than probed)."""
     if shutil.which("make") is None:
         pytest.skip("no make")
-    proc = subprocess.run(["make", "-C", str(REPO), "-s", "-n", "-o", ".venv/.installed", "-o",
+    proc = subprocess.run(["make", "-C", str(REPO), "-s", "-n", "-o", "system-deps", "-o", ".venv/.installed", "-o",
                            ".venv-openmpi/.installed", "VENV=.venv", "HAVE_TORCH=true", "HAVE_OPENCL_DEVICE=true",
                            *args], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
                           env=dict(os.environ, PYTHONPATH=str(REPO)))

@@ -180,8 +180,11 @@ def test_the_page_shows_the_same_run_figures_and_each_rows_figures_in_their_unit
                 assert ("modelled" in css) == modelled, key
 
 
-def test_the_closing_lines_shown_again(capsys):
+def test_the_closing_lines_shown_again(capsys, monkeypatch):
     from hetbench.report.console import collectives_report, matmul_summary_lines
+
+    # tables as wide as they need: with no terminal (a pytest-xdist worker) the console falls back to a narrow one
+    monkeypatch.setenv("COLUMNS", "200")
 
     doc = _matmul(aggregate_gemm_tflops=0.123456, end_to_end_seconds=0.0123456, end_to_end_timing="measured")
     lines = matmul_summary_lines(doc["summary"])
