@@ -127,9 +127,10 @@ demo: env
 
 # `make test` leaves out the tests marked slow (the docs' examples run as written, the demo and bench recipes, the
 # memory tests at full size, signals, the watchdog's waits, the two-node tests): `make test-slow` runs those, and
-# CI (.ci/run) runs both, so every test still runs there. TEST_JOBS pytest-xdist workers (a test file's tests on
-# one worker, the longest files first: tests/conftest.py); TEST_JOBS=0 runs the suite in this process
-TEST_JOBS ?= auto
+# CI (.ci/run) runs both, so every test still runs there. TEST_JOBS pytest-xdist workers, two a core (at most 8),
+# each held to one core (a test file's tests on one worker, the longest files first: tests/conftest.py);
+# TEST_JOBS=0 runs the suite in this process
+TEST_JOBS ?= $(shell n=$$(( 2 * $$(nproc 2>/dev/null || echo 1) )); [ $$n -gt 8 ] && n=8; echo $$n)
 test: env
 	$(PY) -m pytest -q -m "not slow" -n $(TEST_JOBS)
 

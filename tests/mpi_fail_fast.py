@@ -15,8 +15,9 @@ import time
 from typing import Any
 
 # how long a rank whose case failed waits for the others to finish that case before it ends the job: the cases'
-# ranks finish within milliseconds of each other unless one is left waiting on the failed rank
-GRACE_SECONDS = 5.0
+# ranks finish within milliseconds of each other unless one is left waiting on the failed rank (too short a grace
+# costs only the cases after a failure, never a verdict: the failure is said either way)
+GRACE_SECONDS = 2.0
 POLL_SECONDS = 0.002
 
 

@@ -234,6 +234,9 @@ def assert_flagged_slowdown(tmp_path: Path, base: str = "base.json", new: str = 
     assert {c["key"]: c["verdict"] for c in compare_json(back)["changes"]}["gemm_seconds_median"] == FASTER
 
 
+# a second core free to show the slowdown: make test's workers each hold one core (tests/conftest.py), so it runs in
+# make test-slow, one test at a time
+@pytest.mark.slow
 def test_compare_flags_fewer_blas_threads(tmp_path: Path) -> None:
     """The issue's case: the same host GEMM with 2 BLAS threads, then with 1: on this 2-core machine 1.6 to 2x
     slower when the second core is free. When other work holds it, 2 threads run no faster, or much slower with

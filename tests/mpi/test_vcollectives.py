@@ -58,7 +58,7 @@ def test_one_failed_check_is_said_and_the_others_still_run():
                                     for n in (2, 3)])
 def test_a_rank_failing_inside_a_collective_ends_the_job_within_seconds(nprocs):
     """The last rank raises while the others wait for it in a barrier (tests/mpi_fail_fast.py): the job ends within
-    10 s (the grace is 5 s), not at the test's timeout, with that rank's own line, and the checks after it do not
+    10 s (the grace is 2 s), not at the test's timeout, with that rank's own line, and the checks after it do not
     run."""
     run = run_script(["gatherv", "broken_inside_a_collective", "allgatherv"], nprocs, timeout=60)
     last = nprocs - 1
