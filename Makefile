@@ -1,8 +1,9 @@
 # hetbench: `make demo` runs the main job on this machine's devices, `make test` runs the tests,
 # `make bench` prints hetbench's overhead over the bare library calls (hetbench/overhead.py): its figures as ratios
 # to the plain library calls measured in the same run.
-# Each builds the virtualenv first if it is missing (.venv, the package with the opencl and mpich extras,
-# plus clblast where Debian's libclblast-dev is installed).
+# Each first runs tools/system-deps (as root with apt: PoCL, the OpenCL headers, CLBlast's library, Open MPI, where
+# missing; elsewhere one line saying what is), then builds the virtualenv if it is missing (.venv, the package with
+# the opencl and mpich extras, plus clblast where Debian's libclblast-dev is installed).
 # `make test-openmpi` runs the same tests under Open MPI's mpirun (Debian's openmpi-bin, /usr/bin/mpirun) from a
 # second virtualenv, .venv-openmpi, that has no mpich extra: with the MPICH wheel installed, mpi4py loads MPICH
 # and start-up under Open MPI's mpirun aborts.

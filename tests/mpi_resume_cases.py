@@ -2,7 +2,7 @@
 per case, every rank's exit code, stdout, stderr and the peak of memory traced while it ran (tracemalloc, which
 NumPy's arrays report to), for tests/mpi/test_train_checkpoint.py.
 
-    mpiexec -n N python tests/mpi_resume_cases.py CASES.json
+    mpiexec -n N python -m mpi4py tests/mpi_resume_cases.py CASES.json   (mpi4py aborts every rank when one raises)
 
 CASES.json: a list of {"name": ..., "args": [...]} (hetbench's arguments), and "trace": false for a case whose
 peak nobody reads (tracemalloc makes importing torch, say, many times slower). A case may first make its own

@@ -400,7 +400,8 @@ def doctored_runs(request, doctored):
     """Every case in one launch per rank count: {name: every rank's outcome}."""
     from helpers import REPO, run_python
 
-    run = run_python([str(REPO / "tests" / "mpi_resume_cases.py"), str(doctored / "cases.json")],
+    # `python -m mpi4py` aborts every rank when one raises: a case that breaks on one rank ends the job at once
+    run = run_python(["-m", "mpi4py", str(REPO / "tests" / "mpi_resume_cases.py"), str(doctored / "cases.json")],
                      nprocs=request.param, cwd=doctored, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
     return request.param, doctored, {case["name"]: case["ranks"] for case in json.loads(run.stdout)}
