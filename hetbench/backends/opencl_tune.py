@@ -13,6 +13,7 @@ import json
 import math
 import os
 import re
+import stat
 import tempfile
 import time
 from dataclasses import dataclass
@@ -524,8 +525,16 @@ def _check_entry(entry: Any) -> None:
 
 def _read(path: Path) -> dict[str, Any]:
     """The cache document at path, checked; ValueError (or OSError) naming what is wrong."""
+    # opened without waiting: a FIFO (or a device) at the cache's path blocked the open, and the command, for ever
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
-        document = json.loads(path.read_text(encoding="utf-8"))
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file")
+        raw = b"".join(iter(lambda: os.read(fd, 1 << 20), b""))
+    finally:
+        os.close(fd)
+    try:
+        document = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as e:
         raise ValueError("not UTF-8 text") from e
     except json.JSONDecodeError as e:

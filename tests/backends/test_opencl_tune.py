@@ -191,6 +191,29 @@ def test_corrupt_cache_is_ignored_with_a_note(text, says):
     assert entries == {} and "\n" not in note and says in note and "ignored" in note
 
 
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+def test_a_cache_path_that_is_no_regular_file_is_ignored_at_once(kind):
+    """A FIFO at the cache's path blocked the read for ever (issue 33); it, or a folder, is ignored with a note, and
+    tuning replaces it with the file."""
+    import os
+    import threading
+
+    key = DeviceKey("P", "P 1", "dev", "1.0")
+    key.path().parent.mkdir(parents=True)
+    os.mkfifo(key.path()) if kind == "fifo" else key.path().mkdir()
+    got: list = []
+    reader = threading.Thread(target=lambda: got.append(opencl_tune.load_entries(key)), daemon=True)
+    reader.start()
+    reader.join(timeout=10)
+    assert got, "load_entries blocked on the cache's path"
+    entries, note = got[0]
+    assert entries == {} and "\n" not in note and str(key.path()) in note
+    assert "not a regular file" in note and "ignored" in note
+    if kind == "fifo":
+        opencl_tune.save_entry(key, "fp32", "medium", _entry(POINTS[0]))
+        assert list(opencl_tune.load_entries(key)[0]) == ["fp32/medium"]
+
+
 def test_backend_says_a_foreign_cache_once_and_runs(monkeypatch, caplog):
     backend = _open(monkeypatch, "kernel")
     key = backend.tuning_key
