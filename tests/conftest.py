@@ -92,12 +92,10 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 # pytest-xdist (`make test` runs the suite on several workers, -n): a test file's tests stay on one worker (its
-# module-scoped batches are launched once), files that would share a session cache are one group (none now: each
-# torch file launches its own scripts, helpers.TORCH_SCRIPTS), and the longest groups start first so that none is
-# left running alone at the end (pytest_xdist_make_scheduler below)
-SHARED_GROUPS: dict[str, str] = {}
-FIRST = ("mpi/test_torch_train.py", "mpi/test_torch_fsdp.py", "mpi/test_torch_backend.py", "mpi/test_train_precision.py",
-         "mpi/test_split_overlap.py", "cli/test_report_benchmarks.py", "mpi/test_train_pipeline.py",
+# module-scoped batches are launched once), files that share a session cache are one group, and the longest groups
+# start first so that none is left running alone at the end (pytest_xdist_make_scheduler below)
+SHARED_GROUPS = {"mpi/test_torch_train.py": "torch-scripts", "mpi/test_torch_fsdp.py": "torch-scripts"}
+FIRST = ("torch-scripts", "mpi/test_torch_backend.py", "mpi/test_split_overlap.py", "cli/test_report_benchmarks.py",
          "cli/test_makefile_bench.py", "mpi/test_staged_collectives.py", "mpi/test_train_checkpoint.py",
          "cli/test_environment_faults.py", "cli/test_strict_input.py")
 

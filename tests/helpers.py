@@ -336,44 +336,39 @@ def run_script_batch(scripts: list[tuple[Path, list[str]]], nprocs: int, folder:
     return [(run, Path(case["cwd"])) for run, case in zip(runs, cases)]
 
 
-# The torch workers' and the example's runs under mpiexec, one launch per test file and rank count (each rank's torch
-# import paid once a launch, not once a script), made by the file's first test that asks: FILE -> NPROCS -> NAME ->
-# (SCRIPT, ARGS); the example's --log is written into its own folder. A launch a file's own, so that the files run
-# on different pytest-xdist workers without launching each other's scripts.
-TORCH_SCRIPTS: dict[str, dict[int, dict[str, tuple[Path, list[str]]]]] = {
-    "test_torch_train": {
-        2: {
-            "exact": (TESTS / "torch_workers" / "exact.py", ["even", "3,1"]),
-            "example-fsdp2-log": (REPO / "examples" / "torch_uneven.py", ["--strategy", "fsdp2", "--weights", "3,1",
-                                                                         "--steps", "6", "--log", "ex.jsonl"]),
-        },
-        3: {"exact": (TESTS / "torch_workers" / "exact.py", ["even", "3,2,1", "2,1,0"])},
+# The torch workers' and the example's runs under mpiexec, shared by tests/mpi/test_torch_train.py and
+# tests/mpi/test_torch_fsdp.py: one launch per rank count (each rank's torch import paid once, not once a script),
+# made by the first test that asks. NAME -> (SCRIPT, ARGS); the example's --log is written into its own folder.
+TORCH_SCRIPTS: dict[int, dict[str, tuple[Path, list[str]]]] = {
+    2: {
+        "exact": (TESTS / "torch_workers" / "exact.py", ["even", "3,1"]),
+        "fsdp": (TESTS / "torch_workers" / "fsdp.py", ["3,1"]),
+        "example-fsdp": (REPO / "examples" / "torch_uneven.py", ["--strategy", "fsdp", "--weights", "3,1", "--steps",
+                                                                "6"]),
+        "example-fsdp2-log": (REPO / "examples" / "torch_uneven.py", ["--strategy", "fsdp2", "--weights", "3,1",
+                                                                     "--steps", "6", "--log", "ex.jsonl"]),
     },
-    "test_torch_fsdp": {
-        2: {
-            "fsdp": (TESTS / "torch_workers" / "fsdp.py", ["3,1"]),
-            "example-fsdp": (REPO / "examples" / "torch_uneven.py", ["--strategy", "fsdp", "--weights", "3,1",
-                                                                    "--steps", "6"]),
-        },
-        3: {"fsdp": (TESTS / "torch_workers" / "fsdp.py", ["0.5,0.3,0.2", "2,1,0"])},
+    3: {
+        "exact": (TESTS / "torch_workers" / "exact.py", ["even", "3,2,1", "2,1,0"]),
+        "fsdp": (TESTS / "torch_workers" / "fsdp.py", ["0.5,0.3,0.2", "2,1,0"]),
     },
 }
-_TORCH_RUNS: dict[tuple[str, int], dict[str, tuple[Run, Path]]] = {}
+_TORCH_RUNS: dict[int, dict[str, tuple[Run, Path]]] = {}
 
 
-def torch_script_runs(file: str, nprocs: int) -> dict[str, tuple[Run, Path]]:
-    """TORCH_SCRIPTS[FILE][NPROCS]'s runs, NAME -> (its Run, its folder), in one launch (its timeout 280 s, within
+def torch_script_runs(nprocs: int) -> dict[str, tuple[Run, Path]]:
+    """TORCH_SCRIPTS[NPROCS]'s runs, NAME -> (its Run, its folder), in one launch (its timeout 280 s, within
     pytest's 300 s a test; each script had 120-240 s alone)."""
-    if (file, nprocs) not in _TORCH_RUNS:
+    if nprocs not in _TORCH_RUNS:
         import atexit
         import tempfile
 
-        folder = Path(tempfile.mkdtemp(prefix=f"hetbench-test-torch-scripts-{file}-{nprocs}-"))
+        folder = Path(tempfile.mkdtemp(prefix=f"hetbench-test-torch-scripts-{nprocs}-"))
         atexit.register(shutil.rmtree, folder, ignore_errors=True)
-        named = TORCH_SCRIPTS[file][nprocs]
+        named = TORCH_SCRIPTS[nprocs]
         runs = run_script_batch(list(named.values()), nprocs, folder, timeout=280)
-        _TORCH_RUNS[(file, nprocs)] = dict(zip(named, runs))
-    return _TORCH_RUNS[(file, nprocs)]
+        _TORCH_RUNS[nprocs] = dict(zip(named, runs))
+    return _TORCH_RUNS[nprocs]
 
 
 def run_cli_stages(root: Path, stages: list[tuple[int | None, list[tuple[str, list[str], dict[str, str]]]]],

@@ -26,8 +26,8 @@ SMALL_MLP = ["--layers", "3", "--hidden", "16", "--batch", "24"]
 @pytest.mark.parametrize("nprocs,weights", [(2, ["3,1"]), (3, ["0.5,0.3,0.2", "2,1,0"])])
 def test_uneven_fsdp_matches_one_process_and_holds_its_share(nprocs, weights):
     # tests/torch_workers/fsdp.py WEIGHTS, in the torch scripts' launch for NPROCS (helpers.TORCH_SCRIPTS)
-    assert TORCH_SCRIPTS["test_torch_fsdp"][nprocs]["fsdp"][1] == weights
-    run, _ = torch_script_runs("test_torch_fsdp", nprocs)["fsdp"]
+    assert TORCH_SCRIPTS[nprocs]["fsdp"][1] == weights
+    run, _ = torch_script_runs(nprocs)["fsdp"]
     assert run.returncode == 0, run.stdout + run.stderr
     cases = re.findall(r"CASE (\S+) (\S+) loss=(\S+) param=(\S+) elements=(\S+) ok", run.stdout)
     assert sorted((c[0], c[1]) for c in cases) == sorted(
@@ -175,9 +175,9 @@ def test_the_example_shards_a_users_own_model():
     from helpers import REPO
 
     # in the torch scripts' 2-rank launch (helpers.TORCH_SCRIPTS)
-    assert TORCH_SCRIPTS["test_torch_fsdp"][2]["example-fsdp"] == (REPO / "examples" / "torch_uneven.py",
+    assert TORCH_SCRIPTS[2]["example-fsdp"] == (REPO / "examples" / "torch_uneven.py",
                                                 ["--strategy", "fsdp", "--weights", "3,1", "--steps", "6"])
-    run, _ = torch_script_runs("test_torch_fsdp", 2)["example-fsdp"]
+    run, _ = torch_script_runs(2)["example-fsdp"]
     assert run.returncode == 0, run.stdout + run.stderr
     # 3 blocks of Linear(32, 32) and the head Linear(32, 1) left to the root: 3 * 1056 + 33 parameters
     held = re.findall(r"rank (\d): (\d+) of 3201 parameters \(([\d.]+) %\), (\d+) \+ (\d+) \+ (\d+) bytes", run.stdout)

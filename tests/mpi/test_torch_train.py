@@ -29,8 +29,8 @@ MIXED = [("bf16", "fsdp2"), ("fp16", "ddp")]
 @pytest.mark.parametrize("nprocs,weights", [(2, ["even", "3,1"]), (3, ["even", "3,2,1", "2,1,0"])])
 def test_ddp_and_fsdp2_match_one_process_under_uneven_shares(nprocs, weights):
     # tests/torch_workers/exact.py WEIGHTS, in the torch scripts' launch for NPROCS (helpers.TORCH_SCRIPTS)
-    assert TORCH_SCRIPTS["test_torch_train"][nprocs]["exact"][1] == weights
-    run, _ = torch_script_runs("test_torch_train", nprocs)["exact"]
+    assert TORCH_SCRIPTS[nprocs]["exact"][1] == weights
+    run, _ = torch_script_runs(nprocs)["exact"]
     assert run.returncode == 0, run.stdout + run.stderr
     cases = re.findall(r"CASE (\S+) (\S+) rows=(\S+) loss=(\S+) param=(\S+) (\S+)", run.stdout)
     exact = [c for c in cases if c[0] != "plain-ddp"]
@@ -295,9 +295,9 @@ def test_the_check_fails_on_a_curve_one_percent_off():
 def test_the_example_script_and_its_log():
     # examples/torch_uneven.py --strategy fsdp2 --weights 3,1 --steps 6 --log ex.jsonl, in the torch scripts'
     # 2-rank launch (helpers.TORCH_SCRIPTS), in its own folder
-    assert TORCH_SCRIPTS["test_torch_train"][2]["example-fsdp2-log"][1] == [
-        "--strategy", "fsdp2", "--weights", "3,1", "--steps", "6", "--log", "ex.jsonl"]
-    run, folder = torch_script_runs("test_torch_train", 2)["example-fsdp2-log"]
+    assert TORCH_SCRIPTS[2]["example-fsdp2-log"][1] == ["--strategy", "fsdp2", "--weights", "3,1", "--steps", "6",
+                                                        "--log", "ex.jsonl"]
+    run, folder = torch_script_runs(2)["example-fsdp2-log"]
     log = folder / "ex.jsonl"
     assert run.returncode == 0, run.stdout + run.stderr
     lines = [json.loads(line) for line in log.read_text().splitlines()]
