@@ -97,11 +97,11 @@ needs_mpi = pytest.mark.skipif(MPIEXEC is None, reason=f"{NO_MPIEXEC} (pip insta
 needs_opencl = pytest.mark.skipif(not HAVE_OPENCL, reason="no OpenCL device (apt-get install pocl-opencl-icd)")
 
 
-def _checkout_entries() -> set[str]:
-    """What a test could leave in the checkout: the top folder's entries and results/'s."""
-    results = REPO / "results"
-    return {p.name for p in REPO.iterdir()} | ({f"results/{p.name}" for p in results.iterdir()}
-                                              if results.is_dir() else set())
+def _checkout_entries(root: Path = REPO) -> set[str]:
+    """What a test could leave in the checkout (ROOT): the top folder's entries and results/'s."""
+    results = root / "results"
+    return {p.name for p in root.iterdir()} | ({f"results/{p.name}" for p in results.iterdir()}
+                                               if results.is_dir() else set())
 
 
 @dataclass

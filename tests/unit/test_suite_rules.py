@@ -31,17 +31,22 @@ def test_each_test_runs_outside_the_checkout(tmp_path):
     assert Path.cwd() == tmp_path and REPO not in tmp_path.parents
 
 
-def test_a_file_left_in_results_is_seen():
-    """What the after-test check compares: a file made in the checkout's results/ shows, and is gone once removed
-    (removed here before the check runs)."""
-    before = _checkout_entries()
-    stray = REPO / "results" / "stray-from-test_suite_rules.json"
+def test_a_file_left_in_results_is_seen(tmp_path):
+    """What the after-test check compares, on a checkout of this test's own (a stray file in the real checkout's
+    results/ would fail a test running beside this one on another pytest-xdist worker): a file made in results/ and
+    one in the top folder show, and are gone once removed."""
+    (tmp_path / "results").mkdir()
+    (tmp_path / "Makefile").write_text("")
+    before = _checkout_entries(tmp_path)
+    assert before == {"results", "Makefile"}
+    stray = tmp_path / "results" / "stray.json"
     stray.write_text("{}")
-    try:
-        assert _checkout_entries() - before == {"results/stray-from-test_suite_rules.json"}
-    finally:
-        stray.unlink()
-    assert _checkout_entries() == before
+    (tmp_path / "stray.csv").write_text("")
+    assert _checkout_entries(tmp_path) - before == {"results/stray.json", "stray.csv"}
+    stray.unlink()
+    (tmp_path / "stray.csv").unlink()
+    assert _checkout_entries(tmp_path) == before
+    assert _checkout_entries() >= {"Makefile", "hetbench", "tests"}  # the real checkout's by default
 
 
 def test_the_openmpi_pass_runs_the_mpi_tests():
