@@ -29,10 +29,8 @@ def pytest_configure(config):
         if os.environ.get("HETBENCH_TEST_SPIN") != "1":
             _preload_yield_backoff(config)
     else:
-        # each pytest-xdist worker, and every process it launches, on one core of its own (workers share them round
-        # the cores): a job's ranks then take turns on that core, a waiting one yielding to the one that computes,
-        # where across cores they took the others' time (make test on the 2-core machine: 4:01 pinned with 2
-        # workers, 3:42 with 4, against 4:17 unpinned: docs/testing.md)
+        # each pytest-xdist worker, and every process it launches, on one core (workers share them round the cores):
+        # a job's ranks take turns there, a waiting one yielding to the one that computes (docs/testing.md)
         cores = sorted(os.sched_getaffinity(0))
         index = int(config.workerinput["workerid"].removeprefix("gw"))
         try:
@@ -103,21 +101,21 @@ FIRST = ("torch-scripts", "mpi/test_torch_backend.py", "mpi/test_split_overlap.p
          "cli/test_environment_faults.py", "cli/test_strict_input.py")
 
 
-def test_group(nodeid: str) -> str:
+def worker_group(nodeid: str) -> str:
     """The group a test runs in on one worker: its file (relative to tests/), or the group of files sharing a cache."""
     path = nodeid.split("::")[0].removeprefix("tests/")
     return SHARED_GROUPS.get(path, path)
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """pytest-xdist's scope scheduling with test_group as the scope, the groups sent in collection order (FIRST's
+    """pytest-xdist's scope scheduling with worker_group as the scope, the groups sent in collection order (FIRST's
     first: pytest_collection_modifyitems), not by their count of tests. (Its loadgroup marks cannot do it: with
     pytest 9.2 the node id they rename is no longer the one it reports.)"""
     from xdist.scheduler import LoadScopeScheduling
 
     class GroupScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return test_group(nodeid)
+            return worker_group(nodeid)
 
     config.option.loadscopereorder = False
     return GroupScheduling(config, log)
@@ -128,7 +126,7 @@ def pytest_collection_modifyitems(config, items):
         if any(str(m.kwargs.get("reason", "")).startswith(NO_MPIEXEC) for m in item.iter_markers("skipif")):
             item.add_marker(pytest.mark.mpi)
     rank = {group: i for i, group in enumerate(FIRST)}
-    items.sort(key=lambda item: rank.get(test_group(item.nodeid), len(FIRST)))
+    items.sort(key=lambda item: rank.get(worker_group(item.nodeid), len(FIRST)))
 
 
 @pytest.fixture(autouse=True)

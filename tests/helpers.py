@@ -474,10 +474,17 @@ def descendants(root: int) -> list[int]:
     return found
 
 
-def rank_of(pid: int) -> int | None:
+def environ_of(pid: int) -> list[bytes] | None:
+    """A process's environment as its NAME=VALUE entries, None where it cannot be read (gone, or not ours)."""
     try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     except OSError:
+        return None
+
+
+def rank_of(pid: int) -> int | None:
+    environ = environ_of(pid)
+    if environ is None:
         return None
     for item in environ:
         for name in RANK_VARIABLES:
@@ -517,13 +524,14 @@ def processes_with(variable: str, exclude: tuple[int, ...] = ()) -> list[tuple[i
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) in exclude:
             continue
+        environ = environ_of(int(entry))
+        if environ is None or needle not in environ or not alive(int(entry)):
+            continue
         try:
-            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if needle in environ and alive(int(entry)):
-            found.append((int(entry), cmdline.strip()))
+        found.append((int(entry), cmdline.strip()))
     return found
 
 
