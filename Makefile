@@ -136,7 +136,7 @@ test: env
 	$(PY) -m pytest -q -m "not slow" -n $(TEST_JOBS)
 
 test-slow: env
-	$(PY) -m pytest -q -m slow
+	$(PY) -m pytest -q -m slow -n $(TEST_JOBS)
 
 # Issue 19's hostile battery (tests/hostile/): several hundred bad inputs, bad paths, doctored files, signals to one
 # rank, a deleted working directory and a closed stdout over every command, run as the real CLI (under this
@@ -152,7 +152,7 @@ hostile: env
 # differs; tests/helpers.py fails a test that launches mpiexec unmarked)
 test-openmpi: env-openmpi
 	@test -x $(OPENMPI_MPIRUN) || { echo "no $(OPENMPI_MPIRUN): apt-get install openmpi-bin" >&2; exit 1; }
-	HETBENCH_TEST_MPIEXEC=$(OPENMPI_MPIRUN) $(VENV_OPENMPI)/bin/python -m pytest -q -m mpi
+	HETBENCH_TEST_MPIEXEC=$(OPENMPI_MPIRUN) $(VENV_OPENMPI)/bin/python -m pytest -q -m mpi -n $(TEST_JOBS)
 
 bench: env
 	$(PY) -m hetbench.overhead gemm

@@ -95,8 +95,12 @@ def pytest_sessionfinish(session, exitstatus):
 # pytest-xdist (`make test` runs the suite on several workers, -n): a test file's tests stay on one worker (its
 # module-scoped batches are launched once), files that share a session cache are one group, and the longest groups
 # start first so that none is left running alone at the end (pytest_xdist_make_scheduler below)
-SHARED_GROUPS = {"mpi/test_torch_train.py": "torch-scripts", "mpi/test_torch_fsdp.py": "torch-scripts"}
-FIRST = ("torch-scripts", "mpi/test_torch_backend.py", "mpi/test_split_overlap.py", "cli/test_report_benchmarks.py",
+SHARED_GROUPS = {"mpi/test_torch_train.py": "torch-scripts", "mpi/test_torch_fsdp.py": "torch-scripts",
+                 # two "nodes" each (fake ssh, network namespaces): one Open MPI launch of them at a time
+                 "mpi/test_launchers.py": "two-node", "mpi/test_two_node.py": "two-node"}
+# files whose tests go out one by one (each its own launches, nothing shared worth a worker): the docs' examples
+SPREAD = {"cli/test_docs_examples.py"}
+FIRST = ("cli/test_makefile_demo.py", "torch-scripts", "mpi/test_torch_backend.py", "mpi/test_split_overlap.py", "cli/test_report_benchmarks.py",
          "cli/test_makefile_bench.py", "mpi/test_staged_collectives.py", "mpi/test_train_checkpoint.py",
          "cli/test_environment_faults.py", "cli/test_strict_input.py")
 
@@ -104,6 +108,8 @@ FIRST = ("torch-scripts", "mpi/test_torch_backend.py", "mpi/test_split_overlap.p
 def worker_group(nodeid: str) -> str:
     """The group a test runs in on one worker: its file (relative to tests/), or the group of files sharing a cache."""
     path = nodeid.split("::")[0].removeprefix("tests/")
+    if path in SPREAD:
+        return nodeid.removeprefix("tests/")
     return SHARED_GROUPS.get(path, path)
 
 
