@@ -23,7 +23,15 @@ import hetbench.pytorch  # noqa: F401  registers the backend
 from hetbench.harness import split_plan as plan
 from hetbench.comm.world import World
 from hetbench.harness.devices import OpenDevice
-from hetbench.train.outcome import ROOT, RankOutcome, compare_with_reference
+from hetbench.train.outcome import (
+    ROOT,
+    SKIPPED_KEY,
+    RankOutcome,
+    compare_with_reference,
+    follow_verdicts,
+    record_skips,
+    skipped_before,
+)
 from hetbench.pytorch import backend as hb_backend
 from hetbench.pytorch.device import RankDevice, for_backend
 from hetbench.pytorch.logger import StepLogger
@@ -311,7 +319,10 @@ def _train(cfg: Any, world: World, state: TorchTrainState, on_step: Any) -> Rank
     blocking = engine.blocking_gather_seconds() if engine is not None and engine.prefetch else None
     scaler = LossScaler.for_dtype(cfg.dtype.name, state.resume.loss_scaler if state.resume is not None else None)
     steps_taken = [optimizer_steps]
-    saver = _saver(cfg, world, state, weights, shares, start, scaler, engine, steps_taken)
+    # the steps skipped so far, for a checkpoint and the check (the reference follows the run's verdicts)
+    before = skipped_before(state.resume.manifest if state.resume is not None else None)
+    skips = record_skips(scaler, start, before)
+    saver = _saver(cfg, world, state, weights, shares, start, scaler, engine, steps_taken, skips)
     logger = StepLogger(None, cfg.batch, model=model, optimizer=opt, first_step=start)
     logger.device_ops = state.ops
     if engine is not None:
@@ -402,7 +413,7 @@ def _train(cfg: Any, world: World, state: TorchTrainState, on_step: Any) -> Rank
             result.log_text = "".join(json.dumps(line) + "\n" for line in result.steps)
         if cfg.check:
             result.check = check_against_one_process(cfg, state.task, [s["loss"] for s in result.steps], full, start,
-                                                     [s["step_skipped"] for s in result.steps])
+                                                     [s["step_skipped"] for s in result.steps], before)
     return result
 
 
@@ -551,33 +562,70 @@ def one_step(cfg: Any, model: torch.nn.Module, opt: torch.optim.Optimizer, scale
     return loss.detach(), scale, skipped
 
 
-def reference(cfg: Any, task: TaskConfig) -> tuple[list[float], dict[str, torch.Tensor], list[bool]]:
+def reference(cfg: Any, task: TaskConfig, follow: list[bool | None] | None = None
+              ) -> tuple[list[float], dict[str, torch.Tensor], list[bool]]:
     """The same training in one process on the CPU: the whole batch each step, the plain module, the same dtype
-    and loss scaler. Returns (losses, final parameters, the steps skipped)."""
+    and loss scaler, following the run's skip verdicts `follow` (per global step; None or beyond the list: its own)
+    as the numpy reference does (hetbench/train/reference.py): an update whose gradient overflowed here is taken with
+    the step's backward at half the scale, again, until finite. Returns (losses, final parameters, the steps one
+    process would have skipped on its own)."""
     torch.manual_seed(cfg.seed)
     model = build_model(task)
     opt = _optimizer(cfg, model.parameters())
     scaler = LossScaler.for_dtype(cfg.dtype.name)
-    losses, skipped = [], []
+    losses, own = [], []
     for step in range(cfg.steps):
         x, y = make_batch(task, step, 0, cfg.batch)
-        loss, _, skip = one_step(cfg, model, opt, scaler, x, y, distributed=False)
-        losses.append(float(loss.item()))
-        skipped.append(skip)
-    return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}, skipped
+        verdict = follow[step] if follow is not None and step < len(follow) else None
+        loss, own_skip = _reference_step(cfg, model, opt, scaler, x, y, verdict)
+        losses.append(loss)
+        own.append(own_skip)
+    return losses, {k: v.detach().clone() for k, v in model.named_parameters()}, own
+
+
+def _reference_step(cfg: Any, model: torch.nn.Module, opt: torch.optim.Optimizer, scaler: LossScaler,
+                    x: torch.Tensor, y: torch.Tensor, verdict: bool | None) -> tuple[float, bool]:
+    """One step of the reference (one_step's arithmetic) under the verdict given (None: its own). Returns (the loss,
+    whether its own gradient was non-finite)."""
+    scale = used = scaler.scale
+    own = False
+    while True:
+        opt.zero_grad(set_to_none=False)
+        with _autocast(cfg, x.device):
+            loss = row_losses(model, x, y).float().sum() / cfg.batch
+        (loss * used if used != 1.0 else loss).backward()
+        bad = scaler.checks and any(not bool(torch.isfinite(p.grad).all())
+                                    for p in model.parameters() if p.grad is not None)
+        own = own or (bad and used == scale)
+        take = verdict if verdict is not None else bad
+        if not bad or take or used <= 2.0**-64:  # the run updated where this overflowed: a smaller scale
+            break
+        used /= 2
+    skipped = scaler.update(bool(take)) if scaler.checks else False
+    if not skipped:
+        if used != 1.0:
+            for p in model.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(1.0 / used)
+        opt.step()
+    opt.zero_grad(set_to_none=False)
+    return float(loss.detach().item()), bool(own)
 
 
 def check_against_one_process(cfg: Any, task: TaskConfig, losses: list[float],
                               params: dict[str, torch.Tensor] | None, start: int = 0,
-                              skipped: list[bool] | None = None) -> dict[str, Any]:
-    """The run against the same training in one process (the reference from step 0; a resumed run's steps against
-    its same steps): the numpy trainer's rule and tolerances (hetbench.train.outcome.compare_with_reference): fp32
-    losses step by step within CHECK_RTOL and every parameter tensor within PARAM_RTOL of its norm
-    (||p - p_ref|| / ||p_ref||); mixed precision the early steps, the final band and the verdicts on skipped steps.
-    Only the order of the sums (and under mixed precision where the rounding falls) differs."""
-    ref_losses, ref_params, ref_skipped = reference(cfg, task)
-    norm_diff = param_diff = 0.0
+                              skipped: list[bool] | None = None, before: list[int] | None = None) -> dict[str, Any]:
+    """The run against the same training in one process (the reference from step 0, following the run's skip
+    verdicts, `before` those before a resume, None where not known; a resumed run's steps against its same steps):
+    the numpy trainer's rule and tolerances (hetbench.train.outcome.compare_with_reference: every step's loss within
+    a tolerance growing with the step, the dtype and the optimizer; the parameters as one vector,
+    ||p - p_ref|| / ||p_ref||, within theirs). Only the order of the sums (and under mixed precision where the
+    rounding falls) differs."""
+    skipped = list(skipped) if skipped is not None else [False] * len(losses)
+    ref_losses, ref_params, ref_own = reference(cfg, task, follow_verdicts(cfg.steps, start, before, skipped))
+    norm_diff = tensor_diff = param_diff = 0.0
     missing: list[str] = []
+    diff_sq = want_sq = 0.0
     if params is not None:
         for name, want in ref_params.items():
             got = params.get(name)
@@ -585,16 +633,21 @@ def check_against_one_process(cfg: Any, task: TaskConfig, losses: list[float],
                 missing.append(name)
                 continue
             d = (got.double() - want.double())
-            norm_diff = max(norm_diff, float(d.norm()) / max(float(want.double().norm()), 1e-30))
+            diff_sq += float((d * d).sum())
+            want_sq += float((want.double() ** 2).sum())
+            tensor_diff = max(tensor_diff, float(d.norm()) / max(float(want.double().norm()), 1e-30))
             param_diff = max(param_diff, float(d.abs().max()) / max(float(want.abs().max()), 1e-30))
-    skipped = list(skipped) if skipped is not None else [False] * len(losses)
-    out = compare_with_reference(cfg.dtype.name, cfg.steps, start, losses, ref_losses[start:], skipped,
-                                 ref_skipped[start:], norm_diff, param_diff, params is not None and not missing)
+        norm_diff = diff_sq ** 0.5 / max(want_sq ** 0.5, 1e-30)
+    rows = task.batch * (task.seq_len if task.task == "gpt" else 1)
+    out = compare_with_reference(cfg.dtype.name, cfg.optimizer, cfg.steps, start, losses, ref_losses[start:],
+                                 skipped, ref_own[start:], norm_diff, tensor_diff, param_diff,
+                                 params is not None and not missing, int(max(rows, task.hidden)))
     return {**out, "params_missing": missing, "reference": "torch, one process, CPU"}
 
 
 def _saver(cfg: Any, world: World, state: TorchTrainState, weights: list[float], shares: list[int],
-           start: int, scaler: LossScaler, engine: Any = None, steps_taken: list[int] | None = None) -> Any:
+           start: int, scaler: LossScaler, engine: Any = None, steps_taken: list[int] | None = None,
+           skips: list[int] | None = None) -> Any:
     """Collective (with --checkpoint): the numpy trainer's Saver (layout, atomic saves, manifest last) writing the
     torch state; the manifest records the task, the run and every rank's device (and, for fsdp's sharded pieces,
     the units' layout and the optimizer's step count)."""
@@ -626,7 +679,7 @@ def _saver(cfg: Any, world: World, state: TorchTrainState, weights: list[float],
         manifest["param_counts"] = [list(u.counts) for u in engine.units]
 
     def live() -> dict[str, Any]:
-        return {"loss_scaler": scaler.state(),
+        return {"loss_scaler": scaler.state(), SKIPPED_KEY: None if skips is None else list(skips),
                 **({"optimizer_steps": steps_taken[0]} if engine is not None and steps_taken else {})}
 
     return Saver(world, cfg.checkpoint, cfg.checkpoint_every, cfg.steps, manifest, every_facts,

@@ -23,6 +23,10 @@ from hetbench.train.outcome import (  # both front ends' pieces
     RankOutcome,
     checkpoint_folder_errors,
     compare_with_reference,
+    follow_verdicts,
+    record_skips,
+    skipped_before,
+    SKIPPED_KEY,
 )
 
 
@@ -142,7 +146,10 @@ def run_rank(cfg: Any, world: World, state: TrainState,
     start = resume.steps_done if resume is not None else 0
     scaler = LossScaler.for_dtype(cfg.dtype, resume.loss_scaler if resume is not None else None)
     state.scaler = scaler
-    saver = _saver(cfg, world, facts, weights, shares, start, resume, scaler)
+    # the steps skipped so far, for a checkpoint and the check (the reference follows the run's verdicts)
+    before = skipped_before(resume.manifest if resume is not None else None)
+    skips = record_skips(scaler, start, before)
+    saver = _saver(cfg, world, facts, weights, shares, start, resume, scaler, skips)
     extra = {"start_step": start, "initial": resume, "checkpoint": saver.hook if saver is not None else None,
              "scaler": scaler}
 
@@ -177,7 +184,7 @@ def run_rank(cfg: Any, world: World, state: TrainState,
             result.log_text = "".join(json.dumps(line) + "\n" for line in result.steps)
         if cfg.check:
             result.check = _check(cfg, model, [log.loss for log in outcome.logs], outcome.params, start,
-                                  [log.step_skipped for log in outcome.logs])
+                                  [log.step_skipped for log in outcome.logs], before)
     return result
 
 
@@ -206,7 +213,7 @@ def _solo_runner(cfg: Any, world: World, state: TrainState, model: Any, strategy
 
 
 def _saver(cfg: Any, world: World, facts: dict[str, Any], weights: list[float], shares: list[int], start: int,
-           resume: Any, scaler: Any = None) -> Any:
+           resume: Any, scaler: Any = None, skips: list[int] | None = None) -> Any:
     """Collective (with --checkpoint): the checkpoint saver, its manifest's run facts and every rank's device; each
     save also records the loss scaler's state then (the same on every rank), which a resume restores."""
     if cfg.checkpoint is None:
@@ -233,32 +240,48 @@ def _saver(cfg: Any, world: World, facts: dict[str, Any], weights: list[float], 
     }
     return Saver(world, cfg.checkpoint, cfg.checkpoint_every, cfg.steps, manifest, every_facts,
                  error=click.ClickException,
-                 live=(lambda: {"loss_scaler": scaler.state()}) if scaler is not None else None)
+                 live=(lambda: {"loss_scaler": scaler.state(), SKIPPED_KEY: None if skips is None else list(skips)})
+                 if scaler is not None else None)
 
 
 def _check(cfg: Any, model: Any, losses: list[float], params: Any, start: int = 0,
-           skipped: list[bool] | None = None) -> dict[str, Any]:
+           skipped: list[bool] | None = None, before: list[int] | None = None) -> dict[str, Any]:
     """The same training in one process (NumPy on the host), from step 0, in the run's dtype with the same loss
-    scaler: the loss curve (a resumed run's steps against the reference's same steps) and the final parameters,
-    within CHECK_RTOL_BY_DTYPE. The steps each skipped (mixed precision) are reported beside."""
+    scaler following the run's skip verdicts (`before`: the steps skipped before a resume, None where not known):
+    the loss curve (a resumed run's steps against the reference's same steps) and the final parameters, within
+    outcome.py's tolerances for the steps, dtype and optimizer."""
+    import numpy as np
+
     from hetbench.train.reference import reference
 
-    trace: list[dict[str, Any]] = []
-    ref_losses, ref_params = reference(model, cfg.optimizer, cfg.lr, cfg.steps, dtype=cfg.dtype.name, trace=trace)
-    ref_losses = ref_losses[start:]
-    ref_skipped = [t["step_skipped"] for t in trace][start:]
     skipped = list(skipped) if skipped is not None else [False] * len(losses)
-    param_diff = norm_diff = 0.0
+    trace: list[dict[str, Any]] = []
+    ref_losses, ref_params = reference(model, cfg.optimizer, cfg.lr, cfg.steps, dtype=cfg.dtype.name, trace=trace,
+                                       follow=follow_verdicts(cfg.steps, start, before, skipped))
+    ref_losses = ref_losses[start:]
+    ref_own = [t["own_verdict"] for t in trace][start:]
+    param_diff = tensor_diff = norm_diff = 0.0
     if params is not None:
-        import numpy as np
-
+        got_all, want_all = [], []
         for (w, b), (rw, rb) in zip(params, ref_params):
-            got, want = np.concatenate([w.ravel(), b.ravel()]), np.concatenate([rw.ravel(), rb.ravel()])
+            got = np.concatenate([w.ravel(), b.ravel()]).astype(np.float64)
+            want = np.concatenate([rw.ravel(), rb.ravel()]).astype(np.float64)
             param_diff = max(param_diff, float(abs(got - want).max()) / max(float(abs(want).max()), 1e-30))
-            norm = float(np.linalg.norm(want.astype(np.float64)))
-            norm_diff = max(norm_diff, float(np.linalg.norm((got - want).astype(np.float64))) / max(norm, 1e-30))
-    return compare_with_reference(cfg.dtype.name, cfg.steps, start, losses, ref_losses, skipped, ref_skipped,
-                                  norm_diff, param_diff, params is not None)
+            tensor_diff = max(tensor_diff, float(np.linalg.norm(got - want)) / max(float(np.linalg.norm(want)), 1e-30))
+            got_all.append(got)
+            want_all.append(want)
+        got, want = np.concatenate(got_all), np.concatenate(want_all)
+        norm_diff = float(np.linalg.norm(got - want)) / max(float(np.linalg.norm(want)), 1e-30)
+    return compare_with_reference(cfg.dtype.name, cfg.optimizer, cfg.steps, start, losses, ref_losses, skipped,
+                                  ref_own, norm_diff, tensor_diff, param_diff, params is not None,
+                                  reduction(cfg))
+
+
+def reduction(cfg: Any) -> int:
+    """The longest sum of a step (outcome.perturbation's K): a weight gradient's rows (the batch) or a layer's
+    width; --model gpt (torch): the batch's characters (batch x seq-len)."""
+    rows = cfg.batch * (cfg.seq_len if getattr(cfg, "model", "mlp") == "gpt" else 1)
+    return int(max(rows, cfg.hidden))
 
 
 def gathers_hidden(logs: Sequence[Any], blocking: float | None) -> tuple[float, float] | None:

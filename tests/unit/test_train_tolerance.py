@@ -1,0 +1,139 @@
+"""The train check's tolerance model (hetbench/train/outcome.py, docs/train.md "The check against one process"):
+the tolerances recomputed from their raw values, and what compare_with_reference accepts and refuses with them: a
+curve drifting as rounding does over 500 steps passes, a curve 1 % off fails in every dtype, the verdicts the
+reference follows on a resume."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from hetbench.train import outcome
+from hetbench.train.outcome import compare_with_reference, loss_tolerance, param_tolerance, perturbation
+
+U = {"fp32": 2.0**-24, "fp16": 2.0**-11, "bf16": 2.0**-8}
+
+
+def test_the_tolerances_recomputed_from_the_unit_roundoff_the_sum_length_and_the_step():
+    """delta = u(dtype) + u(fp32) sqrt(K); the loss at step t within LOSS_GROWTH delta (1 + t); the parameters after
+    T steps within PARAM_GROWTH delta T; the constants as docs/train.md states them."""
+    assert outcome.UNIT_ROUNDOFF == U
+    assert outcome.LOSS_GROWTH == {"fp32": 8.0, "fp16": 3.0, "bf16": 0.5}
+    assert outcome.PARAM_GROWTH == {"fp32": 400.0, "fp16": 6.0, "bf16": 6.0}
+    assert perturbation("fp32", 64) == 2.0**-24 * 9
+    assert perturbation("bf16", 2048) == pytest.approx(2.0**-8 + 2.0**-24 * math.sqrt(2048), rel=1e-15)
+    assert loss_tolerance(0, "fp32", "adamw", 64) == 8.0 * 9 * 2.0**-24
+    assert loss_tolerance(499, "fp32", "sgd", 64) == 8.0 * 9 * 2.0**-24 * 500
+    assert loss_tolerance(199, "fp16", "adamw", 64) == pytest.approx(3.0 * (2.0**-11 + 8 * 2.0**-24) * 200, rel=1e-15)
+    assert param_tolerance(3, "bf16", "adamw", 64) == pytest.approx(6.0 * (2.0**-8 + 8 * 2.0**-24) * 3, rel=1e-15)
+    assert param_tolerance(500, "fp32", "adamw", 1024) == pytest.approx(400.0 * 33 * 2.0**-24 * 500, rel=1e-15)
+    # the tolerance grows with the steps, the dtype's roundoff and the sum's length
+    assert loss_tolerance(10, "fp32", "adamw", 64) < loss_tolerance(11, "fp32", "adamw", 64)
+    assert loss_tolerance(10, "fp32", "adamw", 64) < loss_tolerance(10, "fp32", "adamw", 256)
+    assert outcome.verdict_differences_allowed(3) == 1 and outcome.verdict_differences_allowed(200) == 5
+
+
+@pytest.mark.parametrize("call", [lambda: perturbation("fp64", 8), lambda: perturbation("fp32", 0),
+                                  lambda: loss_tolerance(-1, "fp32", "adamw", 8),
+                                  lambda: loss_tolerance(0, "fp32", "lion", 8),
+                                  lambda: param_tolerance(0, "fp32", "adamw", 8)])
+def test_the_tolerances_refuse_values_outside_their_domain(call):
+    with pytest.raises(ValueError, match="must be"):
+        call()
+
+
+def _check(dtype, losses, ref, norm=0.0, skipped=None, ref_own=None, steps=None, start=0, optimizer="adamw",
+           reduction=64):
+    n = len(losses)
+    return compare_with_reference(dtype, optimizer, steps or start + n, start, losses, ref,
+                                  skipped or [False] * n, ref_own or [False] * n, norm, norm, norm, True, reduction)
+
+
+def _curve(n):
+    return [10.0 / (1 + 0.05 * i) for i in range(n)]
+
+
+@pytest.mark.parametrize("dtype, steps", [("fp32", 500), ("fp16", 3), ("fp16", 200), ("bf16", 3), ("bf16", 200)])
+def test_a_curve_drifting_as_rounding_does_passes_and_one_percent_off_fails(dtype, steps):
+    """Long and mixed-precision runs: a curve whose difference grows with the step at 0.9 of the tolerance, and
+    parameters 0.9 of theirs, pass; the same curve 1 % off from the start, a single step 1 % off, a jump at the
+    last step past its tolerance, or parameters past theirs, fail."""
+    ref = _curve(steps)
+    tol = [loss_tolerance(i, dtype, "adamw", 64) for i in range(steps)]
+    sign = [1 if i % 2 else -1 for i in range(steps)]
+    drift = [r * (1 + 0.9 * s * t) for r, s, t in zip(ref, sign, tol)]
+    ptol = param_tolerance(steps, dtype, "adamw", 64)
+    ok = _check(dtype, drift, ref, norm=0.9 * ptol)
+    assert ok["ok"] is True and ok["loss_over_tolerance"] == pytest.approx(0.9, rel=1e-9)
+    assert ok["compared_steps"] == steps and ok["param_rtol"] == ptol
+    assert _check(dtype, [x * 1.01 for x in ref], ref)["ok"] is False
+    assert _check(dtype, [x * (1.01 if i == 0 else 1) for i, x in enumerate(ref)], ref)["ok"] is False
+    jump = drift[:-1] + [ref[-1] * (1 + 1.1 * tol[-1])]
+    bad = _check(dtype, jump, ref)
+    assert bad["ok"] is False and bad["worst_step"] == steps - 1 and bad["rtol"] == tol[-1]
+    assert _check(dtype, drift, ref, norm=1.1 * ptol)["ok"] is False
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+def test_at_the_tests_sizes_a_curve_and_parameters_one_percent_off_fail(dtype):
+    """At the default model (K = 64) and the gpt's (K = 32 x 64 characters): the first step's tolerance is below
+    1 % in every dtype, and so is the parameters' after 3 steps (fp32: after 40)."""
+    for k in (64, 2048):
+        assert loss_tolerance(0, dtype, "adamw", k) < 0.01 / 4
+        assert param_tolerance(3 if dtype != "fp32" else 40, dtype, "adamw", k) < 0.15
+    assert param_tolerance(3, "fp16", "adamw", 64) < 0.01
+
+
+def test_the_figures_name_the_step_nearest_its_tolerance():
+    ref = _curve(10)
+    losses = list(ref)
+    losses[7] = ref[7] * (1 + 0.5 * loss_tolerance(7, "fp32", "adamw", 64))
+    losses[2] = ref[2] * (1 + 0.6 * loss_tolerance(2, "fp32", "adamw", 64))
+    c = _check("fp32", losses, ref)
+    assert c["ok"] is True and c["worst_step"] == 2
+    assert c["max_loss_relative_difference"] == pytest.approx(0.6 * loss_tolerance(2, "fp32", "adamw", 64), rel=1e-6)
+    assert c["max_loss_relative_difference_all_steps"] == pytest.approx(
+        0.5 * loss_tolerance(7, "fp32", "adamw", 64), rel=1e-6)
+    # a resumed run's steps are judged at their global step: from step 100 the tolerance is 101 x step 0's
+    resumed = _check("fp32", losses, ref, start=100)
+    assert resumed["rtol_first"] == loss_tolerance(100, "fp32", "adamw", 64)
+    # a missing step, a non-finite loss, no parameters: failed
+    assert _check("fp32", losses[:-1], ref)["ok"] is False
+    assert _check("fp32", [math.nan] + losses[1:], ref)["ok"] is False
+    assert compare_with_reference("fp32", "adamw", 10, 0, ref, ref, [False] * 10, [False] * 10, 0.0, 0.0, 0.0,
+                                  False, 64)["ok"] is False
+
+
+def test_steps_decided_otherwise_are_counted_and_allowed_up_to_two_per_growth_interval():
+    ref = _curve(200)
+    own = [i in (0, 100) for i in range(200)]
+    c = _check("fp16", list(ref), ref, ref_own=own)
+    assert c["ok"] is True and c["verdict_differences"] == 2 and c["verdicts_agree"] is False
+    # a run that skipped every step where one process would not
+    assert _check("fp16", list(ref), ref, skipped=[True] * 200)["ok"] is False
+    # mixed precision: the last losses' mean still within the band
+    late = list(ref[:190]) + [x * 1.6 for x in ref[190:]]
+    assert _check("bf16", late, ref)["ok"] is False
+
+
+def test_the_verdicts_a_resumed_runs_reference_follows():
+    """The skips recorded in a checkpoint (SKIPPED_KEY) are followed before the resume, the run's own after it;
+    where the checkpoint does not say, the reference's own (None)."""
+    assert outcome.skipped_before(None) == []
+    assert outcome.skipped_before({"steps_done": 10, outcome.SKIPPED_KEY: [3, 0]}) == [0, 3]
+    for bad in (None, [10], [-1], ["1"], [True], 3):
+        assert outcome.skipped_before({"steps_done": 10, outcome.SKIPPED_KEY: bad}) is None
+    assert outcome.follow_verdicts(6, 3, [1], [True, False, False]) == [False, True, False, True, False, False]
+    assert outcome.follow_verdicts(5, 2, None, [False, True, False]) == [None, None, False, True, False]
+
+
+def test_record_skips_notes_the_global_index_of_each_skipped_step():
+    from hetbench.train.precision import LossScaler
+
+    scaler = LossScaler.for_dtype("fp16")
+    noted = outcome.record_skips(scaler, 5, [2])
+    assert [scaler.update(v) for v in (False, True, False, True)] == [False, True, False, True]
+    assert noted == [2, 6, 8] and scaler.skipped_steps == 2
+    unknown = outcome.record_skips(LossScaler.for_dtype("bf16"), 5, None)
+    assert unknown is None
