@@ -13,7 +13,10 @@ rank 0, folder renamed into place, then DIR/latest). Two kinds of state:
     DIR/step-<N>/manifest.json  format hetbench-torch-checkpoint/1, the task, optimizer, lr, strategy, weights,
                                 shares, steps done, every rank's host, backend, vendor and device (provenance) and
                                 its pieces, torch's version, history
-Resuming: every rank reads the manifest and checks it against the run (one line, exit 2, on every rank). fsdp reads
+Resuming: every rank reads the manifest and checks it against the run (one line, exit 2, on every rank), then every
+file it reads before using any of it: state.pt loaded with torch.load(weights_only=True) and held against this run's
+model (its keys, every parameter's name and shape, the optimizer's state of each, all finite; check_state), the
+pieces against the manifest's layout (hetbench.train.checkpoint.PieceFiles.verify). fsdp reads
 the element range of each unit it now owns from whichever kind was saved (re-sharding onto new weights or rank
 counts); ddp and fsdp2 take the full state (state.pt, or the pieces put together) through torch's set_state_dict,
 which keeps a DDP replica or its FSDP2 shards of it. Every rank reads the files itself (a folder every rank sees).
@@ -31,6 +34,7 @@ import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from hetbench.pytorch.fsdp import UnitLayout, flatten, numel, unflatten
+from hetbench.results.io import regular_file_problem
 from hetbench.train.checkpoint import (
     STATE_NAMES,
     TORCH_FORMAT,
@@ -46,6 +50,10 @@ STATE_FILE = "state.pt"
 # the numpy trainer's names of AdamW's state (its files' names) -> torch's
 TORCH_STATE_KEYS = {"m": "exp_avg", "v": "exp_avg_sq"}
 TASK_KEYS = ("task", "layers", "hidden", "batch", "seed", "seq_len", "heads")
+# what state.pt's optimizer state holds for a parameter, by --optimizer: (keys it must hold, keys it may hold).
+# AdamW: its step and moments; SGD (momentum 0, as the trainer makes it): nothing, a momentum buffer at most
+OPTIM_STATE_KEYS = {"adamw": (("step", "exp_avg", "exp_avg_sq"), ("step", "exp_avg", "exp_avg_sq")),
+                    "sgd": ((), ("momentum_buffer",))}
 
 
 def task_facts(cfg: Any) -> dict[str, Any]:
@@ -74,6 +82,8 @@ class TorchCheckpoint:
                                   "count of steps done (>= 1)")
         self.files: PieceFiles | None = None
         self.layout: list[UnitLayout] | None = None
+        self._state: dict[str, Any] | None = None  # state.pt, once checked against the run's model
+        self._other_run = False  # mismatches() found another task or optimizer: its own line says so
         if "layout" in m:  # fsdp's sharded pieces
             try:
                 self.layout = [UnitLayout(str(u["name"]), [(str(n), tuple(int(d) for d in shape))
@@ -87,8 +97,12 @@ class TorchCheckpoint:
             self.files = PieceFiles(self.folder, pieces, ("param", *STATE_NAMES.get(self.optimizer, ())), sizes,
                                     what="unit")
             self.files.verify()
-        elif not (self.folder / STATE_FILE).is_file():
-            raise CheckpointError(f"checkpoint {str(self.folder)!r} has no {STATE_FILE}")
+        else:
+            problem = regular_file_problem(self.folder / STATE_FILE)  # a FIFO would block torch.load for ever
+            if problem:
+                raise CheckpointError(f"checkpoint file {str(self.folder / STATE_FILE)!r} {problem}")
+            if not (self.folder / STATE_FILE).is_file():
+                raise CheckpointError(f"checkpoint {str(self.folder)!r} has no {STATE_FILE}")
 
     def mismatches(self, cfg: Any) -> list[str]:
         """How this checkpoint differs from the run asked for, one line each."""
@@ -101,6 +115,7 @@ class TorchCheckpoint:
         if self.optimizer != cfg.optimizer:
             out.append(f"--resume {str(self.folder)!r} was trained with --optimizer {self.optimizer}, not "
                        f"{cfg.optimizer}")
+        self._other_run = bool(out)
         if self.dtype != cfg.dtype.name:
             out.append(f"--resume {str(self.folder)!r} was trained with --dtype {self.dtype}, not {cfg.dtype.name}")
         if self.lr != cfg.lr:
@@ -111,8 +126,16 @@ class TorchCheckpoint:
         return out
 
     def layout_mismatch(self, layouts: list[Any]) -> str | None:
-        """Why this run's flat vectors (hetbench.pytorch.fsdp.flat_layout) cannot read the saved pieces, or None."""
+        """Why this run's flat vectors (hetbench.pytorch.fsdp.flat_layout) cannot read the saved pieces, or state.pt
+        cannot be this run's model's state (loaded, checked and kept for load_into), or None. Nothing is said where
+        mismatches() found another task or optimizer (its line says so)."""
+        if self._other_run:
+            return None
         if self.layout is None:
+            try:
+                self._state = self._load_state([p for lay in layouts for p in lay.params])
+            except CheckpointError as e:
+                return str(e)
             return None
         want = [[(n, tuple(s)) for n, s in lay.params] for lay in layouts]
         got = [u.params for u in self.layout]
@@ -121,10 +144,36 @@ class TorchCheckpoint:
                     f"this run's model shards into {len(want)} units of {sum(map(len, want))}: another model")
         return None
 
+    def _load_state(self, params: list[tuple[str, tuple[int, ...]]] | None) -> dict[str, Any]:
+        """state.pt, loaded without running any of its code (weights_only) and checked (check_state) against the
+        model's parameters `params` (names and shapes; None: its form alone). CheckpointError names the file."""
+        path = self.folder / STATE_FILE
+        where = f"checkpoint file {str(path)!r}"
+        problem = regular_file_problem(path)
+        if problem:
+            raise CheckpointError(f"{where} {problem}")
+        try:
+            if path.stat().st_size == 0:  # torch.load's EOFError would read as an interrupted prompt (exit 130)
+                raise CheckpointError(f"{where} is empty, not a torch state hetbench saved")
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except CheckpointError:
+            raise
+        except OSError as e:
+            raise CheckpointError(f"cannot read {where}: {e.strerror or e}") from None
+        except Exception as e:  # noqa: BLE001 - a damaged zip (RuntimeError), an unpickler's refusal, an EOF...
+            raise CheckpointError(f"{where} is not a torch state hetbench saved (truncated, damaged or of another "
+                                  f"format: {_first_words(e)})") from None
+        problem = check_state(state, params, self.optimizer)
+        if problem:
+            raise CheckpointError(f"{where} {problem}")
+        return state
+
     def _full(self) -> dict[str, Any]:
         """{"model": ..., "optim": ...} as torch's get_state_dict gives it (full_state_dict), from either kind."""
         if self.files is None:
-            return torch.load(self.folder / STATE_FILE, map_location="cpu", weights_only=True)
+            if self._state is None:  # not checked against a model before (a library caller): its form at least
+                self._state = self._load_state(None)
+            return self._state
         model: dict[str, torch.Tensor] = {}
         states: dict[str, dict[str, torch.Tensor]] = {}
         names = STATE_NAMES.get(self.optimizer, ())
@@ -168,17 +217,97 @@ class TorchCheckpoint:
             read, steps = self.reader([u.layout for u in engine.units])
             engine.load_flat(read, optimizer, {k: TORCH_STATE_KEYS[k] for k in STATE_NAMES.get(self.optimizer, ())},
                              steps)
+            self._state = None
             return
         state = self._full()
-        optim = state["optim"]
-        if optim.get("param_groups") is None:  # put together from pieces: the run's own groups, by name
-            names = [n for n, _ in model.named_parameters()]
-            names = [n[len("module."):] if n.startswith("module.") else n for n in names]
-            optim = {"state": optim["state"],
-                     "param_groups": [{**{k: v for k, v in g.items() if k != "params"}, "params": names}
-                                      for g in optimizer.param_groups]}
+        # the run's own groups, by name (its hyperparameters are its options, which mismatches() held to the
+        # manifest's): none of state.pt's param_groups is taken
+        names = [n for n, _ in model.named_parameters()]
+        names = [n[len("module."):] if n.startswith("module.") else n for n in names]
+        optim = {"state": state["optim"]["state"],
+                 "param_groups": [{**{k: v for k, v in g.items() if k != "params"}, "params": names}
+                                  for g in optimizer.param_groups]}
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=optim,
                        options=StateDictOptions(full_state_dict=True))
+        self._state = None  # taken: the run's memory is its own again
+
+
+def _first_words(e: BaseException) -> str:
+    """An exception's type and the first sentence of its text, cut to a line's worth."""
+    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    text = text.split(". ")[0][:100]
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def _shape(t: torch.Tensor) -> list[int]:
+    return list(t.shape)
+
+
+def _nonfinite(t: torch.Tensor) -> float | None:
+    """The first NaN or infinity in a floating-point tensor, or None."""
+    if not t.is_floating_point():
+        return None
+    bad = ~torch.isfinite(t)
+    return float(t[bad].flatten()[0]) if bool(bad.any()) else None
+
+
+def check_state(state: Any, params: list[tuple[str, tuple[int, ...]]] | None, optimizer: str) -> str | None:
+    """What makes state.pt's loaded object (`state`) no state of the run's model, or None: its form ({"model":
+    {name: tensor}, "optim": {"state": {name: {key: tensor}}}}), every parameter of `params` (names, shapes; None:
+    not checked) there with its shape and nothing else, each parameter's optimizer state that `optimizer` keeps
+    (the moments of its shape, a scalar step), every value finite. Said after the file's name."""
+    if not isinstance(state, dict):
+        return f"holds a {type(state).__name__}, not the {{'model': ..., 'optim': ...}} dict hetbench saves"
+    for key in ("model", "optim"):
+        if key not in state:
+            return f"lacks {key!r} (it holds {', '.join(map(repr, state)) or 'nothing'})"
+    model, optim = state["model"], state["optim"]
+    if not isinstance(model, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                              for k, v in model.items()):
+        return "holds a 'model' that is no dict of parameter names to tensors"
+    if not isinstance(optim, dict) or not isinstance(optim.get("state"), dict):
+        return "holds an 'optim' without its 'state' dict"
+    shapes = dict(params) if params is not None else {k: tuple(v.shape) for k, v in model.items()}
+    for name, shape in shapes.items():
+        if name not in model:
+            return f"lacks the parameter {name} of this run's model: the state of another model"
+        if tuple(model[name].shape) != tuple(shape):
+            return (f"holds {name} of shape {_shape(model[name])}, this run's model has {list(shape)}: the state "
+                    "of another model")
+        if not model[name].is_floating_point():
+            return f"holds {name} of {model[name].dtype}, not of a floating-point dtype"
+    for name in model:
+        if name not in shapes:
+            return f"holds {name}, which this run's model lacks: the state of another model"
+    must, may = OPTIM_STATE_KEYS.get(optimizer, ((), ()))
+    for name, entry in optim["state"].items():
+        if name not in shapes:
+            return f"holds optimizer state for {name}, which this run's model lacks: the state of another model"
+        if not isinstance(entry, dict):
+            return f"holds the optimizer state of {name} as a {type(entry).__name__}, not a dict"
+        for key in must:
+            if key not in entry:
+                return (f"holds no {key} in the optimizer state of {name} (--optimizer {optimizer} keeps "
+                        f"{', '.join(must)})")
+        for key, value in entry.items():
+            if key not in may:
+                return f"holds {key!r} in the optimizer state of {name}, which --optimizer {optimizer} does not keep"
+            if value is None and key == "momentum_buffer":
+                continue
+            if not isinstance(value, torch.Tensor):
+                return f"holds the {key} of {name} as a {type(value).__name__}, not a tensor"
+            want = () if key == "step" else tuple(shapes[name])
+            if tuple(value.shape) != want and not (key == "step" and value.numel() == 1):
+                return f"holds {key} of {name} of shape {_shape(value)}, the parameter's is {list(want)}"
+            bad = _nonfinite(value)
+            if bad is not None or (key == "step" and float(value) < 0):
+                return (f"holds {bad if bad is not None else float(value)} in the {key} of {name}: the state of a "
+                        "run that diverged, or a damaged file, is not resumed")
+    for name, tensor in model.items():
+        bad = _nonfinite(tensor)
+        if bad is not None:
+            return f"holds {bad} in {name}: the state of a run that diverged, or a damaged file, is not resumed"
+    return None
 
 
 def shard_pieces(engine: Any, optimizer: torch.optim.Optimizer, optimizer_name: str) -> list[Any]:

@@ -301,35 +301,49 @@ class PieceFiles:
         return self._arrays[key]
 
     def verify(self) -> None:
-        """Every piece lies within its vector, every file the manifest names is there and long enough, every vector
-        is covered whole, and every value is finite. Nothing is allocated by the vectors' sizes (a doctored manifest
-        may name any)."""
+        """Every piece lies within its vector, the pieces cover every vector whole and none twice (all said naming
+        the manifest, before any file is opened), every file the manifest names is there and long enough, and
+        every value is finite. Nothing is allocated by the vectors' sizes (a doctored manifest may name any)."""
         manifest = repr(str(self.folder / MANIFEST))
-        spans: dict[int, list[tuple[int, int]]] = {}
-        for vector, start, stop, rank, offset in self.pieces:
-            piece = f"rank {rank}'s piece [{vector}, {start}, {stop}, {offset}]"
+
+        def piece(p: tuple[int, int, int, int, int]) -> str:
+            vector, start, stop, rank, offset = p
+            return f"rank {rank}'s piece [{vector}, {start}, {stop}, {offset}]"
+
+        spans: dict[int, list[tuple[int, int, int, int, int]]] = {}
+        for p in self.pieces:
+            vector, start, stop, rank, offset = p
             if not 0 <= vector < len(self.sizes):
-                raise CheckpointError(f"{manifest}: {piece} names {self.what} {vector}, but the model has "
+                raise CheckpointError(f"{manifest}: {piece(p)} names {self.what} {vector}, but the model has "
                                       f"{len(self.sizes)} ({self.what}s 0 to {len(self.sizes) - 1})")
             if not (0 <= start <= stop <= self.sizes[vector] and offset >= 0):
-                raise CheckpointError(f"{manifest}: {piece} is not a range within {self.what} {vector}'s "
+                raise CheckpointError(f"{manifest}: {piece(p)} is not a range within {self.what} {vector}'s "
                                       f"{self.sizes[vector]} elements (0 <= start <= stop <= {self.sizes[vector]})")
-            spans.setdefault(vector, []).append((start, stop))
+            if stop > start:  # an empty piece holds nothing, overlaps nothing
+                spans.setdefault(vector, []).append(p)
+        for vector, size in enumerate(self.sizes):
+            # in order of start: each piece must begin where the ones before it reached, no earlier (an overlap:
+            # two values for the same elements, one read silently) and no later (a gap: elements nobody saved)
+            reach, last = 0, None
+            for p in sorted(spans.get(vector, []), key=lambda q: (q[1], q[2])):
+                start, stop = p[1], p[2]
+                if start < reach:
+                    raise CheckpointError(f"{manifest}: {piece(p)} overlaps {piece(last)}: elements {start} to "
+                                          f"{min(stop, reach)} of {self.what} {vector} are saved twice (the "
+                                          "manifest of another save, or doctored)")
+                if start > reach:
+                    break
+                reach, last = stop, p
+            if reach < size:
+                gap = next((p[1] for p in sorted(spans.get(vector, []), key=lambda q: q[1]) if p[1] > reach), size)
+                raise CheckpointError(f"{manifest}: no saved piece holds elements {reach} to {gap} of {self.what} "
+                                      f"{vector} (of {size}): the checkpoint is incomplete")
+        for vector, start, stop, rank, offset in self.pieces:
             for name in self.names:
                 if self._file(rank, name).size < offset + stop - start:
                     raise CheckpointError(f"checkpoint file {str(self.folder / f'rank-{rank}.{name}.npy')!r} holds "
                                           f"{self._file(rank, name).size} elements, fewer than its pieces in "
                                           f"{MANIFEST} need ({offset + stop - start})")
-        for vector, size in enumerate(self.sizes):
-            reach = 0
-            for start, stop in sorted(spans.get(vector, [])):
-                if start > reach:
-                    break
-                reach = max(reach, stop)
-            if reach < size:
-                gap = next((start for start, _ in sorted(spans.get(vector, [])) if start > reach), size)
-                raise CheckpointError(f"checkpoint {str(self.folder)!r} is incomplete: no saved piece holds "
-                                      f"elements {reach} to {gap} of {self.what} {vector} (of {size})")
         for vector, start, stop, rank, offset in self.pieces:  # what a resume reads: the pieces' elements
             for name in self.names:
                 array = self._file(rank, name)
