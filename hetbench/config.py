@@ -41,8 +41,8 @@ def parse_backend_spec(text: str) -> BackendSpec:
         raise ValueError(f"unknown backend {text!r}; accepted: {accepted_specs()}")
     try:
         own = getattr(backend_module(name), "parse_spec", None) if name != "auto" else None
-    except BackendUnavailable as e:
-        raise ValueError(str(e)) from None
+    except BackendUnavailable:  # a plugin out on this rank (maybe on it alone): opening it says why, on every rank
+        own = None
     if own is not None:
         return own(text, parts)
     if len(parts) > 2:

@@ -298,6 +298,8 @@ class Capabilities:
 # group "hetbench.backends" (name = module), e.g. in their pyproject.toml:
 #   [project.entry-points."hetbench.backends"]
 #   toy = "toy_backend"
+# Such a plugin is contained: one that does not import (raises or calls sys.exit), lacks the protocol, or whose
+# functions raise is unavailable, with its name and why (`hetbench devices` lists it), and the rest works.
 ENTRY_POINT_GROUP = "hetbench.backends"
 BUILTIN_MODULES: dict[str, str] = {
     "host": "hetbench.backends.host",
@@ -343,19 +345,81 @@ class BackendModule(Protocol):
         """Open the device `spec` names; without an index, the one for `local_rank` of `local_size` ranks."""
 
 
+# what a backend module defines (BackendModule); a plugin lacking one is unavailable, named with what it lacks
+_PROTOCOL = ("CAPABILITIES", "unavailable_reason", "list_devices", "open_device")
+# a plugin that failed to import, by name: why (it is not imported again: a module that failed is not kept in
+# sys.modules, and its import's side effects would run again)
+_BROKEN: dict[str, str] = {}
+
+
+def plugin_failure(error: BaseException) -> str:
+    """What a plugin's failure was, in a few words: its exception, or the code it exited with (sys.exit)."""
+    if isinstance(error, SystemExit):
+        return f"SystemExit: it called sys.exit({error.code!r})"
+    return f"{type(error).__name__}: {error}"
+
+
+class _Contained:
+    """A backend module from another package, its functions contained: one that raises (any Exception) or exits
+    (SystemExit) raises BackendUnavailable naming the backend, the function and why, so that the backend alone is
+    out. ValueError (parse_spec's malformed spec, UnsupportedDtype) and BackendUnavailable pass as they are: they
+    are the protocol's own answers. KeyboardInterrupt (a signal) passes too."""
+
+    def __init__(self, name: str, module: Any) -> None:
+        self._name, self._module = name, module
+
+    def __getattr__(self, attribute: str) -> Any:
+        value = getattr(self._module, attribute)
+        if not callable(value) or isinstance(value, type):
+            return value
+        name = self._name
+
+        def contained(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return value(*args, **kwargs)
+            except (BackendUnavailable, ValueError):
+                raise
+            except (Exception, SystemExit) as e:
+                raise BackendUnavailable(f"backend {name!r}: its {attribute}() failed: {plugin_failure(e)}") from None
+
+        return contained
+
+
 def backend_module(name: str) -> BackendModule:
-    """The module implementing backend `name` (see BackendModule)."""
+    """The module implementing backend `name` (see BackendModule). A backend from another package that does not
+    import (an exception, or sys.exit), or lacks what the protocol needs, raises BackendUnavailable saying why; its
+    functions raise BackendUnavailable where they fail (_Contained)."""
     try:
         path = _MODULES[name]
     except KeyError:
         raise ValueError(f"unknown backend {name!r}; accepted: auto, {', '.join(BACKEND_NAMES)}") from None
-    try:
+    if name in BUILTIN_MODULES:
         return cast(BackendModule, importlib.import_module(path))
-    except Exception as e:  # a backend from another package that does not import: that backend alone is out
-        if name in BUILTIN_MODULES:
-            raise
-        raise BackendUnavailable(f"backend {name!r} (module {path}, from its entry point) cannot be imported: "
-                                 f"{type(e).__name__}: {e}") from None
+    if name not in _BROKEN:
+        try:
+            module = importlib.import_module(path)
+        except (Exception, SystemExit) as e:  # a plugin that does not import: that backend alone is out
+            _BROKEN[name] = (f"backend {name!r} (module {path}, from its entry point) cannot be imported: "
+                             f"{plugin_failure(e)}")
+        else:
+            missing = [a for a in _PROTOCOL if not hasattr(module, a)]
+            if not missing and not isinstance(module.CAPABILITIES, Capabilities):
+                missing = ["CAPABILITIES as a hetbench.backends.base.Capabilities"]
+            if missing:
+                _BROKEN[name] = (f"backend {name!r} (module {path}, from its entry point) is no backend module: it "
+                                 f"lacks {', '.join(missing)}")
+            else:
+                return cast(BackendModule, _Contained(name, module))
+    raise BackendUnavailable(_BROKEN[name])
+
+
+def unavailable_reason(name: str) -> str | None:
+    """None when backend `name` can run here, else why not: its module's own reason, or why a plugin's module
+    does not import or answer."""
+    try:
+        return backend_module(name).unavailable_reason()
+    except BackendUnavailable as e:
+        return str(e)
 
 
 def capabilities(name: str) -> Capabilities:
@@ -364,9 +428,13 @@ def capabilities(name: str) -> Capabilities:
 
 
 def spec_of(info: DeviceInfo) -> str:
-    """What --backend takes for the device `info` describes: `opencl:0`, or what its module's spec_of says."""
-    own = getattr(backend_module(info.backend), "spec_of", None)
-    return own(info) if own is not None else f"{info.backend}:{info.index}"
+    """What --backend takes for the device `info` describes: `opencl:0`, or what its module's spec_of says (a
+    plugin's that fails: the plain form)."""
+    try:
+        own = getattr(backend_module(info.backend), "spec_of", None)
+        return own(info) if own is not None else f"{info.backend}:{info.index}"
+    except BackendUnavailable:
+        return f"{info.backend}:{info.index}"
 
 
 def spec_index(value: str, text: str) -> int:
@@ -393,11 +461,14 @@ def accepted_specs() -> str:
 
 
 def devices_on_node(name: str) -> list[DeviceInfo]:
-    """The devices of backend `name` on this node; [] when the backend is unavailable."""
-    module = backend_module(name)
-    if module.unavailable_reason() is not None:
+    """The devices of backend `name` on this node; [] when the backend is unavailable (a plugin's that fails too)."""
+    try:
+        module = backend_module(name)
+        if module.unavailable_reason() is not None:
+            return []
+        return module.list_devices()
+    except BackendUnavailable:
         return []
-    return module.list_devices()
 
 
 def resolve_auto(spec: BackendSpec, local_rank: int = 0) -> BackendSpec:

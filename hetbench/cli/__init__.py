@@ -49,6 +49,15 @@ class _Group(click.Group):
         with _broken_pipe_closes():
             return super().invoke(ctx)
 
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """After the commands: the benchmark plugins that are out, each with why."""
+        super().format_epilog(ctx, formatter)
+        if benchmarks.UNAVAILABLE:
+            formatter.write_paragraph()
+            formatter.write_text("Unavailable plugins:")
+            for u in benchmarks.UNAVAILABLE:  # unwrapped: a line each, as `hetbench devices` says them
+                formatter.write(f"  benchmark {u.name} unavailable: {u.reason}\n")
+
 
 @contextlib.contextmanager
 def _broken_pipe_closes() -> Any:
@@ -70,12 +79,43 @@ def cli() -> None:
     """Run one computation across GPUs of different vendors, and measure it honestly."""
 
 
+def _unavailable_command(name: str, reason: str) -> click.Command:
+    """A benchmark plugin that is out, as a command (hidden from the list: the epilog says it) that says why."""
+
+    def callback(**_: Any) -> None:
+        raise click.UsageError(f"benchmark {name} is unavailable: {reason}")
+
+    return click.Command(name, callback=callback, hidden=True, add_help_option=False,
+                         context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+
+
+def _add_benchmark_commands() -> None:
+    """A command per registered benchmark; a plugin's whose command cannot be built (its options() raises) is out,
+    listed with why; every benchmark plugin that is out answers its own name with why."""
+    benchmarks.load()
+    for benchmark in list(REGISTRY.values()):
+        try:
+            command = driver.command_for(benchmark)
+        except (Exception, SystemExit) as e:
+            if benchmark.name in benchmarks.BUILTIN_NAMES:
+                raise
+            from hetbench.backends.base import plugin_failure
+
+            del REGISTRY[benchmark.name]
+            benchmarks.mark_unavailable(benchmark.name, type(benchmark).__module__,
+                                        f"its command cannot be built: {plugin_failure(e)}")
+            continue
+        cli.add_command(command)
+    for u in benchmarks.UNAVAILABLE:
+        if u.name not in cli.commands and u.name != u.module:
+            cli.add_command(_unavailable_command(u.name, u.reason))
+
+
 cli.add_command(devices)
-benchmarks.load()
-for _benchmark in REGISTRY.values():
-    cli.add_command(driver.command_for(_benchmark))
+_add_benchmark_commands()
 cli.add_command(report)
 cli.add_command(compare)
+BUILTIN_COMMANDS = frozenset(("devices", "report", "compare", *benchmarks.BUILTIN_NAMES))
 
 
 def _mpi_world_size() -> int:
@@ -170,6 +210,26 @@ def _timeout_in(args: list[str]) -> float:
     return DEFAULT_TIMEOUT_SECONDS
 
 
+def _command_everywhere(args: list[str]) -> None:
+    """Collective where the command named is no built-in one and the launcher started several ranks (decided alike
+    on every rank, from the command line): a benchmark plugin that is out on some ranks (or missing there) but not
+    on others is one usage error on every rank, naming those ranks and why, before any rank runs it."""
+    name = next((a for a in args if not a.startswith("-")), None)
+    if name is None or name in BUILTIN_COMMANDS or launched_size() <= 1 or any(a in ALWAYS for a in args):
+        return
+    from hetbench.comm.world import World
+    from hetbench.outputs import format_rank_errors
+
+    out = {u.name: u.reason for u in benchmarks.UNAVAILABLE}
+    missing = f"no command {name!r} here (its plugin is not installed on this node)"
+    mine = (f"benchmark {name} is unavailable: {out[name]}" if name in out else
+            None if name in cli.commands else missing)
+    world = World()
+    found = world.agree([mine] if mine else [])
+    if found and not (len(found) == world.size and all(e.message == missing for e in found)):
+        raise click.UsageError(format_rank_errors(world, found))  # (missing everywhere: click says so, as alone)
+
+
 def _main(argv: list[str] | None) -> int:
     """The command's exit code, its errors said (see the module's docstring)."""
     rank = 0
@@ -182,6 +242,7 @@ def _main(argv: list[str] | None) -> int:
         gone = _working_directory_error(sys.argv[1:] if argv is None else list(argv))
         if gone:  # every rank finds it alike (the ranks of a job on one host share the folder): rank 0 says it
             raise click.UsageError(gone)
+        _command_everywhere(sys.argv[1:] if argv is None else list(argv))
         with contextlib.ExitStack() as stack:
             if rank != 0:
                 # only rank 0 writes to stdout: this also keeps --help and --version, which click prints while
