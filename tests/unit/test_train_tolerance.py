@@ -20,7 +20,7 @@ def test_the_tolerances_recomputed_from_the_unit_roundoff_the_sum_length_and_the
     T steps within PARAM_GROWTH delta T; the constants as docs/train.md states them."""
     assert outcome.UNIT_ROUNDOFF == U
     assert outcome.LOSS_GROWTH == {"fp32": 8.0, "fp16": 3.0, "bf16": 0.5}
-    assert outcome.PARAM_GROWTH == {"fp32": 400.0, "fp16": 6.0, "bf16": 6.0}
+    assert outcome.PARAM_GROWTH == {"fp32": 400.0, "fp16": 24.0, "bf16": 6.0}
     assert perturbation("fp32", 64) == 2.0**-24 * 9
     assert perturbation("bf16", 2048) == pytest.approx(2.0**-8 + 2.0**-24 * math.sqrt(2048), rel=1e-15)
     assert loss_tolerance(0, "fp32", "adamw", 64) == 8.0 * 9 * 2.0**-24
@@ -82,7 +82,7 @@ def test_at_the_tests_sizes_a_curve_and_parameters_one_percent_off_fail(dtype):
     for k in (64, 2048):
         assert loss_tolerance(0, dtype, "adamw", k) < 0.01 / 4
         assert param_tolerance(3 if dtype != "fp32" else 40, dtype, "adamw", k) < 0.15
-    assert param_tolerance(3, "fp16", "adamw", 64) < 0.01
+    assert param_tolerance(3, "bf16", "adamw", 64) < 0.1 and param_tolerance(3, "fp16", "adamw", 64) < 0.05
 
 
 def test_the_figures_name_the_step_nearest_its_tolerance():
@@ -105,11 +105,21 @@ def test_the_figures_name_the_step_nearest_its_tolerance():
                                   False, 64)["ok"] is False
 
 
-def test_steps_decided_otherwise_are_counted_and_allowed_up_to_two_per_growth_interval():
+def test_steps_decided_otherwise_are_counted_and_the_runs_own_skips_allowed_up_to_two_per_growth_interval():
+    """One process overflowing where the run did not (its longer sums): counted, allowed. The run skipping where
+    one process's gradient was finite: at most 1 + 2 per 100 steps."""
     ref = _curve(200)
-    own = [i in (0, 100) for i in range(200)]
+    own = [i % 20 == 0 for i in range(200)]
     c = _check("fp16", list(ref), ref, ref_own=own)
-    assert c["ok"] is True and c["verdict_differences"] == 2 and c["verdicts_agree"] is False
+    assert c["ok"] is True and c["verdict_differences"] == 10 and c["run_only_skips"] == 0
+    assert c["verdicts_agree"] is False
+    five = [i in (3, 50, 90, 120, 170) for i in range(200)]
+    c = _check("fp16", list(ref), ref, skipped=five)
+    assert c["ok"] is True and c["run_only_skips"] == 5 == c["verdict_differences_allowed"]
+    six = [i in (3, 50, 90, 120, 170, 190) for i in range(200)]
+    assert _check("fp16", list(ref), ref, skipped=six)["ok"] is False
+    # both skipped: no difference
+    assert _check("fp16", list(ref), ref, skipped=six, ref_own=six)["ok"] is True
     # a run that skipped every step where one process would not
     assert _check("fp16", list(ref), ref, skipped=[True] * 200)["ok"] is False
     # mixed precision: the last losses' mean still within the band
