@@ -248,7 +248,8 @@ class OpenCLBackend:
         self._paths: dict[tuple[str, str], tuple[str, opencl_tune.GemmParams | None]] = {}
         self.gemm_notes: list[str] = []
         if gemm in ("auto", "tuned"):
-            self._tuning_entries, note = opencl_tune.load_entries(self.tuning_key)
+            # the cached winners this device can run (an entry past its limits is skipped with the note)
+            self._tuning_entries, note = opencl_tune.load_entries(self.tuning_key, self._facts)
             if note:
                 self._note(note)
 
@@ -350,6 +351,8 @@ class OpenCLBackend:
         if decided is not None:
             return decided
         entry = self._tuning_entries.get(opencl_tune.entry_key(dtype.name, cls))
+        if entry is not None and not self._cached_builds(entry, dtype, cls):
+            entry = None
         if entry is None and self._gemm == "tuned":
             self._note(f"tuning the OpenCL GEMM for {dtype.name} {cls} products on {self._info.label} (once; "
                        f"at most {opencl_tune.DEFAULT_BUDGET_SECONDS:.0f} s, cached in {self.tuning_key.path()})")
@@ -368,6 +371,21 @@ class OpenCLBackend:
                 decided = ("tuned", opencl_tune.GemmParams.from_dict(entry["params"]))
         self._paths[(dtype.name, cls)] = decided
         return decided
+
+    def _cached_builds(self, entry: dict[str, Any], dtype: DType, cls: str) -> bool:
+        """Whether a cached winner builds for this device (a kernel's own limits, its registers', can be below the
+        device's); where not, it is dropped with a note and never launched."""
+        params = opencl_tune.GemmParams.from_dict(entry["params"])
+        try:
+            self._tuned.build(params, dtype.name)
+        except (cl.Error, RuntimeError) as e:
+            reason = str(e).strip().splitlines()[0][:120] if str(e).strip() else type(e).__name__
+            self._note(f"the OpenCL GEMM tuning cache {self.tuning_key.path()}: entry "
+                       f"'{opencl_tune.entry_key(dtype.name, cls)}' ({params.label()}: {reason}) skipped: this "
+                       "device cannot run it (`hetbench tune` tunes it again)")
+            del self._tuning_entries[opencl_tune.entry_key(dtype.name, cls)]
+            return False
+        return True
 
     def tune_gemm(self, dtype: DType, cls: str, on_step: Any = None,
                   budget_seconds: float = opencl_tune.DEFAULT_BUDGET_SECONDS,

@@ -30,6 +30,9 @@ CACHE_ENV = "HETBENCH_CACHE_DIR"  # the folder of hetbench's caches; default XDG
 SCHEMA = "hetbench.opencl-gemm-tuning"
 VERSION = 1
 DEFAULT_BUDGET_SECONDS = 60.0
+MAX_ACCUMULATORS = 1024  # wm * vw * nv: the search's largest is 12 * 16 * 2 = 384
+MAX_PACKED_COLUMNS = 16384  # nc: the search's largest is 1024
+MAX_CACHE_BYTES = 16 << 20  # a cache file holds a few entries: KBs
 
 _REAL_OPTIONS: dict[str, tuple[str, ...]] = {
     "fp32": ("-DREAL=float",),
@@ -101,6 +104,12 @@ class GemmParams:
             return f"nc={self.nc} is not a positive multiple of lx * vw * nv = {self.lx * self.wn}"
         if not self.pack and self.nc:
             return "nc needs pack=1"
+        # bounds far past any point the search visits: a doctored cache must not ask for a work-item of a million
+        # accumulators (a compile of minutes, or none) or a packed panel of gigabytes
+        if self.wm * self.wn > MAX_ACCUMULATORS:
+            return f"wm * vw * nv = {self.wm * self.wn} accumulators per work-item, over {MAX_ACCUMULATORS}"
+        if self.nc > MAX_PACKED_COLUMNS:
+            return f"nc={self.nc} is over {MAX_PACKED_COLUMNS}"
         return None
 
     def local_bytes(self, dtype_name: str) -> int:
@@ -154,11 +163,25 @@ class DeviceFacts:
         return cls(kind, int(device.max_work_group_size), tuple(int(s) for s in device.max_work_item_sizes),
                    int(device.local_mem_size), widths)
 
+    def problem(self, params: GemmParams, dtype_name: str) -> str | None:
+        """What makes `params` unusable on this device (over one of its limits), or None."""
+        problem = params.problem()
+        if problem:
+            return problem
+        if params.lx * params.ly > self.max_work_group_size:
+            return (f"a work-group of {params.lx} x {params.ly} = {params.lx * params.ly} work-items, over the "
+                    f"device's max_work_group_size {self.max_work_group_size}")
+        if params.lx > self.max_work_item_sizes[0] or params.ly > self.max_work_item_sizes[1]:
+            wide = f"{params.lx} wide" if params.lx > self.max_work_item_sizes[0] else f"{params.ly} high"
+            return (f"a work-group {wide}, over the device's max_work_item_sizes "
+                    f"{list(self.max_work_item_sizes[:2])}")
+        if params.local_bytes(dtype_name) > self.local_mem_bytes:
+            return (f"{params.local_bytes(dtype_name)} bytes of local memory, over the device's local_mem_size "
+                    f"{self.local_mem_bytes}")
+        return None
+
     def fits(self, params: GemmParams, dtype_name: str) -> bool:
-        return (params.problem() is None
-                and params.lx * params.ly <= self.max_work_group_size
-                and params.lx <= self.max_work_item_sizes[0] and params.ly <= self.max_work_item_sizes[1]
-                and params.local_bytes(dtype_name) <= self.local_mem_bytes)
+        return self.problem(params, dtype_name) is None
 
     def vector_width(self, dtype_name: str) -> int:
         width = self.vector_widths.get(dtype_name, 0) or 4
@@ -235,6 +258,11 @@ class TunedKernels:
         # registers can cap a kernel's work-group below the device's limit
         if gemm.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, self._device) < params.lx * params.ly:
             raise RuntimeError(f"the kernel's work-group limit is below {params.lx} x {params.ly}")
+        # PoCL asserts (SIGABRT) at the launch of a kernel whose local memory is over the device's
+        local = gemm.get_work_group_info(cl.kernel_work_group_info.LOCAL_MEM_SIZE, self._device)
+        if local > self._device.local_mem_size:
+            raise RuntimeError(f"the kernel needs {local} bytes of local memory, the device has "
+                               f"{self._device.local_mem_size}")
         gemm.set_scalar_arg_dtypes(_GEMM_ARGS)
         pack.set_scalar_arg_dtypes(_PACK_ARGS)
         self._built[key] = (gemm, pack)
@@ -528,8 +556,13 @@ def _read(path: Path) -> dict[str, Any]:
     # opened without waiting: a FIFO (or a device) at the cache's path blocked the open, and the command, for ever
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError("not a regular file")
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = ("a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a folder" if stat.S_ISDIR(mode)
+                    else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket")
+            raise ValueError(f"it is {kind}, not a regular file")
+        if os.fstat(fd).st_size > MAX_CACHE_BYTES:
+            raise ValueError(f"it is {os.fstat(fd).st_size} bytes, more than a cache may be ({MAX_CACHE_BYTES})")
         raw = b"".join(iter(lambda: os.read(fd, 1 << 20), b""))
     finally:
         os.close(fd)
@@ -554,9 +587,10 @@ def _read(path: Path) -> dict[str, Any]:
     return document
 
 
-def load_entries(key: DeviceKey) -> tuple[dict[str, dict[str, Any]], str | None]:
+def load_entries(key: DeviceKey, facts: DeviceFacts | None = None) -> tuple[dict[str, dict[str, Any]], str | None]:
     """The cached winners for this device and driver, and a one-line note where a cache file was there but is
-    ignored (another device or driver, unreadable, corrupt)."""
+    ignored (another device or driver, unreadable, corrupt) or, given the device's `facts`, where entries past its
+    limits are skipped (the others kept): nothing the device cannot run reaches its kernel."""
     path = key.path()
     if not path.exists():
         return {}, None
@@ -571,7 +605,24 @@ def load_entries(key: DeviceKey) -> tuple[dict[str, dict[str, Any]], str | None]
                 else "another device")
         return {}, (f"the OpenCL GEMM tuning cache {path} was made for {made}, not {key.describe()}: ignored "
                     f"(`hetbench tune` tunes this one)")
-    return dict(document["entries"]), None
+    entries = dict(document["entries"])
+    if facts is None:
+        return entries, None
+    skipped = []
+    for name, entry in list(entries.items()):
+        dtype_name = name.split("/")[0]
+        if dtype_name not in _ACC_ITEMSIZE:
+            continue  # never looked up (entry_key names a dtype hetbench has)
+        params = GemmParams.from_dict(entry["params"])
+        problem = facts.problem(params, dtype_name)
+        if problem:
+            skipped.append(f"{name!r} ({params.label()}: {problem})")
+            del entries[name]
+    if not skipped:
+        return entries, None
+    return entries, (f"the OpenCL GEMM tuning cache {path}: {'entry' if len(skipped) == 1 else 'entries'} "
+                     f"{', '.join(skipped)} skipped: this device cannot run {'it' if len(skipped) == 1 else 'them'} "
+                     f"(`hetbench tune` tunes {'it' if len(skipped) == 1 else 'them'} again)")
 
 
 def _write_atomic(path: Path, text: str) -> None:

@@ -347,3 +347,136 @@ def test_half_storage_path_where_the_device_builds_it():
             bound = 2 * k * fp16.unit_roundoff * (np.abs(a64) @ np.abs(b64))
             assert np.all(np.abs(c_dev.get().astype(np.float64) - a64 @ b64) <= bound), (params, m, n, k)
     kernels.release()
+
+
+# --- every cache file and entry checked before use (issue 33) ------------------------------------------------------
+
+@pytest.mark.parametrize("device", ["/dev/zero", "/dev/null"])
+def test_a_device_linked_as_the_cache_is_ignored_at_once(device):
+    """A device at the cache's path (a link to /dev/zero would never end, /dev/null reads as empty): ignored with a
+    note that says so, and a tune replaces the link with the file, the device untouched."""
+    import os
+    import stat
+    import threading
+
+    key = DeviceKey("P", "P 1", "dev", "1.0")
+    key.path().parent.mkdir(parents=True)
+    os.symlink(device, key.path())
+    got: list = []
+    reader = threading.Thread(target=lambda: got.append(opencl_tune.load_entries(key)), daemon=True)
+    reader.start()
+    reader.join(timeout=10)
+    assert got, "load_entries blocked on the cache's path"
+    entries, note = got[0]
+    assert entries == {} and "\n" not in note and str(key.path()) in note
+    assert "is a device, not a regular file" in note and "ignored" in note
+    opencl_tune.save_entry(key, "fp32", "medium", _entry(POINTS[0]))
+    assert not key.path().is_symlink() and stat.S_ISCHR(os.stat(device).st_mode)
+    assert list(opencl_tune.load_entries(key)[0]) == ["fp32/medium"]
+
+
+# a device of small limits: work-groups of 64, 32 along each dimension, 4 KiB of local memory
+SMALL_DEVICE = opencl_tune.DeviceFacts("gpu", 64, (32, 32, 32), 4096, {"fp32": 4, "fp64": 2, "fp16": 8})
+FITS = GemmParams(vw=4, nv=1, wm=4, lx=8, ly=4)
+WIDE = GemmParams(vw=4, nv=1, wm=4, lx=16, ly=16)  # 256 work-items
+LONG = GemmParams(vw=4, nv=1, wm=4, lx=64)  # 64 work-items, but 64 along the first dimension
+DEEP = GemmParams(vw=4, nv=1, wm=8, lx=8, ly=4, use_local=1, kb=32)  # (4*8*32 + 32*8*4) * 4 bytes = 8 KiB
+
+
+def test_params_no_device_runs_are_refused():
+    """Bounds far past the search's points: a doctored entry of a million accumulators per work-item or a panel of
+    gigabytes is corrupt (the file ignored with a note, as for any corrupt entry)."""
+    assert "accumulators" in GemmParams(vw=16, nv=16, wm=8, lx=1).problem()
+    assert GemmParams(vw=16, nv=2, wm=12, lx=16).problem() is None  # the CPU search's largest: 384
+    assert "nc=32768 is over" in GemmParams(vw=16, nv=1, wm=8, lx=8, pack=1, nc=32768).problem()
+    with pytest.raises(ValueError, match="accumulators"):
+        GemmParams.from_dict(GemmParams(vw=16, nv=256, wm=256, lx=1).as_dict())
+
+
+def test_params_past_the_devices_limits_are_named():
+    assert SMALL_DEVICE.problem(FITS, "fp32") is None and SMALL_DEVICE.fits(FITS, "fp32")
+    assert SMALL_DEVICE.problem(WIDE, "fp32") == ("a work-group of 16 x 16 = 256 work-items, over the device's "
+                                                  "max_work_group_size 64")
+    assert SMALL_DEVICE.problem(LONG, "fp32") == "a work-group 64 wide, over the device's max_work_item_sizes [32, 32]"
+    assert SMALL_DEVICE.problem(DEEP, "fp32") == "8192 bytes of local memory, over the device's local_mem_size 4096"
+    assert not SMALL_DEVICE.fits(DEEP, "fp32") and not SMALL_DEVICE.fits(WIDE, "fp32")
+
+
+def test_cached_entries_the_device_cannot_run_are_skipped_with_one_note():
+    """An entry past the device's limits (issue 33: a work-group over max_work_group_size failed every GEMM, exit 1,
+    even under auto; local memory over local_mem_size made PoCL abort) is skipped with one note naming the cache,
+    each entry and why; the entries the device can run are kept."""
+    key = DeviceKey("P", "P 1", "dev", "1.0")
+    for name, params in (("small", FITS), ("thin", WIDE), ("medium", LONG), ("large", DEEP)):
+        opencl_tune.save_entry(key, "fp32", name, _entry(params))
+    before = key.path().read_bytes()
+    entries, note = opencl_tune.load_entries(key, SMALL_DEVICE)
+    assert list(entries) == ["fp32/small"]
+    assert "\n" not in note and note.startswith(f"the OpenCL GEMM tuning cache {key.path()}: ")
+    for name, why in (("fp32/thin", "max_work_group_size 64"), ("fp32/medium", "max_work_item_sizes [32, 32]"),
+                      ("fp32/large", "local_mem_size 4096")):
+        label = note.split(f"{name!r} (")[1].split(")")[0]
+        assert why in label, note
+    assert "skipped" in note and "hetbench tune" in note
+    assert key.path().read_bytes() == before  # nothing written
+    # without the device's limits (a tune keeping the other entries) every entry is read
+    assert len(opencl_tune.load_entries(key)[0]) == 4
+
+
+def test_the_backend_never_runs_a_cached_entry_past_its_device(monkeypatch):
+    backend = _open(monkeypatch, "kernel")
+    key, facts = backend.tuning_key, backend._facts
+    backend.close()
+    wide = GemmParams(vw=1, nv=1, wm=1, lx=256, ly=256)
+    deep = GemmParams(vw=1, nv=1, wm=256, lx=1, ly=16, use_local=1, kb=256)
+    bad = next((p for p in (wide, deep) if not facts.fits(p, "fp32")), None)
+    if bad is None:
+        pytest.skip("this device runs both")
+    opencl_tune.save_entry(key, "fp32", "small", _entry(bad))
+    backend = _open(monkeypatch, "auto")
+    assert len(backend.gemm_notes) == 1 and "'fp32/small'" in backend.gemm_notes[0], backend.gemm_notes
+    path, params = backend.gemm_path(FP32, 64, 64, 64)
+    assert params != bad
+    _check(backend, FP32, 64, 64, 64, np.random.default_rng(2))
+    backend.close()
+
+
+def test_a_kernel_asking_more_local_memory_than_the_device_has_is_not_built():
+    """PoCL asserts (SIGABRT) at the launch of a kernel whose local memory is over its limit: the build refuses it."""
+    cl = opencl.cl
+    device = opencl._all_devices()[0][1]
+    deep = GemmParams(vw=1, nv=1, wm=256, lx=1, ly=16, use_local=1, kb=256)
+    if deep.local_bytes("fp32") <= device.local_mem_size:
+        pytest.skip("this device has the local memory")
+    context = cl.Context([device])
+    kernels = opencl_tune.TunedKernels(cl, context, cl.CommandQueue(context), device)
+    with pytest.raises(RuntimeError, match="local memory"):
+        kernels.build(deep, "fp32")
+    kernels.release()
+
+
+def test_a_cached_entry_whose_kernel_does_not_build_is_skipped(monkeypatch):
+    """Within the device's limits but not the kernel's (its registers can cap its work-group below the device's):
+    the cached winner is dropped with one note when it is first wanted, and auto takes its choice before any tune."""
+    backend = _open(monkeypatch, "kernel")
+    key = backend.tuning_key
+    backend.close()
+    opencl_tune.save_entry(key, "fp32", "small", _entry(POINTS[1]))
+    backend = _open(monkeypatch, "auto")
+    real_build = backend._tuned.build
+
+    def build(params, dtype_name):
+        if params == POINTS[1]:
+            raise RuntimeError(f"the kernel's work-group limit is below {params.lx} x {params.ly}")
+        return real_build(params, dtype_name)
+
+    monkeypatch.setattr(backend._tuned, "build", build)
+    assert backend.gemm_notes == []
+    path, params = backend.gemm_path(FP32, 64, 64, 64)
+    assert params != POINTS[1]
+    (note,) = backend.gemm_notes
+    assert f"'fp32/small' ({POINTS[1].label()}: the kernel's work-group limit is below 4 x 1) skipped" in note
+    assert str(key.path()) in note
+    _check(backend, FP32, 64, 64, 64, np.random.default_rng(3))
+    assert backend.gemm_path(FP32, 64, 64, 64) == (path, params) and len(backend.gemm_notes) == 1
+    backend.close()
