@@ -251,15 +251,51 @@ def common_options(command: str) -> list[click.Parameter]:
 # A healthy run waits in one MPI operation for as long as its slowest peer computes one step (a large GEMM on a slow
 # device, torch's import on a peer, a checkpoint written): minutes at most. Ten of them is a hang.
 DEFAULT_TIMEOUT_SECONDS = 600.0
+# The floor: MPI_Init, and the first collectives after it, wait for the slowest rank to start (the launcher starts
+# the ranks together; Python, NumPy, mpi4py and hetbench import on each in 0.3-1 s on the 2-core CI machine, and a
+# --timeout of 0.1 s ended a healthy 2-rank job in MPI_Init). Below one second no job can be told from a hang.
+MIN_TIMEOUT_SECONDS = 1.0
+
+
+def timeout_usable(value: float, text: str | None = None) -> bool:
+    """Whether --timeout takes `value` (seconds; `text`: as typed): 0 (no limit) or a finite number from
+    MIN_TIMEOUT_SECONDS up; 1e-400, which reads as 0, is no 0. The one rule, for click's type and for the value read
+    ahead of click (hetbench.cli._timeout_in)."""
+    if value == 0 and text is not None and any(c in "123456789" for c in re.split("[eE]", text.strip())[0]):
+        return False
+    return math.isfinite(value) and (value == 0 or value >= MIN_TIMEOUT_SECONDS)
+
+
+class TimeoutSeconds(FiniteFloatRange):
+    """--timeout's type: 0, or a number of seconds from MIN_TIMEOUT_SECONDS up."""
+
+    name = "seconds"
+
+    def __init__(self) -> None:
+        super().__init__(min=0.0)
+
+    def _accepted(self) -> str:
+        return f"0 (no limit) or a number of seconds from {MIN_TIMEOUT_SECONDS:g} up"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        try:
+            seconds = super().convert(value, param, ctx)
+        except click.BadParameter as e:
+            self.fail(f"{e.message.split('; accepted:')[0]}; accepted: {self._accepted()}", param, ctx)
+        if not timeout_usable(seconds, value if isinstance(value, str) else None):
+            self.fail(f"{value!r} is below the {MIN_TIMEOUT_SECONDS:g} s a job needs to start (MPI_Init waits for "
+                      f"every rank); accepted: {self._accepted()}", param, ctx)
+        return seconds
 
 
 def timeout_option() -> click.Option:
     """--timeout, shared by every command that starts MPI (nccl-tests' -T)."""
-    return click.Option(["--timeout", "timeout_seconds"], type=float_range(min=0.0), default=DEFAULT_TIMEOUT_SECONDS,
+    return click.Option(["--timeout", "timeout_seconds"], type=TimeoutSeconds(), default=DEFAULT_TIMEOUT_SECONDS,
                         show_default=True, metavar="SECONDS",
                         help="End the job, with one line naming the rank, its host and the MPI operation, when a rank "
                              "has waited this long in one MPI operation (a peer gone silent: a cut link, a stopped "
-                             "process). Files already committed are kept. 0: wait for ever.")
+                             f"process). Files already committed are kept. 0: wait for ever; else at least "
+                             f"{MIN_TIMEOUT_SECONDS:g} (a job's start waits for its slowest rank).")
 
 
 def parse_backends(world: Any, text: str) -> tuple:

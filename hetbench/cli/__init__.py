@@ -193,10 +193,9 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _timeout_in(args: list[str]) -> float:
-    """--timeout's value in the command line, or its default where it is absent or not a usable number."""
-    import math
-
-    from hetbench.options import DEFAULT_TIMEOUT_SECONDS
+    """--timeout's value in the command line, or its default where it is absent or not a value click takes (the
+    same rule: options.timeout_usable)."""
+    from hetbench.options import DEFAULT_TIMEOUT_SECONDS, timeout_usable
 
     for i, arg in enumerate(args):
         text = arg.split("=", 1)[1] if arg.startswith("--timeout=") else (
@@ -206,7 +205,7 @@ def _timeout_in(args: list[str]) -> float:
                 value = float(text) if text.isascii() else -1.0
             except ValueError:
                 return DEFAULT_TIMEOUT_SECONDS
-            return value if math.isfinite(value) and value >= 0 else DEFAULT_TIMEOUT_SECONDS
+            return value if timeout_usable(value, text) else DEFAULT_TIMEOUT_SECONDS
     return DEFAULT_TIMEOUT_SECONDS
 
 
