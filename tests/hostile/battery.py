@@ -24,6 +24,7 @@ Exit status: 0 when every case passes, 1 when any fails, 2 on a bad command line
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import hashlib
 import json
 import os
@@ -57,7 +58,21 @@ ORPHAN_GRACE = 3.0  # seconds a case's processes get to go after its launcher en
 TEMP_MARKERS = (".tmp", ".partial", ".part", ".staged", "~", ".swp")
 LAUNCHER_LINE = re.compile(r"^(Abort\(\d+\) on node \d+ \(rank \d+ in comm \d+\): application called MPI_Abort"
                            r"|\[mpiexec@[^\]]+\] )")
-CATEGORIES = ("hang", "traceback", "exit", "message", "lost", "partial", "orphan", "setup")
+CATEGORIES = ("hang", "traceback", "crash", "silent", "exit", "message", "lost", "partial", "orphan", "setup")
+# an MPI library's crash dump (MPICH's "Fatal error in internal_Allgather: Message truncated, error stack:"), or a
+# process ended by SIGABRT/SIGSEGV (PoCL's assertion): never what a user should see, whatever the exit code
+CRASH_TEXT = ("Fatal error in ", "error stack:")
+CRASH_CODES = (-signal.SIGABRT, -signal.SIGSEGV, -signal.SIGBUS, 128 + signal.SIGABRT, 128 + signal.SIGSEGV,
+               128 + signal.SIGBUS)
+# a library case's line (tests/hostile/lib_cases.py): each rank prints exactly one
+RAISED_LINE = re.compile(r"^rank (\d+) raised ([A-Za-z_][\w.]*): (.*)$")
+NOT_RAISED_LINE = re.compile(r"^rank (\d+) did not raise\b")
+
+
+def python_of(hb: str) -> str:
+    """The Python beside the hetbench command (the virtualenv's): what a case of program "python" runs."""
+    here = Path(hb).parent
+    return str(here / "python") if (here / "python").exists() else sys.executable
 
 
 def find_tools() -> tuple[str, str | None]:
@@ -239,7 +254,7 @@ def run_case(case: Case, work: Path, hb: str, mpi: str | None) -> Outcome:
     env.update({k: _fmt(v, subs) for k, v in case.env.items()})
     mark = f"{case.id}-{os.getpid()}-{time.monotonic_ns()}"
     env[MARK] = mark
-    cmd = [hb, *args]
+    cmd = [python_of(hb) if case.program == "python" else hb, *args]
     if case.nprocs:
         if mpi is None:
             return Outcome(case.id, case.command, case.kind, case.expect, " ".join(cmd),
@@ -256,6 +271,12 @@ def run_case(case: Case, work: Path, hb: str, mpi: str | None) -> Outcome:
         rank, signum, when = case.signal
         shown += f"  ({signal.Signals(signum).name} to rank {rank} {when})"
     out = Outcome(case.id, case.command, case.kind, case.expect, shown, known=case.known)
+    from cases import missing_needs  # what the case needs that this machine lacks (an OpenCL device, torch)
+
+    lacking = missing_needs(case)
+    if lacking:
+        out.skipped = lacking
+        return out
     mounted = None
     if case.special == "full":
         mounted = folder / "full"
@@ -327,7 +348,7 @@ def _run_mounted(case: Case, folder: Path, out: Outcome, cmd: list[str], env: di
         os.close(pipe_w)
     signalled_at = None
     if case.special == "signal":
-        signalled_at = _send_signal(case, proc, out, mark)
+        signalled_at = _send_signal(case, proc, out, mark, logs)
     hang = None
     try:
         proc.wait(timeout=case.timeout)
@@ -370,13 +391,24 @@ def _run_mounted(case: Case, folder: Path, out: Outcome, cmd: list[str], env: di
         return out
     if TRACEBACK in stderr_text or TRACEBACK in stdout_text:
         out.failures["traceback"] = "a Python traceback on " + ("stderr" if TRACEBACK in stderr_text else "stdout")
+    _judge_crash(out, stdout_text, stderr_text)
+    if case.expect == "raises":
+        _judge_raises(case, out, stdout_text, stderr_text)
+        _judge_files(case, folder, before, out)
+        return out
     _judge_exit_and_message(case, out, stdout_text, stderr_text)
+    for needle in case.out_needles:  # what a good run must say (a broken plugin named in `devices`)
+        if needle not in stdout_text + stderr_text:
+            out.failures.setdefault("message", f"the output lacks {needle!r}")
     _judge_files(case, folder, before, out)
     return out
 
 
-def _send_signal(case: Case, proc: subprocess.Popen, out: Outcome, mark: str) -> float | None:
-    """Find the target rank's process, wait as the case says, signal it; returns when it was signalled."""
+def _send_signal(case: Case, proc: subprocess.Popen, out: Outcome, mark: str, logs: Path) -> float | None:
+    """Find the target rank's process, wait as the case says, signal it; returns when it was signalled.
+    when: "early" (the first half second), "late" (after the handlers are in place, while it runs), "at:S" (S
+    seconds after the rank's process showed), "end:S" (S seconds after the run's last line, "results written
+    to", reached stdout: the job shutting down)."""
     rank, signum, when = case.signal
     rng = random.Random(case.id)
     deadline = time.monotonic() + 30
@@ -396,6 +428,15 @@ def _send_signal(case: Case, proc: subprocess.Popen, out: Outcome, mark: str) ->
         time.sleep(rng.uniform(0.0, 0.5))
     elif when.startswith("at:"):  # this long after the rank's process showed
         time.sleep(float(when[3:]))
+    elif when.startswith("end:"):  # this long after the job's last line: in its shutdown
+        while proc.poll() is None and time.monotonic() < deadline + 60:
+            try:
+                if b"results written to" in (logs / "stdout").read_bytes():
+                    break
+            except OSError:
+                pass
+            time.sleep(0.002)
+        time.sleep(float(when[4:]))
     else:  # after its handlers are in place, while it runs
         while not handles_sigterm(pid) and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -432,6 +473,59 @@ def _judge_before_hetbench(out: Outcome, stdout: str, stderr: str) -> None:
             out.failures["traceback"] = f"a traceback on {where} that is not Python's own start-up's"
 
 
+def _judge_crash(out: Outcome, stdout: str, stderr: str) -> None:
+    """An MPI crash dump or a process ended by an abort or a segfault."""
+    for marker in CRASH_TEXT:
+        if marker in stderr or marker in stdout:
+            out.failures["crash"] = f"an MPI crash dump ({marker.strip()!r} on {'stderr' if marker in stderr else 'stdout'})"
+            return
+    if out.returncode in CRASH_CODES:
+        out.failures["crash"] = f"ended by a crash (exit {out.returncode})"
+
+
+def _judge_raises(case: Case, out: Outcome, stdout: str, stderr: str) -> None:
+    """A library call misused from a user's script (tests/hostile/lib_cases.py): every rank must raise one
+    exception, and the script, which catches it, print `rank R raised TYPE: MESSAGE` once per rank, each message one
+    line; the script then ends with 0. A rank that printed `rank R did not raise` went on as if nothing were wrong."""
+    ranks = case.nprocs or 1
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    raised: dict[int, list[str]] = {}
+    quiet = []
+    other = []
+    for line in lines:
+        m = RAISED_LINE.match(line)
+        if m:
+            raised.setdefault(int(m.group(1)), []).append(m.group(3))
+        elif NOT_RAISED_LINE.match(line):
+            quiet.append(int(NOT_RAISED_LINE.match(line).group(1)))
+        elif line.startswith("WRONG:"):  # the script's own verdict: the group broken after the error
+            out.failures["silent"] = line[:200]
+        else:
+            other.append(line)
+    if quiet:
+        out.failures["silent"] = f"rank(s) {sorted(quiet)} did not raise: the call went on"
+    missing = [r for r in range(ranks) if r not in raised and r not in quiet]
+    twice = [r for r, msgs in raised.items() if len(msgs) > 1]
+    if missing and "hang" not in out.failures:
+        out.failures["message"] = f"rank(s) {missing} printed no line"
+    elif missing:
+        out.failures["hang"] += f"; rank(s) {missing} never raised"
+    if twice:
+        out.failures.setdefault("message", f"rank(s) {twice} printed more than one line")
+    bad = [m for msgs in raised.values() for m in msgs
+           if not m.strip() or any(x in m for x in ("error stack", "Fatal error", "Traceback"))]
+    if bad:
+        out.failures.setdefault("message", f"a message that is empty or carries MPI's stack: {bad[0][:120]!r}")
+    if other:
+        out.failures.setdefault("message", f"{len(other)} line(s) besides the ranks' own (a message of several "
+                                           f"lines?): {other[0][:120]!r}")
+    if out.returncode != 0 and "hang" not in out.failures:
+        out.failures["exit"] = f"exit {out.returncode}, expected 0 (the script catches the exception)"
+    for needle in case.needles:
+        if raised and not all(needle in msgs[0] for msgs in raised.values()):
+            out.failures.setdefault("message", f"a rank's message lacks {needle!r}")
+
+
 def _judge_exit_and_message(case: Case, out: Outcome, stdout: str, stderr: str) -> None:
     # MPICH's MPI_Abort says "Abort(N) on node R (rank R in comm 0): application called MPI_Abort(...)" itself
     # after the rank's own line, and its mpiexec says "[mpiexec@host] ..." of its own troubles (a deleted working
@@ -464,6 +558,10 @@ def _judge_exit_and_message(case: Case, out: Outcome, stdout: str, stderr: str) 
     elif case.expect == "ok":
         if rc != 0:
             out.failures["exit"] = f"exit {rc}, expected 0"
+            # a library script's own verdict (tests/hostile/lib_cases.py exits 4 on a silent wrong state)
+            wrong = [line for line in stdout.splitlines() if line.startswith("WRONG:")]
+            if case.program == "python" and wrong:
+                out.failures["silent"] = wrong[0][:300]
     elif case.expect == "ok_or_usage":
         if rc == 2:
             need_one_line("refused input must say one line")
@@ -490,12 +588,14 @@ def _judge_exit_and_message(case: Case, out: Outcome, stdout: str, stderr: str) 
 
 def _judge_files(case: Case, folder: Path, before: dict, out: Outcome) -> None:
     after = snapshot(folder)
-    may_change = set(case.may_change)
-    lost = [p for p, v in before.items() if p not in may_change and after.get(p) != v
+    def may(p: str) -> bool:  # a name the case lets change (a pattern: cache/opencl-gemm-*.json)
+        return any(fnmatch.fnmatchcase(p, pattern) for pattern in case.may_change)
+
+    lost = [p for p, v in before.items() if not may(p) and after.get(p) != v
             and not (v[0] == "dir" and after.get(p, ("",))[0] == "dir")]
     if lost:
         out.failures["lost"] = "changed or gone: " + ", ".join(sorted(lost)[:5])
-    new = sorted(p for p in after if p not in before or (p in may_change and after[p] != before.get(p)))
+    new = sorted(p for p in after if p not in before or (may(p) and after[p] != before.get(p)))
     if case.expect in ("usage", "signal", "fail") or (case.expect == "ok_or_usage" and out.returncode == 2):
         # an empty folder (results/ made before the refusal) is no file: tests/helpers.assert_usage_error allows it
         written = [p for p in new if after[p][0] != "dir"]
@@ -552,7 +652,7 @@ def main() -> int:
           flush=True)
     from cases import prepare  # templates (a checkpoint, a profile) made once
 
-    prepare(work / "_templates", hb)
+    prepare(work / "_templates", hb, cases)
     started = time.monotonic()
     outcomes: list[Outcome] = []
     lock = threading.Lock()
@@ -601,7 +701,8 @@ def main() -> int:
         kinds = ", ".join(f"{k} {n}" for k, n in sorted(by[command].items()))
         print(f"  {command:12} {sum(by[command].values()):4}  ({kinds})")
     print()
-    labels = {"hang": "hangs", "traceback": "tracebacks", "exit": "wrong exit codes",
+    labels = {"hang": "hangs", "traceback": "tracebacks", "crash": "crash dumps", "silent": "silent wrong states",
+              "exit": "wrong exit codes",
               "message": "multi-line/missing messages", "lost": "lost files", "partial": "partial files",
               "orphan": "orphan processes", "setup": "cases that could not run"}
     early = [o for o in outcomes if o.before_hetbench and o.command]

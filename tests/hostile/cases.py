@@ -5,7 +5,12 @@ what it expects, and what to make in its folder first.
 expect: "usage" bad input (exit 2, one `Error:` line, nothing on stdout, nothing written); "ok" good input
 (exit 0, only whole files); "ok_or_usage" either of those (a judgement call either way is fine, but a refusal is
 still one line); "fail" a fault while running, such as a disk that fills (exit 1 or 2, one `Error:` line, no half
-or staged file, every file there before kept); "signal" (exit 128+N, one line naming the rank); "pipe" (stdout closed: ended quietly by SIGPIPE, a shell's 141, no line).
+or staged file, every file there before kept); "signal" (exit 128+N, one line naming the rank); "pipe" (stdout closed: ended quietly by SIGPIPE, a shell's 141, no line);
+"raises" a library call misused from a user's script (tests/hostile/lib_cases.py, program "python"): every rank
+prints one line `rank R raised TYPE: MESSAGE` (the script catches the exception), no MPI stack, exit 0.
+
+Issue 33's cases (the torch front end, the library API, the tuning cache, backend plugins, `split --zero-copy`,
+`--timeout`, signals while a run shuts down) are in cases_round3.py.
 
 KNOWN lists the ids of failures still open that the battery must not hide: they still fail the run and are
 printed loudly. It is meant to stay empty.
@@ -55,12 +60,37 @@ class Case:
     may_change: list[str] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)  # a good run must leave these (whole)
     known: bool = False
+    program: str = "hetbench"  # or "python": the virtualenv's python runs argv (a user's script)
+    needs: tuple[str, ...] = ()  # templates or devices the case needs (see prepare): skipped where one cannot be
+    out_needles: list[str] = field(default_factory=list)  # a good run's stdout or stderr must say each of these
 
 
 # --- templates made once per battery run ------------------------------------------------------------------------
 
-def prepare(folder: Path, hb: str) -> None:
-    """A numpy checkpoint and a calibrate profile, made by hetbench itself, for the doctored-file cases."""
+# what a case needs that this machine cannot give (no OpenCL device, no torch): the case is skipped, with the reason
+UNAVAILABLE: dict[str, str] = {}
+# a template that this machine could make but whose making failed: the cases needing it fail (setup), with the reason
+BROKEN: dict[str, str] = {}
+
+
+def missing_needs(case: Case) -> str | None:
+    """Why the case cannot run here (it is then skipped), or None."""
+    for need in case.needs:
+        if need in UNAVAILABLE:
+            return UNAVAILABLE[need]
+    return None
+
+
+def template(name: str) -> Path:
+    """A template made by prepare(); a RuntimeError (the case's setup fails) where its making failed."""
+    if name in BROKEN:
+        raise RuntimeError(f"the {name} template could not be made: {BROKEN[name]}")
+    return TEMPLATES[name]
+
+
+def prepare(folder: Path, hb: str, cases: list[Case] | None = None) -> None:
+    """A numpy checkpoint and a calibrate profile, made by hetbench itself, for the doctored-file cases; and the
+    templates the selected cases need (torch checkpoints, an OpenCL tuning cache: cases_round3.prepare_round3)."""
     folder.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS="1")
     runs = {
@@ -77,6 +107,9 @@ def prepare(folder: Path, hb: str) -> None:
     TEMPLATES["ck"] = folder / "ck"
     TEMPLATES["profile"] = folder / "profile.json"
     TEMPLATES["train"] = folder / "train.json"
+    from cases_round3 import prepare_round3
+
+    prepare_round3(folder, hb, cases)
 
 
 # --- setup helpers ----------------------------------------------------------------------------------------------
@@ -869,7 +902,9 @@ def _cases() -> list[Case]:
 
 
 def build_cases() -> list[Case]:
-    cases = _cases()
+    from cases_round3 import round3_cases
+
+    cases = _cases() + round3_cases()
     for case in cases:
         case.known = case.id in KNOWN
     return cases
