@@ -87,9 +87,9 @@ class Train:
                               "trainer) or gpt (a small char-level decoder-only transformer on a text shipped with "
                               "hetbench; --layers blocks of width --hidden)."),
             click.Option(["--seq-len"], type=int_range(1, MAX_SEQ_LEN), default=64, show_default=True,
-                         help="--model gpt: characters of context per sequence (a row of the batch)."),
+                         help="--model gpt only: characters of context per sequence (a row of the batch)."),
             click.Option(["--heads"], type=int_range(1, MAX_HIDDEN), default=4, show_default=True,
-                         help="--model gpt: attention heads (must divide --hidden)."),
+                         help="--model gpt only: attention heads (must divide --hidden)."),
             click.Option(["--layers"], type=int_range(1, MAX_LAYERS), default=4, show_default=True,
                          help="Residual layers: h + relu(h W + b); --model gpt: transformer blocks (gpt default 2)."),
             click.Option(["--hidden"], type=int_range(1, MAX_HIDDEN), default=32, show_default=True,
@@ -116,7 +116,7 @@ class Train:
                               "torch: each rank's samples/s through the model, rebalanced the same way); a profile "
                               "from `hetbench calibrate`; or one weight >= 0 per rank."),
             click.Option(["--micro-batches"], type=int_range(1, MAX_BATCH), default=4, show_default=True,
-                         help="pipeline (numpy): micro-batches per step."),
+                         help="--strategy pipeline (numpy) only: micro-batches per step."),
             click.Option(["--path"], type=click.Choice(["host", "device"]), default="host", show_default=True,
                          help="How a GPU rank's parameters, gradients and activations reach MPI: through host copies "
                               "(host), or as GPU memory (device: needs a GPU-aware MPI). Ranks whose training "
@@ -212,7 +212,7 @@ class Train:
         return _harness(cfg).prepare(cfg, world, device)
 
     def check(self, cfg: TrainConfig, world: Any, state: Any) -> list[str]:
-        return _harness(cfg).check(cfg, world, state)
+        return _torch_device_path_errors(cfg, world, state) + _harness(cfg).check(cfg, world, state)
 
     def run(self, cfg: TrainConfig, world: Any, state: Any, on_step: Any) -> RankResult:
         outcome = _harness(cfg).run_rank(cfg, world, state, on_step)
@@ -262,10 +262,11 @@ def _check_frontend(params: dict[str, Any], world: Any) -> None:
         other = next(f for f in FRONTENDS if strategy in strategies.names(f))
         raise click.BadParameter(f"{strategy} is a strategy of --frontend {other}; accepted with --frontend "
                                  f"{frontend}: {', '.join(own)}", param_hint="'--strategy'")
+    if frontend == "numpy" and params["model"] != "mlp":
+        raise click.BadParameter(f"{params['model']} is trained by --frontend torch; the numpy trainer trains "
+                                 "mlp", param_hint="'--model'")
+    _refuse_options_that_do_not_apply(params)
     if frontend == "numpy":
-        if params["model"] != "mlp":
-            raise click.BadParameter(f"{params['model']} is trained by --frontend torch; the numpy trainer trains "
-                                     "mlp", param_hint="'--model'")
         return
     from hetbench.pytorch_support import torch_problem
 
@@ -279,6 +280,50 @@ def _check_frontend(params: dict[str, Any], world: Any) -> None:
         if params["hidden"] % params["heads"]:
             raise click.BadParameter(f"--heads {params['heads']} does not divide --hidden {params['hidden']}",
                                      param_hint="'--heads'")
+
+
+def _given(name: str) -> bool:
+    """Whether the user gave option `name` (on the command line): one left at its default is not given."""
+    from click.core import ParameterSource
+
+    return click.get_current_context().get_parameter_source(name) not in (None, ParameterSource.DEFAULT,
+                                                                           ParameterSource.DEFAULT_MAP)
+
+
+def _refuse_options_that_do_not_apply(params: dict[str, Any]) -> None:
+    """An option given where the chosen model or strategy has no use for it is a usage error (one line, alike on
+    every rank: the command line decides it), never silently ignored."""
+    frontend, model, strategy = params["frontend"], params["model"], params["strategy"]
+    if model != "gpt":
+        where = "--frontend torch --model gpt" if frontend == "numpy" else "--model gpt"
+        for option, what in (("seq_len", "the gpt's characters of context per sequence"),
+                             ("heads", "the gpt's attention heads")):
+            if _given(option):
+                flag = "--" + option.replace("_", "-")
+                raise click.UsageError(f"{flag} {params[option]} does not apply: it sets {what} ({where}), and the "
+                                       f"model here is {model}; leave it out")
+    if strategy != "pipeline" and _given("micro_batches"):
+        why = (f"--frontend torch has no pipeline (its strategies: {', '.join(strategies.names('torch'))})"
+               if frontend == "torch" else f"the strategy here is {strategy}")
+        raise click.UsageError(f"--micro-batches {params['micro_batches']} does not apply: it cuts the batch of "
+                               f"--strategy pipeline (--frontend numpy), and {why}; leave it out")
+
+
+def _torch_device_path_errors(cfg: TrainConfig, world: Any, state: Any) -> list[str]:
+    """--frontend torch, --path device: a rank whose device keeps its buffers in GPU memory that torch itself does
+    not hold (a simulated GPU: its memory stands for a GPU's) needs an MPI that takes that GPU's memory, as the numpy
+    front end checks it (harness.devices.device_path_error); a CuPy GPU's torch tensors are checked by the torch
+    trainer, and host or OpenCL buffers go to any MPI."""
+    from hetbench.backends.base import MPI_MEMORY_HOST, MPI_MEMORY_NONE, capabilities
+
+    backend = state.opened.backend
+    if (cfg.frontend != "torch" or cfg.path != "device" or capabilities(backend.name).torch_device == "cuda"
+            or backend.mpi_memory_kind() in (MPI_MEMORY_HOST, MPI_MEMORY_NONE)):
+        return []
+    from hetbench.harness.devices import device_path_error
+
+    error = device_path_error(backend, state.opened.info, cfg.dtype, world)
+    return [error] if error else []
 
 
 def _gpt_defaults(params: dict[str, Any]) -> None:
