@@ -264,7 +264,7 @@ def round3_cases() -> list[Case]:
     int_opts = ("--layers", "--hidden", "--batch", "--steps", "--seq-len", "--heads", "--seed", "--warmup-steps",
                 "--checkpoint-every")
     for opt in int_opts:
-        for tag in ("neg", "huge", "abc", "float", "empty", "fullwidth"):
+        for tag in ("neg", "huge", "abc", "fullwidth"):
             torch_case(f"torch{opt[1:]}-{tag}", [*TORCH, opt, BAD_INTS[tag]])
     for opt in ("--layers", "--hidden", "--batch", "--steps"):
         torch_case(f"torch{opt[1:]}-zero", [*TORCH, opt, "0"])
@@ -432,12 +432,17 @@ def round3_cases() -> list[Case]:
     sys.path.insert(0, str(HERE))
     import lib_cases
 
+    # every case on 2 ranks; on 3 those where a third rank changes what is checked (which rank differs, how many
+    # pieces, the world's size in a rank check): each costs torch's import on every rank (some 8 s of a core)
+    on_three = {"agit-out-short-last", "allreduce-dtype-last", "a2a-splits-disagree", "rst-in-short-last",
+                "shard-width-last", "shard-weights-last", "send-dst-world", "recv-src-world", "row-range-short",
+                "steplogger-folder", "frozen-first-block-adamw", "ring-good"}
     for name in lib_cases.RAISES:
-        for n in (2, 3):
+        for n in (2, 3) if name in on_three else (2,):
             add(f"lib-{name}-{n}", "library", "lib", [LIB, name], nprocs=n, program="python", expect="raises",
                 needs=("torch",), timeout=LIB_TIMEOUT)
     for name in lib_cases.OK:
-        for n in (2, 3):
+        for n in (2, 3) if name in on_three else (2,):
             add(f"lib-{name}-{n}", "library", "lib", [LIB, name], nprocs=n, program="python", expect="ok",
                 needs=("torch",), timeout=LIB_TIMEOUT)
 
