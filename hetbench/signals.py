@@ -13,6 +13,12 @@ for ever. hetbench/__main__.py holds the two signals from its first line until `
 (Python itself starting) the signal's default action ends the rank, and the job ends without a hang: Open MPI ends
 it, and under MPICH the other ranks' MPI_Init ends at --timeout (comm/watchdog.py init_mpi).
 
+The command's end is in force too (`finish`): mpi4py would finalise MPI after Python has put the signals' default
+actions back (a signal in MPI_Finalize, which waits for every rank, then killed the rank with nothing said), and a
+signal in Python's exit callbacks was dropped ("Exception ignored"). So the command runs its exit callbacks and
+MPI_Finalize itself, the signals still handled, and ends the process there: a signal until then ends it as anywhere
+else (128 + N, one line naming the rank and the signal), one after it finds the process gone.
+
 SIGHUP is left alone: UCX, under MPICH, takes it at MPI initialisation as its debugging signal.
 """
 
@@ -45,9 +51,20 @@ STARTUP_POLL_SECONDS = 0.1
 # the number of ranks each launcher exports (MPICH's hydra, Open MPI, MVAPICH2, Slurm's srun)
 SIZE_ENV = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "SLURM_NTASKS")
 
-_ending = threading.Lock()  # taken by whoever announces the end; never released (the process is ending)
+# taken by whoever announces the end; never released (the process is ending). Reentrant: the main thread that said
+# an interrupt itself (`interrupted`) takes it again in `finish`
+_ending = threading.RLock()
 _first_signal: int | None = None
 _installed = False
+# the command's end (`finish`): None before; then the (rank, size) of the job, and the first signal that came since
+_finishing: tuple[int, int] | None = None
+_finish_signal: int | None = None
+_mpi_ending = threading.Lock()  # held by whoever ends MPI: `finish` to start MPI_Finalize, the watchdog to abort
+_finalizing = False  # MPI_Finalize has begun: MPI_Abort can no longer be called
+_mpi_done = threading.Event()  # MPI_Finalize has returned (or there was none to call)
+# a signal during MPI_Finalize: the watchdog waits this long for it to return (every rank is finishing: milliseconds)
+# before it ends the rank without it
+FINALIZE_GRACE_SECONDS = 2.0
 
 
 class Interrupted(KeyboardInterrupt):
@@ -154,10 +171,82 @@ def _finalized() -> bool:
 
 
 def _handler(signum: int, frame: object) -> None:
-    global _first_signal
+    global _first_signal, _finish_signal
+    if _finishing is not None:  # the command's end: noted, never raised into its exit callbacks (see `finish`)
+        if _finish_signal is None:
+            _finish_signal = signum
+        return
     if _first_signal is None:  # a second Ctrl-C while unwinding must not raise inside the clean-up
         _first_signal = signum
         raise Interrupted(signum)
+
+
+def _interrupted_line(signum: int, rank: int, size: int) -> str:
+    where = f"rank {rank} ({socket.gethostname()}) " if size > 1 else ""
+    return f"Error: {where}interrupted by {signal.Signals(signum).name}"
+
+
+def _end_while_finishing(signum: int) -> None:
+    """The watchdog's answer to a signal once the command is ending (`finish`): the job ended as anywhere else.
+    Returns where `finish` has decided the end already (the signal came after it)."""
+    assert _finishing is not None
+    if not _ending.acquire(blocking=False):
+        return
+    rank, size = _finishing
+    if size > 1 and rank != 0:
+        time.sleep(NONROOT_DELAY_SECONDS)  # as in _abort_job: when every rank was signalled, rank 0's line alone
+    line = _interrupted_line(signum, rank, size)
+    with _mpi_ending:
+        if size > 1 and not _finalizing:  # MPI still up: abort the job, as anywhere else (never returns)
+            end_job(line, exit_code(signum))
+    # MPI_Finalize is under way (MPI_Abort would fail now) or there is one process: end this one once it returns
+    _mpi_done.wait(FINALIZE_GRACE_SECONDS if size > 1 else 0)
+    say(line)
+    time.sleep(ABORT_FLUSH_SECONDS if size > 1 else 0)
+    os._exit(exit_code(signum))
+
+
+def finish(code: int) -> None:
+    """End the `hetbench` command with `code`, the signals still handled to the last: flush the output, wait for
+    the threads Python waits for, run the exit callbacks, finalise MPI (after a barrier, where an abort still
+    reaches every rank), then end the process (os._exit: Python's own end, and mpi4py's MPI_Finalize in it, would
+    run with the signals' default actions back). A signal that comes before that point ends the job as anywhere
+    else, with 128 + N and one line naming the rank and the signal (the watchdog, or this thread). Does not
+    return."""
+    global _finishing, _finalizing
+    import atexit
+
+    _finishing = world()  # from here a signal is noted, not raised, and the watchdog ends the job for it
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    shutdown = getattr(threading, "_shutdown", None)  # what Python's end does first: join the non-daemon threads
+    if shutdown is not None:
+        shutdown()
+    atexit._run_exitfuncs()
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        if _finishing[1] > 1:
+            mpi.COMM_WORLD.Barrier()  # the ranks' shutdowns meet here, where a signal can still abort them all
+        with _mpi_ending:
+            _finalizing = True
+        mpi.Finalize()
+    _mpi_done.set()
+    if not _ending.acquire(blocking=False):  # the watchdog is ending the process for a signal: it exits
+        while True:
+            time.sleep(1)
+    if _finish_signal is not None:  # one that came before this point, the watchdog not there yet
+        say(_interrupted_line(_finish_signal, *_finishing))
+        os._exit(exit_code(_finish_signal))
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    os._exit(code)
+
 
 
 def _watch(read_fd: int) -> None:
@@ -172,6 +261,9 @@ def _watch(read_fd: int) -> None:
             return
         signum = data[0]
         if signum not in HANDLED:
+            continue
+        if _finishing is not None:
+            _end_while_finishing(signum)
             continue
         rank, size = world()
         if size > 1:
@@ -191,6 +283,11 @@ def _watch(read_fd: int) -> None:
         if _ending.acquire(blocking=False):
             say(f"Error: interrupted by {signal.Signals(signum).name}")
         os._exit(exit_code(signum))
+
+
+def installed() -> bool:
+    """Whether this process handles SIGINT and SIGTERM as above (`install` ran and took them)."""
+    return _installed
 
 
 def install() -> bool:

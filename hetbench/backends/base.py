@@ -352,6 +352,19 @@ _PROTOCOL = ("CAPABILITIES", "unavailable_reason", "list_devices", "open_device"
 _BROKEN: dict[str, str] = {}
 
 
+def plugin_broke(error: BaseException) -> bool:
+    """Whether `error`, out of a plugin's code, means the plugin failed: any Exception, SystemExit (sys.exit), and a
+    KeyboardInterrupt that no signal raised (the plugin's own `raise KeyboardInterrupt`: once hetbench handles the
+    signals, SIGINT and SIGTERM raise its own signals.Interrupted, which stays a signal)."""
+    if isinstance(error, (Exception, SystemExit)):
+        return True
+    if isinstance(error, KeyboardInterrupt):
+        from hetbench import signals
+
+        return signals.installed() and not isinstance(error, signals.Interrupted)
+    return False
+
+
 def plugin_failure(error: BaseException) -> str:
     """What a plugin's failure was, in a few words: its exception, or the code it exited with (sys.exit)."""
     if isinstance(error, SystemExit):
@@ -363,7 +376,7 @@ class _Contained:
     """A backend module from another package, its functions contained: one that raises (any Exception) or exits
     (SystemExit) raises BackendUnavailable naming the backend, the function and why, so that the backend alone is
     out. ValueError (parse_spec's malformed spec, UnsupportedDtype) and BackendUnavailable pass as they are: they
-    are the protocol's own answers. KeyboardInterrupt (a signal) passes too."""
+    are the protocol's own answers. A signal (plugin_broke) passes too."""
 
     def __init__(self, name: str, module: Any) -> None:
         self._name, self._module = name, module
@@ -379,7 +392,9 @@ class _Contained:
                 return value(*args, **kwargs)
             except (BackendUnavailable, ValueError):
                 raise
-            except (Exception, SystemExit) as e:
+            except BaseException as e:
+                if not plugin_broke(e):
+                    raise
                 raise BackendUnavailable(f"backend {name!r}: its {attribute}() failed: {plugin_failure(e)}") from None
 
         return contained
@@ -398,7 +413,9 @@ def backend_module(name: str) -> BackendModule:
     if name not in _BROKEN:
         try:
             module = importlib.import_module(path)
-        except (Exception, SystemExit) as e:  # a plugin that does not import: that backend alone is out
+        except BaseException as e:  # a plugin that does not import: that backend alone is out
+            if not plugin_broke(e):
+                raise
             _BROKEN[name] = (f"backend {name!r} (module {path}, from its entry point) cannot be imported: "
                              f"{plugin_failure(e)}")
         else:
@@ -411,15 +428,6 @@ def backend_module(name: str) -> BackendModule:
             else:
                 return cast(BackendModule, _Contained(name, module))
     raise BackendUnavailable(_BROKEN[name])
-
-
-def unavailable_reason(name: str) -> str | None:
-    """None when backend `name` can run here, else why not: its module's own reason, or why a plugin's module
-    does not import or answer."""
-    try:
-        return backend_module(name).unavailable_reason()
-    except BackendUnavailable as e:
-        return str(e)
 
 
 def capabilities(name: str) -> Capabilities:

@@ -69,8 +69,8 @@ BUILTIN_NAMES: set[str] = set()  # the commands the built-in modules register
 
 def load() -> None:
     """Import every benchmark module, so that each registers itself. A plugin module that fails to import (raises
-    any Exception, or calls sys.exit) registers nothing and is listed in UNAVAILABLE with why; the others load. A
-    signal (KeyboardInterrupt) is not caught."""
+    any Exception, or calls sys.exit: backends.base.plugin_broke) registers nothing and is listed in UNAVAILABLE
+    with why; the others load. A signal is not caught."""
     from hetbench.benchmarks.base import REGISTRY
 
     for module in BUILTIN:
@@ -83,8 +83,11 @@ def load() -> None:
         before = dict(REGISTRY)
         try:
             importlib.import_module(module)
-        except (Exception, SystemExit) as e:  # a module that calls sys.exit() at import is as broken
-            from hetbench.backends.base import plugin_failure
+        except BaseException as e:  # one that calls sys.exit() at import is as broken; a signal is not caught
+            from hetbench.backends.base import plugin_broke, plugin_failure
+
+            if not plugin_broke(e):
+                raise
 
             for registered in set(REGISTRY) - set(before):  # what it registered before it failed goes with it
                 del REGISTRY[registered]

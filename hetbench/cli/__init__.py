@@ -96,10 +96,11 @@ def _add_benchmark_commands() -> None:
     for benchmark in list(REGISTRY.values()):
         try:
             command = driver.command_for(benchmark)
-        except (Exception, SystemExit) as e:
-            if benchmark.name in benchmarks.BUILTIN_NAMES:
+        except BaseException as e:
+            from hetbench.backends.base import plugin_broke, plugin_failure
+
+            if benchmark.name in benchmarks.BUILTIN_NAMES or not plugin_broke(e):
                 raise
-            from hetbench.backends.base import plugin_failure
 
             del REGISTRY[benchmark.name]
             benchmarks.mark_unavailable(benchmark.name, type(benchmark).__module__,
@@ -181,14 +182,25 @@ def _output_closed(rank: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """The `hetbench` command. With argv None (the process's own command line, as `hetbench` runs it) the process
+    ends here (signals.finish: a signal while it shuts down ends the job as anywhere else); given argv (a caller
+    running a command in its own process), it raises SystemExit with the exit code."""
+    code = 0
     try:
-        code = _main(argv)
-    except BrokenPipeError:  # an error line (or the help) said to a stderr or stdout whose reader went away
-        code = _output_closed(world_rank())
-    if code == BROKEN_PIPE_EXIT:
-        # ended by SIGPIPE itself, as `yes | head -1` and mpiexec are: the shell says 141, a parent sees the signal
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGPIPE)
+        try:
+            code = _main(argv)
+        except BrokenPipeError:  # an error line (or the help) said to a stderr or stdout whose reader went away
+            code = _output_closed(world_rank())
+        if code == BROKEN_PIPE_EXIT:
+            # ended by SIGPIPE itself, as `yes | head -1` and mpiexec are: the shell says 141, a parent sees the signal
+            signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGPIPE)
+        if argv is None:
+            signals.finish(code)
+    except KeyboardInterrupt as e:  # a signal between the command's end and `finish` taking over
+        code = signals.interrupted(e.signum if isinstance(e, signals.Interrupted) else signal.SIGINT)
+        if argv is None:
+            signals.finish(code)
     sys.exit(code)
 
 

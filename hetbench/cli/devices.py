@@ -42,6 +42,8 @@ def devices(with_sim: bool, json_stdout: bool, timeout_seconds: float) -> int:
             if module.CAPABILITIES.simulated and not with_sim:
                 continue
             reason = module.unavailable_reason()
+            if reason is not None and not isinstance(reason, str):
+                reason = f"backend {name!r}: its unavailable_reason() gave {reason!r}, not None or a text"
             found = [] if reason is not None else _device_rows(name, module.list_devices())
         except BackendUnavailable as e:
             reason = str(e)

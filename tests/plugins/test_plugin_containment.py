@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers import REPO, needs_mpi, run_cli_batch
+from helpers import REPO, needs_mpi, run_cli, run_cli_batch
 
 PLUGINS = Path(__file__).resolve().parent / "toy_dist"
 RANK = ("PMI_RANK", "OMPI_COMM_WORLD_RANK")
@@ -36,6 +36,10 @@ BROKEN = {
     "reasonfails.py": ("from hetbench.backends.host import CAPABILITIES, list_devices, open_device\n"
                        "def unavailable_reason():\n    raise SystemExit(7)\n"),
     "noprotocol.py": "def list_devices():\n    return []\n",
+    "kbint.py": "raise KeyboardInterrupt\n",  # its own, no signal: as broken as any other exception
+    "listjunk.py": ("from hetbench.backends.host import CAPABILITIES, open_device\n"
+                    "def unavailable_reason():\n    return None\n"
+                    "def list_devices():\n    return [1, 'two']\n"),
     "bench_exits.py": "import sys\nsys.exit(5)\n",
     "bench_raises.py": "raise ValueError('bad config table')\n",
     "bench_env.py": "import no_such_module_anywhere\n",
@@ -59,6 +63,8 @@ onrank1 = broken_plugins.onrank1
 listfails = broken_plugins.listfails
 reasonfails = broken_plugins.reasonfails
 noprotocol = broken_plugins.noprotocol
+kbint = broken_plugins.kbint
+listjunk = broken_plugins.listjunk
 
 [hetbench.benchmarks]
 bexits = broken_plugins.bench_exits
@@ -141,6 +147,8 @@ def test_devices_lists_each_broken_plugin_with_its_reason(runs):
         assert "list_devices" in reasons[rank, "listfails"] and "device table unreadable" in reasons[rank, "listfails"]
         assert "unavailable_reason" in reasons[rank, "reasonfails"] and "SystemExit" in reasons[rank, "reasonfails"]
         assert "CAPABILITIES" in reasons[rank, "noprotocol"]
+        assert "KeyboardInterrupt" in reasons[rank, "kbint"]
+        assert "list_devices() gave list, not a list of DeviceInfo" in reasons[rank, "listjunk"]
     # the backend that exits on rank 1 alone: unavailable there, its device listed on the other ranks
     assert [r for r, b in reasons if b == "onrank1"] == ([1] if ranks > 1 else [])
     if ranks > 1:
@@ -199,3 +207,16 @@ def test_naming_a_broken_plugin_is_one_line(runs):
     # broken on rank 1 alone: every rank stops alike, the line names rank 1 and the reason
     _one_error(half, f"rank 1 ({os.uname().nodename})", "benchmark halfbench", "numpy too old on this node")
     _one_error(onrank1, "rank 1 ", "onrank1", "no driver on this node")
+
+
+def test_a_benchmark_plugin_raising_keyboard_interrupt_itself_is_out_alone(tmp_path, monkeypatch):
+    """Its own `raise KeyboardInterrupt` at import, no signal (a real SIGINT raises hetbench's signals.Interrupted
+    and stays a signal: tests/mpi/test_early_signals.py): listed with why, the rest works."""
+    (tmp_path / "bench_kbint.py").write_text("raise KeyboardInterrupt\n")
+    # (not through the test fork server: it imports the commands before any signal handling, as a script would)
+    monkeypatch.setenv("HETBENCH_TEST_NO_FORKSERVER", "1")
+    env = {"HETBENCH_BENCHMARKS": "bench_kbint", "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"}
+    run = run_cli(["devices", "--json"], cwd=tmp_path, env=env)
+    assert run.returncode == 0 and run.stderr == "", run.stderr
+    (found,) = run.json()["unavailable_benchmarks"]
+    assert found["benchmark"] == "bench_kbint" and found["reason"].endswith("cannot be imported: KeyboardInterrupt: ")
