@@ -70,7 +70,8 @@ def _run(cmd: list[str], folder: Path, env: dict[str, str] | None = None, timeou
     except subprocess.TimeoutExpired:
         return f"{' '.join(cmd)} ran past {timeout:.0f} s"
     if done.returncode != 0:
-        return f"exit {done.returncode}: {done.stderr.strip()[-600:]}"
+        tail = " | ".join(line.strip() for line in done.stderr.strip().splitlines()[-3:])
+        return f"exit {done.returncode}: {tail[-400:]}"
     return None
 
 
@@ -655,7 +656,7 @@ def round3_cases() -> list[Case]:
             ("collectives", 3, 1, signal.SIGINT, 0.03), ("split", 2, 1, signal.SIGINT, 0.0),
             ("split", 3, 0, signal.SIGTERM, 0.02), ("train", 2, 0, signal.SIGINT, 0.0),
             ("train", 2, 1, signal.SIGTERM, 0.05), ("train", 3, 2, signal.SIGTERM, 0.01),
-            ("matmul", 2, 0, signal.SIGTERM, 0.1), ("split", 2, 0, signal.SIGINT, 0.08)]
+            ("matmul", 2, 0, signal.SIGTERM, 0.04), ("split", 2, 0, signal.SIGINT, 0.03)]
     for i, (command, ranks, rank, signum, delay) in enumerate(plan):
         sig = signal.Signals(signum).name.lower()
         add(f"signal-shutdown-{command}-{ranks}r-rank{rank}-{sig}-{int(delay * 1000)}ms-{i}", command, "signal",

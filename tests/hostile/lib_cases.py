@@ -421,6 +421,18 @@ def steplogger_folder(rank: int, n: int) -> None:
     hb.StepLogger(tempfile.gettempdir() if rank == 0 else os.getcwd(), 8)
 
 
+# --- good uses, and states that must stay right (ok: exit 0, or 4 with a WRONG line) --------------------------------
+
+def say(line: str) -> None:
+    """One line in one write: the ranks' lines reach mpiexec's stdout through pipes and must not interleave."""
+    os.write(1, (line + "\n").encode("utf-8", "replace"))
+
+
+def _wrong(what: str) -> None:
+    say(f"WRONG: {what}")
+    raise SystemExit(4)
+
+
 @ok
 def agit_good(rank: int, n: int) -> None:
     import torch
