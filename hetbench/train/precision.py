@@ -8,7 +8,7 @@ the loss, the optimizer) is float32 arithmetic on those values.
 
 The loss scaler, as torch.cuda.amp.GradScaler:
 - fp16 ("dynamic"): the backward runs on loss * scale (initial INITIAL_SCALE = 2**16) so that small gradients
-  survive fp16's range (the smallest subnormal is 2**-24); the summed gradients are divided by the scale in
+  survive fp16's range (the smallest subnormal is 2**-24); the summed gradients are divided by the scale (the one their backward ran at) in
   float32 before the optimizer. A step whose gradients hold an inf or NaN anywhere (every rank decides alike: a
   global verdict) is skipped, no parameter or optimizer state touched, and the scale halves; after
   GROWTH_INTERVAL consecutive good steps it doubles. GROWTH_INTERVAL is 100, not GradScaler's 2000: a run here
@@ -84,6 +84,7 @@ class LossScaler:
     good_steps: int = 0  # consecutive good steps since the scale last changed
     skipped_steps: int = 0  # steps skipped by this scaler (this run's)
     growth_interval: int = GROWTH_INTERVAL
+    step_scale: float | None = None  # the scale the last verdict's backward ran at (update() may move `scale`)
 
     @classmethod
     def for_dtype(cls, dtype: DType | str, state: dict[str, Any] | None = None) -> "LossScaler":
@@ -106,9 +107,11 @@ class LossScaler:
         return grad if self.scale == 1.0 else grad * np.float32(self.scale)
 
     def unscale(self, grad: np.ndarray) -> None:
-        """Divide summed gradients by the scale, in place, in float32."""
-        if self.scale != 1.0:
-            grad /= np.float32(self.scale)
+        """Divide summed gradients by the scale their backward ran at, in place, in float32: after update() that is
+        the scale before it moved (a step that doubles the scale is applied at full size, as GradScaler does)."""
+        scale = self.scale if self.step_scale is None else self.step_scale
+        if scale != 1.0:
+            grad /= np.float32(scale)
 
     def nonfinite(self, arrays: Iterable[np.ndarray]) -> bool:
         """Whether any of `arrays` (this rank's summed gradients) holds an inf or NaN; False when not checking."""
@@ -116,6 +119,7 @@ class LossScaler:
 
     def update(self, nonfinite: bool) -> bool:
         """After a step's global verdict: returns whether the step is skipped, and moves the scale."""
+        self.step_scale = self.scale
         if not self.checks:
             return False
         if nonfinite:

@@ -60,9 +60,9 @@ def reference(model: ModelConfig, optimizer: str, lr: float, steps: int, ops: An
         skipped = scaler.update(bool(verdict))
         if not skipped:
             for vec, opt, g in zip(vecs, opts, flat):
-                # as the strategies do: by the scale after the update (a retried step's smaller one alike)
+                # by the scale its backward ran at, as the strategies do (a retried step's smaller one)
                 if used != scale:
-                    g /= np.float32(used * scaler.scale / scale)
+                    g /= np.float32(used)
                 else:
                     scaler.unscale(g)
                 opt.step(vec, g, step)

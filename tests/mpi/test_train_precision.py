@@ -150,6 +150,20 @@ def test_dynamic_scaler_halves_on_overflow_and_grows_after_the_interval(monkeypa
     assert (t.scale, t.good_steps) == (2.0**15, 1)
 
 
+def test_a_step_that_grows_the_scale_is_unscaled_by_the_scale_its_backward_ran_at(monkeypatch):
+    """The gradients of the step that doubles the scale were made at the old scale: dividing them by the new one
+    halved that update (every GROWTH_INTERVAL-th step of an fp16 run, in the run and its reference alike)."""
+    monkeypatch.delenv(SCALE_ENV, raising=False)
+    s = LossScaler.for_dtype("fp16")
+    true_grad = np.array([0.5, -0.25, 3.0], dtype=np.float32)
+    for step in range(GROWTH_INTERVAL + 1):
+        scaled = true_grad * np.float32(s.scale)  # the backward of loss * scale
+        s.update(False)
+        s.unscale(scaled)
+        assert np.array_equal(scaled, true_grad), (step, s.scale)
+    assert s.scale == 2.0 * INITIAL_SCALE
+
+
 def test_bf16_skips_without_scaling_and_fp32_checks_nothing(monkeypatch):
     monkeypatch.setenv(SCALE_ENV, "1024")
     bf = LossScaler.for_dtype("bf16")
