@@ -9,8 +9,8 @@ the loss, the optimizer) is float32 arithmetic on those values.
 The loss scaler, as torch.cuda.amp.GradScaler:
 - fp16 ("dynamic"): the backward runs on loss * scale (initial INITIAL_SCALE = 2**16) so that small gradients
   survive fp16's range (the smallest subnormal is 2**-24); the summed gradients are divided by the scale their
-  backward ran at, in float32, before the optimizer. A step whose gradients hold an inf or NaN anywhere (every rank decides alike: a
-  global verdict) is skipped, no parameter or optimizer state touched, and the scale halves; after
+  backward ran at, in float32, before the optimizer. A step whose gradients hold an inf or NaN anywhere (every
+  rank decides alike: a global verdict) is skipped, no parameter or optimizer state touched, and the scale halves; after
   GROWTH_INTERVAL consecutive good steps it doubles. GROWTH_INTERVAL is 100, not GradScaler's 2000: a run here
   is a few hundred steps, and with 2000 the scale could only ever fall.
 - bf16 ("none"): bf16 has float32's exponent range, so no scaling (scale fixed at 1), but a step with non-finite
