@@ -393,7 +393,7 @@ def round3_cases() -> list[Case]:
     }
     for tag, edit in manifest_cases.items():
         torch_case(f"torch-resume-manifest-{tag}", resume, setup=_tck("torch-ck", edit), needs=("torch", "torch-ck"),
-                   kind="checkpoint", needles=["manifest.json"] if tag != "manifest-missing" else [])
+                   kind="checkpoint", needles=["ck/step-2"] if tag != "manifest-missing" else [])  # the step folder or its manifest
     # fsdp's sharded checkpoint (2 ranks' pieces): pieces overlapping or missing, files doctored
     fsdp_resume = [*TORCH, "--strategy", "fsdp", "--steps", "3", "--resume", "{d}/ck", "--out", "{d}/r.json",
                    "--backend", "host"]
