@@ -15,9 +15,11 @@ it, and under MPICH the other ranks' MPI_Init ends at --timeout (comm/watchdog.p
 
 The command's end is in force too (`finish`): mpi4py would finalise MPI after Python has put the signals' default
 actions back (a signal in MPI_Finalize, which waits for every rank, then killed the rank with nothing said), and a
-signal in Python's exit callbacks was dropped ("Exception ignored"). So the command runs its exit callbacks and
-MPI_Finalize itself, the signals still handled, and ends the process there: a signal until then ends it as anywhere
-else (128 + N, one line naming the rank and the signal), one after it finds the process gone.
+signal in Python's exit callbacks was dropped ("Exception ignored"). So the command runs its exit callbacks, meets
+the other ranks at a barrier (the wait for a slower rank is there, where MPI_Abort still ends them all) and finalises
+MPI itself, the signals still handled, then ends the process: a signal until MPI_Finalize ends the job as anywhere
+else (128 + N, one line naming the rank and the signal). MPI_Finalize itself (milliseconds, every rank there) is the
+job's end: MPI can abort no more, and MPICH's launcher ends the job with the first rank that leaves it.
 
 SIGHUP is left alone: UCX, under MPICH, takes it at MPI initialisation as its debugging signal.
 """
@@ -60,11 +62,7 @@ _installed = False
 _finishing: tuple[int, int] | None = None
 _finish_signal: int | None = None
 _mpi_ending = threading.Lock()  # held by whoever ends MPI: `finish` to start MPI_Finalize, the watchdog to abort
-_finalizing = False  # MPI_Finalize has begun: MPI_Abort can no longer be called
-_mpi_done = threading.Event()  # MPI_Finalize has returned (or there was none to call)
-# a signal during MPI_Finalize: the watchdog waits this long for it to return (every rank is finishing: milliseconds)
-# before it ends the rank without it
-FINALIZE_GRACE_SECONDS = 2.0
+_finalizing = False  # MPI_Finalize has begun: MPI_Abort can no longer be called, the job has ended
 
 
 class Interrupted(KeyboardInterrupt):
@@ -173,7 +171,7 @@ def _finalized() -> bool:
 def _handler(signum: int, frame: object) -> None:
     global _first_signal, _finish_signal
     if _finishing is not None:  # the command's end: noted, never raised into its exit callbacks (see `finish`)
-        if _finish_signal is None:
+        if _finish_signal is None and not _finalizing:
             _finish_signal = signum
         return
     if _first_signal is None:  # a second Ctrl-C while unwinding must not raise inside the clean-up
@@ -187,65 +185,70 @@ def _interrupted_line(signum: int, rank: int, size: int) -> str:
 
 
 def _end_while_finishing(signum: int) -> None:
-    """The watchdog's answer to a signal once the command is ending (`finish`): the job ended as anywhere else.
-    Returns where `finish` has decided the end already (the signal came after it)."""
+    """The watchdog's answer to a signal once the command is ending (`finish`): alone, the process ends with the
+    signal's code and line; in a job of several ranks, MPI_Abort ends the job so, as anywhere else, while MPI is
+    still up. Once MPI_Finalize has begun the job has ended (MPI can abort it no more, and MPICH's launcher takes the
+    first rank's exit once every rank has met there): the signal came after the end and is let be."""
     assert _finishing is not None
     if not _ending.acquire(blocking=False):
         return
     rank, size = _finishing
-    if size > 1 and rank != 0:
-        time.sleep(NONROOT_DELAY_SECONDS)  # as in _abort_job: when every rank was signalled, rank 0's line alone
     line = _interrupted_line(signum, rank, size)
+    if size <= 1:
+        end_job(line, exit_code(signum))
+    if rank != 0:
+        time.sleep(NONROOT_DELAY_SECONDS)  # as in _abort_job: when every rank was signalled, rank 0's line alone
     with _mpi_ending:
-        if size > 1 and not _finalizing:  # MPI still up: abort the job, as anywhere else (never returns)
+        if not _finalizing:  # never returns
             end_job(line, exit_code(signum))
-    # MPI_Finalize is under way (MPI_Abort would fail now) or there is one process: end this one once it returns
-    _mpi_done.wait(FINALIZE_GRACE_SECONDS if size > 1 else 0)
-    say(line)
-    time.sleep(ABORT_FLUSH_SECONDS if size > 1 else 0)
-    os._exit(exit_code(signum))
+    _ending.release()  # after the end: `finish` ends the process with its own code
 
 
 def finish(code: int) -> None:
     """End the `hetbench` command with `code`, the signals still handled to the last: flush the output, wait for
-    the threads Python waits for, run the exit callbacks, finalise MPI (after a barrier, where an abort still
-    reaches every rank), then end the process (os._exit: Python's own end, and mpi4py's MPI_Finalize in it, would
-    run with the signals' default actions back). A signal that comes before that point ends the job as anywhere
-    else, with 128 + N and one line naming the rank and the signal (the watchdog, or this thread). Does not
-    return."""
+    the threads Python waits for, run the exit callbacks, meet the other ranks (a barrier, where an abort still
+    reaches every rank), finalise MPI, then end the process (os._exit: Python's own end, and mpi4py's MPI_Finalize
+    in it, would run with the signals' default actions back). A signal that comes before MPI_Finalize ends the job
+    as anywhere else, with 128 + N and one line naming the rank and the signal (the watchdog, or this thread);
+    MPI_Finalize (milliseconds, every rank there) is the end. Does not return."""
     global _finishing, _finalizing
     import atexit
 
     _finishing = world()  # from here a signal is noted, not raised, and the watchdog ends the job for it
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError, AttributeError):
-            pass
+    rank, size = _finishing
+    _flush()
     shutdown = getattr(threading, "_shutdown", None)  # what Python's end does first: join the non-daemon threads
     if shutdown is not None:
         shutdown()
     atexit._run_exitfuncs()
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
-        if _finishing[1] > 1:
+        if size > 1:
             mpi.COMM_WORLD.Barrier()  # the ranks' shutdowns meet here, where a signal can still abort them all
-        with _mpi_ending:
-            _finalizing = True
+        while size > 1:  # (alone, MPI_Finalize is no end: a signal in it is noted, and said below)
+            with _mpi_ending:
+                if _finish_signal is None:
+                    _finalizing = True
+                    break
+            # a signal this thread noted before MPI_Finalize, the watchdog not there yet: the job is aborted for it
+            if _ending.acquire(blocking=False):
+                end_job(_interrupted_line(_finish_signal, rank, size), exit_code(_finish_signal))
+            time.sleep(0.01)
         mpi.Finalize()
-    _mpi_done.set()
-    if not _ending.acquire(blocking=False):  # the watchdog is ending the process for a signal: it exits
-        while True:
-            time.sleep(1)
-    if _finish_signal is not None:  # one that came before this point, the watchdog not there yet
-        say(_interrupted_line(_finish_signal, *_finishing))
+    _ending.acquire()  # where the watchdog is ending the process for a signal, it does so; else the end is here
+    if _finish_signal is not None and size <= 1:  # one process: a signal until now ends it so
+        say(_interrupted_line(_finish_signal, rank, size))
         os._exit(exit_code(_finish_signal))
+    _flush()
+    os._exit(code)
+
+
+def _flush() -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError, AttributeError):
             pass
-    os._exit(code)
 
 
 
