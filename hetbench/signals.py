@@ -63,6 +63,7 @@ _finishing: tuple[int, int] | None = None
 _finish_signal: int | None = None
 _mpi_ending = threading.Lock()  # held by whoever ends MPI: `finish` to start MPI_Finalize, the watchdog to abort
 _finalizing = False  # MPI_Finalize has begun: MPI_Abort can no longer be called, the job has ended
+_late_signal: int | None = None  # a signal during MPI_Finalize (the main thread's handler runs once it returns)
 
 
 class Interrupted(KeyboardInterrupt):
@@ -169,10 +170,12 @@ def _finalized() -> bool:
 
 
 def _handler(signum: int, frame: object) -> None:
-    global _first_signal, _finish_signal
+    global _first_signal, _finish_signal, _late_signal
     if _finishing is not None:  # the command's end: noted, never raised into its exit callbacks (see `finish`)
         if _finish_signal is None and not _finalizing:
             _finish_signal = signum
+        elif _finalizing and _late_signal is None:
+            _late_signal = signum
         return
     if _first_signal is None:  # a second Ctrl-C while unwinding must not raise inside the clean-up
         _first_signal = signum
@@ -188,7 +191,7 @@ def _end_while_finishing(signum: int) -> None:
     """The watchdog's answer to a signal once the command is ending (`finish`): alone, the process ends with the
     signal's code and line; in a job of several ranks, MPI_Abort ends the job so, as anywhere else, while MPI is
     still up. Once MPI_Finalize has begun the job has ended (MPI can abort it no more, and MPICH's launcher takes the
-    first rank's exit once every rank has met there): the signal came after the end and is let be."""
+    first rank's exit once every rank has met there): the signal came after the end, and a note says so."""
     assert _finishing is not None
     if not _ending.acquire(blocking=False):
         return
@@ -196,12 +199,15 @@ def _end_while_finishing(signum: int) -> None:
     line = _interrupted_line(signum, rank, size)
     if size <= 1:
         end_job(line, exit_code(signum))
-    if rank != 0:
-        time.sleep(NONROOT_DELAY_SECONDS)  # as in _abort_job: when every rank was signalled, rank 0's line alone
     with _mpi_ending:
-        if not _finalizing:  # never returns
-            end_job(line, exit_code(signum))
-    _ending.release()  # after the end: `finish` ends the process with its own code
+        finalizing = _finalizing
+    if not finalizing:
+        if rank != 0:
+            time.sleep(NONROOT_DELAY_SECONDS)  # as in _abort_job: when every rank was signalled, rank 0's line alone
+        with _mpi_ending:
+            if not _finalizing:  # never returns
+                end_job(line, exit_code(signum))
+    _ending.release()  # after the end: `finish` says so and ends the process with its own code
 
 
 def finish(code: int) -> None:
@@ -235,6 +241,9 @@ def finish(code: int) -> None:
                 end_job(_interrupted_line(_finish_signal, rank, size), exit_code(_finish_signal))
             time.sleep(0.01)
         mpi.Finalize()
+        if _late_signal is not None:  # said at once: MPICH's launcher ends the other ranks as the first one leaves
+            say(f"Note: rank {rank} ({socket.gethostname()}) got {signal.Signals(_late_signal).name} after the job "
+                "had ended (MPI finalised): its results are whole, the exit is the run's")
     _ending.acquire()  # where the watchdog is ending the process for a signal, it does so; else the end is here
     if _finish_signal is not None and size <= 1:  # one process: a signal until now ends it so
         say(_interrupted_line(_finish_signal, rank, size))
