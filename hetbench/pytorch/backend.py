@@ -10,6 +10,8 @@ A tensor reaches MPI by one of two paths, chosen per job (HETBENCH_TORCH_PATH or
   device: a GPU tensor is handed to MPI as device memory (DLPack / __cuda_array_interface__) once the current
           stream is synchronised: needs an MPI built for that GPU, checked when the group is made.
 Reductions of fp16 and bf16 run in fp32 (MPI has no half-precision sum) and are rounded once, at the end.
+Before any data moves, every collective compares the ranks' arguments (one Allgather of a few integers a rank,
+_agree): a rank's bad argument or a difference between ranks raises the same BackendError on every rank.
 
 torch's Python ProcessGroup trampoline (torch/csrc/distributed/c10d/PyProcessGroup.hpp) forwards allreduce,
 allreduce_coalesced, allgather, broadcast, barrier, reduce_scatter, send and recv. The single-tensor forms have two
@@ -23,7 +25,9 @@ This class answers to every one of those names; only 2.13 has been run.
 from __future__ import annotations
 
 import os
+import re
 import time
+import zlib
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -59,9 +63,20 @@ class BackendError(RuntimeError):
     names what was asked and what is accepted. Raised on every rank alike before any MPI call, so none hangs."""
 
 
+_OP_NAMES: dict[Any, str] = {}
+
+
 def _op_name(op: Any) -> str:
     kind = getattr(op, "op", op)
-    return str(kind).rsplit(".", 1)[-1]
+    try:
+        return _OP_NAMES[kind]
+    except (KeyError, TypeError):
+        name = str(kind).rsplit(".", 1)[-1]
+        try:
+            _OP_NAMES[kind] = name  # str() of torch's enum costs microseconds a call, each collective asks
+        except TypeError:
+            pass
+        return name
 
 
 def _op_of(opts: Any) -> Any:
@@ -184,6 +199,144 @@ class _Staged:
             self.pg.copy_seconds += time.perf_counter() - start
 
 
+# -- agreement: a call's arguments compared across the group before any data moves ----------------------------------
+
+# the collectives' names as the agreement row carries them (a rank calling another collective is named too)
+_CALLS = ("allreduce", "broadcast", "allgather", "all_gather_into_tensor", "gather", "scatter", "reduce",
+          "reduce_scatter", "reduce_scatter_tensor", "all_to_all_single", "all_to_all")
+_CALL_CODE = {name: i + 1 for i, name in enumerate(_CALLS)}
+_BASE = 6  # a row: call, local problem, crc of what must be the same, this rank's count, has an expectation, its crc
+
+
+def _crc(value: Any) -> int:
+    """A checksum of a value's repr (ints, strings, tuples: the same on every rank, unlike hash() of a string)."""
+    return zlib.crc32(repr(value).encode())
+
+
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).replace("torch.", "")
+    return name
+
+
+def _desc(t: torch.Tensor) -> str:
+    """A tensor as the agreement compares it: elements and dtype (the shape may differ, as MPI counts elements)."""
+    return f"{t.numel()} elements of {_dtype_name(t.dtype)}"
+
+
+class _Call:
+    """One collective's arguments as this rank sees them. `same`: what every rank must pass alike (readable
+    values); `mine` / `expect`: this rank's element count and, where a rank knows them, every rank's counts as it
+    expects them (a root's gather list); `send` / `recv`: per peer element counts (all_to_all); `problem`: a rule
+    this rank's own arguments break."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.problem: str | None = None
+        self.same: dict[str, Any] = {}
+        self.mine = 0
+        self.expect: tuple[int, ...] | None = None
+        self.send: list[int] | None = None
+        self.recv: list[int] | None = None
+
+    def refuse(self, problem: str | None) -> None:
+        if self.problem is None and problem:
+            self.problem = problem
+
+    def row(self, n: int) -> np.ndarray:
+        values = [_CALL_CODE[self.name], self.problem is not None, _crc(self.same), self.mine,
+                  self.expect is not None, _crc(tuple(self.expect)) if self.expect is not None else 0]
+        if self.send is not None:
+            values += [*self.send, *self.recv]
+        return np.array(values, dtype=np.int64)
+
+    def plain(self) -> dict[str, Any]:
+        return {"name": self.name, "problem": self.problem, "same": self.same, "mine": self.mine,
+                "expect": self.expect, "send": self.send, "recv": self.recv}
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(str(r) for r in ranks)
+
+
+def _by_value(values: list[Any]) -> str:
+    """'ranks 0,2: A; rank 1: B': the ranks grouped by the value they pass, in order of first appearance."""
+    groups: dict[str, list[int]] = {}
+    for r, v in enumerate(values):
+        groups.setdefault(str(v), []).append(r)
+    return "; ".join(f"{_ranks(rs)}: {v}" for v, rs in groups.items())
+
+
+def _explain(calls: list[dict[str, Any]]) -> str:
+    """Why the ranks' calls cannot go ahead, the same words on every rank (they all read the same list)."""
+    names = [c["name"] for c in calls]
+    if len(set(names)) > 1:
+        return (f"the ranks call different collectives ({_by_value(names)}): every rank of the group must make the "
+                "same collective calls in the same order")
+    problems = [c["problem"] for c in calls]
+    if any(problems):
+        bad = [(r, p) for r, p in enumerate(problems) if p]
+        if len(bad) == len(calls) and len({p for _, p in bad}) == 1:
+            return bad[0][1]  # every rank broke the same rule alike: the rule as it is
+        return "; ".join(f"rank {r}: {p.removeprefix('hetbench backend: ')}" for r, p in bad)
+    for field in calls[0]["same"]:
+        values = [c["same"].get(field) for c in calls]
+        if len({repr(v) for v in values}) > 1:
+            return f"the ranks pass different {field} ({_by_value(values)}): every rank must pass the same"
+    mine = tuple(c["mine"] for c in calls)
+    for r, c in enumerate(calls):
+        if c["expect"] is not None and tuple(c["expect"]) != mine:
+            return (f"rank {r} expects parts of {list(c['expect'])} elements from ranks 0-{len(calls) - 1}, but they "
+                    f"pass {list(mine)}")
+    if calls[0]["send"] is not None:
+        for i, c in enumerate(calls):
+            for j, count in enumerate(c["send"]):
+                if count != calls[j]["recv"][i]:
+                    return (f"rank {i} sends {count} elements to rank {j}, which expects {calls[j]['recv'][i]} from "
+                            f"it: every rank's input split sizes must match its peers' output split sizes")
+    return "the ranks' arguments differ"
+
+_MPI_OPS = {"SUM": "SUM", "AVG": "SUM", "PREMUL_SUM": "SUM", "PRODUCT": "PROD", "MIN": "MIN", "MAX": "MAX",
+            "BAND": "BAND", "BOR": "BOR", "BXOR": "BXOR"}  # torch's op -> the mpi4py op it runs as
+
+
+def _agreed(table: np.ndarray, row: np.ndarray, n: int) -> bool:
+    """Whether every rank's row says the call can go ahead: the same call, no rank's own problem, the same
+    arguments where they must be the same, every expectation of the ranks' counts met, every pair's counts
+    matching (a rank's send to j is what j receives from it). In plain Python on the few integers: NumPy's calls
+    on arrays this small cost more than the comparisons."""
+    if not row[1] and not row[4] and row.size == _BASE and table.tobytes() == row.tobytes() * n:
+        return True  # the common case: every rank's row the same as this one's, nothing more to compare
+    rows = table.tolist()
+    first = rows[0]
+    if any(r[0] != first[0] or r[1] or r[2] != first[2] or len(r) != len(first) for r in rows):
+        return False
+    if any(r[4] for r in rows):
+        actual = _crc(tuple(r[3] for r in rows))
+        if any(r[4] and r[5] != actual for r in rows):
+            return False
+    if len(first) > _BASE:
+        if len(first) != _BASE + 2 * n:
+            return False
+        if any(rows[i][_BASE + j] != rows[j][_BASE + n + i] for i in range(n) for j in range(n)):
+            return False
+    return True
+
+
+def mpi_error_line(e: Exception) -> str:
+    """An MPI error (mpi4py's MPI.Exception, whose text may be an MPI library's error stack over several lines) as
+    one line: its class, and the stack's last, most specific line without the function and line it came from."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    if not lines:
+        return f"MPI error {getattr(e, 'error_code', '?')}"
+    head = lines[0].split(", error stack:")[0].rstrip(",: ")
+    last = re.sub(r"^[A-Za-z_][\w.]*\(\d*\)\.*\s*:\s*", "", lines[-1]) if len(lines) > 1 else ""
+    return f"MPI error: {head}" + (f": {last}" if last and last != head else "")
+
 class HetbenchProcessGroup(dist.ProcessGroup):
     """A torch ProcessGroup over an MPI communicator. Made by torch through the registered creator (`create`),
     one per group; `metrics` holds what its collectives measured."""
@@ -244,32 +397,62 @@ class HetbenchProcessGroup(dist.ProcessGroup):
         if t.device.type == "cuda":
             torch.cuda.current_stream(t.device).synchronize()
 
-    def _check_dtype(self, what: str, tensors: Sequence[torch.Tensor], op: Any = None) -> None:
+    def _dtype_problem(self, what: str, tensors: Sequence[torch.Tensor], op: Any = None) -> str | None:
+        """Why the backend cannot do `what` on these tensors (a dtype or op it lacks), or None."""
+        name = _op_name(op) if op is not None else None
         for t in tensors:
             if t.dtype not in _MOVE_AS:
-                accepted = ", ".join(str(d).replace("torch.", "") for d in _MOVE_AS)
-                raise BackendError(f"hetbench backend: {what} of {str(t.dtype).replace('torch.', '')} tensors is "
-                                   f"not supported; dtypes accepted: {accepted}")
-            if op is None:
+                accepted = ", ".join(_dtype_name(d) for d in _MOVE_AS)
+                return (f"hetbench backend: {what} of {_dtype_name(t.dtype)} tensors is not supported; dtypes "
+                        f"accepted: {accepted}")
+            if name is None:
                 continue
-            name = _op_name(op)
             if t.dtype == torch.bool or (name in ("BAND", "BOR", "BXOR") and t.dtype not in _INTS) or (
                     name in ("AVG", "PREMUL_SUM") and t.dtype not in _FLOATS):
-                raise BackendError(f"hetbench backend: {what} with {name} of {str(t.dtype).replace('torch.', '')} "
-                                   "tensors is not supported; accepted: SUM, AVG, PREMUL_SUM, PRODUCT, MIN, MAX of "
-                                   "fp64/fp32/fp16/bf16 and integer tensors (AVG and PREMUL_SUM floating only), "
-                                   "BAND/BOR/BXOR of integers")
+                return (f"hetbench backend: {what} with {name} of {_dtype_name(t.dtype)} tensors is not supported; "
+                        "accepted: SUM, AVG, PREMUL_SUM, PRODUCT, MIN, MAX of fp64/fp32/fp16/bf16 and integer "
+                        "tensors (AVG and PREMUL_SUM floating only), BAND/BOR/BXOR of integers")
             if name == "PREMUL_SUM":
-                _premul_factor(op)  # every rank refuses a factor it cannot read, before any MPI call
+                try:
+                    _premul_factor(op)  # a factor this torch does not show is refused on every rank alike
+                except BackendError as e:
+                    return str(e)
+        if name is not None and name not in _MPI_OPS:
+            return f"hetbench backend: reduce op {name} is not supported; accepted: {', '.join(_MPI_OPS)}"
+        return None
+
+    def _check_dtype(self, what: str, tensors: Sequence[torch.Tensor], op: Any = None) -> None:
+        """The dtype check of a call that moves data between two ranks only (send, recv): this rank's alone."""
+        problem = self._dtype_problem(what, tensors, op)
+        if problem:
+            raise BackendError(problem)
 
     def _mpi_op(self, op: Any) -> Any:
-        name = _op_name(op)
-        table = {"SUM": self.MPI.SUM, "AVG": self.MPI.SUM, "PREMUL_SUM": self.MPI.SUM, "PRODUCT": self.MPI.PROD,
-                 "MIN": self.MPI.MIN, "MAX": self.MPI.MAX, "BAND": self.MPI.BAND, "BOR": self.MPI.BOR,
-                 "BXOR": self.MPI.BXOR}
-        if name not in table:
-            raise BackendError(f"hetbench backend: reduce op {name} is not supported; accepted: {', '.join(table)}")
-        return table[name]
+        return getattr(self.MPI, _MPI_OPS[_op_name(op)])
+
+    def _rank_problem(self, what: str, rank: int) -> str | None:
+        n = self.comm.Get_size()
+        if 0 <= rank < n:
+            return None
+        return f"{what} {rank} is not a rank of this group of {n} (0-{n - 1})"
+
+    def _agree(self, call: _Call) -> None:
+        """Collective: every rank's arguments of this call compared (one Allgather of a few integers a rank) before
+        any data moves; a rank's problem or a difference between the ranks raises the same BackendError on every
+        rank, naming the ranks and their values, where MPI would hang, truncate a message or abort the job."""
+        n = self.comm.Get_size()
+        row = call.row(n)
+        if n > 1:
+            table = np.empty((n, row.size), dtype=np.int64)
+            self.comm.Allgather(row, table)
+        else:
+            table = row[None]
+        if _agreed(table, row, n):
+            return
+        calls = self.comm.allgather(call.plain()) if n > 1 else [call.plain()]
+        message = _explain(calls)
+        raise BackendError(message if message.startswith("hetbench backend:") else
+                           f"hetbench backend: {call.name}: {message}")
 
     def _pre(self, staged: _Staged, op: Any) -> None:
         """PREMUL_SUM: each rank scales its part before the sum."""
@@ -280,7 +463,10 @@ class HetbenchProcessGroup(dist.ProcessGroup):
         if _op_name(op) == "AVG":
             staged.host.div_(self.comm.Get_size())
 
-    def _run(self, name: str, nbytes: int, body: Callable[[], Any]) -> _DoneWork:
+    def _run(self, name: str, nbytes: int, body: Callable[[], Any], call: _Call | None = None) -> _DoneWork:
+        """`body` timed into the metrics as collective `name`, after the arguments' agreement (`call`; inside the
+        timed part, after the idle barrier: it is part of the collective's cost). MPI's own errors come out as one
+        line."""
         self.copy_seconds = 0.0
         idle = 0.0
         start = time.perf_counter()
@@ -288,17 +474,24 @@ class HetbenchProcessGroup(dist.ProcessGroup):
             self.comm.Barrier()
             arrived = time.perf_counter()
             idle, start = arrived - start, arrived
-        result = body()
+        if call is not None:
+            self._agree(call)
+        try:
+            result = body()
+        except self.MPI.Exception as e:
+            raise BackendError(f"hetbench backend: {name}: {mpi_error_line(e)}") from None
         self.metrics.add(name, nbytes, time.perf_counter() - start, self.copy_seconds, idle)
         return _DoneWork(result)
 
     # -- collectives -----------------------------------------------------------------------------------------------
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> _DoneWork:
         op = _op_of(opts) if opts is not None else ReduceOp.SUM
-        self._check_dtype("allreduce", tensors, op)
-        mpi_op = self._mpi_op(op)
+        call = _Call("allreduce")
+        call.refuse(self._dtype_problem("allreduce", tensors, op))
+        call.same = {"tensors": ", ".join(_desc(t) for t in tensors), "op": _op_name(op)}
 
         def body() -> list[torch.Tensor]:
+            mpi_op = self._mpi_op(op)
             for t in tensors:
                 s = _Staged(self, t, reduce=True)
                 self._pre(s, op)
@@ -307,14 +500,17 @@ class HetbenchProcessGroup(dist.ProcessGroup):
                 s.finish()
             return tensors
 
-        return self._run("allreduce", sum(t.numel() * t.element_size() for t in tensors), body)
+        return self._run("allreduce", sum(t.numel() * t.element_size() for t in tensors), body, call)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> _DoneWork:
         return self.allreduce(tensors, opts)
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> _DoneWork:
         root = int(getattr(opts, "rootRank", 0)) if opts is not None else 0
-        self._check_dtype("broadcast", tensors)
+        call = _Call("broadcast")
+        call.refuse(self._rank_problem("root", root))
+        call.refuse(self._dtype_problem("broadcast", tensors))
+        call.same = {"root": root, "tensors": ", ".join(_desc(t) for t in tensors)}
 
         def body() -> list[torch.Tensor]:
             for t in tensors:
@@ -323,7 +519,7 @@ class HetbenchProcessGroup(dist.ProcessGroup):
                 s.finish()
             return tensors
 
-        return self._run("broadcast", sum(t.numel() * t.element_size() for t in tensors), body)
+        return self._run("broadcast", sum(t.numel() * t.element_size() for t in tensors), body, call)
 
     def _gatherv(self, out_parts: Sequence[torch.Tensor], inp: torch.Tensor, root: int | None) -> None:
         """Every rank's `inp` into `out_parts` (one per rank, any sizes) of every rank (root None) or of `root`:
@@ -347,26 +543,46 @@ class HetbenchProcessGroup(dist.ProcessGroup):
         else:
             self.comm.Gatherv(send.buf, None, root=root)
 
+    def _parts_problem(self, what: str, parts: Sequence[torch.Tensor], dtype: torch.dtype) -> str | None:
+        """A list of one tensor per rank: its length and dtypes."""
+        n = self.comm.Get_size()
+        if len(parts) != n:
+            return f"{what} holds {len(parts)} tensors for a group of {n} ranks"
+        odd = [_dtype_name(p.dtype) for p in parts if p.dtype != dtype]
+        if odd:
+            return f"{what} holds {odd[0]} tensors where the input is {_dtype_name(dtype)}"
+        return None
+
     def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
                   opts: Any = None) -> _DoneWork:
-        self._check_dtype("allgather", [*input_tensors, *[t for ts in output_tensors for t in ts]])
+        if len(input_tensors) != 1 or len(output_tensors) != 1:  # several pairs: one agreed allgather each
+            for outs, inp in zip(output_tensors, input_tensors):
+                self.allgather([outs], [inp], opts)
+            return _DoneWork(output_tensors)
+        outs, inp = output_tensors[0], input_tensors[0]
+        call = _Call("allgather")
+        call.refuse(self._dtype_problem("allgather", [inp, *outs]))
+        call.refuse(self._parts_problem("the output list", outs, inp.dtype))
+        call.same = {"dtype": _dtype_name(inp.dtype), "output parts": [p.numel() for p in outs]}
+        call.mine, call.expect = inp.numel(), tuple(p.numel() for p in outs)
 
         def body() -> list[list[torch.Tensor]]:
-            for outs, inp in zip(output_tensors, input_tensors):
-                self._gatherv(outs, inp, None)
+            self._gatherv(outs, inp, None)
             return output_tensors
 
-        nbytes = sum(t.numel() * t.element_size() for ts in output_tensors for t in ts)
-        return self._run("allgather", nbytes, body)
+        return self._run("allgather", sum(t.numel() * t.element_size() for t in outs), body, call)
 
     def all_gather_single(self, output: torch.Tensor, inp: torch.Tensor, opts: Any = None) -> _DoneWork:
         """all_gather_into_tensor: rank r's input lands at part r of the output (output = size x input). In place
         (input a view of the output at this rank's part, as FSDP2 does) takes MPI_IN_PLACE."""
-        self._check_dtype("all_gather_into_tensor", [output, inp])
         n = self.comm.Get_size()
+        call = _Call("all_gather_into_tensor")
+        call.refuse(self._dtype_problem("all_gather_into_tensor", [output, inp]))
         if output.numel() != n * inp.numel():
-            raise BackendError(f"hetbench backend: all_gather_into_tensor: output holds {output.numel()} elements, "
-                               f"not {n} x the input's {inp.numel()}")
+            call.refuse(f"output holds {output.numel()} elements, not {n} x the input's {inp.numel()}")
+        if output.dtype != inp.dtype:
+            call.refuse(f"output is {_dtype_name(output.dtype)}, input {_dtype_name(inp.dtype)}")
+        call.same = {"input": _desc(inp)}
 
         def body() -> list[torch.Tensor]:
             out = _Staged(self, output, reduce=False)
@@ -381,7 +597,7 @@ class HetbenchProcessGroup(dist.ProcessGroup):
             out.finish()
             return [output]
 
-        return self._run("allgather", output.numel() * output.element_size(), body)
+        return self._run("allgather", output.numel() * output.element_size(), body, call)
 
     _allgather_base = all_gather_single
 
@@ -402,30 +618,44 @@ class HetbenchProcessGroup(dist.ProcessGroup):
     def gather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
                opts: Any = None) -> _DoneWork:
         root = int(getattr(opts, "rootRank", 0))
-        self._check_dtype("gather", input_tensors)
+        me = self.comm.Get_rank()
+        inp = input_tensors[0]
+        outs = (output_tensors[0] if output_tensors else []) if me == root else []
+        call = _Call("gather")
+        call.refuse(self._rank_problem("root", root))
+        call.refuse(self._dtype_problem("gather", [inp, *outs]))
+        if me == root:
+            call.refuse(self._parts_problem("the gather list", outs, inp.dtype))
+            call.expect = tuple(p.numel() for p in outs)
+        call.same = {"root": root, "dtype": _dtype_name(inp.dtype)}
+        call.mine = inp.numel()
 
         def body() -> list[list[torch.Tensor]]:
-            outs = output_tensors[0] if output_tensors else []
-            if self.comm.Get_rank() != root:
-                outs = []
             # every rank must know the counts only at the root; MPI_Gatherv needs them there alone
-            self._gatherv(outs, input_tensors[0], root)
+            self._gatherv(outs, inp, root)
             return output_tensors
 
-        nbytes = input_tensors[0].numel() * input_tensors[0].element_size() * self.comm.Get_size()
-        return self._run("gather", nbytes, body)
+        nbytes = inp.numel() * inp.element_size() * self.comm.Get_size()
+        return self._run("gather", nbytes, body, call)
 
     def scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
                 opts: Any = None) -> _DoneWork:
         root = int(getattr(opts, "rootRank", 0))
         out = output_tensors[0]
-        self._check_dtype("scatter", [out])
         me = self.comm.Get_rank()
+        parts = (input_tensors[0] if input_tensors else []) if me == root else []
+        call = _Call("scatter")
+        call.refuse(self._rank_problem("root", root))
+        call.refuse(self._dtype_problem("scatter", [out, *parts]))
+        if me == root:
+            call.refuse(self._parts_problem("the scatter list", parts, out.dtype))
+            call.expect = tuple(p.numel() for p in parts)
+        call.same = {"root": root, "dtype": _dtype_name(out.dtype)}
+        call.mine = out.numel()
 
         def body() -> list[torch.Tensor]:
             recv = _Staged(self, out, reduce=False)
             if me == root:
-                parts = input_tensors[0]
                 counts = [p.numel() for p in parts]
                 send = _Staged(self, torch.cat([p.detach().reshape(-1) for p in parts]) if parts else out, False)
                 self.comm.Scatterv([send.buf, (counts, _displs(counts))], recv.buf, root=root)
@@ -434,16 +664,19 @@ class HetbenchProcessGroup(dist.ProcessGroup):
             recv.finish()
             return output_tensors
 
-        return self._run("scatter", out.numel() * out.element_size() * self.comm.Get_size(), body)
+        return self._run("scatter", out.numel() * out.element_size() * self.comm.Get_size(), body, call)
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> _DoneWork:
         root = int(getattr(opts, "rootRank", 0))
         op = _op_of(opts)
-        self._check_dtype("reduce", tensors, op)
-        mpi_op = self._mpi_op(op)
         me = self.comm.Get_rank()
+        call = _Call("reduce")
+        call.refuse(self._rank_problem("root", root))
+        call.refuse(self._dtype_problem("reduce", tensors, op))
+        call.same = {"root": root, "tensors": ", ".join(_desc(t) for t in tensors), "op": _op_name(op)}
 
         def body() -> list[torch.Tensor]:
+            mpi_op = self._mpi_op(op)
             for t in tensors:
                 s = _Staged(self, t, reduce=True)
                 if me != root and _op_name(op) == "PREMUL_SUM" and not s.copied:  # scale a copy, not the input
@@ -457,42 +690,52 @@ class HetbenchProcessGroup(dist.ProcessGroup):
                     self.comm.Reduce(s.buf, None, op=mpi_op, root=root)
             return tensors
 
-        return self._run("reduce", sum(t.numel() * t.element_size() for t in tensors), body)
+        return self._run("reduce", sum(t.numel() * t.element_size() for t in tensors), body, call)
 
     def reduce_scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
                        opts: Any = None) -> _DoneWork:
         """Rank r gets the reduction of every rank's input_tensors[0][r]; parts may differ in size
         (MPI_Reduce_scatter with counts)."""
         op = _op_of(opts)
-        self._check_dtype("reduce_scatter", [*output_tensors, *[t for ts in input_tensors for t in ts]], op)
-        mpi_op = self._mpi_op(op)
+        if len(output_tensors) != 1 or len(input_tensors) != 1:  # several pairs: one agreed call each
+            for out, parts in zip(output_tensors, input_tensors):
+                self.reduce_scatter([out], [parts], opts)
+            return _DoneWork(output_tensors)
+        out, parts = output_tensors[0], input_tensors[0]
+        call = _Call("reduce_scatter")
+        call.refuse(self._dtype_problem("reduce_scatter", [out, *parts], op))
+        call.refuse(self._parts_problem("the input list", parts, out.dtype))
+        call.same = {"op": _op_name(op), "dtype": _dtype_name(out.dtype), "input parts": [p.numel() for p in parts]}
+        call.mine, call.expect = out.numel(), tuple(p.numel() for p in parts)
 
         def body() -> list[torch.Tensor]:
-            for out, parts in zip(output_tensors, input_tensors):
-                counts = [p.numel() for p in parts]
-                send = _Staged(self, torch.cat([p.detach().reshape(-1) for p in parts]).to(
-                    parts[0].device if parts else out.device), reduce=True)
-                self._pre(send, op)
-                recv = _Staged(self, out, reduce=True)
-                self.comm.Reduce_scatter(send.buf, recv.buf, counts, op=mpi_op)
-                self._post(recv, op)
-                recv.finish()
+            mpi_op = self._mpi_op(op)
+            counts = [p.numel() for p in parts]
+            send = _Staged(self, torch.cat([p.detach().reshape(-1) for p in parts]).to(
+                parts[0].device if parts else out.device), reduce=True)
+            self._pre(send, op)
+            recv = _Staged(self, out, reduce=True)
+            self.comm.Reduce_scatter(send.buf, recv.buf, counts, op=mpi_op)
+            self._post(recv, op)
+            recv.finish()
             return output_tensors
 
-        nbytes = sum(t.numel() * t.element_size() for ts in input_tensors for t in ts)
-        return self._run("reduce_scatter", nbytes, body)
+        return self._run("reduce_scatter", sum(t.numel() * t.element_size() for t in parts), body, call)
 
     def reduce_scatter_single(self, output: torch.Tensor, inp: torch.Tensor, opts: Any = None) -> _DoneWork:
         """reduce_scatter_tensor: input = size x output, rank r keeps the reduction of part r."""
         op = _op_of(opts)
-        self._check_dtype("reduce_scatter_tensor", [output, inp], op)
-        mpi_op = self._mpi_op(op)
         n = self.comm.Get_size()
+        call = _Call("reduce_scatter_tensor")
+        call.refuse(self._dtype_problem("reduce_scatter_tensor", [output, inp], op))
         if inp.numel() != n * output.numel():
-            raise BackendError(f"hetbench backend: reduce_scatter_tensor: input holds {inp.numel()} elements, not "
-                               f"{n} x the output's {output.numel()}")
+            call.refuse(f"input holds {inp.numel()} elements, not {n} x the output's {output.numel()}")
+        if output.dtype != inp.dtype:
+            call.refuse(f"output is {_dtype_name(output.dtype)}, input {_dtype_name(inp.dtype)}")
+        call.same = {"input": _desc(inp), "op": _op_name(op)}
 
         def body() -> list[torch.Tensor]:
+            mpi_op = self._mpi_op(op)
             send = _Staged(self, inp, reduce=True)
             if _op_name(op) == "PREMUL_SUM" and not send.copied:  # scale a copy, never the caller's input
                 send = _Staged(self, inp.detach().clone(), reduce=True)
@@ -503,7 +746,7 @@ class HetbenchProcessGroup(dist.ProcessGroup):
             recv.finish()
             return [output]
 
-        return self._run("reduce_scatter", inp.numel() * inp.element_size(), body)
+        return self._run("reduce_scatter", inp.numel() * inp.element_size(), body, call)
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -515,17 +758,41 @@ class HetbenchProcessGroup(dist.ProcessGroup):
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
+    def _split_rows(self, what: str, t: torch.Tensor, sizes: Sequence[int], call: _Call) -> list[int]:
+        """The rows of dim 0 going to (or coming from) each rank: `sizes`, or equal parts when it is empty."""
+        n = self.comm.Get_size()
+        rows = t.shape[0] if t.dim() > 0 else t.numel()
+        if not sizes:
+            if rows % n:
+                call.refuse(f"{what} has {rows} rows, which do not split into {n} equal parts (give split sizes)")
+            return [rows // n] * n
+        sizes = [int(s) for s in sizes]
+        if len(sizes) != n:
+            call.refuse(f"{what} split sizes {sizes} give {len(sizes)} sizes for a group of {n} ranks")
+        elif min(sizes) < 0:
+            call.refuse(f"{what} split sizes {sizes} hold a negative size")
+        elif sum(sizes) != rows:
+            call.refuse(f"{what} split sizes {sizes} add up to {sum(sizes)} rows, but it has {rows}")
+        return (sizes + [0] * n)[:n]
+
     def all_to_all_single(self, output: torch.Tensor, inp: torch.Tensor, output_split_sizes: list[int],
                           input_split_sizes: list[int], opts: Any = None) -> _DoneWork:
         """all_to_all_single: splits along dim 0 (equal when the sizes are empty), MPI_Alltoallv."""
-        self._check_dtype("all_to_all_single", [output, inp])
         n = self.comm.Get_size()
+        call = _Call("all_to_all_single")
+        call.refuse(self._dtype_problem("all_to_all_single", [output, inp]))
+        if output.dtype != inp.dtype:
+            call.refuse(f"output is {_dtype_name(output.dtype)}, input {_dtype_name(inp.dtype)}")
         row_in = inp[0].numel() if inp.dim() > 0 and inp.shape[0] else (inp.numel() // max(n, 1))
         row_out = output[0].numel() if output.dim() > 0 and output.shape[0] else row_in
-        send_rows = list(input_split_sizes) or [inp.shape[0] // n] * n
-        recv_rows = list(output_split_sizes) or [output.shape[0] // n] * n
+        if inp.dim() == 0 or output.dim() == 0:
+            row_in = row_out = 1
+        send_rows = self._split_rows("the input", inp, input_split_sizes, call)
+        recv_rows = self._split_rows("the output", output, output_split_sizes, call)
         send_counts = [r * row_in for r in send_rows]
         recv_counts = [r * row_out for r in recv_rows]
+        call.same = {"dtype": _dtype_name(inp.dtype)}
+        call.send, call.recv = send_counts, recv_counts
 
         def body() -> list[torch.Tensor]:
             send = _Staged(self, inp, reduce=False)
@@ -535,15 +802,22 @@ class HetbenchProcessGroup(dist.ProcessGroup):
             recv.finish()
             return [output]
 
-        return self._run("all_to_all", inp.numel() * inp.element_size(), body)
+        return self._run("all_to_all", inp.numel() * inp.element_size(), body, call)
 
     alltoall_base = all_to_all_single
 
     def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
                  opts: Any = None) -> _DoneWork:
-        self._check_dtype("all_to_all", [*output_tensors, *input_tensors])
-        send_counts = [t.numel() for t in input_tensors]
-        recv_counts = [t.numel() for t in output_tensors]
+        n = self.comm.Get_size()
+        call = _Call("all_to_all")
+        call.refuse(self._dtype_problem("all_to_all", [*output_tensors, *input_tensors]))
+        dtype = input_tensors[0].dtype if input_tensors else torch.float32
+        call.refuse(self._parts_problem("the input list", input_tensors, dtype))
+        call.refuse(self._parts_problem("the output list", output_tensors, dtype))
+        send_counts = ([t.numel() for t in input_tensors] + [0] * n)[:n]
+        recv_counts = ([t.numel() for t in output_tensors] + [0] * n)[:n]
+        call.same = {"dtype": _dtype_name(dtype)}
+        call.send, call.recv = send_counts, recv_counts
 
         def body() -> list[torch.Tensor]:
             send = _Staged(self, torch.cat([t.detach().reshape(-1) for t in input_tensors]), reduce=False)
@@ -556,9 +830,26 @@ class HetbenchProcessGroup(dist.ProcessGroup):
                 _copy_into(self, out, piece)
             return output_tensors
 
-        return self._run("all_to_all", sum(t.numel() * t.element_size() for t in input_tensors), body)
+        return self._run("all_to_all", sum(t.numel() * t.element_size() for t in input_tensors), body, call)
+
+    def _check_peer(self, what: str, rank: int) -> None:
+        """A point-to-point call's peer: a rank of this group (MPI would take -1 as MPI_PROC_NULL and move nothing, or
+        fail with a stack). Only this rank can tell: its peer is not in the call."""
+        problem = self._rank_problem(what, rank)
+        if problem:
+            raise BackendError(f"hetbench backend: {problem}")
+
+    def _waiting(self, src: int, tag: int, seconds: float = 0.01) -> bool:
+        """Whether a message from `src` with `tag` is waiting: probed for a moment (MPICH's first probe of a
+        message a rank sent itself may say no; its next, after progress, says yes)."""
+        deadline = time.perf_counter() + seconds
+        while not self.comm.Iprobe(source=src, tag=tag):
+            if time.perf_counter() > deadline:
+                return False
+        return True
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> _DoneWork:
+        self._check_peer("send: destination rank", dst)
         self._check_dtype("send", tensors)
 
         def body() -> list[torch.Tensor]:
@@ -570,6 +861,13 @@ class HetbenchProcessGroup(dist.ProcessGroup):
         return self._run("send", sum(t.numel() * t.element_size() for t in tensors), body)
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> _DoneWork:
+        self._check_peer("recv: source rank", src)
+        if src == self.comm.Get_rank() and not self._waiting(src, tag):
+            # this backend's sends complete before they return: a message from this rank that is not waiting now
+            # never comes, and the receive would wait for ever
+            raise BackendError(f"hetbench backend: recv: source rank {src} is this rank itself, and no message of "
+                               f"tag {tag} from it is waiting (sends complete before they return): the receive would "
+                               "never end")
         self._check_dtype("recv", tensors)
 
         def body() -> list[torch.Tensor]:
