@@ -44,7 +44,10 @@ over the units; at a step's peak it also holds the gathered units (gathered_byte
 
 What cannot be wrapped (WrapError, one line naming the module): a unit that is not a submodule of the model, is
 the model itself, is listed twice, holds no parameter of its own, or is a TorchScript module; a parameter shared by
-two units; parameters that are not float32 or not all on one device; a model already sharded.
+two units; parameters that are not float32 or not all on one device; a model already sharded. The ranks compare
+their arguments and layouts before any shard is made (_agree): a refusal or a difference raises alike on every rank.
+Frozen parameters (requires_grad False) lie after the trainable ones in a unit's vector: gathered for the forward,
+never given a gradient nor reduced nor seen by the optimizer (hetbench_frozen_shard, requires_grad False).
 Communication: the communicator of the "hetbench" torch.distributed group (dist.init_process_group("hetbench"), or
 hb.init()); its figures go into that group's metrics (allgather, reduce_scatter), so StepLogger counts them.
 """
@@ -65,6 +68,7 @@ from hetbench.comm.vcollectives import displacements as _displs
 from hetbench.comm.vcollectives import gatherv
 
 SHARD_NAME = "hetbench_flat_shard"  # the flat-shard parameter each unit (and the root) registers
+FROZEN_NAME = "hetbench_frozen_shard"  # a unit's frozen elements of the rank's slice, where it has any
 ATTR = "_hetbench_fsdp"
 BLOCKING_PROBES = 5
 # bytes a rank holds per element of its shard between steps: parameter and gradient (float32), optimizer state
@@ -86,13 +90,23 @@ class UnitLayout:
 
     name: str  # the unit module's name in the model ("" for the root)
     params: list[tuple[str, tuple[int, ...]]]
+    # the parameters whose requires_grad is False, last in `params`: held and gathered, never updated
+    frozen: tuple[str, ...] = ()
 
     @property
     def size(self) -> int:
         return sum(numel(shape) for _, shape in self.params)
 
+    @property
+    def trainable_size(self) -> int:
+        """Elements of the trainable parameters, which lead the flat vector."""
+        return sum(numel(shape) for name, shape in self.params if name not in self.frozen)
+
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "size": self.size, "params": [[n, list(s)] for n, s in self.params]}
+        out = {"name": self.name, "size": self.size, "params": [[n, list(s)] for n, s in self.params]}
+        if self.frozen:
+            out["frozen"] = list(self.frozen)
+        return out
 
 
 def _type_name(m: nn.Module) -> str:
@@ -162,9 +176,13 @@ def flat_layout(model: nn.Module, units: Sequence[nn.Module] = ()) -> list[UnitL
     holds no parameter): each parameter once, in the model's named_parameters order. Pure: wraps nothing."""
     listed, owner = _plan_units(model, units)
     per: list[list[tuple[str, tuple[int, ...]]]] = [[] for _ in listed]
+    frozen: list[list[tuple[str, tuple[int, ...]]]] = [[] for _ in listed]
     for name, p in model.named_parameters():  # each parameter once, under its first name
-        per[owner.get(id(p), len(listed) - 1)].append((name, tuple(p.shape)))
-    return [UnitLayout(n, params) for (m, n), params in zip(listed, per) if params or m is not model]
+        (per if p.requires_grad else frozen)[owner.get(id(p), len(listed) - 1)].append((name, tuple(p.shape)))
+    # the frozen parameters after the trainable ones: each rank's slice of the trainable part is then one piece, its
+    # gradient one reduce-scatter (hetbench/pytorch/fsdp.py _Unit.train_counts)
+    return [UnitLayout(n, params + still, tuple(name for name, _ in still))
+            for (m, n), params, still in zip(listed, per, frozen) if params or still or m is not model]
 
 
 @dataclass
@@ -175,9 +193,12 @@ class _Unit:
     layout: UnitLayout
     counts: list[int]
     offset: int  # where this rank's slice starts in the flat vector
-    shard: nn.Parameter
+    shard: nn.Parameter  # what the optimizer updates: this rank's slice of the trainable part
+    held: torch.Tensor  # this rank's whole slice (the shard, then any frozen elements): what its gathers send
+    train_counts: list[int]  # each rank's elements of the trainable part (its gradient's reduce-scatter counts)
     aliases: list[list[tuple[nn.Module, str]]]  # per parameter: every (module, attribute) that names it
     root: bool = False
+    frozen_shard: nn.Parameter | None = None  # the frozen elements of this rank's slice (requires_grad False)
     full: torch.Tensor | None = None  # the gathered flat vector, while held
     # a started gather: [request, buffer, host buffer, send buffer, exposed s, copy s, the progress engine's flight
     # (None where the caller's thread tests it)]
@@ -257,9 +278,18 @@ class ShardedModule:
             mine = np.empty(counts[self.rank], dtype=np.float32)
             self.comm.Scatterv([flat.detach().to("cpu").numpy(), (counts, _displs(counts))] if self.rank == 0 else
                                None, mine, root=0)
-            shard = nn.Parameter(torch.from_numpy(mine).to(self.device))
-            unit = _Unit(index, lay.name, module, lay, counts, offset, shard, [aliases[id(t)] for t in tensors],
-                         root=module is model)
+            held = torch.from_numpy(mine).to(self.device)
+            trainable = lay.trainable_size
+            train_counts = [max(0, min(start + c, trainable) - start) for start, c in zip(_displs(counts), counts)]
+            if lay.frozen:  # the trainable part a parameter, the frozen rest one that takes no gradient
+                shard = nn.Parameter(held[:train_counts[self.rank]])
+                frozen = nn.Parameter(held[train_counts[self.rank]:], requires_grad=False)
+            else:
+                shard, frozen = nn.Parameter(held), None
+                held = shard
+            unit = _Unit(index, lay.name, module, lay, counts, offset, shard, held, train_counts,
+                         [aliases[id(t)] for t in tensors], root=module is model)
+            unit.frozen_shard = frozen
             self.units.append(unit)
         # the originals go; each unit (and the root) registers its flat shard instead
         for unit in self.units:
@@ -267,6 +297,8 @@ class ShardedModule:
                 for m, attr in names_:
                     del m._parameters[attr]
             unit.module.register_parameter(SHARD_NAME, unit.shard)
+            if unit.frozen_shard is not None:
+                unit.module.register_parameter(FROZEN_NAME, unit.frozen_shard)
         self.root = next((u for u in self.units if u.root), None)
         self.prefetch = bool(prefetch) and self.size > 1 and len(self.units) > 1
         self.progress: Any = None  # the progress engine, made on the first prefetched gather
@@ -314,6 +346,20 @@ class ShardedModule:
         """This rank's elements, summed over the units."""
         return sum(u.counts[self.rank] for u in self.units)
 
+    def summary(self) -> dict[str, Any]:
+        """What the sharding holds: its units, parameters (the frozen ones among them: held and gathered, never
+        updated, no gradient reduced), elements, and this rank's."""
+        frozen = [name for u in self.units for name in u.layout.frozen]
+        return {"units": len(self.units), "parameters": sum(len(u.layout.params) for u in self.units),
+                "frozen_parameters": len(frozen), "frozen": frozen, "elements": sum(u.size for u in self.units),
+                "frozen_elements": sum(u.size - u.layout.trainable_size for u in self.units),
+                "rank_elements": self.elements, "weights": list(self.weights)}
+
+    def __repr__(self) -> str:
+        s = self.summary()
+        return (f"ShardedModule({s['units']} units, {s['parameters']} parameters ({s['frozen_parameters']} frozen), "
+                f"{s['elements']} elements, rank {self.rank} holds {s['rank_elements']})")
+
     def empty_units(self) -> list[str]:
         """The units this rank holds no element of (its weight too small for them)."""
         return [u.name or "root" for u in self.units if u.counts[self.rank] == 0 and u.size > 0]
@@ -359,6 +405,8 @@ class ShardedModule:
         views = full.split([numel(s) for _, s in u.layout.params])
         for (name, shape), view, names_ in zip(u.layout.params, views, u.aliases):
             v = view.view(shape)
+            if name in u.layout.frozen:
+                v = v.detach()  # frozen: autograd computes no gradient for it, as for a parameter not requiring one
             for m, attr in names_:
                 setattr(m, attr, v)
 
@@ -458,7 +506,7 @@ class ShardedModule:
         """A fresh vector for the unit's gather, what MPI sends (its shard) and receives into (the vector itself on
         the CPU, a host buffer for a GPU one), and the seconds of the shard's host copy."""
         full = torch.empty(u.size, dtype=torch.float32, device=self.device)
-        send, copy = self._host(u.shard)
+        send, copy = self._host(u.held)
         recv = self._np(full) if full.device.type == "cpu" else np.empty(u.size, dtype=np.float32)
         return full, send, recv, copy
 
@@ -575,14 +623,15 @@ class ShardedModule:
         from mpi4py import MPI
 
         idle, start = self._barrier()
-        send, copy = self._host(grad.contiguous().to(torch.float32))
-        out = torch.empty(u.counts[self.rank], dtype=torch.float32)
-        self.comm.Reduce_scatter(send, self._np(out), u.counts, op=MPI.SUM)
+        trainable = u.layout.trainable_size  # the frozen rest has no gradient: nothing of it is reduced
+        send, copy = self._host(grad[:trainable].contiguous().to(torch.float32))
+        out = torch.empty(u.train_counts[self.rank], dtype=torch.float32)
+        self.comm.Reduce_scatter(send, self._np(out), u.train_counts, op=MPI.SUM)
         if self.device.type != "cpu":
             t0 = time.perf_counter()
             out = out.to(self.device)
             copy += time.perf_counter() - t0
-        self._record("reduce_scatter", 4 * u.size, time.perf_counter() - start, copy, idle)
+        self._record("reduce_scatter", 4 * trainable, time.perf_counter() - start, copy, idle)
         return out
 
     # -- figures ------------------------------------------------------------------------------------------------
@@ -599,7 +648,7 @@ class ShardedModule:
         out = []
         for u in self.units:
             times = []
-            send, _ = self._host(u.shard)
+            send, _ = self._host(u.held)
             recv = np.empty(u.size, dtype=np.float32)
             for i in range(repeats + 1):
                 self.comm.Barrier()
@@ -624,7 +673,7 @@ class ShardedModule:
         """Collective: every parameter whole, by its name in the model, on the CPU at rank 0 (None elsewhere)."""
         out: dict[str, torch.Tensor] = {}
         for u in self.units:
-            full = gatherv(self.comm, self._host(u.shard)[0], u.counts, root=0)
+            full = gatherv(self.comm, self._host(u.held)[0], u.counts, root=0)
             if full is not None:
                 out.update(unflatten(u.layout, torch.from_numpy(full)))
         return out if self.rank == 0 else None
@@ -647,8 +696,9 @@ class ShardedModule:
         with torch.no_grad():
             for u in self.units:
                 lo, hi = u.offset, u.offset + u.counts[self.rank]
-                u.shard.copy_(torch.from_numpy(np.array(read("param", u.index, lo, hi), dtype=np.float32)))
+                u.held.copy_(torch.from_numpy(np.array(read("param", u.index, lo, hi), dtype=np.float32)))
                 if optimizer is not None and names:
+                    hi = lo + u.train_counts[self.rank]  # the optimizer holds state of the trainable part only
                     state = {key: torch.from_numpy(np.array(read(name, u.index, lo, hi), dtype=np.float32)).to(
                         self.device) for name, key in names.items()}
                     state["step"] = torch.tensor(float(optimizer_steps))
@@ -695,14 +745,99 @@ def shard_module(model: nn.Module, units: Iterable[nn.Module] = (), weights: str
     from hetbench.pytorch.uneven import resolve_weights
 
     units = list(units)
-    flat_layout(model, units)  # refuses what cannot be wrapped before any collective
     pg = hetbench_group(group)
     if pg is None:
         raise WrapError("hetbench fsdp runs over the hetbench torch.distributed backend: call hetbench.pytorch.init() "
                         "(or dist.init_process_group('hetbench')) first")
+    # what cannot be wrapped, and what the ranks must agree on, compared before any collective of the sharding
+    problem: Exception | None = None
+    layout: list[Any] = []
+    try:
+        layout = layout_facts(model, units)
+        if isinstance(weights, str):
+            plan.parse_weights(weights, pg.comm.Get_size())
+    except (WrapError, plan.WeightsError, plan.PlacementError) as e:
+        problem = e
+    chosen = {"weights": weights if isinstance(weights, str) else [float(w) for w in weights],
+              "memory_bytes": None if memory_bytes is None else list(memory_bytes), "optimizer": optimizer,
+              "prefetch": bool(prefetch), "units": len(units)}
+    _agree(pg.comm, problem, layout, chosen)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    resolved = resolve_weights(weights, group, device, rate)
+    problem, resolved = None, []
+    try:
+        resolved = resolve_weights(weights, group, device, rate)
+    except plan.WeightsError as e:  # a profile one rank cannot read
+        problem = e
+    _agree(pg.comm, problem, [], {"resolved weights": resolved})
     return ShardedModule(model, units, resolved, pg.comm, pg.metrics, False, prefetch, memory_bytes, optimizer, pg)
+
+
+def layout_facts(model: nn.Module, units: Sequence[nn.Module]) -> list[Any]:
+    """The flat vectors sharding `model` makes, each parameter with its shape, dtype and whether it is trained: what
+    every rank must have alike. Raises WrapError."""
+    params = dict(model.named_parameters())
+    return [[lay.name, [[name, list(shape), str(params[name].dtype).replace("torch.", ""), name not in lay.frozen]
+                        for name, shape in lay.params]] for lay in flat_layout(model, units)]
+
+
+_ERRORS = {"WrapError": WrapError, "WeightsError": plan.WeightsError, "PlacementError": plan.PlacementError}
+
+
+def _agree(comm: Any, problem: Exception | None, layout: list[Any], chosen: dict[str, Any]) -> None:
+    """Collective: every rank's problem, layout (by digest; whole only when they differ) and arguments compared;
+    any problem or difference raises the same exception on every rank, naming the rank and the values, instead
+    of one rank raising while the others wait in MPI (or a shard of another size truncating a message)."""
+    import hashlib
+
+    digest = hashlib.sha256(repr(layout).encode()).hexdigest()
+    mine = (None if problem is None else (type(problem).__name__, str(problem)), digest, chosen)
+    every = comm.allgather(mine)
+    size = len(every)
+    bad = [(r, p) for r, (p, _, _) in enumerate(every) if p is not None]
+    if bad:
+        kind = bad[0][1][0]
+        if len(bad) == size and len({p for _, p in bad}) == 1:
+            raise _ERRORS.get(kind, WrapError)(bad[0][1][1])  # every rank refused alike: the reason as it is
+        raise _ERRORS.get(kind, WrapError)("shard_module refused on every rank: " +
+                                           "; ".join(f"rank {r}: {p[1]}" for r, p in bad))
+    for key in chosen:
+        values = [c[key] for _, _, c in every]
+        if any(v != values[0] for v in values):
+            error = plan.WeightsError if "weights" in key else WrapError
+            raise error(f"shard_module: the ranks pass different {key} ({_by_rank(values)}): every rank must pass "
+                        "the same")
+    if any(d != every[0][1] for _, d, _ in every):
+        layouts = comm.allgather(layout)
+        raise WrapError(f"shard_module: the ranks' models differ: {_first_difference(layouts)}; every rank must "
+                        "shard the same model (names, shapes, dtypes and requires_grad alike)")
+
+
+def _by_rank(values: list[Any]) -> str:
+    groups: dict[str, list[int]] = {}
+    for r, v in enumerate(values):
+        groups.setdefault(repr(v), []).append(r)
+    return "; ".join(f"{'rank' if len(rs) == 1 else 'ranks'} {','.join(map(str, rs))}: {v}" for v, rs in groups.items())
+
+
+def _first_difference(layouts: list[list[Any]]) -> str:
+    """The first place where a rank's layout departs from rank 0's, in words."""
+    def params(layout: list[Any]) -> list[tuple[str, str]]:
+        return [(f"{name} (unit {unit or 'root'})",
+                 f"{dtype}[{', '.join(map(str, shape))}]{'' if trained else ' frozen'}")
+                for unit, ps in layout for name, shape, dtype, trained in ps]
+
+    ref = params(layouts[0])
+    for r, layout in enumerate(layouts[1:], start=1):
+        mine = params(layout)
+        for i in range(max(len(ref), len(mine))):
+            a = ref[i] if i < len(ref) else None
+            b = mine[i] if i < len(mine) else None
+            if a != b:
+                said = lambda p: "nothing" if p is None else f"parameter {p[0]} {p[1]}"  # noqa: E731
+                return f"rank 0 has {said(a)} where rank {r} has {said(b)}"
+        if [u for u, _ in layout] != [u for u, _ in layouts[0]]:
+            return f"rank 0's units are {[u for u, _ in layouts[0]]}, rank {r}'s {[u for u, _ in layout]}"
+    return "their layouts differ"
 
 
 def sharded(model: nn.Module) -> ShardedModule | None:
