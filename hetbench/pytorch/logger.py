@@ -92,7 +92,28 @@ class StepLogger:
         self.lines: list[dict[str, Any]] = []  # rank 0: every step's line
         self.mine: list[dict[str, Any]] = []  # this rank's own figures, step by step
         self.path = Path(path) if path is not None else None
-        self._file = open(self.path, "w", encoding="utf-8") if self.path is not None and self.rank == 0 else None
+        self._file = None
+        problem = None
+        if self.path is not None and self.rank == 0:
+            try:
+                self._file = open(self.path, "w", encoding="utf-8")
+            except OSError as e:
+                problem = f"StepLogger: cannot write the log {str(self.path)!r}: {e.strerror or e}"
+        # rank 0 alone opens the file: its outcome goes to every rank, so all raise alike (the others would wait for
+        # rank 0 in the first step)
+        if self.size > 1 and self.path is not None:
+            problem = self._share(problem)
+        if problem:
+            raise ValueError(problem)
+
+    def _share(self, value: Any) -> Any:
+        """Rank 0's value on every rank (collective)."""
+        if self.pg is not None:
+            return self.pg.comm.bcast(value, root=0)
+        box = [value]
+        dist.broadcast_object_list(box, src=dist.get_global_rank(self.group, 0) if self.group is not None else 0,
+                                   group=self.group)
+        return box[0]
 
     def _barrier(self) -> None:
         if self.pg is not None:

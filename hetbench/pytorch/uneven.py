@@ -14,6 +14,7 @@ import statistics
 import time
 from typing import Any, Callable, Iterable, Sequence
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -91,9 +92,19 @@ def batch_rows(batch: int, weights: str | Sequence[float] = "even", group: Any =
 
 
 def row_range(rows: Sequence[int], rank: int | None = None) -> tuple[int, int]:
-    """[start, stop) of `rank`'s rows (default: this rank) in the global batch split into `rows`."""
+    """[start, stop) of `rank`'s rows (default: this rank, and then `rows` must hold one count per rank of the
+    world) in the global batch split into `rows`. Raises ValueError, the same on every rank: the checks read
+    nothing that differs between ranks."""
+    rows = list(rows)
+    if any(isinstance(r, bool) or not isinstance(r, (int, np.integer)) or r < 0 for r in rows):
+        raise ValueError(f"row_range: rows must be counts >= 0 (one per rank), got {rows}")
     if rank is None:
-        rank = _world(None)[0]
+        rank, size = _world(None)
+        if len(rows) != size:
+            raise ValueError(f"row_range: {len(rows)} row counts given for a world of {size} ranks: give one per "
+                             "rank (batch_rows makes them)")
+    if not 0 <= rank < len(rows):
+        raise ValueError(f"row_range: rank {rank} has no count in {rows} (ranks 0-{len(rows) - 1})")
     start = int(sum(rows[:rank]))
     return start, start + int(rows[rank])
 
