@@ -103,3 +103,27 @@ def test_a_signal_while_a_rank_runs_its_exit_callbacks(tmp_path, nprocs, target,
 def test_a_signal_while_a_rank_waits_in_its_shutdown(tmp_path, nprocs, target, signum):
     code, out, err = _launch(tmp_path, "held", signum, nprocs, target)
     _check(tmp_path, code, out, err, signum, f"rank {target} ({os.uname().nodename}) ")
+
+
+ENDS_THROUGH_C_EXIT = """
+import ctypes, os, sys
+from mpi4py import MPI  # a singleton: MPI is up, finalised by `finish`
+ran = lambda code, arg: os.write(1, b"a C exit handler ran\\n")
+handler = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p)(ran)
+ctypes.CDLL(None).on_exit(handler, None)  # glibc's; MPICH registers its own handlers alike
+from hetbench import signals
+signals.install()
+signals.finish(int(sys.argv[1]))
+"""
+
+
+@pytest.mark.parametrize("code", [0, 2])
+def test_the_end_after_mpi_finalize_runs_the_c_exit_handlers(tmp_path, code):
+    """Once MPI is finalised `finish` ends through C's exit(), whose handlers include MPICH's telling its launcher
+    the rank ended well: ended by os._exit, one 3-rank job in four (a usage error, or a good run) ended with 9, the
+    launcher killing a rank still leaving. Seen here by C stdio's buffer, which only exit() flushes."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
+    done = subprocess.run([sys.executable, "-c", ENDS_THROUGH_C_EXIT, str(code)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert done.returncode == code, done.stderr
+    assert done.stdout == "a C exit handler ran\n", (done.stdout, done.stderr)
