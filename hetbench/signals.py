@@ -261,7 +261,7 @@ def _end_process(code: int) -> None:
         if mpi is not None and mpi.Is_finalized():
             import ctypes
 
-            ctypes.CDLL(None).exit(code)
+            ctypes.PyDLL(None).exit(code)  # PyDLL: the GIL held, for exit handlers that call into Python (torch)
     except Exception:  # noqa: BLE001 - no C library to call: the plain end
         pass
     os._exit(code)
