@@ -26,6 +26,8 @@ broadcast optimizer state that the other ranks' not yet stepped AdamW did not wa
 
 from __future__ import annotations
 
+import warnings
+
 from pathlib import Path
 from typing import Any
 
@@ -139,9 +141,19 @@ class TorchCheckpoint:
             return None
         want = [[(n, tuple(s)) for n, s in lay.params] for lay in layouts]
         got = [u.params for u in self.layout]
-        if want != got:
-            return (f"--resume {str(self.folder)!r} holds {len(got)} units of {sum(map(len, got))} parameters, "
-                    f"this run's model shards into {len(want)} units of {sum(map(len, want))}: another model")
+        if want == got:
+            return None
+        where = f"{str(self.folder / 'manifest.json')!r}"
+        if len(want) != len(got):
+            return f"{where} holds {len(got)} units, this run's model shards into {len(want)}: another model"
+        for unit, (w, g) in enumerate(zip(want, got)):
+            for (wn, ws), (gn, gs) in zip(w, g):
+                if (wn, ws) != (gn, gs):
+                    return (f"{where} holds {gn} {list(gs)} in unit {unit} where this run's model has {wn} "
+                            f"{list(ws)}: another model")
+            if len(w) != len(g):
+                return (f"{where} holds {len(g)} parameters in unit {unit}, this run's model {len(w)}: another "
+                        "model")
         return None
 
     def _load_state(self, params: list[tuple[str, tuple[int, ...]]] | None) -> dict[str, Any]:
@@ -155,7 +167,9 @@ class TorchCheckpoint:
         try:
             if path.stat().st_size == 0:  # torch.load's EOFError would read as an interrupted prompt (exit 130)
                 raise CheckpointError(f"{where} is empty, not a torch state hetbench saved")
-            state = torch.load(path, map_location="cpu", weights_only=True)
+            with warnings.catch_warnings():  # torch's own warnings on a foreign pickle: the one line below says it
+                warnings.simplefilter("ignore")
+                state = torch.load(path, map_location="cpu", weights_only=True)
         except CheckpointError:
             raise
         except OSError as e:
@@ -163,7 +177,7 @@ class TorchCheckpoint:
         except Exception as e:  # noqa: BLE001 - a damaged zip (RuntimeError), an unpickler's refusal, an EOF...
             raise CheckpointError(f"{where} is not a torch state hetbench saved (truncated, damaged or of another "
                                   f"format: {_first_words(e)})") from None
-        problem = check_state(state, params, self.optimizer)
+        problem = check_state(state, params, self.optimizer, self.steps_done)
         if problem:
             raise CheckpointError(f"{where} {problem}")
         return state
@@ -251,11 +265,13 @@ def _nonfinite(t: torch.Tensor) -> float | None:
     return float(t[bad].flatten()[0]) if bool(bad.any()) else None
 
 
-def check_state(state: Any, params: list[tuple[str, tuple[int, ...]]] | None, optimizer: str) -> str | None:
+def check_state(state: Any, params: list[tuple[str, tuple[int, ...]]] | None, optimizer: str,
+                steps_done: int = 0) -> str | None:
     """What makes state.pt's loaded object (`state`) no state of the run's model, or None: its form ({"model":
     {name: tensor}, "optim": {"state": {name: {key: tensor}}}}), every parameter of `params` (names, shapes; None:
     not checked) there with its shape and nothing else, each parameter's optimizer state that `optimizer` keeps
-    (the moments of its shape, a scalar step), every value finite. Said after the file's name."""
+    (the moments of its shape, a scalar step; after `steps_done` > 0 steps, of every parameter), every value finite.
+    Said after the file's name."""
     if not isinstance(state, dict):
         return f"holds a {type(state).__name__}, not the {{'model': ..., 'optim': ...}} dict hetbench saves"
     for key in ("model", "optim"):
@@ -280,6 +296,11 @@ def check_state(state: Any, params: list[tuple[str, tuple[int, ...]]] | None, op
         if name not in shapes:
             return f"holds {name}, which this run's model lacks: the state of another model"
     must, may = OPTIM_STATE_KEYS.get(optimizer, ((), ()))
+    if must and steps_done > 0:  # resumed without it, the optimizer would start over: another curve, said at the end
+        missing = [name for name in shapes if name not in optim["state"]]
+        if missing:
+            return (f"holds no optimizer state for {missing[0]}" + (f" and {len(missing) - 1} more" if len(missing) > 1
+                    else "") + f" after {steps_done} steps (--optimizer {optimizer} keeps {', '.join(must)})")
     for name, entry in optim["state"].items():
         if name not in shapes:
             return f"holds optimizer state for {name}, which this run's model lacks: the state of another model"

@@ -259,7 +259,8 @@ def round3_cases() -> list[Case]:
         """A `train --frontend torch` case (MPI ones get the watchdog)."""
         kw.setdefault("needs", ("torch",))
         kw.setdefault("timeout", TORCH_TIMEOUT)
-        add(id_, "train", kind, [*argv, *(MPI_TIMEOUT if nprocs else [])], nprocs=nprocs, **kw)
+        watchdog = MPI_TIMEOUT if nprocs and "--timeout" not in argv else []  # a case's own --timeout is the last
+        add(id_, "train", kind, [*argv, *watchdog], nprocs=nprocs, **kw)
 
     # ---------- the torch front end: every option it takes, bad values, on 1, 2 and 3 ranks
     int_opts = ("--layers", "--hidden", "--batch", "--steps", "--seq-len", "--heads", "--seed", "--warmup-steps",

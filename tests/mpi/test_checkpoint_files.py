@@ -89,6 +89,31 @@ def _nan(state):
     return state
 
 
+def _no_optim_state(state):
+    state["optim"]["state"] = {}
+    return state
+
+
+def _code(step, _):  # a pickle that would run code: the weights_only unpickler refuses it (and torch warns)
+    import pickle
+
+    _state(step).write_bytes(pickle.dumps(os.system, protocol=4))
+
+
+def _layout(change):
+    """A change to the manifest's layout of the fsdp pieces (unit 0's list of [name, shape])."""
+    def doctor(step, _):
+        path = step / "manifest.json"
+        manifest = json.loads(path.read_text())
+        change(manifest["layout"][0]["params"])
+        path.write_text(json.dumps(manifest))
+    return doctor
+
+
+def _rename(params):
+    params[0][0] = "layers.0.linear.renamed"
+
+
 def _pieces(change):
     """A change to the manifest's pieces (rank 0's list, the one process's that saved them)."""
     def doctor(step, _):
@@ -142,6 +167,11 @@ CASES = {
                          "holds optimizer state for head.weight, which this run's model lacks"),
     "nan": ("torch-ddp", _edit_state(_nan), ["--strategy", "ddp"], "step-2/state.pt",
             "holds nan in layers.0.linear.weight"),
+    "no_optim_state": ("torch-ddp", _edit_state(_no_optim_state), ["--strategy", "ddp"], "step-2/state.pt",
+                       "holds no optimizer state for layers.0.linear.weight and 3 more after 2 steps"),
+    "code": ("torch-ddp", _code, ["--strategy", "ddp"], "step-2/state.pt", "is not a torch state hetbench saved"),
+    "fsdp_layout": ("torch-fsdp", _layout(_rename), ["--strategy", "fsdp"], "step-2/manifest.json",
+                    "holds layers.0.linear.renamed [8, 8] in unit 0 where this run's model has layers.0.linear.weight"),
     "torch_overlap": ("torch-fsdp", _pieces(_overlap), ["--strategy", "fsdp"], "step-2/manifest.json",
                       "rank 0's piece [0, 10, 20, 0] overlaps rank 0's piece [0, 0, 72, 0]"),
     "torch_gap": ("torch-fsdp", _pieces(_gap), ["--strategy", "fsdp"], "step-2/manifest.json",
