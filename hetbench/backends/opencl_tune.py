@@ -572,6 +572,8 @@ def _read(path: Path) -> dict[str, Any]:
         raise ValueError("not UTF-8 text") from e
     except json.JSONDecodeError as e:
         raise ValueError(f"not JSON ({e.msg} at line {e.lineno})") from e
+    except RecursionError:  # nesting deeper than the parser's stack: no cache this module wrote
+        raise ValueError("nested deeper than a cache is") from None
     if not isinstance(document, dict) or document.get("schema") != SCHEMA:
         raise ValueError(f"not a {SCHEMA} document")
     if document.get("version") != VERSION:

@@ -171,6 +171,7 @@ def test_cache_of_another_device_or_driver_is_ignored_with_a_note(other, says):
     ('{"schema": "hetbench.opencl-gemm-tuning", "version": 99, "device": {}, "entries": {}}', "version 99"),
     ("ENTRY", "entry 'fp32/medium': vw=3"),
     ("GFLOPS", "tuned_gflops is not a positive number"),
+    ("[" * 200000 + "]" * 200000, "nested deeper than a cache is"),  # RecursionError: exit 1 before
 ])
 def test_corrupt_cache_is_ignored_with_a_note(text, says):
     key = DeviceKey("P", "P 1", "dev", "1.0")
