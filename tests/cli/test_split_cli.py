@@ -68,6 +68,8 @@ def _commands(nprocs, root):
           for strategy in ("rows", "k") for weights in ("even", "3,1", "auto")],
         ("interleaved", split_args(root / "interleaved", "--strategy", "rows", "--weights", "3,1", "--repeat", "3",
                                    "--warmup", "1", "--backend", f"0=host,1={SECOND}"), {}),
+        ("root-device", split_args(root / "root-device", "--strategy", "rows", "--weights", "1,3", "--repeat", "2",
+                                   "--backend", f"0={SECOND},1=host"), {}),
         ("files", ["split", "--a", "a.npy", "--b", "b.npy", "--repeat", "1", "--warmup", "0", "--backend",
                    "0=host,1=sim:h100", "--out", str(files / "s.json"), "--save", str(files / "c.npy")], {}),
         ("rebalance", split_args(root / "rebalance", "--strategy", "rows", "--weights", "even", "--rebalance", "3",
@@ -135,6 +137,20 @@ def test_solo_runs_between_the_timed_iterations_where_every_rank_keeps_its_buffe
                                                     rel=1e-12)
         assert at["gflops_min"] == pytest.approx(2 * part * N * K / max(at["seconds"]) / 1e9, rel=1e-12)
     assert s["sum_solo_gflops"] == pytest.approx(sum(at["gflops_median"] for at in s["solo_at_parts"]), rel=1e-12)
+
+
+@needs_mpi
+def test_a_root_whose_device_maps_the_window_runs_its_solo_runs_there(batches):
+    """Rows through the root's window (zero copy) with PoCL at the root: its solo runs between the timed iterations
+    go through the device arrays over the window (it stopped with "AssertionError: solo_once: this rank keeps no
+    buffers", alone too: `split --backend opencl --strategy rows`)."""
+    run, doc, c = split(batches, 2, "root-device")
+    np.testing.assert_allclose(c, expected(), rtol=1e-4, atol=1e-4)
+    s = doc["summary"]
+    assert s["parts"] == [9, 28] and s["verified"] is True
+    if SECOND == "opencl":
+        assert "between the timed iterations" in s["efficiency_basis"]
+        assert [len(at["seconds"]) for at in s["solo_at_parts"]] == [2, 2]
 
 
 @needs_mpi

@@ -908,3 +908,34 @@ def test_solo_from_runs_is_each_ranks_runs_between_the_iterations():
     assert got[0]["gflops_max"] == pytest.approx(flops / 0.1 / 1e9, rel=1e-12)
     k = run.solo_from_runs([[0.5]], [3], "k", MM, MN, MK)[0]
     assert k["gflops_median"] == pytest.approx(2 * MM * MN * 3 / 0.5 / 1e9, rel=1e-12)
+
+
+def test_a_failing_streamed_iteration_leaves_the_rank_without_closes_collectives(monkeypatch):
+    """A streamed split that fails on one rank (an exception in an iteration, or in the solo run after it) goes out
+    at once: close()'s window sync and barrier, run in a `finally`, waited there for ranks still iterating and hung
+    the job (a root's solo run that raised: `split --strategy rows` with PoCL at the root, until killed)."""
+    from hetbench.benchmarks.split import run as split_run
+    from hetbench.benchmarks.split import stream
+
+    calls = []
+
+    class Failing:
+        c = None
+
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def iteration(self):
+            calls.append("iteration")
+            raise RuntimeError("the device went away")
+
+        def close(self):
+            calls.append("close")
+
+        def abandon(self):
+            calls.append("abandon")
+
+    monkeypatch.setattr(stream, "StreamedSplitter", Failing)
+    with pytest.raises(RuntimeError, match="the device went away"):
+        split_run.run_split(None, None, DTYPES["fp32"], "rows", [4], 0, 1, chunks=2)
+    assert calls == ["iteration", "abandon"]

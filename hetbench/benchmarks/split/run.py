@@ -290,9 +290,12 @@ def run_split(world: World, state: SplitState, dtype: DType, strategy: str, part
                     after_timed(splitter)
             if on_iteration is not None:
                 on_iteration()
-    finally:
-        if chunks is not None:
-            splitter.close()
+    except BaseException:
+        if chunks is not None:  # this rank alone: close()'s collectives would wait for ranks still iterating
+            splitter.abandon()
+        raise
+    if chunks is not None:
+        splitter.close()
     return timed, splitter.c
 
 

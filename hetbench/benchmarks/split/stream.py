@@ -246,6 +246,12 @@ class StreamedSplitter:
             self.win.Free()
             self.win = None
 
+    def abandon(self) -> None:
+        """close() on this rank alone, after a failure: nothing collective (the window stays for the job's end,
+        which the error brings)."""
+        self.progress.close()
+        self.a_dev, self.b_dev, self.c_dev = None, [], []
+
     def solo_once(self) -> float | None:
         """This rank's GEMMs of an iteration run again, alone, on the buffers the iteration used (device timer,
         summed over its chunks): the efficiency's denominator measured between the timed iterations (run.py). 0.0
@@ -253,11 +259,16 @@ class StreamedSplitter:
         the host's memory, a rank beside it that uploads into new buffers each iteration)."""
         if self.part == 0:
             return 0.0
+        be, dt = self.backend, self.dtype
+        if self.zero_copy:  # the window's rows, on every rank (a root whose device maps them included)
+            seconds = self._window_gemm()
+            if self.mapped:  # the device's writes seen by the host, as after a timed iteration (_rows_shared)
+                view, pending = be.map_to_host(self.c_dev[0], 0, self.c_dev[0].size, False)
+                pending.wait()
+                be.unmap_from_host(view).wait()
+            return seconds
         if not keeps_buffers(self.me, self.part, self.strategy, self.on_host, self.mapped):
             return None
-        be, dt = self.backend, self.dtype
-        if self.zero_copy:
-            return self._window_gemm()
         if self.me == ROOT:
             assert self.c is not None
             start = self.starts[ROOT]
