@@ -26,6 +26,7 @@ class Strategy:
     shards_by_weights: bool = False  # its state's shards are sized by the weights (hetbench's own fsdp)
     prefetch: bool = False  # takes --prefetch: the next layer's gather starts while this one computes
     rebalances: bool = False  # auto weights re-measured from each rank's samples/s in the first steps
+    micro_batches: bool = False  # takes --micro-batches: the batch cut into micro-batches that flow through stages
     train: str | None = None  # numpy: "module:function", the training loop (see data_parallel.py, pipeline.py)
 
     def train_function(self) -> Callable[..., Any]:
@@ -65,7 +66,7 @@ register(Strategy("fsdp", "numpy", "fully sharded data parallel: each rank holds
 register(Strategy("ddp", "numpy", "data parallel: the whole model on every rank, gradients summed", replicated=True,
                   rebalances=True, train="hetbench.train.data_parallel:train_ddp"))
 register(Strategy("pipeline", "numpy", "GPipe: each rank holds its share of the layers, micro-batches flow through",
-                  shares_of="layers", train="hetbench.train.pipeline:train_pipeline"))
+                  shares_of="layers", micro_batches=True, train="hetbench.train.pipeline:train_pipeline"))
 register(Strategy("ddp", "torch", "torch's DDP, exact under uneven batch shares", replicated=True, rebalances=True))
 register(Strategy("fsdp", "torch", "hetbench's uneven FSDP: state shards sized by the weights",
                   shards_by_weights=True, rebalances=True))

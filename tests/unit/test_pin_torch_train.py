@@ -203,6 +203,13 @@ class FakeDist:
     def barrier(self, group: Any = None) -> None:
         self.barriers += 1
 
+    def broadcast_object_list(self, box: list, src: int = 0, group: Any = None) -> None:
+        if self.rank != src:
+            box[:] = [None] * len(box)  # rank 0 opened its log (these tests' rank 0 has no trouble)
+
+    def get_global_rank(self, group: Any, rank: int) -> int:
+        return rank
+
     def all_gather_object(self, out: list, obj: Any, group: Any = None) -> None:
         assert out == [None] * self.size
         out[:] = [obj, *self.others] if self.rank == 0 else [*self.others[:1], obj, *self.others[1:]]

@@ -302,11 +302,14 @@ def _refuse_options_that_do_not_apply(params: dict[str, Any]) -> None:
                 flag = "--" + option.replace("_", "-")
                 raise click.UsageError(f"{flag} {params[option]} does not apply: it sets {what} ({where}), and the "
                                        f"model here is {model}; leave it out")
-    if strategy != "pipeline" and _given("micro_batches"):
-        why = (f"--frontend torch has no pipeline (its strategies: {', '.join(strategies.names('torch'))})"
-               if frontend == "torch" else f"the strategy here is {strategy}")
+    record = strategies.REGISTRY.get((frontend, strategy))
+    if not (record and record.micro_batches) and _given("micro_batches"):
+        takers = [s for s in strategies.REGISTRY.values() if s.micro_batches]
+        where = ", ".join(f"--strategy {s.name} (--frontend {s.frontend})" for s in takers)
+        why = (f"--frontend {frontend} has no such strategy (its strategies: {', '.join(strategies.names(frontend))})"
+               if not any(s.frontend == frontend for s in takers) else f"the strategy here is {strategy}")
         raise click.UsageError(f"--micro-batches {params['micro_batches']} does not apply: it cuts the batch of "
-                               f"--strategy pipeline (--frontend numpy), and {why}; leave it out")
+                               f"{where}, and {why}; leave it out")
 
 
 def _torch_device_path_errors(cfg: TrainConfig, world: Any, state: Any) -> list[str]:
