@@ -396,6 +396,9 @@ def _run_mounted(case: Case, folder: Path, out: Outcome, cmd: list[str], env: di
     if TRACEBACK in stderr_text or TRACEBACK in stdout_text:
         out.failures["traceback"] = "a Python traceback on " + ("stderr" if TRACEBACK in stderr_text else "stdout")
     _judge_crash(out, stdout_text, stderr_text)
+    if case.expect == "batch":  # its cases are judged by their own lines (split_batch)
+        BATCH_STDOUT[case.id] = stdout_text
+        return out
     if case.expect == "raises":
         _judge_raises(case, out, stdout_text, stderr_text)
         _judge_files(case, folder, before, out)
@@ -481,7 +484,8 @@ def _judge_crash(out: Outcome, stdout: str, stderr: str) -> None:
     """An MPI crash dump or a process ended by an abort or a segfault."""
     for marker in CRASH_TEXT:
         if marker in stderr or marker in stdout:
-            out.failures["crash"] = f"an MPI crash dump ({marker.strip()!r} on {'stderr' if marker in stderr else 'stdout'})"
+            where = "stderr" if marker in stderr else "stdout"
+            out.failures["crash"] = f"an MPI crash dump ({marker.strip()!r} on {where})"
             return
     if out.returncode in CRASH_CODES:
         out.failures["crash"] = f"ended by a crash (exit {out.returncode})"
@@ -574,7 +578,8 @@ def _judge_exit_and_message(case: Case, out: Outcome, stdout: str, stderr: str) 
     elif case.expect == "signal":
         rank, signum, when = case.signal
         name = signal.Signals(signum).name
-        late = [line for line in lines if line.startswith(f"Note: rank {rank} (") and f"got {name} after the job" in line]
+        late = [line for line in lines
+                if line.startswith(f"Note: rank {rank} (") and f"got {name} after the job" in line]
         if when.startswith("end:") and case.nprocs and rc == 0 and late and len(lines) == 1:
             return  # it came once MPI_Finalize had begun: the job had ended, and the rank said so (docs/matmul.md)
         if rc != 128 + signum:
@@ -623,6 +628,59 @@ def _judge_files(case: Case, folder: Path, before: dict, out: Outcome) -> None:
             out.failures["partial"] = "; ".join(bad[:3])
 
 
+# --- batches: cases sharing one launch ---------------------------------------------------------------------------
+
+BATCH_STDOUT: dict[str, str] = {}  # a batch launch's stdout, for split_batch
+BATCH_SECONDS = 8.0  # a batched case's share of its launch's timeout, beyond one case's
+
+
+def batch_launches(cases: list[Case]) -> tuple[list[Case], dict[str, list[Case]]]:
+    """The launches to run: every unbatched case, and one per batch and rank count, whose argv names its cases
+    (`SCRIPT --batch NAME...`); and each launch's cases by its id."""
+    groups: dict[tuple[str, int | None], list[Case]] = {}
+    launches: list[Case] = []
+    for case in cases:
+        if case.batch is None:
+            launches.append(case)
+        else:
+            groups.setdefault((case.batch, case.nprocs), []).append(case)
+    members: dict[str, list[Case]] = {}
+    for (batch, nprocs), group in groups.items():
+        first = group[0]
+        launch = Case(f"{batch}-batch-{nprocs}", first.command, first.kind, [first.argv[0], "--batch",
+                                                                             *(c.argv[1] for c in group)],
+                      expect="batch", nprocs=nprocs, program=first.program, needs=first.needs,
+                      timeout=first.timeout + BATCH_SECONDS * (len(group) - 1))
+        launches.append(launch)
+        members[launch.id] = group
+    return launches, members
+
+
+def split_batch(launch: Outcome, group: list[Case]) -> list[Outcome]:
+    """Each case of a batch launch judged by its own lines ("NAME: ..."): as it would be alone (_judge_raises;
+    an "ok" case by its WRONG lines), and every failure of the launch itself (a hang, an orphan, a traceback, a crash)
+    charged to each."""
+    stdout = BATCH_STDOUT.pop(launch.id, "")
+    outs = []
+    for case in group:
+        name = case.argv[1]
+        mine = "\n".join(line[len(name) + 2:] for line in stdout.splitlines() if line.startswith(f"{name}: "))
+        out = Outcome(case.id, case.command, case.kind, case.expect, f"{launch.cmdline}  [its case {name}]",
+                      returncode=launch.returncode, seconds=launch.seconds / len(group),
+                      failures=dict(launch.failures), stderr_tail=launch.stderr_tail, stdout_head=mine[:300],
+                      skipped=launch.skipped)
+        wrong = [line for line in mine.splitlines() if line.startswith("WRONG:")]
+        out.returncode = 4 if wrong else (0 if launch.returncode in (0, 4) else launch.returncode)
+        if case.expect == "raises":
+            _judge_raises(case, out, mine, "")
+        elif wrong:
+            out.failures["silent"] = wrong[0][:300]
+        elif out.returncode != 0 and "hang" not in out.failures:
+            out.failures["exit"] = f"exit {out.returncode}, expected 0"
+        outs.append(out)
+    return outs
+
+
 # --- the battery ------------------------------------------------------------------------------------------------
 
 def main() -> int:
@@ -661,31 +719,34 @@ def main() -> int:
     from cases import prepare  # templates (a checkpoint, a profile) made once
 
     prepare(work / "_templates", hb, cases)
+    launches, batched = batch_launches(cases)
+    launches.sort(key=lambda c: c.id not in batched)  # the long batch launches first
     started = time.monotonic()
     outcomes: list[Outcome] = []
     lock = threading.Lock()
 
-    def one(case: Case) -> Outcome:
+    def one(case: Case) -> None:
         try:
             result = run_case(case, work, hb, mpi)
         except Exception as e:  # noqa: BLE001 - a battery bug is a failed case, not a lost run
             result = Outcome(case.id, case.command, case.kind, case.expect, " ".join(case.argv),
                              failures={"setup": f"battery error: {type(e).__name__}: {e}"})
+        results = split_batch(result, batched[case.id]) if case.id in batched else [result]
         with lock:
-            outcomes.append(result)
-            mark = "ok  " if result.passed else ("KNOWN" if result.known else "FAIL")
-            if result.skipped:
-                print(f"SKIP {result.id}: {result.skipped}", flush=True)
-            if not result.passed:
-                print(f"{mark} {result.id} ({result.seconds:.1f} s): "
-                      + "; ".join(f"{k}: {v}" for k, v in result.failures.items()), flush=True)
-            if len(outcomes) % 50 == 0:
-                print(f"  ... {len(outcomes)}/{len(cases)} done, {time.monotonic() - started:.0f} s", flush=True)
-        return result
+            for result in results:
+                outcomes.append(result)
+                mark = "ok  " if result.passed else ("KNOWN" if result.known else "FAIL")
+                if result.skipped:
+                    print(f"SKIP {result.id}: {result.skipped}", flush=True)
+                if not result.passed:
+                    print(f"{mark} {result.id} ({result.seconds:.1f} s): "
+                          + "; ".join(f"{k}: {v}" for k, v in result.failures.items()), flush=True)
+                if len(outcomes) % 50 == 0:
+                    print(f"  ... {len(outcomes)}/{len(cases)} done, {time.monotonic() - started:.0f} s", flush=True)
 
     try:
         with ThreadPoolExecutor(max_workers=opts.jobs) as pool:
-            list(pool.map(one, cases))
+            list(pool.map(one, launches))
     finally:  # no full-disk tmpfs is left mounted, whatever stopped the run
         for line in Path("/proc/mounts").read_text().splitlines():
             target = line.split()[1] if len(line.split()) > 1 else ""

@@ -63,6 +63,9 @@ class Case:
     program: str = "hetbench"  # or "python": the virtualenv's python runs argv (a user's script)
     needs: tuple[str, ...] = ()  # templates or devices the case needs (see prepare): skipped where one cannot be
     out_needles: list[str] = field(default_factory=list)  # a good run's stdout or stderr must say each of these
+    # cases of one batch (and rank count) run in one launch, each judged by its own lines (battery.py run_batch):
+    # the library cases, whose every launch pays torch's import on every rank
+    batch: str | None = None
 
 
 # --- templates made once per battery run ------------------------------------------------------------------------

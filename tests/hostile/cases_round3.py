@@ -442,11 +442,11 @@ def round3_cases() -> list[Case]:
     for name in lib_cases.RAISES:
         for n in (2, 3) if name in on_three else (2,):
             add(f"lib-{name}-{n}", "library", "lib", [LIB, name], nprocs=n, program="python", expect="raises",
-                needs=("torch",), timeout=LIB_TIMEOUT)
+                needs=("torch",), timeout=LIB_TIMEOUT, batch="lib")
     for name in lib_cases.OK:
         for n in (2, 3) if name in on_three else (2,):
             add(f"lib-{name}-{n}", "library", "lib", [LIB, name], nprocs=n, program="python", expect="ok",
-                needs=("torch",), timeout=LIB_TIMEOUT)
+                needs=("torch",), timeout=LIB_TIMEOUT, batch="lib")
 
     # ---------- the OpenCL GEMM tuning cache (HETBENCH_CACHE_DIR): ignored with a note, the GEMM runs and verifies
     caches = {

@@ -16,6 +16,7 @@ An "ok" case is a good use, or a check of a state that must stay right: it exits
 `WRONG: ...` line where it is not (shard_module updating parameters whose requires_grad is False).
 
 Usage: python tests/hostile/lib_cases.py CASE      (python tests/hostile/lib_cases.py --list: the cases)
+       python tests/hostile/lib_cases.py --batch CASE...   (one job, each line "CASE: ..."; the battery's way)
 """
 
 from __future__ import annotations
@@ -423,9 +424,12 @@ def steplogger_folder(rank: int, n: int) -> None:
 
 # --- good uses, and states that must stay right (ok: exit 0, or 4 with a WRONG line) --------------------------------
 
+PREFIX = [""]  # "CASE: " in a batch (--batch): each line says whose it is
+
+
 def say(line: str) -> None:
     """One line in one write: the ranks' lines reach mpiexec's stdout through pipes and must not interleave."""
-    os.write(1, (line + "\n").encode("utf-8", "replace"))
+    os.write(1, (PREFIX[0] + line + "\n").encode("utf-8", "replace"))
 
 
 def _wrong(what: str) -> None:
@@ -503,7 +507,8 @@ def _frozen_run(rank: int, n: int, optimizer: str, freeze: Callable) -> None:
     if rank != 0:
         return
     names = set(frozen)
-    moved = {k: float((full[k] - before[k]).abs().max()) for k in full if k in names and not torch.equal(full[k], before[k])}
+    moved = {k: float((full[k] - before[k]).abs().max()) for k in full
+             if k in names and not torch.equal(full[k], before[k])}
     if moved:
         _wrong(f"frozen parameters changed: {moved}")
     if all(torch.equal(full[k], before[k]) for k in full if k not in names):
@@ -535,26 +540,19 @@ def frozen_weights_only_sgd(rank: int, n: int) -> None:
 
 # --- the run --------------------------------------------------------------------------------------------------
 
-def main() -> int:
-    if len(sys.argv) != 2 or sys.argv[1] not in {**RAISES, **OK, "--list": None}:
-        print(f"usage: {sys.argv[0]} CASE  (--list)", file=sys.stderr)
-        return 2
-    if sys.argv[1] == "--list":
-        print("\n".join([*(f"raises {c}" for c in RAISES), *(f"ok {c}" for c in OK)]))
-        return 0
-    name = sys.argv[1]
+def run_one(name: str, rank: int, n: int) -> int:
+    """One case on this rank: 0, or 4 where it found a wrong state (its WRONG line said)."""
     import torch
     import torch.distributed as dist
 
-    import hetbench.pytorch as hb
-
-    hb.init()
-    rank, n = dist.get_rank(), dist.get_world_size()
     if name in OK:
-        OK[name](rank, n)
+        code = 0
+        try:
+            OK[name](rank, n)
+        except SystemExit as e:  # _wrong: said, the code kept, the other ranks met as ever
+            code = int(e.code or 0)
         dist.barrier()
-        dist.destroy_process_group()
-        return 0
+        return code
     try:
         RAISES[name](rank, n)
     except Exception as e:  # noqa: BLE001 - what it raised is what the case shows
@@ -567,8 +565,32 @@ def main() -> int:
     if t.item() != n:
         say(f"WRONG: rank {rank}: the group is broken after the error (an all_reduce of ones gave {t.item()})")
         return 4
-    dist.destroy_process_group()
     return 0
+
+
+def main() -> int:
+    names = sys.argv[2:] if sys.argv[1:2] == ["--batch"] else sys.argv[1:]
+    if sys.argv[1:] == ["--list"]:
+        print("\n".join([*(f"raises {c}" for c in RAISES), *(f"ok {c}" for c in OK)]))
+        return 0
+    single = names == sys.argv[1:]
+    if not names or any(name not in {**RAISES, **OK} for name in names) or (single and len(names) > 1):
+        print(f"usage: {sys.argv[0]} CASE | --batch CASE... | --list", file=sys.stderr)
+        return 2
+    import torch.distributed as dist
+
+    import hetbench.pytorch as hb
+
+    hb.init()
+    rank, n = dist.get_rank(), dist.get_world_size()
+    code = 0
+    # --batch: the cases one after the other in one job (torch's import paid once): each line prefixed with its
+    # case; the group must survive every misuse before it
+    for name in names:
+        PREFIX[0] = f"{name}: " if sys.argv[1] == "--batch" else ""
+        code = max(code, run_one(name, rank, n))
+    dist.destroy_process_group()
+    return code
 
 
 if __name__ == "__main__":
