@@ -140,8 +140,9 @@ test-slow: env
 
 # Issue 19's hostile battery (tests/hostile/): several hundred bad inputs, bad paths, doctored files, signals to one
 # rank, a deleted working directory and a closed stdout over every command, run as the real CLI (under this
-# virtualenv's MPICH mpiexec), HOSTILE_JOBS (TEST_JOBS: two a core) at a time; prints its counts, writes results/hostile-report.json, exits 1 if
-# any case fails (a hang, a traceback, a wrong exit code, more than one line, a lost or partial file, an orphan)
+# virtualenv's MPICH mpiexec), HOSTILE_JOBS (TEST_JOBS: two a core) at a time; prints its counts, writes
+# results/hostile-report.json, exits 1 if any case fails (a hang, a traceback, a wrong exit code, more than one
+# line, a lost or partial file, an orphan)
 HOSTILE_JOBS ?= $(TEST_JOBS)
 .PHONY: hostile
 hostile: env
