@@ -192,22 +192,28 @@ def test_corrupt_cache_is_ignored_with_a_note(text, says):
     assert entries == {} and "\n" not in note and says in note and "ignored" in note
 
 
-@pytest.mark.parametrize("kind", ["fifo", "folder"])
-def test_a_cache_path_that_is_no_regular_file_is_ignored_at_once(kind):
-    """A FIFO at the cache's path blocked the read for ever (issue 33); it, or a folder, is ignored with a note, and
-    tuning replaces it with the file."""
-    import os
+def _load_in_a_thread(key):
+    """load_entries(key), in a thread that must end within 10 s (a FIFO or a device must not block it)."""
     import threading
 
-    key = DeviceKey("P", "P 1", "dev", "1.0")
-    key.path().parent.mkdir(parents=True)
-    os.mkfifo(key.path()) if kind == "fifo" else key.path().mkdir()
     got: list = []
     reader = threading.Thread(target=lambda: got.append(opencl_tune.load_entries(key)), daemon=True)
     reader.start()
     reader.join(timeout=10)
     assert got, "load_entries blocked on the cache's path"
-    entries, note = got[0]
+    return got[0]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+def test_a_cache_path_that_is_no_regular_file_is_ignored_at_once(kind):
+    """A FIFO at the cache's path blocked the read for ever (issue 33); it, or a folder, is ignored with a note, and
+    tuning replaces it with the file."""
+    import os
+
+    key = DeviceKey("P", "P 1", "dev", "1.0")
+    key.path().parent.mkdir(parents=True)
+    os.mkfifo(key.path()) if kind == "fifo" else key.path().mkdir()
+    entries, note = _load_in_a_thread(key)
     assert entries == {} and "\n" not in note and str(key.path()) in note
     assert "not a regular file" in note and "ignored" in note
     if kind == "fifo":
@@ -358,17 +364,11 @@ def test_a_device_linked_as_the_cache_is_ignored_at_once(device):
     note that says so, and a tune replaces the link with the file, the device untouched."""
     import os
     import stat
-    import threading
 
     key = DeviceKey("P", "P 1", "dev", "1.0")
     key.path().parent.mkdir(parents=True)
     os.symlink(device, key.path())
-    got: list = []
-    reader = threading.Thread(target=lambda: got.append(opencl_tune.load_entries(key)), daemon=True)
-    reader.start()
-    reader.join(timeout=10)
-    assert got, "load_entries blocked on the cache's path"
-    entries, note = got[0]
+    entries, note = _load_in_a_thread(key)
     assert entries == {} and "\n" not in note and str(key.path()) in note
     assert "is a device, not a regular file" in note and "ignored" in note
     opencl_tune.save_entry(key, "fp32", "medium", _entry(POINTS[0]))
