@@ -19,6 +19,8 @@ from typing import Any
 # costs only the cases after a failure, never a verdict: the failure is said either way)
 GRACE_SECONDS = 2.0
 POLL_SECONDS = 0.002
+# as hetbench's own aborts (hetbench/signals.py): under load the abort's teardown lost the line once without it
+ABORT_FLUSH_SECONDS = 0.2
 
 
 def say(line: str) -> None:
@@ -46,6 +48,7 @@ class Outcomes:
                 print(f"[fail-fast] rank {self.rank}: the other ranks did not finish {name} within {GRACE_SECONDS:g} s "
                       "of this rank's failure (left waiting on it inside the case): ending the job",
                       file=sys.stderr, flush=True)
+                time.sleep(ABORT_FLUSH_SECONDS)  # the launcher forwards the line before the abort's teardown
                 self.comm.Abort(1)
             time.sleep(POLL_SECONDS)
 

@@ -100,14 +100,19 @@ def _code(step, _):  # a pickle that would run code: the weights_only unpickler 
     _state(step).write_bytes(pickle.dumps(os.system, protocol=4))
 
 
-def _layout(change):
-    """A change to the manifest's layout of the fsdp pieces (unit 0's list of [name, shape])."""
+def _manifest(part, change):
+    """A change to one part of the manifest (`part(manifest)`: the list the change edits in place)."""
     def doctor(step, _):
         path = step / "manifest.json"
         manifest = json.loads(path.read_text())
-        change(manifest["layout"][0]["params"])
+        change(part(manifest))
         path.write_text(json.dumps(manifest))
     return doctor
+
+
+def _layout(change):
+    """A change to the manifest's layout of the fsdp pieces (unit 0's list of [name, shape])."""
+    return _manifest(lambda m: m["layout"][0]["params"], change)
 
 
 def _rename(params):
@@ -116,12 +121,7 @@ def _rename(params):
 
 def _pieces(change):
     """A change to the manifest's pieces (rank 0's list, the one process's that saved them)."""
-    def doctor(step, _):
-        path = step / "manifest.json"
-        manifest = json.loads(path.read_text())
-        change(manifest["ranks"][0]["pieces"])
-        path.write_text(json.dumps(manifest))
-    return doctor
+    return _manifest(lambda m: m["ranks"][0]["pieces"], change)
 
 
 def _overlap(pieces):  # a second piece of vector 0 over elements 10..20, read from the file's first elements
