@@ -615,20 +615,26 @@ class HetbenchProcessGroup(dist.ProcessGroup):
             self.allgather([outs], [inp], opts)
         return _DoneWork(output_lists)
 
+    def _rooted_call(self, name: str, root: int, mine: torch.Tensor, parts: list[torch.Tensor]) -> "_Call":
+        """The checks of a gather or scatter: the root in range, one dtype, the root's list (`parts`: one tensor a
+        rank, empty elsewhere) against `mine`, this rank's tensor, whose size every rank's descriptor carries."""
+        call = _Call(name)
+        call.refuse(self._rank_problem("root", root))
+        call.refuse(self._dtype_problem(name, [mine, *parts]))
+        if self.comm.Get_rank() == root:
+            call.refuse(self._parts_problem(f"the {name} list", parts, mine.dtype))
+            call.expect = tuple(p.numel() for p in parts)
+        call.same = {"root": root, "dtype": _dtype_name(mine.dtype)}
+        call.mine = mine.numel()
+        return call
+
     def gather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
                opts: Any = None) -> _DoneWork:
         root = int(getattr(opts, "rootRank", 0))
         me = self.comm.Get_rank()
         inp = input_tensors[0]
         outs = (output_tensors[0] if output_tensors else []) if me == root else []
-        call = _Call("gather")
-        call.refuse(self._rank_problem("root", root))
-        call.refuse(self._dtype_problem("gather", [inp, *outs]))
-        if me == root:
-            call.refuse(self._parts_problem("the gather list", outs, inp.dtype))
-            call.expect = tuple(p.numel() for p in outs)
-        call.same = {"root": root, "dtype": _dtype_name(inp.dtype)}
-        call.mine = inp.numel()
+        call = self._rooted_call("gather", root, inp, outs)
 
         def body() -> list[list[torch.Tensor]]:
             # every rank must know the counts only at the root; MPI_Gatherv needs them there alone
@@ -644,14 +650,7 @@ class HetbenchProcessGroup(dist.ProcessGroup):
         out = output_tensors[0]
         me = self.comm.Get_rank()
         parts = (input_tensors[0] if input_tensors else []) if me == root else []
-        call = _Call("scatter")
-        call.refuse(self._rank_problem("root", root))
-        call.refuse(self._dtype_problem("scatter", [out, *parts]))
-        if me == root:
-            call.refuse(self._parts_problem("the scatter list", parts, out.dtype))
-            call.expect = tuple(p.numel() for p in parts)
-        call.same = {"root": root, "dtype": _dtype_name(out.dtype)}
-        call.mine = out.numel()
+        call = self._rooted_call("scatter", root, out, parts)
 
         def body() -> list[torch.Tensor]:
             recv = _Staged(self, out, reduce=False)
