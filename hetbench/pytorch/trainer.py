@@ -553,13 +553,18 @@ def one_step(cfg: Any, model: torch.nn.Module, opt: torch.optim.Optimizer, scale
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         skipped = scaler.update(bool(flag.item() > 0))
     if not skipped:
-        if scale != 1.0:
-            for p in model.parameters():
-                if p.grad is not None:
-                    p.grad.mul_(1.0 / scale)
-        opt.step()
+        _unscaled_step(model, opt, scale)
     opt.zero_grad(set_to_none=False)  # gradients stay held: the bytes a step holds at its peak
     return loss.detach(), scale, skipped
+
+
+def _unscaled_step(model: torch.nn.Module, opt: torch.optim.Optimizer, scale: float) -> None:
+    """The optimizer's step on the gradients divided by the scale their backward ran at."""
+    if scale != 1.0:
+        for p in model.parameters():
+            if p.grad is not None:
+                p.grad.mul_(1.0 / scale)
+    opt.step()
 
 
 def reference(cfg: Any, task: TaskConfig, follow: list[bool | None] | None = None
@@ -603,11 +608,7 @@ def _reference_step(cfg: Any, model: torch.nn.Module, opt: torch.optim.Optimizer
         used /= 2
     skipped = scaler.update(bool(take)) if scaler.checks else False
     if not skipped:
-        if used != 1.0:
-            for p in model.parameters():
-                if p.grad is not None:
-                    p.grad.mul_(1.0 / used)
-        opt.step()
+        _unscaled_step(model, opt, used)
     opt.zero_grad(set_to_none=False)
     return float(loss.detach().item()), bool(own)
 
