@@ -147,3 +147,28 @@ def test_record_skips_notes_the_global_index_of_each_skipped_step():
     assert noted == [2, 6, 8] and scaler.skipped_steps == 2
     unknown = outcome.record_skips(LossScaler.for_dtype("bf16"), 5, None)
     assert unknown is None
+
+
+def test_the_final_band_is_the_last_losses_mean_against_the_references():
+    """Mixed precision's second rule, recomputed from the raw losses: the mean of the last MIXED_FINAL_STEPS losses
+    within MIXED_FINAL_BAND (relative) of the reference's same mean; judged for fp16/bf16 only, shown for fp32 too.
+    The step-by-step rule is widened here (a huge reduction) so that the band alone decides."""
+    ref = [4.0 - 0.1 * i for i in range(30)]
+    tail = ref[-outcome.MIXED_FINAL_STEPS:]
+    ref_mean = sum(tail) / len(tail)
+
+    def check(dtype, factor):
+        # the last MIXED_FINAL_STEPS losses off by `factor`, the earlier ones equal
+        run = ref[:-len(tail)] + [x * factor for x in tail]
+        return outcome.compare_with_reference(dtype, "adamw", 30, 0, run, ref, [False] * 30, [False] * 30, 0.0, 0.0,
+                                              0.0, True, 10**40)
+
+    for dtype in ("fp16", "bf16", "fp32"):
+        inside, outside = check(dtype, 1.4), check(dtype, 1.6)
+        for c, factor in ((inside, 1.4), (outside, 1.6)):
+            want = abs(sum(x * factor for x in tail) / len(tail) - ref_mean) / abs(ref_mean)
+            assert c["final_loss_relative_difference"] == pytest.approx(want, rel=1e-12)
+            assert c["final_band"] == outcome.MIXED_FINAL_BAND == 0.5
+            assert c["loss_over_tolerance"] <= 1.0  # the step-by-step rule passes both
+        assert inside["ok"] is True
+        assert outside["ok"] is (dtype == "fp32")  # 0.6 off the band: refused under mixed precision only
