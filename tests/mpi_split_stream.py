@@ -215,6 +215,9 @@ def check_reuse(world: World) -> None:
                 splitter.close()
 
 
+PROGRESS_DEADLINE_S = 30.0
+
+
 def check_progress(world: World) -> None:
     """A 16 MiB message between ranks 0 and 1, handed to the engine, then both ranks sleep: it is complete before
     anyone waits (MPICH moves nothing between calls: without the engine it is not), and the engine's thread stops
@@ -246,9 +249,14 @@ def check_progress(world: World) -> None:
         flight = engine.start([comm.Isend(data, dest=1, tag=7)])
     elif world.rank == 1:
         flight = engine.start([comm.Irecv(got, source=0, tag=7)])
-    time.sleep(0.5)
+    # this thread makes no MPI call until the flight is done: only the engine's can move it (0.5 s on a quiet
+    # machine; the deadline leaves room for a loaded one, where Open MPI's shared memory moves it in turns)
+    deadline = time.monotonic() + PROGRESS_DEADLINE_S
+    while flight is not None and not flight.done and time.monotonic() < deadline:
+        time.sleep(0.05)
     if flight is not None:
-        assert flight.done, f"the engine made {engine.polls} polls and the transfer is still not done"
+        assert flight.done, (f"the engine made {engine.polls} polls in {PROGRESS_DEADLINE_S:g} s and the transfer "
+                             "is still not done")
         polls = engine.polls
         assert polls > 0
         time.sleep(0.05)
