@@ -306,8 +306,11 @@ def check_launch(world: World) -> None:
         flight = engine.launch(gather(got))
         total_ranks = comm.allreduce(1, op=MPI.SUM)  # a collective on the world's communicator meanwhile
         assert total_ranks == size
-        time.sleep(0.3)
-        assert flight.done, f"the engine made {engine.polls} polls and the launched gather is still not done"
+        deadline = time.monotonic() + PROGRESS_DEADLINE_S  # no MPI call on this thread meanwhile
+        while not flight.done and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert flight.done, (f"the engine made {engine.polls} polls in {PROGRESS_DEADLINE_S:g} s and the launched "
+                             "gather is still not done")
         engine.wait(flight)
         assert np.array_equal(got, want) and engine.cpu_seconds > 0
         engine.close()
