@@ -48,6 +48,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(1, str(HERE.parent))  # tests/: the suite's helpers
 
 from cases import Case, build_cases  # noqa: E402
+from forkserver import ForkServer, ServerGone, Unavailable  # noqa: E402
 from helpers import handles_sigterm  # noqa: E402
 from helpers import rank_of as environment_rank  # noqa: E402
 
@@ -121,6 +122,13 @@ def members(mark: str) -> list[int]:
     return found
 
 
+def case_members(mark: str, server: ForkServer | None = None) -> list[int]:
+    """A case's live processes: those with its mark, and for a forked case (whose /proc/PID/environ is its fork
+    server's, without the mark) everything under the server, to which what the child left is re-parented."""
+    found = members(mark)
+    return found if server is None else sorted(set(found) | set(server.descendants()))
+
+
 def rank_of(pid: int) -> int | None:
     """The MPI rank of a process (from its environment), for a Python process running hetbench."""
     try:
@@ -132,15 +140,86 @@ def rank_of(pid: int) -> int | None:
     return environment_rank(pid)
 
 
-def kill_case(mark: str) -> list[int]:
-    """SIGKILL every process left of a case (only ever ours: found by the mark the battery gave the case)."""
-    left = members(mark)
+def kill_case(mark: str, server: ForkServer | None = None) -> list[int]:
+    """SIGKILL every process left of a case (only ever ours: found by the mark the battery gave the case, and for
+    a forked case, as what is under its fork server, which serves one case at a time)."""
+    left = case_members(mark, server)
     for pid in left:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
     return left
+
+
+# --- fork servers: one-process cases forked from a process that has imported hetbench (and torch) ------------------
+
+SERVER_DIR: list[Path] = []  # the servers' working folder (their stderr logs), set by main
+SERVERS: list[ForkServer] = []  # every server started, ended by main
+NO_SERVER: dict[str, str] = {}  # flavour -> why its server could not start (its cases then run as before)
+FORKED: set[str] = set()  # ids of the cases that ran forked
+_servers_lock = threading.Lock()
+_local = threading.local()  # each worker thread's servers by flavour: one case at a time each
+
+
+def forkable(case: Case) -> bool:
+    """Whether nothing special is done to the case's process, so that a fork of a server that imported hetbench
+    runs it as `hetbench ARGS` would run: one process, the hetbench command, no variable of its own (one could be
+    read at import), no signal, stdout a plain file, its folder kept, no tmpfs or other wrapper."""
+    return (case.nprocs is None and case.program == "hetbench" and case.special is None and not case.env
+            and case.signal is None and case.batch is None and case.expect not in ("batch", "signal", "pipe"))
+
+
+def flavour_of(case: Case) -> str:
+    """"torch" for a case of the torch front end (its server has imported torch and the trainer), else "cli"."""
+    args = list(case.argv)
+    torch_frontend = any(a == "--frontend" and b == "torch" for a, b in zip(args, args[1:]))
+    return "torch" if torch_frontend or any(n.startswith("torch") for n in case.needs) else "cli"
+
+
+def _without_mark(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k != MARK}
+
+
+def server_for(case: Case, env: dict[str, str], hb: str) -> ForkServer | None:
+    """This worker's server for the case's flavour (started on first use), or None: the case runs as before."""
+    if not SERVER_DIR or not forkable(case):
+        return None
+    flavour = flavour_of(case)
+    servers = _local.__dict__.setdefault("servers", {})
+    server = servers.get(flavour)
+    if server is not None and _without_mark(server.env) != _without_mark(env):
+        return None  # another environment than the server's (not expected of a forkable case): run as before
+    if server is not None and server.proc.poll() is not None:  # the server ended: a new one
+        _drop_server(server)
+        server = None
+    if server is None:
+        if flavour in NO_SERVER:
+            return None
+        try:
+            server = ForkServer(python_of(hb), hb, flavour == "torch", {**env, MARK: f"forkserver-{flavour}"},
+                                str(SERVER_DIR[0]))
+        except Unavailable as e:
+            with _servers_lock:
+                if flavour not in NO_SERVER:
+                    NO_SERVER[flavour] = str(e)
+                    print(f"note: no {flavour} fork server ({e}); its cases run as separate launches", flush=True)
+            return None
+        with _servers_lock:
+            if not SERVER_DIR:  # the battery is ending (main closed the servers): none started now
+                server.close()
+                return None
+            SERVERS.append(server)
+        servers[flavour] = server
+    return server
+
+
+def _drop_server(server: ForkServer) -> None:
+    server.close()
+    servers = _local.__dict__.get("servers", {})
+    for flavour, s in list(servers.items()):
+        if s is server:
+            del servers[flavour]
 
 
 # --- files ------------------------------------------------------------------------------------------------------
@@ -341,9 +420,24 @@ def _run_mounted(case: Case, folder: Path, out: Outcome, cmd: list[str], env: di
         pipe_r, pipe_w = os.pipe()
         os.close(pipe_r)  # the reader is gone before the first byte: every write is EPIPE
         stdout = pipe_w
-    start = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=stdout,
-                            stderr=err_file, start_new_session=True)
+    # a one-process case with nothing special done to it: a fork of a server that has imported hetbench (and
+    # torch), running the same console script from its first line (forkserver.py); else a launch as ever
+    server = server_for(case, env, cmd[0]) if case.program == "hetbench" and not case.nprocs else None
+    start = time.monotonic()  # (a server's own start, on first use, is not the case's time)
+    proc = None
+    if server is not None:
+        try:
+            proc = server.start(cmd[1:], str(cwd), str(logs), env)
+        except (ServerGone, subprocess.TimeoutExpired, OSError):  # nothing ran: the server is dropped
+            _drop_server(server)
+            server = None
+            start = time.monotonic()
+        else:
+            with _servers_lock:
+                FORKED.add(case.id)
+    if proc is None:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=stdout,
+                                stderr=err_file, start_new_session=True)
     if pipe_w is not None:
         os.close(pipe_w)
     signalled_at = None
@@ -354,15 +448,17 @@ def _run_mounted(case: Case, folder: Path, out: Outcome, cmd: list[str], env: di
         proc.wait(timeout=case.timeout)
     except subprocess.TimeoutExpired:
         hang = f"still running after {case.timeout:.0f} s: killed"
-        kill_case(mark)
+        if server is not None:
+            proc.kill()  # the child, the group it made, and what is under its server
+        kill_case(mark, server)
         proc.wait()
     out.seconds = time.monotonic() - start
     out.returncode = proc.returncode
     # orphans: whatever of the session outlives the launcher
     deadline = time.monotonic() + ORPHAN_GRACE
-    while members(mark) and time.monotonic() < deadline:
+    while case_members(mark, server) and time.monotonic() < deadline:
         time.sleep(0.05)
-    left = kill_case(mark)
+    left = kill_case(mark, server)
     if left:
         out.failures["orphan"] = f"{len(left)} process(es) of the case still alive {ORPHAN_GRACE:.0f} s after it ended"
     out_file.seek(0)
@@ -714,6 +810,8 @@ def main() -> int:
         print(f"{len(cases)} cases")
         return 0
     work = Path(tempfile.mkdtemp(prefix="hetbench-hostile-"))
+    (work / "_forkservers").mkdir()
+    SERVER_DIR.append(work / "_forkservers")
     print(f"hostile battery: {len(cases)} cases, {opts.jobs} at a time, hetbench {hb}, mpiexec {mpi}, in {work}",
           flush=True)
     from cases import prepare  # templates (a checkpoint, a profile) made once
@@ -747,7 +845,12 @@ def main() -> int:
     try:
         with ThreadPoolExecutor(max_workers=opts.jobs) as pool:
             list(pool.map(one, launches))
-    finally:  # no full-disk tmpfs is left mounted, whatever stopped the run
+    finally:  # no fork server left running, no full-disk tmpfs left mounted, whatever stopped the run
+        with _servers_lock:
+            SERVER_DIR.clear()  # no server started from here on
+            running = list(SERVERS)
+        for server in running:
+            server.close()
         for line in Path("/proc/mounts").read_text().splitlines():
             target = line.split()[1] if len(line.split()) > 1 else ""
             if target.startswith(str(work) + "/"):
@@ -776,8 +879,9 @@ def main() -> int:
               "orphan": "orphan processes", "setup": "cases that could not run"}
     early = [o for o in outcomes if o.before_hetbench and o.command]
     counts["signalled_before_hetbench"] = len(early)
+    counts["forked"] = sum(o.id in FORKED for o in outcomes)
     print(f"cases {counts['cases']}, passes {counts['passes']}, failed {counts['failed']}, skipped "
-          f"{counts['skipped']}; wall {wall:.0f} s")
+          f"{counts['skipped']}; wall {wall:.0f} s; {counts['forked']} forked from a preloaded server")
     if early:
         print(f"  of the signal cases, {len(early)} reached their rank before hetbench's first line ran there "
               "(Python starting): judged as a start-up that cannot deadlock (ended in bound, not 0, no traceback of "
