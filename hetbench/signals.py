@@ -216,7 +216,8 @@ def finish(code: int) -> None:
     reaches every rank), finalise MPI, then end the process (C's exit: Python's own end, and mpi4py's MPI_Finalize
     in it, would run with the signals' default actions back). A signal that comes before MPI_Finalize ends the job
     as anywhere else, with 128 + N and one line naming the rank and the signal (the watchdog, or this thread);
-    MPI_Finalize (milliseconds, every rank there) is the end. Does not return."""
+    MPI_Finalize (milliseconds, every rank there) is the end; past the last check the two signals are ignored.
+    Does not return."""
     global _finishing, _finalizing
     import atexit
 
@@ -248,6 +249,10 @@ def finish(code: int) -> None:
     if _finish_signal is not None and size <= 1:  # one process: a signal until now ends it so
         say(_interrupted_line(_finish_signal, rank, size))
         _end_process(exit_code(_finish_signal))
+    # past the last check the process is ending with its own code: a signal now is dropped, and /proc says so
+    # (SigIgn), as it says of a process already gone
+    for signum in HANDLED:
+        signal.signal(signum, signal.SIG_IGN)
     _flush()
     _end_process(code)
 

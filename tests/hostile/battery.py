@@ -554,7 +554,20 @@ def _send_signal(case: Case, proc: subprocess.Popen, out: Outcome, mark: str, lo
     except ProcessLookupError:
         out.failures["signal_missed"] = "the rank was gone before the signal"
         return None
+    if when.startswith("end:") and _ignores(pid, signum):  # past hetbench's last check (signals.finish): the process was ending, as if gone
+        out.failures["signal_missed"] = "the rank was past its last check, ending (the signal ignored)"
+        return None
     return time.monotonic()
+
+
+def _ignores(pid: int, signum: int) -> bool:
+    """Whether the process ignores SIGNUM (SigIgn in /proc; False where it is gone)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    ignored = int(next((line.split()[1] for line in status.splitlines() if line.startswith("SigIgn:")), "0"), 16)
+    return bool(ignored & (1 << (signum - 1)))
 
 
 def _timeout_of(case: Case) -> float:

@@ -127,3 +127,29 @@ def test_the_end_after_mpi_finalize_runs_the_c_exit_handlers(tmp_path, code):
                           capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert done.returncode == code, done.stderr
     assert done.stdout == "a C exit handler ran\n", (done.stdout, done.stderr)
+
+
+SIGNALLED_IN_C_EXIT = """
+import ctypes, os, signal, sys
+from mpi4py import MPI
+def ran(code, arg):  # past hetbench's last check: the process's end, where a signal can no longer be said
+    status = open("/proc/self/status").read()
+    ignored = int(next(l.split()[1] for l in status.splitlines() if l.startswith("SigIgn:")), 16)
+    os.write(1, b"ignored %d\\n" % (ignored >> (signal.SIGTERM - 1) & ignored >> (signal.SIGINT - 1) & 1))
+    os.kill(os.getpid(), signal.SIGTERM)
+handler = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p)(ran)
+ctypes.CDLL(None).on_exit(handler, None)
+from hetbench import signals
+signals.install()
+signals.finish(int(sys.argv[1]))
+"""
+
+
+@pytest.mark.parametrize("code", [0, 2])
+def test_a_signal_past_the_last_check_is_ignored_and_the_exit_is_the_runs(tmp_path, code):
+    """After `finish`'s last check the process is ending with its own code: SIGINT and SIGTERM are ignored there,
+    which /proc shows (SigIgn), as the hostile battery reads it to tell a signal that came too late from a lost one."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
+    done = subprocess.run([sys.executable, "-c", SIGNALLED_IN_C_EXIT, str(code)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert (done.returncode, done.stdout, done.stderr) == (code, "ignored 1\n", "")
