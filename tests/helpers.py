@@ -63,6 +63,11 @@ if MPIEXEC_KIND == "openmpi":
     os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
     os.environ.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
     os.environ.setdefault("PRTE_MCA_rmaps_default_mapping_policy", ":oversubscribe")
+    # A waiting rank yields its core (Open MPI yields only once it sees more ranks than cores: a 2-rank job spun at
+    # 100 % beside the suite's other jobs) and stays on the test worker's core (mpirun binds 2 ranks to 2 cores)
+    os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+    os.environ.setdefault("OMPI_MCA_hwloc_base_binding_policy", "none")
+    os.environ.setdefault("PRTE_MCA_hwloc_default_binding_policy", "none")
 
 
 def opencl_devices() -> int:

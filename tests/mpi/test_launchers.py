@@ -5,10 +5,12 @@ script, and plain output where Open MPI hands ranks a terminal."""
 from __future__ import annotations
 
 import json
+import shutil
 import os
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -95,9 +97,13 @@ def test_two_node_hostfile_as_shipped_puts_one_rank_on_each_node(tmp_path):
     reads both placeholder addresses from the file and starts one rank through each; each rank then finds itself
     alone on its node (local rank 0, so each opens simulated device 0), and the ranks talk over TCP."""
     log = tmp_path / "ssh.log"
+    # each "node" its own /tmp, as two machines have: Open MPI's two daemons here made one session folder at once,
+    # and one failed ("mkdir ... File exists", exit 213). Short: Open MPI keeps its sockets there
+    nodes_tmp = Path(tempfile.mkdtemp(prefix="hb-nodes-"))
     fake_ssh = fake_command(tmp_path / "ssh", f"""
 while [ $# -gt 0 ]; do case "$1" in -*) shift ;; *) break ;; esac; done
 echo "$1" >> '{log}'
+mkdir -p '{nodes_tmp}'/"$1" && export TMPDIR='{nodes_tmp}'/"$1"
 shift
 exec /bin/sh -c "$*"
 """)
@@ -111,8 +117,11 @@ exec /bin/sh -c "$*"
                     "--mca", "rtc", "^hwloc"]
     else:
         launcher = ["-f", str(hostfile), "-launcher", "ssh", "-launcher-exec", str(fake_ssh)]
-    run = run_cli(["matmul", "--size", "64", "--backend", "sim:h100", "--json", *outputs(tmp_path)], nprocs=2,
-                  cwd=tmp_path, launcher_args=launcher, timeout=60)
+    try:
+        run = run_cli(["matmul", "--size", "64", "--backend", "sim:h100", "--json", *outputs(tmp_path)], nprocs=2,
+                      cwd=tmp_path, launcher_args=launcher, timeout=60)
+    finally:
+        shutil.rmtree(nodes_tmp, ignore_errors=True)
     got = rows(run)
     assert [r["device_info"]["index"] for r in got] == [0, 0]
     assert all(r["verified"] for r in got)
