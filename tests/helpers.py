@@ -173,8 +173,9 @@ def run_python(args: list[str], nprocs: int | None = None, cwd: Path | None = No
     full_env.setdefault("OMP_NUM_THREADS", "1")
     full_env.update(env or {})
     start = time.monotonic()
-    if nprocs is None and _FORKSERVER.usable(full_env):
-        return _FORKSERVER.run(args, cwd, timeout, start)
+    server = _FORKSERVER.get(full_env) if nprocs is None else None
+    if server is not None:
+        return server.run(args, cwd, timeout, start)
     try:
         proc = run_in_group(cmd, timeout, cwd=cwd, capture_output=True, text=True, env=full_env,
                             stdin=subprocess.DEVNULL)
@@ -184,58 +185,42 @@ def run_python(args: list[str], nprocs: int | None = None, cwd: Path | None = No
 
 
 class _ForkServer:
-    """tests/cli_forkserver.py, started on first use with run_python's default environment: a one-process command
-    whose environment is exactly that one runs in a child forked from it (hetbench's command line imported once a
-    session, not once a command); any other command (its own variables, or a test's monkeypatched ones) runs as a
-    new interpreter. HETBENCH_TEST_NO_FORKSERVER=1 turns it off."""
-
-    def __init__(self) -> None:
-        self.proc: subprocess.Popen | None = None
-        self.env: dict[str, str] | None = None
-        self.folder: Path | None = None
-        self.count = 0
+    """tests/cli_forkserver.py, started with one environment: a one-process command whose environment is exactly
+    that one runs in a child forked from it (hetbench's command line imported once, not once a command)."""
 
     # pytest's own, different in every test, read by nothing hetbench imports (the child gets the test's value)
     IGNORED = ("PYTEST_CURRENT_TEST",)
 
-    def _same(self, env: dict[str, str]) -> bool:
-        assert self.env is not None
-        return {k: v for k, v in env.items() if k not in self.IGNORED} == \
-            {k: v for k, v in self.env.items() if k not in self.IGNORED}
-
-    def usable(self, env: dict[str, str]) -> bool:
-        if os.environ.get("HETBENCH_TEST_NO_FORKSERVER") == "1":
-            return False
-        if self.env is not None and not self._same(env):
-            return False
-        if self.proc is not None and self.proc.poll() is None:
-            self.request_env = env
-            return True
-        import atexit
+    def __init__(self, env: dict[str, str]) -> None:
         import tempfile
 
+        self.env = env
         self.request_env = env
         self.folder = Path(tempfile.mkdtemp(prefix="hetbench-test-forkserver-"))
-        self.env = env
+        self.count = 0
         self.proc = subprocess.Popen([sys.executable, str(TESTS / "cli_forkserver.py")], cwd=self.folder, env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        atexit.register(self.stop)
-        return True
+
+    @classmethod
+    def key(cls, env: dict[str, str]) -> tuple:
+        return tuple(sorted((k, v) for k, v in env.items() if k not in cls.IGNORED))
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
+        if self.proc.poll() is None:
             self.proc.stdin.close()
             try:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
-        if self.folder is not None:
-            shutil.rmtree(self.folder, ignore_errors=True)
+        shutil.rmtree(self.folder, ignore_errors=True)
 
     def _reply(self, deadline: float) -> dict | None:
         import select
 
-        assert self.proc is not None and self.proc.stdout is not None
+        assert self.proc.stdout is not None
         while True:
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([self.proc.stdout], [], [], left)[0]:
@@ -246,7 +231,7 @@ class _ForkServer:
             return json.loads(line)
 
     def run(self, args: list[str], cwd: Path | None, timeout: float, start: float) -> Run:
-        assert self.proc is not None and self.proc.stdin is not None and self.folder is not None
+        assert self.proc.stdin is not None
         self.count += 1
         out = self.folder / str(self.count)
         out.mkdir()
@@ -266,7 +251,46 @@ class _ForkServer:
         return Run(reply["status"], stdout, stderr, time.monotonic() - start)
 
 
-_FORKSERVER = _ForkServer()
+class _ForkServers:
+    """The session's fork servers, one per environment a one-process command ran with, the LIMIT most recently used
+    kept (a test's own variables, or monkeypatched ones, get a server of their own rather than leaving the default
+    environment's, as when the first server took whatever the worker's first command had and every command in
+    another environment ran as a new interpreter for the rest of the session). HETBENCH_TEST_NO_FORKSERVER=1 turns
+    them off."""
+
+    LIMIT = 2
+
+    def __init__(self) -> None:
+        self.servers: dict[tuple, _ForkServer] = {}  # in order of last use
+        self.registered = False
+
+    def get(self, env: dict[str, str]) -> _ForkServer | None:
+        if os.environ.get("HETBENCH_TEST_NO_FORKSERVER") == "1":
+            return None
+        key = _ForkServer.key(env)
+        server = self.servers.pop(key, None)
+        if server is not None and not server.alive():
+            server.stop()
+            server = None
+        if server is None:
+            while len(self.servers) >= self.LIMIT:
+                self.servers.pop(next(iter(self.servers))).stop()
+            if not self.registered:
+                import atexit
+
+                atexit.register(self.stop)
+                self.registered = True
+            server = _ForkServer(env)
+        self.servers[key] = server
+        server.request_env = env
+        return server
+
+    def stop(self) -> None:
+        while self.servers:
+            self.servers.popitem()[1].stop()
+
+
+_FORKSERVER = _ForkServers()
 
 
 def run_cli(args: list[str], nprocs: int | None = None, cwd: Path | None = None, timeout: float = 120,
