@@ -13,6 +13,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -366,8 +367,8 @@ def run_script_batch(scripts: list[tuple[Path, list[str]]], nprocs: int, folder:
 
 
 # The torch workers' and the example's runs under mpiexec, shared by tests/mpi/test_torch_train.py and
-# tests/mpi/test_torch_fsdp.py: one launch per rank count (each rank's torch import paid once, not once a script),
-# made by the first test that asks. NAME -> (SCRIPT, ARGS); the example's --log is written into its own folder.
+# tests/mpi/test_torch_fsdp.py, in the torch group's launches (below). NAME -> (SCRIPT, ARGS); the example's --log
+# is written into its own folder.
 TORCH_SCRIPTS: dict[int, dict[str, tuple[Path, list[str]]]] = {
     2: {
         "exact": (TESTS / "torch_workers" / "exact.py", ["even", "3,1"]),
@@ -382,22 +383,92 @@ TORCH_SCRIPTS: dict[int, dict[str, tuple[Path, list[str]]]] = {
         "fsdp": (TESTS / "torch_workers" / "fsdp.py", ["0.5,0.3,0.2", "2,1,0"]),
     },
 }
-_TORCH_RUNS: dict[int, dict[str, tuple[Run, Path]]] = {}
+# The torch group (the torch scripts above, tests/mpi/test_torch_train.py's and test_torch_fsdp.py's commands): every
+# command and script of theirs for one rank count in ONE launch (tests/mpi_cli_batch.py), each rank's torch import
+# (2.6 s of a core) paid once a rank count, not once a file (18 torch processes a session, then 6). KEY -> a
+# function of a folder that makes the commands' folders there and returns their stages [(NPROCS, [(NAME, SPEC,
+# ENV), ...]), ...] in the order 2, 3, one process (a later stage may read what an earlier one wrote); SPEC is a
+# command's arguments, or ("script", PATH, ARGS). A test module registers its function when it is imported (at
+# collection, on every worker); the group's launches are made the first time a test asks for one of their runs.
+TORCH_GROUP: dict[str, Callable[[Path], list[tuple[int | None, list[tuple[str, object, dict[str, str]]]]]]] = {
+    "scripts": lambda root: [(n, [(f"{name}-{n}", ("script", script, args), {})
+                                  for name, (script, args) in named.items()]) for n, named in TORCH_SCRIPTS.items()],
+}
+TORCH_GROUP_ORDER = (2, 3, None)
 
 
-def torch_script_runs(nprocs: int) -> dict[str, tuple[Run, Path]]:
-    """TORCH_SCRIPTS[NPROCS]'s runs, NAME -> (its Run, its folder), in one launch (its timeout 280 s, within
-    pytest's 300 s a test; each script had 120-240 s alone)."""
-    if nprocs not in _TORCH_RUNS:
+class _TorchGroup:
+    """The torch group's stages, run in order up to the one a test asks for: KEY/NAME -> (its Run, its folder)."""
+
+    def __init__(self) -> None:
+        self.stages: list[tuple[int | None, list[tuple[str, str, object, dict[str, str]]]]] | None = None
+        self.runs: dict[tuple[str, str], tuple[Run, Path]] = {}
+        self.done = 0
+        self.root: Path | None = None
+
+    def _plan(self) -> None:
         import atexit
         import tempfile
 
-        folder = Path(tempfile.mkdtemp(prefix=f"hetbench-test-torch-scripts-{nprocs}-"))
-        atexit.register(shutil.rmtree, folder, ignore_errors=True)
-        named = TORCH_SCRIPTS[nprocs]
-        runs = run_script_batch(list(named.values()), nprocs, folder, timeout=280)
-        _TORCH_RUNS[nprocs] = dict(zip(named, runs))
-    return _TORCH_RUNS[nprocs]
+        self.root = Path(tempfile.mkdtemp(prefix="hetbench-test-torch-group-"))
+        atexit.register(shutil.rmtree, self.root, ignore_errors=True)
+        merged: dict[int | None, list[tuple[str, str, object, dict[str, str]]]] = {n: [] for n in TORCH_GROUP_ORDER}
+        for key, build in TORCH_GROUP.items():
+            stages = build(self.root / key)
+            counts = [n for n, _ in stages]
+            assert counts == sorted(counts, key=TORCH_GROUP_ORDER.index) and len(set(counts)) == len(counts), \
+                f"{key}: stages {counts}, not in the order {TORCH_GROUP_ORDER}"
+            for n, named in stages:
+                for name, _, _ in named:
+                    (self.root / key / name).mkdir(parents=True, exist_ok=True)
+                merged[n] += [(key, name, spec, env) for name, spec, env in named]
+        self.stages = [(n, merged[n]) for n in TORCH_GROUP_ORDER if merged[n]]
+
+    def get(self, key: str, name: str) -> tuple[Run, Path]:
+        if self.stages is None:
+            self._plan()
+        assert self.stages is not None and self.root is not None
+        while (key, name) not in self.runs and self.done < len(self.stages):
+            n, named = self.stages[self.done]
+            (self.root / f"stage-{self.done}").mkdir()
+            cases = []
+            for i, (k, nm, spec, env) in enumerate(named):
+                case = {"cwd": str(self.root / k / nm), "env": env, "out": str(self.root / f"stage-{self.done}" /
+                                                                               f"case-{i}")}
+                if isinstance(spec, tuple):
+                    case.update(script=str(spec[1]), args=[str(a) for a in spec[2]])
+                else:
+                    case["args"] = [str(a) for a in spec]
+                cases.append(case)
+            runs = _batch_job("mpi_cli_batch.py", cases, n, self.root / f"stage-{self.done}", 280,
+                              lambda case: f"`{case.get('script', 'hetbench')} {' '.join(case['args'])}`")
+            self.runs.update({(k, nm): (run, self.root / k / nm) for (k, nm, _, _), run in zip(named, runs)})
+            self.done += 1
+        return self.runs[(key, name)]
+
+
+_TORCH_GROUP = _TorchGroup()
+
+
+def torch_group_run(key: str, name: str) -> tuple[Run, Path]:
+    """KEY's command NAME in the torch group's launches (TORCH_GROUP): (its Run, its folder)."""
+    return _TORCH_GROUP.get(key, name)
+
+
+class TorchGroupRuns:
+    """KEY's runs in the torch group as a mapping, NAME -> (its Run, its folder), each stage launched when first
+    asked for (a module fixture's value)."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    def __getitem__(self, name: str) -> tuple[Run, Path]:
+        return torch_group_run(self.key, name)
+
+
+def torch_script_runs(nprocs: int) -> dict[str, tuple[Run, Path]]:
+    """TORCH_SCRIPTS[NPROCS]'s runs, NAME -> (its Run, its folder), in the torch group's launch for NPROCS."""
+    return {name: torch_group_run("scripts", f"{name}-{nprocs}") for name in TORCH_SCRIPTS[nprocs]}
 
 
 def run_cli_stages(root: Path, stages: list[tuple[int | None, list[tuple[str, list[str], dict[str, str]]]]],

@@ -7,7 +7,8 @@ they did not run (tests/helpers.py's run_cli_batch names the case that ended the
     mpiexec -n N python tests/mpi_cli_batch.py CASES.json RESULTS.jsonl
     python tests/mpi_cli_batch.py CASES.json RESULTS.jsonl        (one process, as `hetbench` alone)
 
-CASES.json: a list of {"args": [...], "cwd": FOLDER, "env": {NAME: VALUE}, "out": FOLDER}. Each command runs in
+CASES.json: a list of {"args": [...], "cwd": FOLDER, "env": {NAME: VALUE}, "out": FOLDER}; a case with "script":
+PATH runs that script with ARGS instead, as tests/mpi_script_batch.py does. Each command runs in
 its folder with those variables set as `hetbench ARGS` would run there (hetbench.cli's _main, the code path of the
 command after its start-up); on each rank its stdout and stderr go to OUT/stdout-RANK and OUT/stderr-RANK. Rank 0
 appends one line per command to RESULTS.jsonl, {"case": I, "returncode": CODE, "seconds": S}, once every rank has
@@ -111,15 +112,23 @@ def main(argv: list[str]) -> None:
     from hetbench.comm.launcher import world_rank
     from hetbench.signals import launched_size
 
-    home = os.getcwd()
+    home, path, argv0 = os.getcwd(), list(sys.path), list(sys.argv)
 
     def run(case: dict) -> int:
         with _environment(case.get("env") or {}):
             os.chdir(case["cwd"])
             try:
+                if "script" in case:  # a Python script, as `python SCRIPT ARGS` would run it (its folder on the path)
+                    import runpy
+
+                    sys.argv = [case["script"], *case["args"]]
+                    sys.path[:] = [os.path.dirname(os.path.abspath(case["script"])), *path[1:]]
+                    runpy.run_path(case["script"], run_name="__main__")
+                    return 0
                 return cli._main(list(case["args"]))
             finally:
                 os.chdir(home)
+                sys.argv, sys.path[:] = argv0, path
 
     run_cases(cases, results, world_rank(), run, arrival(launched_size()))
 

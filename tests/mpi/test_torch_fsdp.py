@@ -9,7 +9,7 @@ import json
 import re
 
 import pytest
-from helpers import (HAVE_OPENCL, TORCH_SCRIPTS, assert_usage_error, needs_mpi, run_cli_stages,
+from helpers import (HAVE_OPENCL, TORCH_GROUP, TORCH_SCRIPTS, TorchGroupRuns, assert_usage_error, needs_mpi,
                      torch_script_runs)
 
 torch = pytest.importorskip("torch")
@@ -51,12 +51,9 @@ def _train_args(folder, *args):
 RESUMED = ("ddp", "fsdp2", "fsdp")
 
 
-@pytest.fixture(scope="module")
-def jobs(tmp_path_factory):
-    """The `hetbench train --frontend torch` commands of this file, one MPI job per rank count in order (the
-    resumed runs read the first run's checkpoint; helpers.run_cli_stages: each rank's torch import paid once a
-    job, not once a command), then the refusal in one process: NAME -> (its Run, its folder)."""
-    root = tmp_path_factory.mktemp("torch-fsdp")
+def _stages(root):
+    """The `hetbench train --frontend torch` commands of this file by rank count (the resumed runs read the first
+    run's checkpoint), then the refusal in one process, in the torch group's launches (helpers.TORCH_GROUP)."""
     ck = root / "ck-first" / "ck"
     two = [
         ("gpt-opencl", _train_args(root / "gpt-opencl", *SMALL_GPT, "--steps", "6", "--weights", "3,1",
@@ -77,7 +74,16 @@ def jobs(tmp_path_factory):
         ("refused", ["train", "--frontend", "torch", "--strategy", "fsdp", *SMALL_MLP, "--hidden", "8", "--steps", "9",
                      "--resume", str(ck), "--out", str(root / "refused" / "t.json")], {}),
     ]
-    return run_cli_stages(root, [(2, two), (3, three), (None, alone)])
+    return [(2, two), (3, three), (None, alone)]
+
+
+TORCH_GROUP["fsdp"] = _stages
+
+
+@pytest.fixture(scope="module")
+def jobs():
+    """NAME -> (its Run, its folder), each launched when first asked for."""
+    return TorchGroupRuns("fsdp")
 
 
 def _train(jobs, name):

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 from helpers import (HAVE_OPENCL, MPIEXEC_KIND, REPO, TORCH_SCRIPTS, assert_usage_error, needs_mpi,
-                      require_mpi_mark, run_cli, run_cli_stages, run_in_group, run_python, torch_script_runs)
+                      TORCH_GROUP, TorchGroupRuns, require_mpi_mark, run_cli, run_cli_stages, run_in_group, run_python,
+                      torch_script_runs)
 
 torch = pytest.importorskip("torch")
 
@@ -71,12 +72,10 @@ def alone(tmp_path_factory):
     ])])
 
 
-@pytest.fixture(scope="module")
-def jobs(tmp_path_factory):
-    """The distributed `hetbench train --frontend torch` commands of this file, one MPI job per rank count
-    (helpers.run_cli_stages: each rank's torch import, seconds here, paid once a job, not once a command), then
-    the one-process commands that read their outputs: NAME -> (its Run, its folder)."""
-    root = tmp_path_factory.mktemp("torch-train")
+def _stages(root):
+    """The distributed `hetbench train --frontend torch` commands of this file by rank count, then the one-process
+    commands that read their outputs, in the torch group's launches (helpers.TORCH_GROUP: each rank's torch import
+    paid once a rank count for this file, test_torch_fsdp.py and the torch scripts)."""
     ck = root / "ck-first" / "ck"
     second = f"0=host,1={SECOND},2=sim:mi300x"
     two = [
@@ -118,7 +117,16 @@ def jobs(tmp_path_factory):
         ("ck-refused-torch", ["train", "--frontend", "torch", *SMALL_MLP, "--hidden", "8", "--steps", "12",
                               "--resume", str(ck), "--out", str(root / "ck-refused-torch" / "n.json")], {}),
     ]
-    return run_cli_stages(root, [(2, two), (3, three), (None, after)])
+    return [(2, two), (3, three), (None, after)]
+
+
+TORCH_GROUP["train"] = _stages
+
+
+@pytest.fixture(scope="module")
+def jobs():
+    """NAME -> (its Run, its folder), each launched when first asked for."""
+    return TorchGroupRuns("train")
 
 
 def _train(jobs, name):
