@@ -96,11 +96,12 @@ def pytest_sessionfinish(session, exitstatus):
 # module-scoped batches are launched once), files that share a session cache are one group, and the longest groups
 # start first so that none is left running alone at the end (pytest_xdist_make_scheduler below)
 SHARED_GROUPS = {"mpi/test_torch_train.py": "torch-scripts", "mpi/test_torch_fsdp.py": "torch-scripts",
+                 "mpi/test_torch_backend.py": "torch-lib", "mpi/test_torch_misuse.py": "torch-lib",
                  # two "nodes" each (fake ssh, network namespaces): one Open MPI launch of them at a time
                  "mpi/test_launchers.py": "two-node", "mpi/test_two_node.py": "two-node"}
 # files whose tests go out one by one (each its own launches, nothing shared worth a worker): the docs' examples
 SPREAD = {"cli/test_docs_examples.py"}
-FIRST = ("cli/test_makefile_demo.py", "torch-scripts", "mpi/test_torch_backend.py", "mpi/test_split_overlap.py", "cli/test_report_benchmarks.py",
+FIRST = ("cli/test_makefile_demo.py", "torch-scripts", "torch-lib", "mpi/test_split_overlap.py", "cli/test_report_benchmarks.py",
          "cli/test_makefile_bench.py", "mpi/test_staged_collectives.py", "mpi/test_train_checkpoint.py",
          "cli/test_environment_faults.py", "cli/test_strict_input.py")
 

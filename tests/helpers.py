@@ -466,6 +466,27 @@ class TorchGroupRuns:
         return torch_group_run(self.key, name)
 
 
+# The torch library's workers (tests/mpi/test_torch_misuse.py's and test_torch_backend.py's): both in one launch
+# per rank count (tests/mpi_script_batch.py), each rank's torch import paid once, not once a file. The misuse
+# cases first: the collectives battery sets the torch backend's path and its stand-in device's variable as it goes.
+TORCH_LIB_SCRIPTS = {"misuse": (TESTS / "torch_workers" / "misuse.py", []),
+                     "collectives": (TESTS / "torch_workers" / "collectives.py", [])}
+_TORCH_LIB_RUNS: dict[int, dict[str, Run]] = {}
+
+
+def torch_lib_runs(nprocs: int) -> dict[str, Run]:
+    """TORCH_LIB_SCRIPTS' runs on NPROCS ranks, NAME -> its Run, made by the first test that asks."""
+    if nprocs not in _TORCH_LIB_RUNS:
+        import atexit
+        import tempfile
+
+        folder = Path(tempfile.mkdtemp(prefix=f"hetbench-test-torch-lib-{nprocs}-"))
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        runs = run_script_batch(list(TORCH_LIB_SCRIPTS.values()), nprocs, folder, timeout=240)
+        _TORCH_LIB_RUNS[nprocs] = {name: run for name, (run, _) in zip(TORCH_LIB_SCRIPTS, runs)}
+    return _TORCH_LIB_RUNS[nprocs]
+
+
 def torch_script_runs(nprocs: int) -> dict[str, tuple[Run, Path]]:
     """TORCH_SCRIPTS[NPROCS]'s runs, NAME -> (its Run, its folder), in the torch group's launch for NPROCS."""
     return {name: torch_group_run("scripts", f"{name}-{nprocs}") for name in TORCH_SCRIPTS[nprocs]}

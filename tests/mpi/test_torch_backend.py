@@ -22,14 +22,13 @@ except ImportError as e:
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from helpers import HAND_FACTOR as NCCL_FACTOR  # noqa: E402
-from helpers import MPIEXEC, REPO, run_python  # noqa: E402
+from helpers import MPIEXEC, REPO, torch_lib_runs  # noqa: E402
 
 from hetbench.pytorch import BackendError, HetbenchProcessGroup  # noqa: E402
 from hetbench.pytorch_support import version_problem  # noqa: E402
 from hetbench.pytorch.backend import PREMUL_FACTOR_VISIBLE  # noqa: E402
 from hetbench.pytorch.metrics import CollectiveMetrics  # noqa: E402
 
-WORKER = REPO / "tests" / "torch_workers" / "collectives.py"
 # the checks tests/torch_workers/collectives.py passes, per number of ranks
 CHECKS_FLOOR = {2: 288, 3: 300}
 # nccl-tests' busbw factors as conftest writes them out (not taken from hetbench), under torch's op names
@@ -48,8 +47,9 @@ TORCH_RENDEZVOUS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_P
 @pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec (pip install mpich)")
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_every_collective_matches_numpy(nprocs):
-    # `python -m mpi4py` aborts every rank when one raises, so an error outside a check cannot leave others waiting
-    run = run_python(["-m", "mpi4py", str(WORKER)], nprocs=nprocs, timeout=120)
+    # in the torch library's launch for NPROCS (helpers.torch_lib_runs), whose fail-fast ends the job within
+    # seconds where one rank raises outside a check
+    run = torch_lib_runs(nprocs)["collectives"]
     assert run.returncode == 0, f"exit {run.returncode}\nstdout: {run.stdout}\nstderr: {run.stderr}"
     assert "FAILED" not in run.stderr, run.stderr
     lines = run.stdout.strip().splitlines()

@@ -15,9 +15,8 @@ try:
 except ImportError as e:
     pytest.skip(f"hetbench's torch front end is unavailable: {e}", allow_module_level=True)
 
-from helpers import REPO, needs_mpi, run_python  # noqa: E402
+from helpers import needs_mpi, torch_lib_runs  # noqa: E402
 
-WORKER = REPO / "tests" / "torch_workers" / "misuse.py"
 CASES = ("gather_into_short", "allreduce_sizes", "allreduce_dtypes", "allreduce_ops", "broadcast_root_out_of_range",
          "gather_list_short", "all_to_all_splits_differ", "all_to_all_split_count", "p2p_ranks", "mpi_error_one_line",
          "row_range_short", "step_logger_folder", "shard_width_last", "shard_frozen_last", "shard_weights_last",
@@ -27,9 +26,9 @@ CASES = ("gather_into_short", "allreduce_sizes", "allreduce_dtypes", "allreduce_
 @needs_mpi
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_misuse_raises_the_same_line_on_every_rank(nprocs):
-    # a hang (a rank left waiting in MPI for a peer that raised) ends the job within seconds (mpi_fail_fast), and the
-    # timeout bounds the rest
-    run = run_python(["-m", "mpi4py", str(WORKER)], nprocs=nprocs, timeout=120)
+    # in the torch library's launch for NPROCS (helpers.torch_lib_runs): a hang (a rank left waiting in MPI for a
+    # peer that raised) ends the job within seconds (mpi_fail_fast), and the timeout bounds the rest
+    run = torch_lib_runs(nprocs)["misuse"]
     lines = run.stdout.splitlines()
     assert run.returncode == 0, f"exit {run.returncode}\nstdout: {run.stdout}\nstderr: {run.stderr}"
     assert [line for line in lines if line.startswith(("ok ", "FAILED "))] == [f"ok {c}" for c in CASES], run.stdout
