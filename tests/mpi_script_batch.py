@@ -14,37 +14,11 @@ stdout and stderr go to OUT/stdout-RANK and OUT/stderr-RANK; rank 0 appends {"ca
 
 from __future__ import annotations
 
-import json
-import os
-import runpy
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mpi_cli_batch import arrival, run_cases  # noqa: E402 - this folder on the path first
-
-
-def main(argv: list[str]) -> None:
-    from hetbench.comm.launcher import world_rank
-
-    cases = json.loads(Path(argv[0]).read_text())
-    rank = world_rank()  # mpi4py is first imported by the first script, as alone
-    home, path, argv0 = os.getcwd(), list(sys.path), list(sys.argv)
-
-    def run(case: dict) -> int:
-        os.chdir(case["cwd"])
-        sys.argv = [case["script"], *case["args"]]
-        sys.path[:] = [os.path.dirname(os.path.abspath(case["script"])), *path[1:]]
-        try:
-            runpy.run_path(case["script"], run_name="__main__")
-            return 0
-        finally:
-            os.chdir(home)
-            sys.argv, sys.path[:] = argv0, path
-
-    from mpi4py import MPI
-
-    run_cases(cases, Path(argv[1]), rank, run, arrival(MPI.COMM_WORLD.Get_size()))
+from mpi_cli_batch import main  # noqa: E402 - this folder on the path first; it runs a case with "script" as a script
 
 if __name__ == "__main__":
     main(sys.argv[1:])
