@@ -163,18 +163,21 @@ _local = threading.local()  # each worker thread's servers by flavour: one case 
 
 
 def forkable(case: Case) -> bool:
-    """Whether nothing special is done to the case's process, so that a fork of a server that imported hetbench
-    runs it as `hetbench ARGS` would run: one process, the hetbench command, no variable of its own (one could be
-    read at import), no signal, stdout a plain file, its folder kept, no tmpfs or other wrapper."""
-    return (case.nprocs is None and case.program == "hetbench" and case.special is None and not case.env
-            and case.signal is None and case.batch is None and case.expect not in ("batch", "signal", "pipe"))
+    """Whether nothing special is done to the case's processes, so that a fork of a server that imported hetbench
+    runs each as `hetbench ARGS` would run: the hetbench command, no variable of its own (one could be read at
+    import), no signal (a signal case finds its rank by the rank's own environment), stdout a plain file, its
+    folder kept, no tmpfs or other wrapper. One process, or each rank of an MPI case (forkserver.py --ranks)."""
+    return (case.program == "hetbench" and case.special is None and not case.env and case.signal is None
+            and case.batch is None and case.expect not in ("batch", "signal", "pipe"))
 
 
 def flavour_of(case: Case) -> str:
-    """"torch" for a case of the torch front end (its server has imported torch and the trainer), else "cli"."""
+    """"torch" for a case of the torch front end (its server has imported torch and the trainer), else "cli"; with
+    "-ranks" for an MPI case's (its server forks ranks for rank_stub.py)."""
     args = list(case.argv)
     torch_frontend = any(a == "--frontend" and b == "torch" for a, b in zip(args, args[1:]))
-    return "torch" if torch_frontend or any(n.startswith("torch") for n in case.needs) else "cli"
+    flavour = "torch" if torch_frontend or any(n.startswith("torch") for n in case.needs) else "cli"
+    return f"{flavour}-ranks" if case.nprocs else flavour
 
 
 def _without_mark(env: dict[str, str]) -> dict[str, str]:
@@ -197,8 +200,8 @@ def server_for(case: Case, env: dict[str, str], hb: str) -> ForkServer | None:
         if flavour in NO_SERVER:
             return None
         try:
-            server = ForkServer(python_of(hb), hb, flavour == "torch", {**env, MARK: f"forkserver-{flavour}"},
-                                str(SERVER_DIR[0]))
+            server = ForkServer(python_of(hb), hb, flavour.startswith("torch"), {**env, MARK: f"forkserver-{flavour}"},
+                                str(SERVER_DIR[0]), ranks=flavour.endswith("-ranks"))
         except Unavailable as e:
             with _servers_lock:
                 if flavour not in NO_SERVER:
@@ -422,10 +425,14 @@ def _run_mounted(case: Case, folder: Path, out: Outcome, cmd: list[str], env: di
         stdout = pipe_w
     # a one-process case with nothing special done to it: a fork of a server that has imported hetbench (and
     # torch), running the same console script from its first line (forkserver.py); else a launch as ever
-    server = server_for(case, env, cmd[0]) if case.program == "hetbench" and not case.nprocs else None
+    server = server_for(case, env, cmd[3] if case.nprocs else cmd[0]) if case.program == "hetbench" else None
     start = time.monotonic()  # (a server's own start, on first use, is not the case's time)
     proc = None
-    if server is not None:
+    if server is not None and server.socket is not None:  # an MPI case: each rank a stub the server forks for
+        cmd = [*cmd[:3], python_of(cmd[3]), "-I", "-S", str(HERE / "rank_stub.py"), server.socket, *cmd[3:]]
+        with _servers_lock:
+            FORKED.add(case.id)
+    elif server is not None:
         try:
             proc = server.start(cmd[1:], str(cwd), str(logs), env)
         except (ServerGone, subprocess.TimeoutExpired, OSError):  # nothing ran: the server is dropped

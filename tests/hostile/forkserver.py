@@ -5,7 +5,7 @@ start_new_session), its own folder, stdin /dev/null, stdout and stderr to files,
 Python makes them at start-up (PYTHONUNBUFFERED honoured), and the script run from its first line through runpy,
 so hetbench/__main__.py and its exit path run as always; it exits as that interpreter would. Only the modules
 imported here before the fork are not imported again: the battery sends only cases whose environment is the
-server's (but for the case's mark), with no signal, special stdout, wrapper or MPI (battery.py `forkable`).
+server's (but for the case's mark), with no signal, special stdout or wrapper (battery.py `forkable`).
 
 The server is a child subreaper (PR_SET_CHILD_SUBREAPER): whatever a child leaves behind is re-parented here, not
 to init, so the battery finds a case's processes as this server's descendants (a forked child's /proc/PID/environ
@@ -16,17 +16,26 @@ done (or the server exits non-zero), then per request {"argv": [...], "cwd": DIR
 {"pid": PID}, then {"status": RETURNCODE} (negative: the signal that ended it, as subprocess says). EOF on stdin
 ends the server.
 
-Usage: python forkserver.py SCRIPT [--torch]   (the battery's ForkServer class below starts it)
+With --ranks SOCKET it serves the ranks of MPI cases instead: mpiexec starts tests/hostile/rank_stub.py as each
+rank, which connects to SOCKET (AF_UNIX, SOCK_SEQPACKET) and sends its argv, folder, environment, CPU affinity and
+open descriptors (its stdio and MPICH's PMI_FD); the server forks the rank's child at once (a job's ranks together),
+puts those descriptors on their numbers, and sends the stub {"pid": PID}, then {"status": RETURNCODE}; the stub
+forwards the signals it gets ({"signal": N}) and exits as the child did. A stub gone (killed by mpiexec on an
+abort) is a child SIGKILLed: no rank outlives its launch. MPI itself starts in the child, never in the server.
+
+Usage: python forkserver.py SCRIPT [--torch] [--ranks SOCKET]   (the battery's ForkServer class starts it)
 """
 
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import io
 import json
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -77,6 +86,79 @@ def _reap() -> None:
             return
 
 
+def _serve_ranks(requests, replies, listener: socket.socket) -> tuple[dict, list[int]]:
+    """Fork a child per connecting rank stub and answer its stub until stdin closes (then exit); in a forked child,
+    return its request and the descriptors received."""
+    stubs: dict[int, list] = {}  # stub socket's fd -> [socket, child pid, stub still connected]
+    exits: dict[int, int] = {}  # pidfd -> stub socket's fd
+    while True:
+        watched = [requests.fileno(), listener.fileno(), *exits, *(fd for fd, s in stubs.items() if s[2])]
+        for fd in select.select(watched, [], [], None if stubs else 1.0)[0]:
+            if fd == requests.fileno():
+                if not os.read(fd, 4096):  # the battery closed stdin: the end
+                    sys.exit(0)
+            elif fd == listener.fileno():
+                stub = listener.accept()[0]
+                message, fds, _, _ = socket.recv_fds(stub, 1 << 20, 64)
+                pid = os.fork()
+                if pid == 0:
+                    listener.close()
+                    for other in stubs.values():
+                        other[0].close()
+                    requests.close()
+                    replies.close()
+                    return json.loads(message), fds
+                for received in fds:
+                    os.close(received)
+                stub.send(json.dumps({"pid": pid}).encode())
+                stubs[stub.fileno()] = [stub, pid, True]
+                exits[os.pidfd_open(pid)] = stub.fileno()
+            elif fd in exits:  # a child ended: its status to its stub
+                stub, pid, connected = stubs.pop(exits.pop(fd))
+                os.close(fd)
+                status = os.waitpid(pid, 0)[1]
+                code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+                if connected:
+                    try:
+                        stub.send(json.dumps({"status": code}).encode())
+                    except OSError:
+                        pass
+                stub.close()
+            else:  # a stub forwards a signal, or is gone (mpiexec killed it): its child is killed with it
+                entry = stubs[fd]
+                data = entry[0].recv(4096)
+                signum = json.loads(data)["signal"] if data else signal.SIGKILL
+                entry[2] = bool(data)
+                try:
+                    os.kill(entry[1], signum)
+                except ProcessLookupError:
+                    pass
+        if not stubs:
+            _reap()
+
+
+def _rank_child(request: dict, fds: list[int], script: str) -> None:
+    """Become the rank the stub stands for: its descriptors on their numbers (no other open), its CPUs, then the
+    script as _child runs it."""
+    targets = request["fds"]
+    above = max([*targets, *fds, 2]) + 1
+    moved = [fcntl.fcntl(fd, fcntl.F_DUPFD, above) for fd in fds]
+    for fd in fds:
+        os.close(fd)
+    for fd, target in zip(moved, targets):
+        os.dup2(fd, target)
+        os.close(fd)
+    keep = set(targets)
+    for entry in os.listdir("/proc/self/fd"):
+        if int(entry) not in keep:
+            try:
+                os.close(int(entry))
+            except OSError:
+                pass
+    os.sched_setaffinity(0, request["affinity"])
+    _run_script(request, script)
+
+
 def _stdio(fd: int, write: bool, like: io.TextIOWrapper, name: str, buffered: bool) -> io.TextIOWrapper:
     """A standard stream on fd as Python's start-up makes it (Python/pylifecycle.c create_stdio): unbuffered and
     write-through under PYTHONUNBUFFERED, line-buffered where a tty or stderr, the server's encoding and errors."""
@@ -97,6 +179,11 @@ def _child(request: dict, script: str) -> None:
     for fd, target in ((null, 0), (out, 1), (err, 2)):
         os.dup2(fd, target)
         os.close(fd)
+    _run_script(request, script)
+
+
+def _run_script(request: dict, script: str) -> None:
+    """Fresh standard streams on descriptors 0-2, the request's environment, folder and argv, then the script."""
     # buffered or not as the server's own start-up made its streams (PYTHONUNBUFFERED, -u: write-through then)
     buffered = not sys.__stdout__.write_through
     sys.stdin = sys.__stdin__ = _stdio(0, False, sys.__stdin__, "<stdin>", buffered)
@@ -129,9 +216,17 @@ if __name__ == "__main__":
     import gc
 
     gc.freeze()  # what was imported here is never walked by a child's collections (cli_forkserver.py says why)
+    _listener = None
+    if "--ranks" in sys.argv[2:]:
+        _listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        _listener.bind(sys.argv[sys.argv.index("--ranks") + 1])
+        _listener.listen(16)
     _replies.write(json.dumps({"ready": os.getpid()}) + "\n")
     _replies.flush()
-    _child(_serve(_requests, _replies), _script)
+    if _listener is None:
+        _child(_serve(_requests, _replies), _script)
+    else:
+        _rank_child(*_serve_ranks(_requests, _replies, _listener), _script)
 
 
 # --- the battery's side -------------------------------------------------------------------------------------------
@@ -147,12 +242,16 @@ class ServerGone(Exception):
 class ForkServer:
     """A running server (one per battery worker and flavour); start() forks a case's child."""
 
-    def __init__(self, python: str, script: str, torch: bool, env: dict[str, str], folder: str):
+    def __init__(self, python: str, script: str, torch: bool, env: dict[str, str], folder: str, ranks: bool = False):
         self.env = env
-        self.err_path = os.path.join(folder, f"server-{os.getpid()}-{time.monotonic_ns()}.err")
+        name = f"server-{os.getpid()}-{time.monotonic_ns()}"
+        self.err_path = os.path.join(folder, f"{name}.err")
+        # ranks: the socket its rank stubs connect to (a short path: AF_UNIX allows 107 bytes)
+        self.socket = os.path.join(folder, f"{name}.sock") if ranks else None
         self._buf = b""
         with open(self.err_path, "wb") as err:
-            self.proc = subprocess.Popen([python, os.path.abspath(__file__), script, *(["--torch"] if torch else [])],
+            self.proc = subprocess.Popen([python, os.path.abspath(__file__), script, *(["--torch"] if torch else []),
+                                          *(["--ranks", self.socket] if ranks else [])],
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, env=env,
                                          cwd=folder, start_new_session=True)
         self.pid = self.proc.pid
