@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import _CURRENT, _FORKSERVER, NO_MPIEXEC, SESSION_MARK, _checkout_entries, wait_gone
+from helpers import _CURRENT, _FORKSERVER, NO_MPIEXEC, SESSION_MARK, _checkout_entries, check_run_group, wait_gone
 
 # how long the processes of a finished test session may take to end before they count as orphans
 ORPHAN_GRACE_SECONDS = 15.0
@@ -101,7 +101,11 @@ SHARED_GROUPS = {"mpi/test_torch_train.py": "torch-scripts", "mpi/test_torch_fsd
                  "mpi/test_launchers.py": "two-node", "mpi/test_two_node.py": "two-node"}
 # files whose tests go out one by one (each its own launches, nothing shared worth a worker): the docs' examples
 SPREAD = {"cli/test_docs_examples.py"}
-FIRST = ("cli/test_makefile_demo.py", "torch-scripts", "torch-lib", "mpi/test_split_overlap.py", "cli/test_report_benchmarks.py",
+# files whose tests go out in groups named by their parameter (helpers.check_run_group: each one shared launch)
+SPLIT_BY_PARAM = {"mpi/test_train_check_runs.py"}
+FIRST = ("cli/test_makefile_demo.py", *(f"mpi/test_train_check_runs.py[torch-{s}]" for s in ("fsdp2", "fsdp", "ddp")),
+         "mpi/test_train_check_runs.py[np]", "mpi/test_train_check_runs.py[gpt]",
+         "torch-scripts", "torch-lib", "mpi/test_split_overlap.py", "cli/test_report_benchmarks.py",
          "cli/test_makefile_bench.py", "mpi/test_staged_collectives.py", "mpi/test_train_checkpoint.py",
          "cli/test_environment_faults.py", "cli/test_strict_input.py")
 
@@ -111,6 +115,8 @@ def worker_group(nodeid: str) -> str:
     path = nodeid.split("::")[0].removeprefix("tests/")
     if path in SPREAD:
         return nodeid.removeprefix("tests/")
+    if path in SPLIT_BY_PARAM and "[" in nodeid:
+        return f"{path}[{check_run_group(nodeid.split('[', 1)[1])}]"
     return SHARED_GROUPS.get(path, path)
 
 

@@ -507,6 +507,13 @@ def run_cli_stages(root: Path, stages: list[tuple[int | None, list[tuple[str, li
     return found
 
 
+def check_run_group(name: str) -> str:
+    """The launch a train check case (tests/mpi/test_train_check_runs.py) shares: its front end's, and for the
+    torch front end's longer runs its strategy's too (three launches of a minute each would be one of three)."""
+    words = name.split("-")
+    return "-".join(words[:2] if words[0] == "torch" else words[:1])
+
+
 class Batches:
     """A test module's commands, one job per rank count (run_cli_stages), run the first time a test asks for that
     rank count: a pass that deselects the MPI tests (or the one-process ones) launches none of theirs.

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from helpers import needs_mpi, run_cli_batch
+from helpers import check_run_group, needs_mpi, run_cli_batch
 
 pytestmark = [needs_mpi, pytest.mark.slow]
 HAVE_TORCH = importlib.util.find_spec("torch") is not None  # not in make test-openmpi's virtualenv
@@ -35,15 +35,21 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("check-runs")
-    named = [(name, args) for name, args in CASES.items() if HAVE_TORCH or "torch" not in args]
-    for name, _ in named:
-        (root / name).mkdir()
-    found = run_cli_batch([([*"train".split(), *args, "--out", "t.json", "--log", "t.jsonl"], root / name)
-                           for name, args in named], 2, root / "batch", timeout=900)
-    return {name: (run, root / name) for (name, _), run in zip(named, found)}
+_RUNS: dict[str, dict] = {}  # group (helpers.check_run_group) -> its cases' runs, launched once
+
+
+def _runs(group: str, tmp_path_factory) -> dict:
+    """The cases of one group, all in one mpiexec launch of 2 ranks. Each group's tests are a group of their own on
+    the test workers (tests/conftest.py SPLIT_BY_PARAM), so the launches run on several workers at once."""
+    if group not in _RUNS:
+        root = tmp_path_factory.mktemp(f"check-runs-{group}")
+        named = [(name, args) for name, args in CASES.items() if check_run_group(name) == group]
+        for name, _ in named:
+            (root / name).mkdir()
+        found = run_cli_batch([(["train", *args, "--out", "t.json", "--log", "t.jsonl"], root / name)
+                               for name, args in named], 2, root / "batch", timeout=900)
+        _RUNS[group] = {name: (run, root / name) for (name, _), run in zip(named, found)}
+    return _RUNS[group]
 
 
 NO_TORCH = "no torch (pip install 'hetbench[torch]')"
@@ -52,8 +58,8 @@ NO_TORCH = "no torch (pip install 'hetbench[torch]')"
 @pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.skipif("torch" in args and not HAVE_TORCH,
                                                                                 reason=NO_TORCH))
                                   for name, args in CASES.items()])
-def test_a_correct_run_passes_its_own_check(runs, name):
-    run, folder = runs[name]
+def test_a_correct_run_passes_its_own_check(tmp_path_factory, name):
+    run, folder = _runs(check_run_group(name), tmp_path_factory)[name]
     assert run.returncode == 0, run.stdout + run.stderr
     check = json.loads((folder / "t.json").read_text())["summary"]["check"]
     assert check["ok"] is True and check["loss_over_tolerance"] <= 1.0, check
