@@ -39,6 +39,11 @@ VENV_OPENMPI ?= .venv-openmpi
 EXTRAS_OPENMPI ?= opencl,report,dev$(if $(HAVE_CLBLAST),$(comma)clblast)
 OPENMPI_MPIRUN ?= /usr/bin/mpirun
 
+# Python writes the bytecode of what it compiles (gitignored __pycache__) even where the environment says not to
+# (PYTHONDONTWRITEBYTECODE): the suite's test workers and the hundreds of ranks it launches would each compile
+# hetbench and the test files again (5 s of CPU a pytest process on a clean clone)
+unexport PYTHONDONTWRITEBYTECODE
+
 .PHONY: demo test test-slow test-openmpi bench bench-torch bench-split bench-train bench-train-torch mutate env env-openmpi \
 	system-deps clean
 
@@ -128,12 +133,14 @@ demo: env
 
 # `make test` leaves out the tests marked slow (the docs' examples run as written, the demo and bench recipes, the
 # memory tests at full size, signals, the watchdog's waits, the two-node tests): `make test-slow` runs those, and
-# CI (.ci/run) runs both, so every test still runs there. TEST_JOBS pytest-xdist workers, two a core (at most 8),
-# each held to one core (a test file's tests on one worker, the longest files first: tests/conftest.py);
+# CI (.ci/run) runs both in one session (`make test SLOW=1`), so every test still runs there. TEST_JOBS
+# pytest-xdist workers, two a core (at most 8), each held to one core (a test file's tests on one worker, the longest files first: tests/conftest.py);
 # TEST_JOBS=0 runs the suite in this process
 TEST_JOBS ?= $(shell n=$$(( 2 * $$(nproc 2>/dev/null || echo 1) )); [ $$n -gt 8 ] && n=8; echo $$n)
+# SLOW=1: every test in one session, the slow ones too (.ci/run): one start-up and one tail, not two
+SLOW ?=
 test: env
-	$(PY) -m pytest -q -m "not slow" -n $(TEST_JOBS)
+	$(PY) -m pytest -q -m "$(if $(SLOW),,not slow)" -n $(TEST_JOBS)
 
 test-slow: env
 	$(PY) -m pytest -q -m slow -n $(TEST_JOBS)
