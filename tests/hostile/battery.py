@@ -228,9 +228,11 @@ def _drop_server(server: ForkServer) -> None:
 # --- files ------------------------------------------------------------------------------------------------------
 
 def snapshot(folder: Path) -> dict[str, tuple[str, str]]:
-    """relative path -> (kind, digest) of everything under folder, without following links."""
+    """relative path -> (kind, digest) of everything under folder, without following links, but for Python's
+    bytecode caches (__pycache__: a plugin the case put there, imported by a Python that writes them)."""
     found: dict[str, tuple[str, str]] = {}
     for root, dirs, files in os.walk(folder, followlinks=False):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
         for name in dirs + files:
             path = Path(root) / name
             rel = str(path.relative_to(folder))
