@@ -7,7 +7,8 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import _CURRENT, _FORKSERVER, NO_MPIEXEC, SESSION_MARK, _checkout_entries, check_run_group, wait_gone
+from helpers import (_CURRENT, _FORKSERVER, _RANK_SERVERS, NO_MPIEXEC, SESSION_MARK, _checkout_entries, check_run_group,
+                     wait_gone)
 
 # how long the processes of a finished test session may take to end before they count as orphans
 ORPHAN_GRACE_SECONDS = 15.0
@@ -72,6 +73,7 @@ def pytest_sessionfinish(session, exitstatus):
     import signal
 
     _FORKSERVER.stop()
+    _RANK_SERVERS.stop()
     if hasattr(session.config, "workerinput") or SESSION_MARK not in os.environ:
         return
     left = wait_gone(f"{SESSION_MARK}={os.environ[SESSION_MARK]}", ORPHAN_GRACE_SECONDS, exclude=(os.getpid(),))

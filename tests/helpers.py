@@ -158,9 +158,10 @@ def run_in_group(cmd: list[str], timeout: float, capture_output: bool = False,
 
 
 def run_python(args: list[str], nprocs: int | None = None, cwd: Path | None = None, timeout: float = 120,
-               env: dict[str, str] | None = None, launcher_args: list[str] | None = None) -> Run:
+               env: dict[str, str] | None = None, launcher_args: list[str] | None = None,
+               fork_ranks: bool = False) -> Run:
     """`python ARGS` (nprocs None), or `mpiexec [LAUNCHER_ARGS] -n NPROCS python ARGS`, with this checkout on the
-    path."""
+    path. fork_ranks: the ranks forked from a server that has imported torch (_RankServers), where there is one."""
     cmd = [sys.executable, *args]
     if nprocs is not None:
         require_mpi_mark()
@@ -177,6 +178,10 @@ def run_python(args: list[str], nprocs: int | None = None, cwd: Path | None = No
     server = _FORKSERVER.get(full_env) if nprocs is None else None
     if server is not None:
         return server.run(args, cwd, timeout, start)
+    ranks = _RANK_SERVERS.get(Path(args[0]), full_env) if fork_ranks and nprocs is not None else None
+    if ranks is not None:
+        stub = [sys.executable, "-I", "-S", str(TESTS / "hostile" / "rank_stub.py"), ranks.socket]
+        cmd = [MPIEXEC, *(launcher_args or []), "-n", str(nprocs), *stub, *args]
     try:
         proc = run_in_group(cmd, timeout, cwd=cwd, capture_output=True, text=True, env=full_env,
                             stdin=subprocess.DEVNULL)
@@ -294,6 +299,55 @@ class _ForkServers:
 _FORKSERVER = _ForkServers()
 
 
+class _RankServers:
+    """A torch batch job's ranks forked from a server that has imported hetbench, torch and what a torch run
+    imports (tests/hostile/forkserver.py --ranks, the hostile battery's): mpiexec starts rank_stub.py as each rank,
+    which hands the rank's descriptors, environment and folder to the server. The batch runners already run many
+    commands in one process; this spares each rank torch's import (some 3 s of CPU). One server a worker, for one
+    script and environment at a time; under MPICH's hydra only (the battery's own launcher);
+    HETBENCH_TEST_NO_FORKSERVER=1 turns it off."""
+
+    def __init__(self) -> None:
+        self.server = None
+        self.key: tuple | None = None
+        self.folder: Path | None = None
+        self.unavailable = False
+
+    def get(self, script: Path, env: dict[str, str]):
+        if MPIEXEC_KIND != "mpich" or self.unavailable or os.environ.get("HETBENCH_TEST_NO_FORKSERVER") == "1":
+            return None
+        key = (str(script), _ForkServer.key(env))
+        if self.server is not None and (self.key != key or self.server.proc.poll() is not None):
+            self.stop()
+        if self.server is None:
+            import atexit
+            import tempfile
+
+            sys.path.insert(0, str(TESTS / "hostile"))
+            from forkserver import ForkServer, Unavailable
+
+            self.folder = Path(tempfile.mkdtemp(prefix="hetbench-test-ranks-"))
+            try:
+                self.server = ForkServer(sys.executable, str(script), True, env, str(self.folder), ranks=True)
+            except Unavailable:  # no torch, or its import said something: the ranks start as ever
+                self.unavailable = True
+                return None
+            self.key = key
+            atexit.register(self.stop)
+        return self.server
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder = None
+
+
+_RANK_SERVERS = _RankServers()
+
+
 def run_cli(args: list[str], nprocs: int | None = None, cwd: Path | None = None, timeout: float = 120,
             env: dict[str, str] | None = None, launcher_args: list[str] | None = None) -> Run:
     """`hetbench ARGS` (nprocs None), or `mpiexec [LAUNCHER_ARGS] -n NPROCS hetbench ARGS`."""
@@ -317,15 +371,22 @@ def run_cli_batch(commands: list[tuple[list[str], Path] | tuple[list[str], Path,
                       lambda case: f"`hetbench {' '.join(case['args'])}`")
 
 
+def _uses_torch(case: dict) -> bool:
+    """A batch case of the torch front end, or a torch script (the torch workers, the torch examples)."""
+    args = case.get("args", [])
+    return (any(a == "--frontend" and b == "torch" for a, b in zip(args, args[1:]))
+            or "torch" in Path(case.get("script", "")).as_posix())
+
+
 def _batch_job(runner: str, cases: list[dict], nprocs: int | None, folder: Path, timeout: float, name) -> list[Run]:
     """CASES run by tests/RUNNER in one job: each case's Run (every rank's stdout and stderr from the case's OUT
     folder); a case the job did not finish gets exit code -1 and a stderr naming (NAME(case)) the case that ended
-    it, with the job's own output."""
+    it, with the job's own output. A job with a torch case has its ranks forked (_RankServers)."""
     (folder / "cases.json").write_text(json.dumps(cases))
     results = folder / "results.jsonl"
     try:
         job = run_python([str(TESTS / runner), str(folder / "cases.json"), str(results)], nprocs=nprocs,
-                         cwd=folder, timeout=timeout)
+                         cwd=folder, timeout=timeout, fork_ranks=any(map(_uses_torch, cases)))
     except pytest.fail.Exception as e:  # a hang: the cases it finished stand, the rest say so
         job = Run(-1, "", str(e), timeout)
     done = {}
