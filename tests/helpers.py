@@ -414,7 +414,7 @@ def _batch_job(runner: str, cases: list[dict], nprocs: int | None, folder: Path,
 def run_script_batch(scripts: list[tuple[Path, list[str]]], nprocs: int, folder: Path,
                      timeout: float = 300) -> list[tuple[Run, Path]]:
     """Python scripts, each (SCRIPT, ARGS), run one after another in ONE `mpiexec -n NPROCS` job
-    (tests/mpi_script_batch.py), each as `python SCRIPT ARGS` would run it, in its own folder FOLDER/case-I
+    (tests/mpi_cli_batch.py's script cases), each as `python SCRIPT ARGS` would run it, in its own folder FOLDER/case-I
     (its working directory): each one's (Run, folder), as run_cli_batch gives them."""
     folder.mkdir(parents=True, exist_ok=True)
     cases = []
@@ -422,7 +422,7 @@ def run_script_batch(scripts: list[tuple[Path, list[str]]], nprocs: int, folder:
         (folder / f"case-{i}").mkdir()
         cases.append({"script": str(script), "args": [str(a) for a in args], "cwd": str(folder / f"case-{i}"),
                       "out": str(folder / f"case-{i}" / "output")})
-    runs = _batch_job("mpi_script_batch.py", cases, nprocs, folder, timeout,
+    runs = _batch_job("mpi_cli_batch.py", cases, nprocs, folder, timeout,
                       lambda case: f"`python {case['script']} {' '.join(case['args'])}`")
     return [(run, Path(case["cwd"])) for run, case in zip(runs, cases)]
 
@@ -528,7 +528,7 @@ class TorchGroupRuns:
 
 
 # The torch library's workers (tests/mpi/test_torch_misuse.py's and test_torch_backend.py's): both in one launch
-# per rank count (tests/mpi_script_batch.py), each rank's torch import paid once, not once a file. The misuse
+# per rank count (run_script_batch), each rank's torch import paid once, not once a file. The misuse
 # cases first: the collectives battery sets the torch backend's path and its stand-in device's variable as it goes.
 TORCH_LIB_SCRIPTS = {"misuse": (TESTS / "torch_workers" / "misuse.py", []),
                      "collectives": (TESTS / "torch_workers" / "collectives.py", [])}

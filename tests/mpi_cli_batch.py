@@ -8,7 +8,8 @@ they did not run (tests/helpers.py's run_cli_batch names the case that ended the
     python tests/mpi_cli_batch.py CASES.json RESULTS.jsonl        (one process, as `hetbench` alone)
 
 CASES.json: a list of {"args": [...], "cwd": FOLDER, "env": {NAME: VALUE}, "out": FOLDER}; a case with "script":
-PATH runs that script with ARGS instead, as tests/mpi_script_batch.py does. Each command runs in
+PATH runs that script with ARGS instead (as `python SCRIPT ARGS` would, through runpy as __main__: the torch
+workers and examples, which start and end their own process group). Each command runs in
 its folder with those variables set as `hetbench ARGS` would run there (hetbench.cli's _main, the code path of the
 command after its start-up); on each rank its stdout and stderr go to OUT/stdout-RANK and OUT/stderr-RANK. Rank 0
 appends one line per command to RESULTS.jsonl, {"case": I, "returncode": CODE, "seconds": S}, once every rank has
@@ -73,8 +74,7 @@ def run_cases(cases: list[dict], results: Path, rank: int, run: Callable[[dict],
     """Each case in turn: `run(case)` with fd 1 and 2 in the case's OUT folder (a SystemExit is its exit code, an
     exception exit code 1 with its traceback in the case's stderr), then `arrive(NAME, failed)`, every rank done
     with the case before the next begins (tests/mpi_fail_fast.py: a rank whose case failed while the others wait
-    inside it ends the job within seconds), then rank 0 appends {"case", "returncode", "seconds"} to `results`.
-    Shared with tests/mpi_script_batch.py."""
+    inside it ends the job within seconds), then rank 0 appends {"case", "returncode", "seconds"} to `results`."""
     for i, case in enumerate(cases):
         out = Path(case["out"])
         out.mkdir(parents=True, exist_ok=True)

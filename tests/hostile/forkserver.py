@@ -22,6 +22,7 @@ open descriptors (its stdio and MPICH's PMI_FD); the server forks the rank's chi
 puts those descriptors on their numbers, and sends the stub {"pid": PID}, then {"status": RETURNCODE}; the stub
 forwards the signals it gets ({"signal": N}) and exits as the child did. A stub gone (killed by mpiexec on an
 abort) is a child SIGKILLed: no rank outlives its launch. MPI itself starts in the child, never in the server.
+The test suite's torch batch jobs use this mode too (tests/helpers.py `_RankServers`).
 
 Usage: python forkserver.py SCRIPT [--torch] [--ranks SOCKET]   (the battery's ForkServer class starts it)
 """

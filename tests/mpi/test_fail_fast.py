@@ -1,6 +1,6 @@
 """A multi-rank test job fails fast: a case that raises on one rank while the others wait for it inside the case
 ends the job within seconds with that rank's message (tests/mpi_fail_fast.py), for the batched scripts
-(helpers.run_script_batch, tests/mpi_script_batch.py, whose run_cases the CLI batch shares) as for the check scripts
+(helpers.run_script_batch: tests/mpi_cli_batch.py's script cases) as for the check scripts
 (tests/mpi/test_vcollectives.py), on 2 and 3 ranks."""
 
 from __future__ import annotations
