@@ -814,6 +814,10 @@ def main() -> int:
     opts = parser.parse_args()
     if opts.jobs < 1:
         parser.error("--jobs must be >= 1")
+    # started in the background of a script, SIGINT comes ignored (POSIX), and every case would inherit that:
+    # the cases that send it need it handled as from a terminal (Python's handler: a child starts with the default)
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     hb, mpi = find_tools()
     cases = build_cases()
     ids = [c.id for c in cases]
