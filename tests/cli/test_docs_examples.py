@@ -582,6 +582,7 @@ MAKE: dict[str, str] = {
     "make demo": "minutes at its default sizes; tests/cli/test_makefile_demo.py runs its whole recipe at small sizes",
     "make test": "the whole suite (this test among it)",
     "make test-slow": "the tests `make test` leaves out (this one among them)",
+    "make test SLOW=1": "every test in one session (this one among them), as .ci/run runs them",
     "make test-openmpi": "the MPI tests again under Open MPI, from a second virtualenv",
     "make bench": "minutes of measuring (docs/bench.md); its parts' recipes are checked by tests/cli/test_makefile_bench.py",
     "make bench-train": "about 3.5 minutes of measuring",
