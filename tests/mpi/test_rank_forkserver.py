@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import MPIEXEC, MPIEXEC_KIND, TESTS, descendants, needs_mpi, run_in_group
+from helpers import MPIEXEC, MPIEXEC_KIND, TESTS, alive, descendants, needs_mpi, run_in_group
 
 sys.path.insert(0, str(TESTS / "hostile"))
 from forkserver import ForkServer  # noqa: E402
@@ -117,7 +117,7 @@ def test_a_signal_to_a_stub_reaches_its_rank(server, tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode != 0
-    assert not os.path.exists(f"/proc/{child}") or _zombie(child)
+    assert not alive(child)
     assert _gone(server[0])
 
 
@@ -127,10 +127,3 @@ def _is_stub(pid: int) -> bool:
     except OSError:
         return False
 
-
-def _zombie(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat[stat.rindex(")") + 2:].split()[0] == "Z"
