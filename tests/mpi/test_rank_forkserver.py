@@ -25,9 +25,10 @@ import os, sys, time
 from mpi4py import MPI
 comm = MPI.COMM_WORLD
 total = comm.allreduce(comm.rank + 1)
-print(f"rank {comm.rank} of {comm.size} sum {total} parent {os.getppid()} cwd {os.getcwd()} "
-      f"var {os.environ.get('RANK_TEST_VAR')}", flush=True)
-print(f"rank {comm.rank} to stderr", file=sys.stderr, flush=True)
+# one write a line: the launcher passes on the ranks' writes as they come, and print's two (unbuffered) could mix
+os.write(1, f"rank {comm.rank} of {comm.size} sum {total} parent {os.getppid()} cwd {os.getcwd()} "
+         f"var {os.environ.get('RANK_TEST_VAR')}\\n".encode())
+os.write(2, f"rank {comm.rank} to stderr\\n".encode())
 if sys.argv[1:] == ["sleep"]:
     open(f"pid-{comm.rank}", "w").write(str(os.getpid()))
     time.sleep(120)
