@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from helpers import (_CURRENT, _FORKSERVER, _RANK_SERVERS, NO_MPIEXEC, SESSION_MARK, _checkout_entries, check_run_group,
-                     wait_gone)
+                     unignore_sigint, wait_gone)
 
 # how long the processes of a finished test session may take to end before they count as orphans
 ORPHAN_GRACE_SECONDS = 15.0
@@ -25,7 +25,7 @@ def pytest_configure(config):
     # none is ever written, and every one of them compiled hetbench from source again (0.15 s of each start-up for
     # the command line alone, more for what a command imports; a quarter of some files' time).
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-    _unignore_sigint()
+    unignore_sigint()
     if not hasattr(config, "workerinput"):  # the session's first process (pytest-xdist's workers inherit the mark)
         os.environ[SESSION_MARK] = f"{os.getpid()}-{time.time_ns()}"
         if os.environ.get("HETBENCH_TEST_SPIN") != "1":
@@ -39,16 +39,6 @@ def pytest_configure(config):
             os.sched_setaffinity(0, {cores[index % len(cores)]})
         except OSError:  # a sandbox that forbids it: the worker runs unpinned, slower, not different
             pass
-
-
-def _unignore_sigint() -> None:
-    """A suite started in the background of a script (`make test &`: POSIX ignores SIGINT there) passes that on to
-    every command it launches, and hetbench rightly keeps an ignored SIGINT ignored: the tests of Ctrl-C then
-    failed. Python's own handler again (its children start with the default action, as from a terminal)."""
-    import signal
-
-    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _preload_yield_backoff(config) -> None:

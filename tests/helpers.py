@@ -180,8 +180,7 @@ def run_python(args: list[str], nprocs: int | None = None, cwd: Path | None = No
         return server.run(args, cwd, timeout, start)
     ranks = _RANK_SERVERS.get(Path(args[0]), full_env) if fork_ranks and nprocs is not None else None
     if ranks is not None:
-        stub = [sys.executable, "-I", "-S", str(TESTS / "hostile" / "rank_stub.py"), ranks.socket]
-        cmd = [MPIEXEC, *(launcher_args or []), "-n", str(nprocs), *stub, *args]
+        cmd = [MPIEXEC, *(launcher_args or []), "-n", str(nprocs), *ranks.stub_command(sys.executable), *args]
     try:
         proc = run_in_group(cmd, timeout, cwd=cwd, capture_output=True, text=True, env=full_env,
                             stdin=subprocess.DEVNULL)
@@ -312,6 +311,7 @@ class _RankServers:
         self.key: tuple | None = None
         self.folder: Path | None = None
         self.unavailable = False
+        self.registered = False
 
     def get(self, script: Path, env: dict[str, str]):
         if MPIEXEC_KIND != "mpich" or self.unavailable or os.environ.get("HETBENCH_TEST_NO_FORKSERVER") == "1":
@@ -333,7 +333,9 @@ class _RankServers:
                 self.unavailable = True
                 return None
             self.key = key
-            atexit.register(self.stop)
+            if not self.registered:
+                atexit.register(self.stop)
+                self.registered = True
         return self.server
 
     def stop(self) -> None:
@@ -690,6 +692,14 @@ def handles_sigterm(pid: int) -> bool:
         return False
     caught = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
     return bool(caught & (1 << (signal.SIGTERM - 1)))
+
+
+def unignore_sigint() -> None:
+    """A run started in the background of a script (`make test &`: POSIX ignores SIGINT there) passes that on to
+    every command it launches, and hetbench rightly keeps an ignored SIGINT ignored: the tests of Ctrl-C then fail.
+    Python's own handler again (a child starts with the default action, as from a terminal)."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def alive(pid: int) -> bool:

@@ -49,7 +49,7 @@ sys.path.insert(1, str(HERE.parent))  # tests/: the suite's helpers
 
 from cases import Case, build_cases  # noqa: E402
 from forkserver import ForkServer, ServerGone, Unavailable  # noqa: E402
-from helpers import handles_sigterm  # noqa: E402
+from helpers import handles_sigterm, unignore_sigint  # noqa: E402
 from helpers import rank_of as environment_rank  # noqa: E402
 
 TRACEBACK = "Traceback (most recent call last)"
@@ -431,7 +431,7 @@ def _run_mounted(case: Case, folder: Path, out: Outcome, cmd: list[str], env: di
     start = time.monotonic()  # (a server's own start, on first use, is not the case's time)
     proc = None
     if server is not None and server.socket is not None:  # an MPI case: each rank a stub the server forks for
-        cmd = [*cmd[:3], python_of(cmd[3]), "-I", "-S", str(HERE / "rank_stub.py"), server.socket, *cmd[3:]]
+        cmd = [*cmd[:3], *server.stub_command(python_of(cmd[3])), *cmd[3:]]
         with _servers_lock:
             FORKED.add(case.id)
     elif server is not None:
@@ -814,10 +814,7 @@ def main() -> int:
     opts = parser.parse_args()
     if opts.jobs < 1:
         parser.error("--jobs must be >= 1")
-    # started in the background of a script, SIGINT comes ignored (POSIX), and every case would inherit that:
-    # the cases that send it need it handled as from a terminal (Python's handler: a child starts with the default)
-    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+    unignore_sigint()  # the signal cases need SIGINT handled in what they launch, as from a terminal
     hb, mpi = find_tools()
     cases = build_cases()
     ids = [c.id for c in cases]

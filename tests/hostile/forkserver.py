@@ -111,7 +111,10 @@ def _serve_ranks(requests, replies, listener: socket.socket) -> tuple[dict, list
                     return json.loads(message), fds
                 for received in fds:
                     os.close(received)
-                stub.send(json.dumps({"pid": pid}).encode())
+                try:
+                    stub.send(json.dumps({"pid": pid}).encode())
+                except OSError:  # the stub already gone: so is its rank (reported to no one)
+                    os.kill(pid, signal.SIGKILL)
                 stubs[stub.fileno()] = [stub, pid, True]
                 exits[os.pidfd_open(pid)] = stub.fileno()
             elif fd in exits:  # a child ended: its status to its stub
@@ -271,6 +274,13 @@ class ForkServer:
         if "ready" not in ready or os.path.getsize(self.err_path):
             self.close()
             raise Unavailable(f"the preload said something: {self._err_tail()}")
+
+    def stub_command(self, python: str) -> list[str]:
+        """What mpiexec runs as each rank in place of the rank's own command (a --ranks server's): the rank's
+        command follows it."""
+        assert self.socket is not None, "a server started without ranks=True"
+        return [python, "-I", "-S", os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank_stub.py"),
+                self.socket]
 
     def _err_tail(self) -> str:
         try:

@@ -50,7 +50,7 @@ def server(tmp_path):
 
 def _job(server_and_script, nprocs, *args, env=None, tmp_path=None):
     started, script = server_and_script
-    stub = [sys.executable, "-I", "-S", str(TESTS / "hostile" / "rank_stub.py"), started.socket, str(script)]
+    stub = [*started.stub_command(sys.executable), str(script)]
     return [MPIEXEC, "-n", str(nprocs), *stub, *args], {**os.environ, **(env or {})}
 
 
