@@ -118,6 +118,10 @@ def test_a_signal_to_a_stub_reaches_its_rank(server, tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode != 0
+    # the job ends as its stubs do; their ranks a moment later (the server kills or reaps them): within seconds
+    deadline = time.monotonic() + 10
+    while alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert not alive(child)
     assert _gone(server[0])
 
