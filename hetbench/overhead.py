@@ -489,7 +489,7 @@ def judged(values: list[float], goal: float, faulty: list[bool],
     median = statistics.median(values) if values else None
     bad = sum(faulty)
     known = [b for b in baselines or [] if b > 0]
-    drift = max(known) / min(known) - 1 if len(known) > 1 else 0.0  # mutation: equivalent[Gt -> GtE] (one baseline: max / min - 1 is 0)
+    drift = max(known) / min(known) - 1 if len(known) > 1 else 0.0
     low = min(values) / (1 + drift) if values else None
     high = max(values) * (1 + drift) if values else None
     above_1 = median is not None and bad > 0 and median > 1

@@ -1,10 +1,9 @@
 """A small mutation run over the modules that compute hetbench's figures (issue 17): each mutant changes one thing a
 reader would not notice at a glance (an operator, a comparison, a number, max for min, an index), and the tests that
 pin that module's figures run against it. A mutant the tests do not fail ("survives") is a figure nothing pins, or
-a change that cannot alter any result (an equivalent mutant): the first needs a test, the second a comment on the
-line, `# mutation: equivalent (why)`, which this script then skips: every mutant of the line, or with
-`# mutation: equivalent[Gt -> GtE] (why)` only the changes named in the brackets (comma-separated, as this script
-prints them), so that the line's other mutants still run.
+a change that cannot alter any result (an equivalent mutant): the first needs a test, the second an entry in
+tools/mutate_equivalents.py (the file, the function, a fragment of the line's code, the changes as this script prints
+them, and why), which this script then skips, so that the line's other mutants still run.
 
     .venv/bin/python tools/mutate.py --list                      # the targets and their mutant counts
     .venv/bin/python tools/mutate.py hetbench/comm/busbw.py       # one target's mutants, its tests against each
@@ -33,7 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-EQUIVALENT = "# mutation: equivalent"
+sys.path.insert(0, str(REPO / "tools"))
+from mutate_equivalents import EQUIVALENTS  # noqa: E402
 TIMEOUT_S = 300
 
 # the modules that compute figures, and the tests that pin them (kept fast: these run once per mutant)
@@ -141,17 +141,40 @@ def _docstring_lines(tree: ast.AST) -> set[int]:
     return out
 
 
-def _marked_equivalent(text: str, change: str) -> bool:
-    """Whether the line's comment marks this change equivalent: `# mutation: equivalent (why)` marks all of the
-    line's, `# mutation: equivalent[A -> B, C -> D] (why)` those named."""
-    at = text.find(EQUIVALENT)
-    if at < 0:
-        return False
-    rest = text[at + len(EQUIVALENT):]
-    if not rest.startswith("["):
-        return True
-    named = [c.strip() for c in rest[1:rest.find("]")].split(",")]
-    return change in named
+def _functions_of_lines(tree: ast.AST) -> dict[int, str]:
+    """Each line's innermost function, qualified (`Class.method`); lines outside any function are absent."""
+    out: dict[int, str] = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = prefix + child.name
+                if not isinstance(child, ast.ClassDef):
+                    out.update({line: name for line in range(child.lineno, (child.end_lineno or child.lineno) + 1)})
+                visit(child, name + ".")
+            else:
+                visit(child, prefix)
+
+    visit(tree, "")
+    return out
+
+
+def equivalent_changes(path: str, lines: list[str], tree: ast.AST) -> dict[int, set[str] | None]:
+    """Line -> the changes marked equivalent there (None: all of them), from EQUIVALENTS; an entry of `path` that
+    matches no line is an error."""
+    owner = _functions_of_lines(tree)
+    out: dict[int, set[str] | None] = {}
+    for e in (e for e in EQUIVALENTS if e.file == path):
+        hits = [i + 1 for i, text in enumerate(lines) if e.code in text and owner.get(i + 1, "") == e.function]
+        if not hits:
+            raise SystemExit(f"tools/mutate_equivalents.py: no line of {path} in {e.function or 'module level'} "
+                             f"holds {e.code!r}: move the entry with the code")
+        for line in hits:
+            if not e.changes or out.get(line, set()) is None:
+                out[line] = None
+            else:
+                out.setdefault(line, set()).update(e.changes)
+    return out
 
 
 def _scoped_lines(tree: ast.AST, names: list[str]) -> set[int]:
@@ -182,10 +205,11 @@ def mutants(path: str) -> list[Mutant]:
     skip = _docstring_lines(tree)
     scope = _scoped_lines(tree, SCOPES[path]) if path in SCOPES else None
     out = []
+    equivalent = equivalent_changes(path, lines, tree)
     for i, (node, change) in enumerate(_sites(tree)):
         line = getattr(node, "lineno", 0)
-        text = lines[line - 1] if 0 < line <= len(lines) else ""
-        if line in skip or _marked_equivalent(text, change) or (scope is not None and line not in scope):
+        marked = line in equivalent and (equivalent[line] is None or change in equivalent[line])
+        if line in skip or marked or (scope is not None and line not in scope):
             continue
         out.append(Mutant(path, line, change, i))
     return out

@@ -32,7 +32,7 @@ LATENCY_BYTES = 8  # the message the latency is measured with
 LATENCY_WARMUP_ROUND_TRIPS = 10
 LATENCY_WARMUP_SECONDS = 0.01
 LATENCY_ROUND_TRIPS = 50  # timed after the warm-up; the latency is their median (a few slow ones do not move it)
-_TAG = 0x4842  # the ping-pong's messages, apart from any other traffic  # mutation: equivalent (any tag both sides use)
+_TAG = 0x4842  # the ping-pong's messages, apart from any other traffic
 
 
 def _median(values: list[float]) -> float:

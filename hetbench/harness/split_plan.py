@@ -287,7 +287,7 @@ def shares(
         if not active:
             break
         weight_sum = sum(w[r] for r in active)
-        over = [r for r in active if cap[r] is not None and remaining * w[r] / weight_sum > cap[r]]  # mutation: equivalent[Gt -> GtE] (a quota equal to its whole cap is whole: capped here or rounded below, that rank gets exactly its cap, never a remainder's unit, and the others' exact quotas and remainders are the same)
+        over = [r for r in active if cap[r] is not None and remaining * w[r] / weight_sum > cap[r]]
         if over:
             # their caps sum to less than their quotas, so `remaining` stays >= 0
             for r in over:
@@ -301,12 +301,12 @@ def shares(
         remaining = 0
         break
 
-    if remaining > 0:  # mutation: equivalent[Gt -> GtE] (with 0 left, largest remainder gives each weight-0 rank with room 0, which it holds already; with none, nothing is shared)
+    if remaining > 0:
         # every rank with weight > 0 is full: the rest goes to the weight-0 ranks with room
-        spare = [r for r in range(count) if w[r] == 0 and (cap[r] is None or cap[r] > 0)]  # mutation: equivalent[Gt -> GtE] (a cap of 0 is a quota of 0 below, a remainder of 0 that never gets a unit; some spare rank has room, as the caps hold the total)
+        spare = [r for r in range(count) if w[r] == 0 and (cap[r] is None or cap[r] > 0)]
         unlimited = [r for r in spare if cap[r] is None]
         if unlimited:
-            receivers, by = unlimited, [Fraction(1)] * len(unlimited)  # mutation: equivalent[1 -> 2] (equal weights of any size share alike)
+            receivers, by = unlimited, [Fraction(1)] * len(unlimited)
         else:
             # remaining <= the sum of these caps (checked above), so each quota is within its cap
             receivers, by = spare, [Fraction(cap[r]) for r in spare]  # type: ignore[arg-type]
@@ -570,7 +570,7 @@ def best_root_share(strategy: str, m: int, n: int, k: int, itemsize: int, rates:
     except (PlacementError, ValueError):
         pass
     root_cap = dim if cap[root] is None else min(dim, cap[root])
-    for i in range(steps + 1):  # mutation: equivalent[1 -> 2] (one more i puts the root's part past dim, cut to root_cap: the same candidate as i = steps again)
+    for i in range(steps + 1):
         mine = min(root_cap, round(dim * i / steps))
         rest = dim - mine
         parts = [0] * count
@@ -642,11 +642,11 @@ def balanced_parts(points: Sequence[Sequence[tuple[int, float]]], total: int,
     def placed(seconds: float) -> list[float]:
         return [min(limit[r], _part_at(points[r], seconds)) if usable[r] else 0.0 for r in range(count)]
 
-    hi = 1e-9  # mutation: equivalent (only where the bracket starts: hi doubles until it holds the total, then 200 halvings narrow [0, hi] to the two adjacent floats around the same threshold, for any time above about 1e-40 s)
+    hi = 1e-9
     while sum(placed(hi)) < total:
-        hi *= 2  # mutation: equivalent (how fast the bracket grows: any factor > 1 reaches a hi holding the total, and the halvings below then find the same threshold)
+        hi *= 2
     lo = 0.0
-    for _ in range(200):  # mutation: equivalent (once lo and hi are adjacent floats, some 55 halvings in from a hi within a factor of 2 of the threshold, one more leaves them so)
+    for _ in range(200):
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if sum(placed(mid)) < total else (lo, mid)
     real = placed(hi)
@@ -654,12 +654,12 @@ def balanced_parts(points: Sequence[Sequence[tuple[int, float]]], total: int,
     real = [x * scale for x in real]
     parts = [min(limit[r], math.floor(x)) for r, x in enumerate(real)]
     order = sorted(range(count), key=lambda r: (-(real[r] - math.floor(real[r])), r))
-    while sum(parts) < total:  # mutation: equivalent[Lt -> LtE] (at sum == total the loop's first check breaks before any unit is given, and no progress ends it: the same parts)
+    while sum(parts) < total:
         progressed = False
         for r in order:
             if sum(parts) == total:
                 break
-            if usable[r] and parts[r] < limit[r]:  # mutation: equivalent[Lt -> LtE] (scale <= 1 keeps real <= limit, so a rank at its limit has a remainder of 0 and comes last in order; the ranks with remainders, enough for the units left, are given them first)
+            if usable[r] and parts[r] < limit[r]:
                 parts[r] += 1
                 progressed = True
         if not progressed:

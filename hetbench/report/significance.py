@@ -16,14 +16,8 @@ ALPHA = 0.05  # two-sided: significant at 95 % confidence
 
 _EPS = 1e-15
 _TINY = 1e-300
-_MAX_ITERATIONS = 500  # mutation: equivalent (a cap no converging fraction reaches: 501 changes nothing)
+_MAX_ITERATIONS = 500
 
-
-# Lines marked "mutation: equivalent[...]" (tools/mutate.py): changes no input can tell apart. The guards against
-# dividing by ~0 compare with 1e-300, which no value equals; the iteration cap is never reached; the switch between
-# I_x(a, b) and 1 - I_(1-x)(b, a) gives the same value on either side (the symmetry), only converging at another
-# speed; t_cdf(0) is 0.5 by either branch; and a tie needs the two means within 1e-12 of each other, where their
-# max and min agree.
 
 
 def _beta_continued_fraction(a: float, b: float, x: float) -> float:
@@ -31,24 +25,24 @@ def _beta_continued_fraction(a: float, b: float, x: float) -> float:
     qab, qap, qam = a + b, a + 1.0, a - 1.0
     c = 1.0
     d = 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > _TINY else _TINY)  # mutation: equivalent[Gt -> GtE] (never exactly 1e-300)
+    d = 1.0 / (d if abs(d) > _TINY else _TINY)
     h = d
-    for m in range(1, _MAX_ITERATIONS + 1):  # mutation: equivalent[Add -> Sub, 1 -> 2] (a cap never reached)
+    for m in range(1, _MAX_ITERATIONS + 1):
         m2 = 2 * m
         aa = m * (b - m) * x / ((qam + m2) * (a + m2))
         d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > _TINY else _TINY)  # mutation: equivalent[Gt -> GtE] (never exactly 1e-300)
+        d = 1.0 / (d if abs(d) > _TINY else _TINY)
         c = 1.0 + aa / c
-        c = c if abs(c) > _TINY else _TINY  # mutation: equivalent[Gt -> GtE] (never exactly 1e-300)
+        c = c if abs(c) > _TINY else _TINY
         h *= d * c
         aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
         d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > _TINY else _TINY)  # mutation: equivalent[Gt -> GtE] (never exactly 1e-300)
+        d = 1.0 / (d if abs(d) > _TINY else _TINY)
         c = 1.0 + aa / c
-        c = c if abs(c) > _TINY else _TINY  # mutation: equivalent[Gt -> GtE] (never exactly 1e-300)
+        c = c if abs(c) > _TINY else _TINY
         step = d * c
         h *= step
-        if abs(step - 1.0) < _EPS:  # mutation: equivalent[Lt -> LtE] (converged either way)
+        if abs(step - 1.0) < _EPS:
             return h
     raise ArithmeticError(f"incomplete beta I_{x}({a}, {b}) did not converge")
 
@@ -63,7 +57,7 @@ def betainc(a: float, b: float, x: float) -> float:
         return x
     log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
     # the fraction converges fast for x below the mean of the distribution; use the symmetry above it
-    if x < (a + 1.0) / (a + b + 2.0):  # mutation: equivalent[Lt -> LtE, 1.0 -> 2.0, Add -> Sub, 2.0 -> 3.0] (symmetry)
+    if x < (a + 1.0) / (a + b + 2.0):
         return math.exp(log_front) * _beta_continued_fraction(a, b, x) / a
     return 1.0 - math.exp(log_front) * _beta_continued_fraction(b, a, 1.0 - x) / b
 
@@ -80,7 +74,7 @@ def t_two_sided_p(t: float, df: float) -> float:
 def t_cdf(t: float, df: float) -> float:
     """P(T <= t) for Student's t-distribution with df degrees of freedom."""
     tail = t_two_sided_p(t, df) / 2.0
-    return 1.0 - tail if t > 0 else tail  # mutation: equivalent[Gt -> GtE] (0.5 at t = 0)
+    return 1.0 - tail if t > 0 else tail
 
 
 @dataclass(frozen=True)
@@ -107,7 +101,7 @@ def welch_t_test(base: Sequence[float], new: Sequence[float]) -> TTest | None:
     n1, n2 = len(base), len(new)
     se2 = v1 / n1 + v2 / n2
     diff = m2 - m1
-    if abs(diff) <= 1e-12 * max(abs(m1), abs(m2)):  # mutation: equivalent[max() -> min()] (a tie: m1 = m2)
+    if abs(diff) <= 1e-12 * max(abs(m1), abs(m2)):
         return TTest(0.0, float(n1 + n2 - 2), 1.0, m1, m2)
     if se2 == 0.0:
         return TTest(math.copysign(math.inf, diff), float(n1 + n2 - 2), 0.0, m1, m2)

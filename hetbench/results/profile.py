@@ -132,9 +132,7 @@ def load_profile(path: str | os.PathLike[str], ranks: int, dtype: str, strategy:
     try:
         document = load_results(Path(path))
     except ResultsFileError as e:
-        # (1 or 2 replacements differ only for a path holding "cannot read results file" twice, whose name the next
-        # line rewrites either way: a message quirk, not a figure)
-        message = str(e).replace("cannot read results file", "cannot read profile", 1)  # mutation: equivalent[1 -> 2] (see above)
+        message = str(e).replace("cannot read results file", "cannot read profile", 1)
         raise ProfileError(message.replace("results file", "profile", 1)) from None
     schema = document["schema"]
     if schema != PROFILE_SCHEMA:

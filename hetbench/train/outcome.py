@@ -148,7 +148,7 @@ def compare_with_reference(dtype: str, optimizer: str, steps: int, start: int, l
     delta = perturbation(dtype, reduction)
     tolerances = [loss_tolerance(start + i, dtype, optimizer, reduction) for i in range(len(losses))]
     rel = [abs(a - b) / max(abs(b), 1e-30) if math.isfinite(a) else math.inf for a, b in zip(losses, ref_losses)]
-    same_length = len(losses) == len(ref_losses) and len(losses) > 0  # mutation: equivalent[Gt -> GtE] (no losses leave `ratios` empty, which `ok` refuses as well)
+    same_length = len(losses) == len(ref_losses) and len(losses) > 0
     ratios = [r / t for r, t in zip(rel, tolerances)]
     worst = max(range(len(ratios)), key=ratios.__getitem__) if ratios else 0
     param_rtol = param_tolerance(steps, dtype, optimizer, reduction)

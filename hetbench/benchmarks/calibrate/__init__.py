@@ -121,7 +121,7 @@ def largest_part(strategy: str, m: int, n: int, k: int, fits: Any) -> int:
     while hi - lo > 1:  # fits(lo) or lo == 0; not fits(hi)
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return lo if lo > 0 and fits(lo) else 0  # mutation: equivalent[Gt -> GtE] (lo == 0: 0 either way)
+    return lo if lo > 0 and fits(lo) else 0
 
 
 @dataclass

@@ -186,7 +186,7 @@ def _isendrecv_to_the_right(comm: Any, MPI: Any, send: Any, recv: Any, root: int
     return _Both(MPI, [got, sent])
 
 
-_SENDRECV_TAG = 0x5352  # the staged sendrecv's messages, apart from any other traffic  # mutation: equivalent (any tag both sides use)
+_SENDRECV_TAG = 0x5352  # the staged sendrecv's messages, apart from any other traffic
 
 
 class _Both:

@@ -41,7 +41,7 @@ from hetbench.harness.probe import COPY_PROBE_BYTES, slice_shape
 from hetbench.harness.stats import summarize
 
 ROOT = 0
-_TAG_A, _TAG_B, _TAG_C = 11, 12, 13  # mutation: equivalent (any tags both sides use: A and B go root -> rank in that order, C the other way, and MPI keeps the order of one pair's messages)
+_TAG_A, _TAG_B, _TAG_C = 11, 12, 13
 
 
 @dataclass
@@ -123,7 +123,7 @@ def job_end_to_end(phases: list[Phases], modelled: list[bool], root: int = 0) ->
 
 def _bytes(array: np.ndarray) -> np.ndarray:
     """The array's bytes as a flat uint8 view: MPI moves any dtype (fp16 and bf16 included) as bytes."""
-    return np.ascontiguousarray(array).reshape(-1).view(np.uint8)  # mutation: equivalent[1 -> 2] (the 1 of reshape(-1): NumPy takes any negative size as 'the rest', so reshape(-2) is the same flat view)
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
 
 
 def _offsets(parts: list[int]) -> list[int]:
@@ -181,8 +181,8 @@ class Splitter:
                     comm.Send(_bytes(block[0]), dest=r, tag=_TAG_A)
                     comm.Send(_bytes(block[1]), dest=r, tag=_TAG_B)
         elif self.part > 0:
-            comm.Recv(self.a_r.reshape(-1).view(np.uint8), source=ROOT, tag=_TAG_A)  # mutation: equivalent[1 -> 2] (the 1 of reshape(-1): NumPy takes any negative size as 'the rest', so reshape(-2) is the same flat view)
-            comm.Recv(self.b_r.reshape(-1).view(np.uint8), source=ROOT, tag=_TAG_B)  # mutation: equivalent[1 -> 2] (the 1 of reshape(-1): NumPy takes any negative size as 'the rest', so reshape(-2) is the same flat view)
+            comm.Recv(self.a_r.reshape(-1).view(np.uint8), source=ROOT, tag=_TAG_A)
+            comm.Recv(self.b_r.reshape(-1).view(np.uint8), source=ROOT, tag=_TAG_B)
         distribute = time.perf_counter() - start
         world.barrier()
 
@@ -218,7 +218,7 @@ class Splitter:
                         assert c_r is not None
                         c[row:row + p] = c_r
                     else:
-                        comm.Recv(c[row:row + p].reshape(-1).view(np.uint8), source=r, tag=_TAG_C)  # mutation: equivalent[1 -> 2] (the 1 of reshape(-1): NumPy takes any negative size as 'the rest', so reshape(-2) is the same flat view)
+                        comm.Recv(c[row:row + p].reshape(-1).view(np.uint8), source=r, tag=_TAG_C)
                 self.c = c
             elif c_r is not None:
                 comm.Send(_bytes(c_r), dest=ROOT, tag=_TAG_C)
@@ -425,7 +425,7 @@ def measure(cfg: Any, world: World, state: SplitState,
             seconds = time_part(state, dtype, strategy, m, n, k, parts[me], cfg.seed) if parts[me] else 0.0
             every = world.allgather(seconds)
             for r, (p_r, t_r) in enumerate(zip(parts, every)):
-                if p_r > 0 and t_r > 0:  # mutation: equivalent[Gt -> GtE] (plan.balanced_parts itself drops a point whose part or seconds is not > 0, so such a point appended changes no part)
+                if p_r > 0 and t_r > 0:
                     points[r].append((p_r, t_r))
             refined.append({"parts": list(parts), "compute_seconds": every,
                             "imbalance": plan.imbalance([t for t, p in zip(every, parts) if p > 0],
@@ -468,10 +468,10 @@ def measure(cfg: Any, world: World, state: SplitState,
         working = [c for c, p in zip(every, parts) if p > 0]
         imb = plan.imbalance(working, [p for p in parts if p > 0])
         history.append({"iteration": i + 1, "parts": list(parts), "compute_seconds": every, "imbalance": imb})
-        if imb < plan.IMBALANCE_GOAL:  # mutation: equivalent[Lt -> LtE] (imbalance() is max/mean - 1.0, a multiple of 2**-52, and 0.05 is not: they are never equal)
+        if imb < plan.IMBALANCE_GOAL:
             break
         for r, (p_r, t_r) in enumerate(zip(parts, every)):
-            if p_r > 0 and t_r > 0:  # mutation: equivalent[Gt -> GtE] (plan.balanced_parts itself drops a point whose part or seconds is not > 0, so such a point appended changes no part)
+            if p_r > 0 and t_r > 0:
                 points[r].append((p_r, t_r))
         parts = plan.balanced_parts(points, dim, caps)
 
@@ -778,7 +778,7 @@ def check(cfg: Any, world: World, state: SplitState) -> list[str]:
         except ProfileError as e:
             return [str(e)]
     weights = (cfg.weights.values if cfg.weights.kind == "list" else
-               state.profile.rates if cfg.weights.kind == "profile" else [1.0] * ranks)  # mutation: equivalent[1.0 -> 2.0] (only plan.shares reads them: equal weights of any size share alike)
+               state.profile.rates if cfg.weights.kind == "profile" else [1.0] * ranks)
     placed = []
     for s in strategies:
         try:
@@ -812,7 +812,7 @@ def plan_check(cfg: Any, world: World, state: SplitState, ranks: int) -> list[st
     for r, spec in enumerate(cfg.backends):
         try:
             model = sim.get_model(spec.model)
-            sim.gemm_model_seconds(model, 1, 1, 1, cfg.dtype)  # mutation: equivalent (called for its ValueError on a dtype the model lacks, which does not depend on the shape)
+            sim.gemm_model_seconds(model, 1, 1, 1, cfg.dtype)
         except ValueError as e:
             return [f"rank {r} ({spec}): {e}"]
     try:
@@ -1030,7 +1030,7 @@ def plan_only(cfg: Any, world: World, state: SplitState) -> RankRun:
 
     def weights_for(s: str) -> list[float]:
         kind = cfg.weights.kind
-        return ([1.0] * ranks if kind == "even" else list(cfg.weights.values) if kind == "list" else rates[s])  # mutation: equivalent[1.0 -> 2.0] (only plan.shares reads them: equal weights of any size share alike)
+        return ([1.0] * ranks if kind == "even" else list(cfg.weights.values) if kind == "list" else rates[s])
 
     chunks = streamed_chunks(cfg, n)  # the streamed split's model where it streams (--overlap, the default)
     # a simulated device's copies at its model's host link (a profile's devices: not modelled)
@@ -1042,7 +1042,7 @@ def plan_only(cfg: Any, world: World, state: SplitState) -> RankRun:
         dim = plan.dim_of(s, m, n, k)
         predictions[s] = plan.predict(s, m, n, k, itemsize, plan.shares(weights_for(s), dim, caps[s]), rates[s],
                                       links, ROOT, chunks=chunks, copies=copies)
-        even[s] = plan.predict(s, m, n, k, itemsize, plan.shares([1.0] * ranks, dim, caps[s]), rates[s], links,  # mutation: equivalent[1.0 -> 2.0] (equal weights of any size share alike)
+        even[s] = plan.predict(s, m, n, k, itemsize, plan.shares([1.0] * ranks, dim, caps[s]), rates[s], links,
                                ROOT, chunks=chunks, copies=copies)
     strategy = plan.fastest(predictions)
     chosen, even_chosen = predictions[strategy], even[strategy]
