@@ -19,7 +19,6 @@ _TINY = 1e-300
 _MAX_ITERATIONS = 500
 
 
-
 def _beta_continued_fraction(a: float, b: float, x: float) -> float:
     """The continued fraction of I_x(a, b), by the modified Lentz method (Numerical Recipes, betacf)."""
     qab, qap, qam = a + b, a + 1.0, a - 1.0
