@@ -47,3 +47,21 @@ def test_a_wrapped_interrupt_during_the_imports_ends_with_the_signals_code():
     assert done.returncode == 128 + signal.SIGTERM, done.stderr
     assert done.stderr.strip().splitlines() == ["Error: interrupted by SIGTERM"]
     assert "could not start" not in done.stderr and "Traceback" not in done.stderr
+
+
+# what `hetbench --help` (every command's declaration, the built-in benchmarks loaded) must not load: MPI starts in
+# mpi4py.MPI's import, the others take seconds or are optional
+HEAVY_AT_START = ("mpi4py", "torch", "pyopencl", "cupy", "rich", "matplotlib")
+
+
+def test_the_commands_load_without_mpi_torch_or_a_device_library():
+    code = ("import sys\n"
+            "import hetbench.cli\n"
+            "from hetbench.benchmarks import load\n"
+            "load()\n"
+            "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))\n")
+    run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    loaded = set(run.stdout.split())
+    assert "hetbench" in loaded and "click" in loaded
+    assert not loaded & set(HEAVY_AT_START), sorted(loaded & set(HEAVY_AT_START))
