@@ -20,7 +20,7 @@ LAYERS = [
     ["hetbench.pytorch"],
     ["hetbench.benchmarks"],
     ["hetbench.outputs", "hetbench.report"],
-    ["hetbench.driver", "hetbench.cli", "hetbench.overhead", "hetbench.__main__"],
+    ["hetbench.driver", "hetbench.cli", "hetbench.overhead", "hetbench.bench", "hetbench.__main__"],
 ]
 
 # (importer's package, imported package): how many imports cross upward there today (module-level and inside
