@@ -23,11 +23,11 @@ The cost model (`predict`) assumes what the harness does:
   them (`seconds_at`); shares proportional to the rates balance the compute phase only where the rate holds at
   every size.
 
-What it leaves out: host<->device copies on each rank, the reduction's arithmetic, the tree a real MPI Reduce
-may use, and contention between messages (and, without curves, a rate that changes with the part's size). Those
-are why a measured
-split differs from its prediction, and why auto weights and `--rebalance` balance measured times
-(`balanced_parts`: each rank's time against its part, interpolated through every part it was timed at).
+What it leaves out: host<->device copies on each rank (unless their rates are given: `copies`), the reduction's
+arithmetic, the tree a real MPI Reduce may use, and contention between messages (and, without curves, a rate that
+changes with the part's size). Those are why a measured split differs from its prediction, and why auto weights and
+`--rebalance` balance measured times (`balanced_parts`: each rank's time against its part, interpolated through
+every part it was timed at).
 
 `best_root_share` searches the model's own best split: the root's part moves nothing, so over a slow link the
 best split keeps more at the root than its rate's share, up to all of it.
@@ -41,7 +41,7 @@ import re
 from dataclasses import dataclass
 from fractions import Fraction
 from operator import index
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from hetbench.backends.sim import gemm_model_seconds, get_model
 from hetbench.comm.link import Link
@@ -250,6 +250,23 @@ def shares(
     not be placed and each rank's cap), and ValueError for invalid arguments (negative or non-finite weights,
     weights summing to 0 while total > 0, a caps list of another length).
     """
+    total, cap = _checked_share_args(weights, total, caps)
+    if total == 0:
+        return [0] * len(weights)
+    _check_capacity(cap, total, unit)
+    w = [Fraction(float(x)) for x in weights]
+    if sum(w) == 0:
+        raise ValueError(f"the weights sum to 0: nothing to share {total} {unit} by")
+    parts, remaining = _water_fill(w, cap, total)
+    if remaining > 0:
+        _spill(parts, w, cap, remaining)
+    return parts
+
+
+def _checked_share_args(weights: Sequence[float], total: int,
+                        caps: Sequence[int | None] | None) -> tuple[int, list[int | None]]:
+    """(total, one cap per weight, None for no cap) as whole numbers, or ValueError for arguments shares refuses:
+    no weights, a negative total, a weight negative or not finite, a negative cap, caps of another length."""
     count = len(weights)
     if count < 1:
         raise ValueError("shares needs at least one weight")
@@ -265,10 +282,11 @@ def shares(
     for r, c in enumerate(cap):
         if c is not None and c < 0:
             raise ValueError(f"cap of rank {r} cannot be negative: {c}")
+    return total, cap
 
-    parts = [0] * count
-    if total == 0:
-        return parts
+
+def _check_capacity(cap: Sequence[int | None], total: int, unit: str) -> None:
+    """PlacementError where every rank has a cap and the caps add up to less than total."""
     if all(c is not None for c in cap):
         capacity = sum(c for c in cap if c is not None)
         if capacity < total:
@@ -276,45 +294,47 @@ def shares(
             raise PlacementError(
                 f"{total} {unit} cannot be placed: the devices' free memory holds at most {capacity} ({each})"
             )
-    w = [Fraction(float(x)) for x in weights]
-    if sum(w) == 0:
-        raise ValueError(f"the weights sum to 0: nothing to share {total} {unit} by")
 
+
+def _water_fill(w: Sequence[Fraction], cap: Sequence[int | None], total: int) -> tuple[list[int], int]:
+    """(parts, what is left to place) after sharing total among the ranks of weight > 0: a rank whose quota
+    exceeds its cap gets its cap, and the rest is shared again among the others, until every quota fits (then
+    nothing is left) or every rank of weight > 0 is full."""
+    count = len(w)
+    parts = [0] * count
     full = [False] * count
     remaining = total
     while True:
         active = [r for r in range(count) if not full[r] and w[r] > 0]
         if not active:
-            break
+            return parts, remaining
         weight_sum = sum(w[r] for r in active)
         over = [r for r in active if cap[r] is not None and remaining * w[r] / weight_sum > cap[r]]
-        if over:
-            # their caps sum to less than their quotas, so `remaining` stays >= 0
-            for r in over:
-                parts[r] = cap[r]  # type: ignore[assignment]
-                full[r] = True
-                remaining -= cap[r]  # type: ignore[operator]
-            continue
-        # every quota is <= its (whole) cap, so rounding up stays within it
-        for r, part in zip(active, _largest_remainder([w[r] for r in active], remaining)):
-            parts[r] = part
-        remaining = 0
-        break
-
-    if remaining > 0:
-        # every rank with weight > 0 is full: the rest goes to the weight-0 ranks with room
-        spare = [r for r in range(count) if w[r] == 0 and (cap[r] is None or cap[r] > 0)]
-        unlimited = [r for r in spare if cap[r] is None]
-        if unlimited:
-            receivers, by = unlimited, [Fraction(1)] * len(unlimited)
-        else:
-            # remaining <= the sum of these caps (checked above), so each quota is within its cap
-            receivers, by = spare, [Fraction(cap[r]) for r in spare]  # type: ignore[arg-type]
-        for r, part in zip(receivers, _largest_remainder(by, remaining)):
-            parts[r] = part
-    return parts
+        if not over:
+            break
+        # their caps sum to less than their quotas, so `remaining` stays >= 0
+        for r in over:
+            parts[r] = cap[r]  # type: ignore[assignment]
+            full[r] = True
+            remaining -= cap[r]  # type: ignore[operator]
+    # every quota is <= its (whole) cap, so rounding up stays within it
+    for r, part in zip(active, _largest_remainder([w[r] for r in active], remaining)):
+        parts[r] = part
+    return parts, 0
 
 
+def _spill(parts: list[int], w: Sequence[Fraction], cap: Sequence[int | None], remaining: int) -> None:
+    """Every rank with weight > 0 is full: the `remaining` units go to the weight-0 ranks with room, evenly among
+    the uncapped ones if any, else in proportion to their caps (parts is updated in place)."""
+    spare = [r for r in range(len(w)) if w[r] == 0 and (cap[r] is None or cap[r] > 0)]
+    unlimited = [r for r in spare if cap[r] is None]
+    if unlimited:
+        receivers, by = unlimited, [Fraction(1)] * len(unlimited)
+    else:
+        # remaining <= the sum of these caps (checked above), so each quota is within its cap
+        receivers, by = spare, [Fraction(cap[r]) for r in spare]  # type: ignore[arg-type]
+    for r, part in zip(receivers, _largest_remainder(by, remaining)):
+        parts[r] = part
 
 
 @dataclass(frozen=True)
@@ -381,6 +401,89 @@ def seconds_at(points: Sequence[Sequence[float]], part: float) -> float:
     return last_t * part / last_part
 
 
+def _check_split(strategy: str, m: int, n: int, k: int, parts: Sequence[int], rates: Sequence[float],
+                 links: Sequence[Link | None], root: int, curves: Sequence[Any] | None,
+                 copies: Sequence[float | None] | None) -> None:
+    """ValueError unless predict's arguments describe one split: one part, rate and link (and curve and copy rate,
+    where given) per rank, a root among them, parts >= 0 summing to the strategy's dim."""
+    _check_shape(m, n, k)
+    dim = dim_of(strategy, m, n, k)
+    count = len(parts)
+    if len(rates) != count or len(links) != count:
+        raise ValueError(f"{count} parts, {len(rates)} rates and {len(links)} links: one each per rank")
+    if not 0 <= root < count:
+        raise ValueError(f"root {root} is not a rank of {count}")
+    if any(p < 0 for p in parts) or sum(parts) != dim:
+        raise ValueError(f"parts {list(parts)} must be >= 0 and sum to {dim} ({strategy}: dim of m={m}, k={k})")
+    if curves is not None and len(curves) != count:
+        raise ValueError(f"{count} parts and {len(curves)} curves: one each per rank")
+    if copies is not None and len(copies) != count:
+        raise ValueError(f"{count} parts and {len(copies)} copy rates: one each per rank")
+
+
+def _copy_seconds(strategy: str, m: int, n: int, k: int, itemsize: int, parts: Sequence[int],
+                  copies: Sequence[float | None] | None) -> list[float]:
+    """Each rank's copies between the host and its device: all its part holds, in and out, at its copy rate
+    (0.0 for a part of 0, a rate of None or no rates)."""
+    copy_time = [0.0] * len(parts)
+    if copies is None:
+        return copy_time
+    for r, part in enumerate(parts):
+        rate = copies[r]
+        if part and rate is not None:
+            if not (math.isfinite(rate) and rate > 0):
+                raise ValueError(f"rank {r} has a copy rate of {rate!r} bytes/s")
+            copy_time[r] = device_bytes(strategy, m, n, k, part, itemsize) / rate
+    return copy_time
+
+
+def _compute_seconds(strategy: str, m: int, n: int, k: int, r: int, part: int, rate: float,
+                     curve: Sequence[Sequence[float]] | None) -> float:
+    """Rank r's GEMM time for its part: 0.0 for none, else interpolated through its curve where it has one, else
+    its flops at its rate."""
+    if part == 0:
+        return 0.0
+    if curve:
+        return seconds_at(curve, part)
+    if not (math.isfinite(rate) and rate > 0):
+        raise ValueError(f"rank {r} has a part of {part} but a rate of {rate!r} flop/s")
+    return _part_flops(strategy, m, n, k, part) / rate
+
+
+def _usable_link(link: Link | None, r: int, part: int, root: int) -> Link:
+    """Rank r's link to the root, which its part moves over: ValueError where there is none to use."""
+    if link is None or not link.bytes_per_s > 0 or not link.latency_s >= 0:
+        raise ValueError(f"rank {r} has a part of {part} but no usable link to root {root}: {link!r}")
+    return link
+
+
+def _message_seconds(link: Link, elements: int, itemsize: int) -> float:
+    """One message of `elements` over a link: its latency plus its bytes at its bandwidth."""
+    return link.latency_s + elements * itemsize / link.bytes_per_s
+
+
+def _elements_moved(strategy: str, m: int, n: int, k: int, part: int) -> tuple[int, int]:
+    """(elements the root sends a rank, elements it gets back) for a part: rows, its rows of A and all of B, then
+    its rows of C; k, its columns of A and rows of B, then a full partial C."""
+    if strategy == "rows":
+        return part * k + k * n, part * n
+    return m * part + part * n, m * n
+
+
+def _streamed_rank(strategy: str, m: int, n: int, k: int, itemsize: int, part: int, link: Link, busy: float,
+                   chunks: int) -> tuple[float, float, float]:
+    """(first, last, end) of a working rank other than the root in a streamed split: its wait for its A block and
+    first B chunk, its last C chunk's return, and when that return ends (the first chunk, then its device phase
+    `busy` or the other chunks' arrival plus one chunk's share of it, whichever is longer, then the last chunk)."""
+    widths = chunk_widths(n, chunks)
+    a_elems = part * k if strategy == "rows" else m * part
+    b_rows = k if strategy == "rows" else part
+    first = _message_seconds(link, a_elems + b_rows * widths[0], itemsize)
+    rest = b_rows * (n - widths[0]) * itemsize / link.bytes_per_s
+    last = _message_seconds(link, (part if strategy == "rows" else m) * widths[-1], itemsize)
+    return first, last, first + max(busy, rest + busy / len(widths)) + last
+
+
 def predict(
     strategy: str,
     m: int,
@@ -410,7 +513,7 @@ def predict(
 
     `curves[r]`, where given (not None), is rank r's measured (part, seconds) points at several slice sizes: its
     compute is then seconds_at(curves[r], parts[r]), not flops / rates[r] (a device's rate changes with the
-    slice's size: one rate measured at a probe's slice missed the time at n = 1024 by 60 %).
+    slice's size, so one rate measured at a probe's slice can miss the time at another size by far).
 
     `chunks` (the streamed split, benchmarks/split/stream.py): B and C move in that many column chunks w_j while
     the ranks compute. Each working rank r != root waits for its first chunk, first_r = lat_r + (its A block +
@@ -424,30 +527,10 @@ def predict(
     None for a device that computes on host arrays): its device phase then also copies its slice in and its result
     out, copy_r = device_bytes(parts[r]) / copies[r] (rows: parts[r]*k + k*n + parts[r]*n elements), on the
     same stream as its GEMMs (added to compute_r wherever the rank's time is counted; the root's too). A GPU's
-    copies through pageable host memory (2 GB/s on an H100 node) cost it more than its GEMMs.
+    copies through pageable host memory can cost it more than its GEMMs.
     """
-    _check_shape(m, n, k)
-    dim = dim_of(strategy, m, n, k)
-    count = len(parts)
-    if len(rates) != count or len(links) != count:
-        raise ValueError(f"{count} parts, {len(rates)} rates and {len(links)} links: one each per rank")
-    if not 0 <= root < count:
-        raise ValueError(f"root {root} is not a rank of {count}")
-    if any(p < 0 for p in parts) or sum(parts) != dim:
-        raise ValueError(f"parts {list(parts)} must be >= 0 and sum to {dim} ({strategy}: dim of m={m}, k={k})")
-
-    if curves is not None and len(curves) != count:
-        raise ValueError(f"{count} parts and {len(curves)} curves: one each per rank")
-    if copies is not None and len(copies) != count:
-        raise ValueError(f"{count} parts and {len(copies)} copy rates: one each per rank")
-    copy_time = [0.0] * count
-    if copies is not None:
-        for r, part in enumerate(parts):
-            rate = copies[r]
-            if part and rate is not None:
-                if not (math.isfinite(rate) and rate > 0):
-                    raise ValueError(f"rank {r} has a copy rate of {rate!r} bytes/s")
-                copy_time[r] = device_bytes(strategy, m, n, k, part, itemsize) / rate  # all it holds, in and out
+    _check_split(strategy, m, n, k, parts, rates, links, root, curves, copies)
+    copy_time = _copy_seconds(strategy, m, n, k, itemsize, parts, copies)
     distribute = 0.0
     collect = 0.0
     compute: list[float] = []
@@ -455,55 +538,28 @@ def predict(
     firsts: list[float] = []
     lasts: list[float] = []
     for r, part in enumerate(parts):
-        if part == 0:
-            compute.append(0.0)
+        compute.append(_compute_seconds(strategy, m, n, k, r, part, rates[r], None if curves is None else curves[r]))
+        if part == 0 or r == root:
             continue
-        curve = curves[r] if curves is not None else None
-        if curve:
-            compute.append(seconds_at(curve, part))
-        else:
-            rate = rates[r]
-            if not (math.isfinite(rate) and rate > 0):
-                raise ValueError(f"rank {r} has a part of {part} but a rate of {rate!r} flop/s")
-            compute.append(_part_flops(strategy, m, n, k, part) / rate)
-        if r == root:
-            continue
-        link = links[r]
-        if link is None or not link.bytes_per_s > 0 or not link.latency_s >= 0:
-            raise ValueError(f"rank {r} has a part of {part} but no usable link to root {root}: {link!r}")
-        if strategy == "rows":
-            sent, received = part * k + k * n, part * n
-        else:
-            sent, received = m * part + part * n, m * n
-        distribute += link.latency_s + sent * itemsize / link.bytes_per_s
-        collect += link.latency_s + received * itemsize / link.bytes_per_s
+        link = _usable_link(links[r], r, part, root)
+        sent, received = _elements_moved(strategy, m, n, k, part)
+        distribute += _message_seconds(link, sent, itemsize)
+        collect += _message_seconds(link, received, itemsize)
         if chunks is not None:
-            widths = chunk_widths(n, chunks)
-            a_elems = part * k if strategy == "rows" else m * part
-            b_rows = k if strategy == "rows" else part
-            first = link.latency_s + (a_elems + b_rows * widths[0]) * itemsize / link.bytes_per_s
-            rest = b_rows * (n - widths[0]) * itemsize / link.bytes_per_s
-            back = (part if strategy == "rows" else m) * widths[-1]
-            last = link.latency_s + back * itemsize / link.bytes_per_s
-            busy = compute[r] + copy_time[r]
-            ends.append(first + max(busy, rest + busy / len(widths)) + last)
+            first, last, end = _streamed_rank(strategy, m, n, k, itemsize, part, link, compute[r] + copy_time[r],
+                                              chunks)
             firsts.append(first)
             lasts.append(last)
+            ends.append(end)
     copy_seconds = None if copies is None else tuple(copy_time)
-    if chunks is not None:
-        streamed = max([compute[root] + copy_time[root], distribute + collect, *ends])
-        return Prediction(strategy=strategy, parts=tuple(int(p) for p in parts),
-                          distribute_seconds=max(firsts, default=0.0), compute_seconds=tuple(compute),
-                          collect_seconds=max(lasts, default=0.0), streamed_seconds=streamed, chunks=int(chunks),
-                          copy_seconds=copy_seconds)
-    return Prediction(
-        strategy=strategy,
-        parts=tuple(int(p) for p in parts),
-        distribute_seconds=distribute,
-        compute_seconds=tuple(compute),
-        collect_seconds=collect,
-        copy_seconds=copy_seconds,
-    )
+    whole = tuple(int(p) for p in parts)
+    if chunks is None:
+        return Prediction(strategy=strategy, parts=whole, distribute_seconds=distribute,
+                          compute_seconds=tuple(compute), collect_seconds=collect, copy_seconds=copy_seconds)
+    streamed = max([compute[root] + copy_time[root], distribute + collect, *ends])
+    return Prediction(strategy=strategy, parts=whole, distribute_seconds=max(firsts, default=0.0),
+                      compute_seconds=tuple(compute), collect_seconds=max(lasts, default=0.0),
+                      streamed_seconds=streamed, chunks=int(chunks), copy_seconds=copy_seconds)
 
 
 def chunk_widths(n: int, chunks: int) -> list[int]:
