@@ -121,7 +121,7 @@ EQUIVALENTS: list[Equivalent] = [
     Equivalent('hetbench/report/significance.py', 'welch_t_test', 'if abs(diff) <= 1e-12 * max(abs(m1), abs(m2)):',
                ('max() -> min()',),
                'a tie: m1 = m2'),
-    Equivalent('hetbench/results/profile.py', 'load_profile', 'message = str(e).replace("cannot read results file", "cannot read profile", 1)',
+    Equivalent('hetbench/results/profile.py', '_read_profile', 'message = str(e).replace("cannot read results file", "cannot read profile", 1)',
                ('1 -> 2',),
                '1 or 2 replacements differ only for a path holding "cannot read results file" twice, whose name the next line rewrites either way: a message quirk, not a figure'),
     Equivalent('hetbench/train/outcome.py', 'compare_with_reference', 'same_length = len(losses) == len(ref_losses) and len(losses) > 0',

@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from hetbench.comm.link import Link
-from hetbench.results.io import _kind_of
+from hetbench.results.io import ResultsFileError, _kind_of, load_results
 
 PROFILE_SCHEMA = "hetbench.calibrate"
 PROFILE_STRATEGIES = ("rows", "k")
+_MAKE_ONE = "make one with `hetbench calibrate --out PROFILE.json`"
 
 
 class ProfileError(ValueError):
@@ -108,43 +109,18 @@ def load_profile(path: str | os.PathLike[str], ranks: int, dtype: str, strategy:
                  devices: Sequence[tuple[str, str]] | None, shape: tuple[int, int, int] | None = None) -> Profile:
     """The profile at `path` for a job of `ranks` ranks whose rank r has devices[r] = (backend label, device name),
     for `dtype` (fp32, ...) and `strategy` (rows or k); where a rank has rows of several shapes, the one nearest
-    `shape` (m, n, k), else the largest. devices None (a --plan, which opens no device) skips the device match. ProfileError, one line naming the file, when it is missing, not JSON,
-    not a calibration profile, of a schema version this hetbench does not read, measured for another rank count
-    or on another device on some rank, or holds no row for the dtype and strategy on some rank."""
-    from hetbench.results.io import ResultsFileError, load_results
-
+    `shape` (m, n, k), else the largest. devices None (a --plan, which opens no device) skips the device match.
+    ProfileError, one line naming the file, when it is missing, not JSON, not a calibration profile, of a schema
+    version this hetbench does not read, measured for another rank count or on another device on some rank, or
+    holds no row for the dtype and strategy on some rank."""
     if strategy not in PROFILE_STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; accepted: {', '.join(PROFILE_STRATEGIES)}")
     if devices is not None and len(devices) != ranks:
         raise ValueError(f"devices names {len(devices)} rank(s), the job has {ranks}")
     name = repr(str(path))
-    make = f"make one with `hetbench calibrate --out {path}`"
-    make_elsewhere = "make one with `hetbench calibrate --out PROFILE.json`"
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        raise ProfileError(f"profile {name} does not exist; {make}") from None
-    except OSError as e:
-        raise ProfileError(f"profile {name} cannot be read: {e.strerror or e}") from None
-    kind = _kind_of(mode)
-    if kind:
-        raise ProfileError(f"profile {name} is {kind}, not a profile JSON file; {make_elsewhere}")
-    try:
-        document = load_results(Path(path))
-    except ResultsFileError as e:
-        message = str(e).replace("cannot read results file", "cannot read profile", 1)
-        raise ProfileError(message.replace("results file", "profile", 1)) from None
-    schema = document["schema"]
-    if schema != PROFILE_SCHEMA:
-        raise ProfileError(f"profile {name} holds {schema} results, not a calibration profile ({PROFILE_SCHEMA}); "
-                           f"{make_elsewhere}")
+    document = _read_profile(path, name)
     rows = document["rows"]
-    world_size = document["metadata"].get("world_size")
-    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
-        ranks_seen = [r.get("rank") for r in rows]
-        if not rows or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in ranks_seen):
-            raise ProfileError(f"profile {name} says neither its rank count (metadata.world_size) nor its ranks")
-        world_size = max(ranks_seen) + 1
+    world_size = _world_size(name, document, rows)
     if world_size != ranks:
         raise ProfileError(f"profile {name} was measured for {_ranks(world_size)}, this job has {ranks}; calibrate "
                            "again with this job's ranks")
@@ -153,8 +129,61 @@ def load_profile(path: str | os.PathLike[str], ranks: int, dtype: str, strategy:
     root = document["config"].get("root", 0)
     if not isinstance(root, int) or isinstance(root, bool) or not 0 <= root < world_size:
         raise ProfileError(f"profile {name} has root {root!r}; a calibration's root is a rank 0..{world_size - 1}")
+    _check_devices(name, rows, ranks, devices)
+    chosen = [_chosen_row(name, rows, r, dtype, strategy, shape) for r in range(ranks)]
+    measured = document["metadata"].get("date_utc")
+    if not isinstance(measured, str):
+        stamps = [row.get("measured_utc") for _, row in chosen if isinstance(row.get("measured_utc"), str)]
+        measured = min(stamps) if stamps else "unknown"
+    return Profile(
+        path=str(path),
+        rates=tuple(float(row["gemm_gflops"]) * 1e9 for _, row in chosen),
+        links=tuple(_link_of(name, i, row, root) for i, row in chosen),
+        free_bytes=tuple(row.get("free_memory_bytes") for _, row in chosen),
+        measured_utc=measured,
+    )
 
-    # every rank's device as calibrated, against the job's
+
+def _read_profile(path: str | os.PathLike[str], name: str) -> dict[str, Any]:
+    """The results document at path, or ProfileError where it is missing, unreadable, not a regular file, or not a
+    results document of a schema version this hetbench reads (results.io's message, said of a profile)."""
+    make = f"make one with `hetbench calibrate --out {path}`"
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise ProfileError(f"profile {name} does not exist; {make}") from None
+    except OSError as e:
+        raise ProfileError(f"profile {name} cannot be read: {e.strerror or e}") from None
+    kind = _kind_of(mode)
+    if kind:
+        raise ProfileError(f"profile {name} is {kind}, not a profile JSON file; {_MAKE_ONE}")
+    try:
+        document = load_results(Path(path))
+    except ResultsFileError as e:
+        message = str(e).replace("cannot read results file", "cannot read profile", 1)
+        raise ProfileError(message.replace("results file", "profile", 1)) from None
+    schema = document["schema"]
+    if schema != PROFILE_SCHEMA:
+        raise ProfileError(f"profile {name} holds {schema} results, not a calibration profile ({PROFILE_SCHEMA}); "
+                           f"{_MAKE_ONE}")
+    return document
+
+
+def _world_size(name: str, document: dict[str, Any], rows: list[dict[str, Any]]) -> int:
+    """The profile's rank count: its metadata's world_size, else one past its rows' largest rank (ProfileError
+    where neither is there)."""
+    world_size = document["metadata"].get("world_size")
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+        ranks_seen = [r.get("rank") for r in rows]
+        if not rows or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in ranks_seen):
+            raise ProfileError(f"profile {name} says neither its rank count (metadata.world_size) nor its ranks")
+        world_size = max(ranks_seen) + 1
+    return world_size
+
+
+def _check_devices(name: str, rows: list[dict[str, Any]], ranks: int,
+                   devices: Sequence[tuple[str, str]] | None) -> None:
+    """Every rank has a row, and (devices given) its first row's backend family and device are the job's rank's."""
     for r in range(ranks):
         mine = [row for row in rows if row["rank"] == r]
         if not mine:
@@ -167,24 +196,15 @@ def load_profile(path: str | os.PathLike[str], ranks: int, dtype: str, strategy:
             raise ProfileError(f"profile {name}: rank {r} was {was['backend']} ({was['device']}), now {label} "
                                f"({device}); calibrate again on these devices")
 
-    chosen: list[tuple[int, dict[str, Any]]] = []
-    for r in range(ranks):
-        candidates = [(i, row) for i, row in enumerate(rows)
-                      if row["rank"] == r and row["dtype"] == dtype and row["strategy"] == strategy]
-        if not candidates:
-            held = ", ".join(dict.fromkeys(f"{row['dtype']} {row['strategy']}" for row in rows))
-            raise ProfileError(f"profile {name} has no {dtype} {strategy} measurement for rank {r}; it holds: "
-                               f"{held}; calibrate with --dtype {dtype} --strategy {strategy}")
-        chosen.append(min(candidates, key=lambda c: _distance(c[1], shape)))
 
-    measured = document["metadata"].get("date_utc")
-    if not isinstance(measured, str):
-        stamps = [row.get("measured_utc") for _, row in chosen if isinstance(row.get("measured_utc"), str)]
-        measured = min(stamps) if stamps else "unknown"
-    return Profile(
-        path=str(path),
-        rates=tuple(float(row["gemm_gflops"]) * 1e9 for _, row in chosen),
-        links=tuple(_link_of(name, i, row, root) for i, row in chosen),
-        free_bytes=tuple(row.get("free_memory_bytes") for _, row in chosen),
-        measured_utc=measured,
-    )
+def _chosen_row(name: str, rows: list[dict[str, Any]], r: int, dtype: str, strategy: str,
+                shape: tuple[int, int, int] | None) -> tuple[int, dict[str, Any]]:
+    """(index, row) of rank r's measurement of dtype and strategy whose shape is nearest `shape` (_distance), or
+    ProfileError naming what the profile holds."""
+    candidates = [(i, row) for i, row in enumerate(rows)
+                  if row["rank"] == r and row["dtype"] == dtype and row["strategy"] == strategy]
+    if not candidates:
+        held = ", ".join(dict.fromkeys(f"{row['dtype']} {row['strategy']}" for row in rows))
+        raise ProfileError(f"profile {name} has no {dtype} {strategy} measurement for rank {r}; it holds: "
+                           f"{held}; calibrate with --dtype {dtype} --strategy {strategy}")
+    return min(candidates, key=lambda c: _distance(c[1], shape))
