@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import click
+from click.core import ParameterSource
 
 from hetbench.harness import split_plan as plan
 from hetbench.benchmarks.base import (
@@ -23,9 +24,11 @@ from hetbench.benchmarks.base import (
     RankResult,
     register,
 )
-from hetbench.benchmarks.split.config import SPLIT_STRATEGIES, SplitConfig
+from hetbench.benchmarks.split import run
+from hetbench.benchmarks.split.config import DEFAULT_LINK_GBIT, DEFAULT_LINK_LATENCY_US, SPLIT_STRATEGIES, SplitConfig
+from hetbench.benchmarks.split.present import PRESENTATION
 from hetbench.benchmarks.split.stream import AUTO_CHUNK_MIN_COLUMNS, AUTO_CHUNKS, MAX_CHUNKS
-from hetbench.config import DTYPE_NAMES, OutputConfig, parse_dtype
+from hetbench.config import DTYPE_NAMES, OutputConfig, parse_backend_map, parse_dtype
 from hetbench.options import (
     output_file,
     float_range,
@@ -40,8 +43,6 @@ from hetbench.options import (
 )
 
 MAX_REBALANCE = 100
-DEFAULT_LINK_GBIT = 100.0  # --plan's link: 100 Gb/s, as AWS EFA
-DEFAULT_LINK_LATENCY_US = 10.0
 
 _M = MODELLED_WITH_DEVICE
 COLUMNS: tuple[Column, ...] = (
@@ -85,7 +86,7 @@ class Split:
     summary = ("One GEMM sliced across the ranks' devices by their measured speed, gathered at the root, verified, "
                "and measured beside the even split.")
     columns = COLUMNS
-    from hetbench.benchmarks.split.present import PRESENTATION as presentation  # report, compare, the page
+    presentation = PRESENTATION  # report, compare, the page
 
     def options(self) -> list[click.Parameter]:
         return [
@@ -135,7 +136,8 @@ class Split:
                                             f"gigabits per second as links are rated (default {DEFAULT_LINK_GBIT:g}, "
                                             f"e.g. AWS EFA)."),
             click.Option(["--link-latency-us"], type=float_range(min=0), default=None,
-                         help=f"With --plan: the link's latency in microseconds (default {DEFAULT_LINK_LATENCY_US:g})."),
+                         help=f"With --plan: the link's latency in microseconds "
+                              f"(default {DEFAULT_LINK_LATENCY_US:g})."),
         ]
 
     def configure(self, params: dict[str, Any], world: Any, output: OutputConfig) -> SplitConfig:
@@ -146,8 +148,6 @@ class Split:
                   if params[p] is not None]
         if linked and not params["plan"]:
             raise click.UsageError(f"{', '.join(linked)} model the link for --plan; a run measures its links")
-        from click.core import ParameterSource
-
         if (not params["overlap"] and params["zero_copy"]
                 and ctx.get_parameter_source("zero_copy") not in (None, ParameterSource.DEFAULT)):
             raise click.UsageError("--zero-copy shares the streamed split's window; --no-overlap sends each slice "
@@ -161,8 +161,6 @@ class Split:
         ranks = plan_ranks(ctx.params["backend"], world.size) if params["plan"] else world.size
         weights = _parse_weights(params["weights"], ranks)
         if params["plan"]:
-            from hetbench.config import parse_backend_map
-
             try:
                 backends = tuple(parse_backend_map(ctx.params["backend"], ranks))
             except ValueError as e:
@@ -190,18 +188,12 @@ class Split:
         return cfg.dtype
 
     def prepare(self, cfg: SplitConfig, world: Any, device: Any) -> tuple[Any, list[str]]:
-        from hetbench.benchmarks.split import run
-
         return run.prepare(cfg, world, device)
 
     def check(self, cfg: SplitConfig, world: Any, state: Any) -> list[str]:
-        from hetbench.benchmarks.split import run
-
         return run.check(cfg, world, state)
 
     def run(self, cfg: SplitConfig, world: Any, state: Any, on_step: Any) -> RankResult:
-        from hetbench.benchmarks.split import run
-
         outcome = run.plan_only(cfg, world, state) if cfg.plan else run.measure(cfg, world, state, on_step)
         files = []
         if outcome.c is not None and cfg.save is not None:
@@ -210,13 +202,9 @@ class Split:
         return RankResult(outcome, files)
 
     def rows(self, cfg: SplitConfig, gathered: Sequence[Any]) -> list[dict[str, Any]]:
-        from hetbench.benchmarks.split import run
-
         return run.rows(cfg, gathered)
 
     def summarize(self, cfg: SplitConfig, rows: list[dict[str, Any]], gathered: Sequence[Any]) -> dict[str, Any]:
-        from hetbench.benchmarks.split import run
-
         return run.summarize_job(cfg, rows, gathered)
 
 

@@ -12,6 +12,8 @@ from hetbench.dtypes import DType
 
 
 SPLIT_STRATEGIES = ("rows", "k", "auto")
+DEFAULT_LINK_GBIT = 100.0  # --plan's link: 100 Gb/s, as AWS EFA
+DEFAULT_LINK_LATENCY_US = 10.0
 
 
 @dataclass(frozen=True)

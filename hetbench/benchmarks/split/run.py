@@ -23,22 +23,29 @@ The root verifies the gathered C of the chosen split with Freivalds' check.
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from hetbench.backends import host as host_backend
+from hetbench.backends import sim
 from hetbench.backends.base import (MPI_MEMORY_HOST, TIMING_MODELLED, Backend, DeviceInfo, can_map_to_host,
                                     capabilities)
-from hetbench.harness import gemm
-from hetbench.harness import split_plan as plan
+from hetbench.benchmarks.split import stream
+from hetbench.benchmarks.split.config import DEFAULT_LINK_GBIT, DEFAULT_LINK_LATENCY_US
+from hetbench.benchmarks.split.phases import Phases, offsets
 from hetbench.comm.world import World
-from hetbench.dtypes import DType
-from hetbench.harness import verify
+from hetbench.dtypes import DTYPES, DType
+from hetbench.harness import gemm, probe, verify
+from hetbench.harness import split_plan as plan
 from hetbench.harness.devices import OpenDevice
+from hetbench.harness.memory import approx_bytes
 from hetbench.harness.probe import COPY_PROBE_BYTES, slice_shape
 from hetbench.harness.stats import summarize
+from hetbench.results import profile as profiles
 
 ROOT = 0
 _TAG_A, _TAG_B, _TAG_C = 11, 12, 13
@@ -61,52 +68,6 @@ class SplitState:
     profile: Any = None
 
 
-@dataclass
-class Phases:
-    """One iteration on one rank, in seconds: receiving its slice over MPI (distribute), copying it to the device
-    (h2d), the GEMM, copying its result back (d2h), and sending it over MPI (collect). Its compute is the GEMM; its
-    communication everything else it does; the device phase (h2d + GEMM + d2h) is what the others wait for."""
-
-    distribute: float
-    collect: float = 0.0
-    h2d: float = 0.0
-    gemm: float = 0.0
-    d2h: float = 0.0
-    # a streamed iteration (stream.py) overlaps the phases: the rank's whole iteration, and the real time its
-    # device work took (for a simulated device, whose h2d, gemm and d2h are modelled); None in a phased one
-    wall: float | None = None
-    device_wall: float | None = None
-
-    @property
-    def compute(self) -> float:
-        return self.gemm
-
-    @property
-    def device(self) -> float:
-        return self.h2d + self.gemm + self.d2h
-
-    @property
-    def communication(self) -> float:
-        return self.distribute + self.h2d + self.d2h + self.collect
-
-    def ready(self, modelled: bool) -> float:
-        """When this rank had handed its last result to MPI, from the iteration's start: its end to end less its
-        final wait for transfers (a streamed iteration; a phased one: its distribute and device phases)."""
-        whole = self.end_to_end(modelled)
-        if whole is None:
-            return self.distribute + self.device
-        return whole - self.collect
-
-    def end_to_end(self, modelled: bool) -> float | None:
-        """A streamed iteration's time on this rank: its wall time, with a modelled device's real device time
-        replaced by the modelled one. None for a phased iteration (its job time is the phases' sum)."""
-        if self.wall is None:
-            return None
-        if modelled and self.device_wall is not None:
-            return self.wall - self.device_wall + self.device
-        return self.wall
-
-
 def job_end_to_end(phases: list[Phases], modelled: list[bool], root: int = 0) -> float | None:
     """A streamed iteration's time for the job: the slowest rank's own end to end (Phases.end_to_end). Where a rank
     is simulated, the latest rank's ready time instead (when it had handed its last result to MPI, its device
@@ -124,14 +85,6 @@ def job_end_to_end(phases: list[Phases], modelled: list[bool], root: int = 0) ->
 def _bytes(array: np.ndarray) -> np.ndarray:
     """The array's bytes as a flat uint8 view: MPI moves any dtype (fp16 and bf16 included) as bytes."""
     return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-
-
-def _offsets(parts: list[int]) -> list[int]:
-    out, start = [], 0
-    for p in parts:
-        out.append(start)
-        start += p
-    return out
 
 
 class Splitter:
@@ -153,7 +106,7 @@ class Splitter:
         self.blocks: list[tuple[np.ndarray, np.ndarray] | None] = []
         if me == ROOT:
             assert state.a is not None and state.b is not None
-            starts = _offsets(parts)
+            starts = offsets(parts)
             for r, (start, p) in enumerate(zip(starts, parts)):
                 if p == 0:
                     self.blocks.append(None)
@@ -211,7 +164,7 @@ class Splitter:
         if self.strategy == "rows":
             if me == ROOT:
                 c = np.empty((m, n), dtype=dtype.host)
-                for r, (row, p) in enumerate(zip(_offsets(self.parts), self.parts)):
+                for r, (row, p) in enumerate(zip(offsets(self.parts), self.parts)):
                     if p == 0:
                         continue
                     if r == ROOT:
@@ -276,10 +229,8 @@ def run_split(world: World, state: SplitState, dtype: DType, strategy: str, part
     streamed in that many column chunks (stream.py); None: the phased iteration, its phases between barriers.
     `zero_copy`: a streamed rows split through the root's shared-memory window (stream.py; every rank must agree).
     `after_timed(splitter)`: called (collectively) after each timed iteration."""
-    from hetbench.benchmarks.split.stream import StreamedSplitter
-
     splitter: Any = (Splitter(world, state, dtype, strategy, parts) if chunks is None
-                     else StreamedSplitter(world, state, dtype, strategy, parts, chunks, zero_copy=zero_copy))
+                     else stream.StreamedSplitter(world, state, dtype, strategy, parts, chunks, zero_copy=zero_copy))
     timed = []
     try:
         for i in range(warmup + repeat):
@@ -307,8 +258,6 @@ def verify_at_root(state: SplitState, c: np.ndarray, dtype: DType, strategy: str
     x = verify.random_vectors(c.shape[1], seed)
     terms = verify.product_terms(state.a, state.b, c, x)
     addends = sum(1 for p in parts if p > 0) if strategy == "k" else 1
-    from hetbench.dtypes import DTYPES
-
     sum_dtype = DTYPES["fp64"] if dtype.mpi_dtype == np.float64 else DTYPES["fp32"]
     return verify.check(c, x, terms, dtype, sum_dtype=sum_dtype, addends=addends)
 
@@ -347,8 +296,6 @@ def measure(cfg: Any, world: World, state: SplitState,
             on_step: Callable[[int, int, str], None] | None = None) -> RankRun:
     """Collective. Probe the links and every rank's solo rate, choose the strategy and the weights, rebalance
     where asked, then measure the even split (where asked and different) and the chosen one; verify at the root."""
-    from hetbench.harness import probe
-
     assert state.mnk is not None
     m, n, k = state.mnk
     ranks, dtype = world.size, cfg.dtype
@@ -544,12 +491,10 @@ def zero_copy_job(cfg: Any, world: World, state: SplitState, chunks: int | None)
     """Collective. Whether a streamed split goes through the root's shared-memory window (stream.py, zero copy):
     --zero-copy (the default), streamed, every rank on the root's node and able to compute on host memory in place
     (stream.zero_copy_capable). The same answer on every rank."""
-    from hetbench.benchmarks.split.stream import zero_copy_capable
-
     if chunks is None or not getattr(cfg, "zero_copy", True):
         return False
     able = (world.local_size == world.size
-            and zero_copy_capable(state.backend, _computes_on_host(state), state.backend.timing))
+            and stream.zero_copy_capable(state.backend, _computes_on_host(state), state.backend.timing))
     return all(world.allgather(able))
 
 
@@ -564,12 +509,10 @@ def model_links(links: Sequence[Any], strategy: str, zero_copy: bool) -> list[An
 def streamed_chunks(cfg: Any, n: int) -> int | None:
     """The column chunks a split streams in (`--chunks`, or stream.auto_chunks of C's columns), at most n; None
     for `--no-overlap` (the phased iteration)."""
-    from hetbench.benchmarks.split.stream import auto_chunks
-
     if not getattr(cfg, "overlap", True):
         return None
     chunks = getattr(cfg, "chunks", None)
-    return min(n, auto_chunks(n) if chunks is None else chunks)
+    return min(n, stream.auto_chunks(n) if chunks is None else chunks)
 
 
 AUTO_REFINE_STEPS = 3
@@ -591,9 +534,7 @@ def _measured_chunks(world: World, state: SplitState, dtype: DType, strategy: st
     the transfers but cut the GEMMs narrower (PoCL's tuned kernel lost 5-25 % at 256-1024 columns of 2048), so the
     trade is measured, not assumed; one iteration each picked 4 chunks at 2048 where 1 ran 10 % faster (bench-split,
     2026-11-24). Returns the count and each candidate's seconds."""
-    from hetbench.benchmarks.split.stream import AUTO_CHUNK_MIN_COLUMNS
-
-    candidates = [c for c in CHUNK_CANDIDATES if c == 1 or n // c >= AUTO_CHUNK_MIN_COLUMNS]
+    candidates = [c for c in CHUNK_CANDIDATES if c == 1 or n // c >= stream.AUTO_CHUNK_MIN_COLUMNS]
     runs: dict[int, list[float]] = {c: [] for c in candidates}
     modelled = state.backend.timing == TIMING_MODELLED
     every_modelled = world.allgather(modelled)
@@ -635,9 +576,7 @@ def solo_at_final_parts(world: World, state: SplitState, dtype: DType, strategy:
 
 def _keeps_buffers(state: SplitState, rank: int, parts: list[int], strategy: str) -> bool:
     """Whether this rank's streamed iterations keep the buffers its GEMMs run on (stream.keeps_buffers)."""
-    from hetbench.benchmarks.split.stream import keeps_buffers
-
-    return keeps_buffers(rank, parts[rank], strategy, _computes_on_host(state), can_map_to_host(state.backend))
+    return stream.keeps_buffers(rank, parts[rank], strategy, _computes_on_host(state), can_map_to_host(state.backend))
 
 
 def solo_from_runs(runs: list[list[float]], parts: list[int], strategy: str, m: int, n: int,
@@ -742,11 +681,8 @@ def prepare(cfg: Any, world: World, opened: OpenDevice) -> tuple[SplitState | No
 def _root_memory_error(m: int, n: int, k: int, dtype: DType, streamed: bool = True) -> str | None:
     """The root holds A, B, C, A's packed column blocks (k strategy), B's packed column chunks (a streamed split)
     and the sum's buffers: check before making."""
-    from hetbench.backends.host import host_memory_share_bytes
-    from hetbench.harness.memory import approx_bytes
-
     need = (2 * m * k + (2 if streamed else 1) * k * n + 3 * m * n) * dtype.host.itemsize
-    share = host_memory_share_bytes(1)
+    share = host_backend.host_memory_share_bytes(1)
     if share is None or need <= share:
         return None
     return (f"{m}x{k} @ {k}x{n} in {dtype.name} needs {approx_bytes(need)} of host memory at the root (A, B, "
@@ -769,13 +705,11 @@ def check(cfg: Any, world: World, state: SplitState) -> list[str]:
     strategies = list(plan.STRATEGIES) if cfg.strategy == "auto" else [cfg.strategy]
     state.caps = {s: [plan.max_part(s, m, n, k, itemsize, f) for f in free] for s in plan.STRATEGIES}
     if cfg.weights.kind == "profile":
-        from hetbench.results.profile import ProfileError, load_profile
-
         try:
-            state.profile = load_profile(cfg.weights.path, ranks, cfg.dtype.name,
+            state.profile = profiles.load_profile(cfg.weights.path, ranks, cfg.dtype.name,
                                          strategies[0] if len(strategies) == 1 else "rows", state.devices,
                                          shape=(m, n, k))
-        except ProfileError as e:
+        except profiles.ProfileError as e:
             return [str(e)]
     weights = (cfg.weights.values if cfg.weights.kind == "list" else
                state.profile.rates if cfg.weights.kind == "profile" else [1.0] * ranks)
@@ -794,12 +728,10 @@ def check(cfg: Any, world: World, state: SplitState) -> list[str]:
 def plan_check(cfg: Any, world: World, state: SplitState, ranks: int) -> list[str]:
     """--plan: every rank of the map needs a rate: a simulated device's model, or the profile's."""
     if cfg.weights.kind == "profile":
-        from hetbench.results.profile import ProfileError, load_profile
-
         try:
-            state.profile = load_profile(cfg.weights.path, ranks, cfg.dtype.name,
+            state.profile = profiles.load_profile(cfg.weights.path, ranks, cfg.dtype.name,
                                          "rows" if cfg.strategy == "auto" else cfg.strategy, None)
-        except ProfileError as e:
+        except profiles.ProfileError as e:
             return [str(e)]
         return []
     missing = [f"{r}={spec}" for r, spec in enumerate(cfg.backends)
@@ -807,8 +739,6 @@ def plan_check(cfg: Any, world: World, state: SplitState, ranks: int) -> list[st
     if missing:
         return [f"--plan has no rate for rank(s) {', '.join(missing)}: it models simulated devices (sim:MODEL); "
                 "for real ones give --weights PROFILE.json from `hetbench calibrate`"]
-    from hetbench.backends import sim
-
     for r, spec in enumerate(cfg.backends):
         try:
             model = sim.get_model(spec.model)
@@ -826,8 +756,6 @@ def plan_check(cfg: Any, world: World, state: SplitState, ranks: int) -> list[st
 
 
 def _median(values: list[float]) -> float:
-    import statistics
-
     return statistics.median(values) if values else float("nan")
 
 
@@ -1001,9 +929,6 @@ def plan_only(cfg: Any, world: World, state: SplitState) -> RankRun:
     """The what-if plan for the rank map of --backend: modelled rates (simulated devices' datasheet model, or a
     profile's measured rates), the modelled link (--link-gbps, --link-latency-us), the shares capped by each
     simulated device's memory, and both strategies' predicted times. Everything in it is modelled."""
-    from hetbench.backends import sim
-    from hetbench.benchmarks.split import DEFAULT_LINK_GBIT, DEFAULT_LINK_LATENCY_US
-
     m, n, k = cfg.m, cfg.n, cfg.k
     ranks = len(cfg.backends)
     gbit = cfg.link_gbit_per_s if cfg.link_gbit_per_s is not None else DEFAULT_LINK_GBIT

@@ -47,7 +47,8 @@ from typing import Any
 
 import numpy as np
 
-from hetbench.backends.base import can_map_to_host, capabilities, touched_empty
+from hetbench.backends.base import TIMING_MODELLED, can_map_to_host, can_wrap_host, capabilities, touched_empty
+from hetbench.benchmarks.split.phases import Phases, offsets
 from hetbench.comm.progress import Progress
 from hetbench.comm.world import World
 from hetbench.dtypes import DType
@@ -80,8 +81,6 @@ def column_chunks(n: int, chunks: int) -> list[tuple[int, int]]:
 def zero_copy_capable(backend: Any, on_host: bool, timing: str) -> bool:
     """Whether a rank can take part in a zero-copy split (module docstring): its device computes on host arrays,
     measured (a simulated GPU's memory is not the host's), or its backend computes on host bytes it is handed."""
-    from hetbench.backends.base import TIMING_MODELLED, can_wrap_host
-
     if timing == TIMING_MODELLED:
         return False
     return on_host or can_wrap_host(backend)
@@ -106,8 +105,6 @@ class StreamedSplitter:
 
     def __init__(self, world: World, state: Any, dtype: DType, strategy: str, parts: list[int], chunks: int,
                  progress: Progress | None = None, zero_copy: bool = False) -> None:
-        from hetbench.benchmarks.split.run import _offsets
-
         assert state.mnk is not None
         self.world, self.state, self.dtype, self.strategy, self.parts = world, state, dtype, strategy, parts
         m, n, k = state.mnk
@@ -115,7 +112,7 @@ class StreamedSplitter:
         self.cols = column_chunks(n, chunks)
         self.me = world.rank
         self.part = parts[self.me]
-        self.starts = _offsets(parts)
+        self.starts = offsets(parts)
         self.progress = progress if progress is not None else Progress()
         self.backend = state.backend
         self.on_host = capabilities(state.info.backend).computes_on_host_arrays
@@ -125,76 +122,88 @@ class StreamedSplitter:
         if self.zero_copy:
             self._share()
             return
-        host = dtype.host
-        p = self.part
-        # this rank's inputs: A's rows (rows) or columns (k), and its B chunks
-        if strategy == "rows":
+        self._own_buffers()
+        self.c: np.ndarray | None = None
+        if self.me == ROOT:
+            self._pack_sends()
+
+    def _own_buffers(self) -> None:
+        """This rank's inputs, A's rows (rows) or columns (k) and its B chunks: host arrays, or, on a working rank
+        beside the root whose device's memory is the host's, device buffers received into in place."""
+        m, _, k = self.mnk
+        p, dtype = self.part, self.dtype
+        if self.strategy == "rows":
             a_shape, b_rows = (p, k), k
         else:
             a_shape, b_rows = (m, p), p
-        # a working rank beside the root on a device whose memory is the host's: its buffers, received into in place
         self.mapped = (self.me != ROOT and p > 0 and not self.on_host and can_map_to_host(self.backend))
         if self.mapped:
             be = self.backend
-            c_rows = p if strategy == "rows" else m
+            c_rows = p if self.strategy == "rows" else m
             self.a_dev = be.empty(a_shape, dtype)
             self.b_dev = [be.empty((b_rows, w), dtype) for _, w in self.cols]
             self.c_dev = [be.empty((c_rows, w), dtype) for _, w in self.cols]
-            self.a_r = np.empty((0, 0), dtype=host)
+            self.a_r = np.empty((0, 0), dtype=dtype.host)
             self.b_r = []
             self._first_touch()
         else:
-            self.a_r = np.empty(a_shape, dtype=host)
-            self.b_r = [np.empty((b_rows, w), dtype=host) for _, w in self.cols]
-        self.c: np.ndarray | None = None
-        if self.me == ROOT:
-            a, b = state.a, state.b
-            assert a is not None and b is not None
-            # per working rank: its A block and its B chunks, packed once
-            self.sends: list[tuple[int, np.ndarray, list[np.ndarray]]] = []
-            for r, (start, part) in enumerate(zip(self.starts, parts)):
-                if part == 0:
-                    continue
-                if strategy == "rows":
-                    a_blk = a[start:start + part]
-                    b_chunks = None  # all ranks take the same B chunks: packed once below
-                else:
-                    a_blk = np.ascontiguousarray(a[:, start:start + part])
-                    b_chunks = [np.ascontiguousarray(b[start:start + part, c0:c0 + w]) for c0, w in self.cols]
-                if r == ROOT:
-                    self.a_r = a_blk
-                    if b_chunks is not None:
-                        self.b_r = b_chunks
-                    continue
-                self.sends.append((r, a_blk, b_chunks))  # type: ignore[arg-type]
-            if strategy == "rows":
-                # one chunk is B itself (no copy); more are packed once (k x n more at the root), where any rank
-                # but the root works
-                packed = ([b if w == n else np.ascontiguousarray(b[:, c0:c0 + w]) for c0, w in self.cols]
-                          if self.sends else [])
-                self.sends = [(r, a_blk, packed) for r, a_blk, _ in self.sends]
-                self.b_whole = b
-                # C's pages supplied now, not by the first iteration's writes (a single iteration times a split
-                # while --chunks auto and the auto weights' finish steps measure it)
-                self.c = touched_empty((m, n), dtype)
-                # each working rank's chunk j of C lands in place: a subarray of C's bytes
-                from mpi4py import MPI
+            self.a_r = np.empty(a_shape, dtype=dtype.host)
+            self.b_r = [np.empty((b_rows, w), dtype=dtype.host) for _, w in self.cols]
 
-                item = np.dtype(host).itemsize
-                self.c_types: dict[tuple[int, int], Any] = {}
-                for r, (start, part) in enumerate(zip(self.starts, parts)):
-                    if part == 0 or r == ROOT:
-                        continue
-                    for j, (c0, w) in enumerate(self.cols):
-                        t = MPI.BYTE.Create_subarray([m, n * item], [part, w * item], [start, c0 * item])
-                        t.Commit()
-                        self.c_types[(r, j)] = t
-                        self.types.append(t)
+    def _pack_sends(self) -> None:
+        """At the root: per working rank its A block and its B chunks, packed once (the root's own kept as its
+        inputs); for rows, B's chunks shared by every rank, C made and its landing places typed."""
+        a, b = self.state.a, self.state.b
+        assert a is not None and b is not None
+        self.sends: list[tuple[int, np.ndarray, list[np.ndarray]]] = []
+        for r, (start, part) in enumerate(zip(self.starts, self.parts)):
+            if part == 0:
+                continue
+            if self.strategy == "rows":
+                a_blk = a[start:start + part]
+                b_chunks = None  # all ranks take the same B chunks: packed once below
+            else:
+                a_blk = np.ascontiguousarray(a[:, start:start + part])
+                b_chunks = [np.ascontiguousarray(b[start:start + part, c0:c0 + w]) for c0, w in self.cols]
+            if r == ROOT:
+                self.a_r = a_blk
+                if b_chunks is not None:
+                    self.b_r = b_chunks
+                continue
+            self.sends.append((r, a_blk, b_chunks))  # type: ignore[arg-type]
+        if self.strategy == "rows":
+            m, n, _ = self.mnk
+            # one chunk is B itself (no copy); more are packed once (k x n more at the root), where any rank
+            # but the root works
+            packed = ([b if w == n else np.ascontiguousarray(b[:, c0:c0 + w]) for c0, w in self.cols]
+                      if self.sends else [])
+            self.sends = [(r, a_blk, packed) for r, a_blk, _ in self.sends]
+            self.b_whole = b
+            # C's pages supplied now, not by the first iteration's writes (a single iteration times a split
+            # while --chunks auto and the auto weights' finish steps measure it)
+            self.c = touched_empty((m, n), self.dtype)
+            self._c_types()
+
+    def _c_types(self) -> None:
+        """At the root, rows: each working rank's chunk j of C lands in place, through a subarray of C's bytes."""
+        from mpi4py import MPI  # MPI starts on import: loaded only once a split runs
+
+        m, n, _ = self.mnk
+        item = np.dtype(self.dtype.host).itemsize
+        self.c_types: dict[tuple[int, int], Any] = {}
+        for r, (start, part) in enumerate(zip(self.starts, self.parts)):
+            if part == 0 or r == ROOT:
+                continue
+            for j, (c0, w) in enumerate(self.cols):
+                t = MPI.BYTE.Create_subarray([m, n * item], [part, w * item], [start, c0 * item])
+                t.Commit()
+                self.c_types[(r, j)] = t
+                self.types.append(t)
 
     def _share(self) -> None:
         """Zero copy (module docstring): the window, A and B written into it at the root, every rank's views of its
         rows (and PoCL's device arrays over them). Collective."""
-        from mpi4py import MPI
+        from mpi4py import MPI  # MPI starts on import: loaded only once a split runs
 
         m, n, k = self.mnk
         host = self.dtype.host
@@ -292,9 +301,7 @@ class StreamedSplitter:
 
     # --- one iteration ----------------------------------------------------------------------------------------
 
-    def iteration(self) -> Any:
-        from hetbench.benchmarks.split.run import Phases
-
+    def iteration(self) -> Phases:
         world = self.world
         comm = world.comm
         world.barrier()
@@ -318,7 +325,7 @@ class StreamedSplitter:
         self.world.wait_all(requests)
         return time.perf_counter() - t
 
-    def _gemm(self, ph: Any, a_dev: Any, b_host: np.ndarray, out_host: np.ndarray | None) -> Any:
+    def _gemm(self, ph: Phases, a_dev: Any, b_host: np.ndarray, out_host: np.ndarray | None) -> Any:
         """One chunk's product on this rank's device: B's chunk uploaded (h2d), multiplied (gemm), and the
         result copied back (d2h) unless the device computes on host arrays. Returns the host array holding it."""
         backend, dtype = self.backend, self.dtype
@@ -358,7 +365,7 @@ class StreamedSplitter:
             view.fill(0)
             self.backend.unmap_from_host(view).wait()
 
-    def _device_step(self, ph: Any, field: str, pending: Any) -> None:
+    def _device_step(self, ph: Phases, field: str, pending: Any) -> None:
         """Wait for a map or unmap (its time in ph.h2d or ph.d2h, and in the device's wall)."""
         t = time.perf_counter()
         pending.wait()
@@ -366,7 +373,7 @@ class StreamedSplitter:
         setattr(ph, field, getattr(ph, field) + spent)
         ph.device_wall += spent
 
-    def _map_inputs(self, ph: Any) -> list[np.ndarray]:
+    def _map_inputs(self, ph: Phases) -> list[np.ndarray]:
         """Host views of this rank's A buffer and B's chunk buffers, mapped for writing (nothing read first)."""
         t = time.perf_counter()
         maps = [self.backend.map_to_host(x, 0, x.size, True) for x in (self.a_dev, *self.b_dev)]
@@ -377,7 +384,7 @@ class StreamedSplitter:
         ph.device_wall += spent
         return [view for view, _ in maps]
 
-    def _gemm_mapped(self, ph: Any, b_dev: Any, c_dev: Any) -> np.ndarray:
+    def _gemm_mapped(self, ph: Phases, b_dev: Any, c_dev: Any) -> np.ndarray:
         """One chunk's product into its C buffer, then a host view of that buffer (mapped for reading) to send."""
         t = time.perf_counter()
         with self.backend.timer() as g:
@@ -388,7 +395,7 @@ class StreamedSplitter:
         self._device_step(ph, "d2h", pending)
         return view
 
-    def _rows_mapped(self, comm: Any, ph: Any) -> None:
+    def _rows_mapped(self, comm: Any, ph: Phases) -> None:
         views = self._map_inputs(ph)
         got_a = comm.Irecv(views[0].view(np.uint8), source=ROOT, tag=_TAG_A)
         got_b = [comm.Irecv(v.view(np.uint8), source=ROOT, tag=_TAG_B + j) for j, v in enumerate(views[1:])]
@@ -418,7 +425,7 @@ class StreamedSplitter:
                 be.matmul(self.a_r, self.b_whole, self.c_rows, dt)
         return g.seconds
 
-    def _rows_shared(self, comm: Any, ph: Any) -> None:
+    def _rows_shared(self, comm: Any, ph: Phases) -> None:
         """Zero copy: this rank's rows of C from its rows of A and B, all in the window; then the root hears from
         every other working rank that its rows are written."""
         be = self.backend
@@ -441,7 +448,7 @@ class StreamedSplitter:
             comm.Send(np.empty(0, np.uint8), dest=ROOT, tag=_TAG_C)
         ph.collect = time.perf_counter() - t
 
-    def _a_on_device(self, ph: Any) -> Any:
+    def _a_on_device(self, ph: Phases) -> Any:
         if self.on_host:
             return self.a_r
         t = time.perf_counter()
@@ -461,7 +468,7 @@ class StreamedSplitter:
                 sends.append(comm.Isend(_flat(chunk), dest=r, tag=_TAG_B + j))
         return self.progress.start(sends)
 
-    def _rows(self, comm: Any, ph: Any) -> None:
+    def _rows(self, comm: Any, ph: Phases) -> None:
         if self.me == ROOT:
             t = time.perf_counter()
             flight = self._send_inputs(comm)
@@ -510,8 +517,8 @@ class StreamedSplitter:
         b = self.b_whole
         return [np.ascontiguousarray(b[:, c0:c0 + w]) for c0, w in self.cols]
 
-    def _k(self, comm: Any, ph: Any) -> None:
-        from mpi4py import MPI
+    def _k(self, comm: Any, ph: Phases) -> None:
+        from mpi4py import MPI  # MPI starts on import: loaded only once a split runs
 
         m, n, _ = self.mnk
         mpi_type = self.dtype.mpi_dtype
@@ -524,8 +531,8 @@ class StreamedSplitter:
         elif self.part > 0:
             views = self._map_inputs(ph) if self.mapped else []
             got_a = comm.Irecv(views[0].view(np.uint8) if views else _flat(self.a_r), source=ROOT, tag=_TAG_A)
-            got_b = [comm.Irecv(v.view(np.uint8), source=ROOT, tag=_TAG_B + j) for j, v in enumerate(views[1:])] \
-                if views else [comm.Irecv(_flat(chunk), source=ROOT, tag=_TAG_B + j) for j, chunk in enumerate(self.b_r)]
+            b_bufs = [v.view(np.uint8) for v in views[1:]] if views else [_flat(chunk) for chunk in self.b_r]
+            got_b = [comm.Irecv(buf, source=ROOT, tag=_TAG_B + j) for j, buf in enumerate(b_bufs)]
             ph.distribute += self._timed_wait([got_a])
             if views:
                 self._device_step(ph, "h2d", self.backend.unmap_from_host(views[0]))
