@@ -11,14 +11,12 @@ from types import SimpleNamespace
 import click
 import pytest
 
-import hetbench.backends.host as host_module
 from hetbench.backends.base import DeviceInfo
 from hetbench.benchmarks import calibrate
 from hetbench.benchmarks.calibrate import (COLUMNS, Calibrate, CalibrateConfig, Prepared, check_bytes, largest_part,
                                            prepare, run_rank)
 from hetbench.config import OutputConfig
 from hetbench.dtypes import DTYPES
-from hetbench.harness import probe
 from hetbench.results.io import write_json_atomic
 from hetbench.results.profile import ProfileError, load_profile
 from hetbench.results.schema import make_document
@@ -57,7 +55,7 @@ def test_check_bytes_is_two_float64_blocks_of_the_largest_matrix_at_most_2048_ro
 
 def _prepare(monkeypatch, m, n, k, strategies, backend="cupy", kind="gpu", free=None, max_alloc=None,
              host_share=None, dtypes=("fp32",)):
-    monkeypatch.setattr(host_module, "host_memory_share_bytes", lambda local_size: host_share)
+    monkeypatch.setattr(calibrate, "host_memory_share_bytes", lambda local_size: host_share)
     info = DeviceInfo(backend=backend, index=0, vendor="V", name="Fake", kind=kind, memory_bytes=None,
                       dtypes=("fp32", "fp16"), runtime="r")
     dev = SimpleNamespace(free_memory_bytes=lambda: free, max_allocation_bytes=lambda: max_alloc)
@@ -177,10 +175,10 @@ def test_the_table_shows_seconds_in_ms_and_free_memory_in_gib():
 
 
 def test_run_rank_reports_each_step_one_based(monkeypatch):
-    monkeypatch.setattr(probe, "link_to_root", lambda world, root, nbytes: None)
+    monkeypatch.setattr(calibrate, "link_to_root", lambda world, root, nbytes: None)
     measured = SimpleNamespace(part=1, flops=2, seconds_median=1.0, rate=2.0, verified=True,
                                max_residual_over_tolerance=0.0, seconds=(1.0,), probes=())
-    monkeypatch.setattr(probe, "measure_gemm", lambda *a, **kw: measured)
+    monkeypatch.setattr(calibrate, "measure_gemm", lambda *a, **kw: measured)
     cfg = CalibrateConfig(m=1, n=1, k=1, dtypes=(DTYPES["fp32"], DTYPES["fp16"]), strategies=("rows",),
                           backends=())
     info = DeviceInfo(backend="host", index=0, vendor="V", name="Fake", kind="cpu", memory_bytes=None,

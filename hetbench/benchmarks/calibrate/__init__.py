@@ -28,7 +28,14 @@ from hetbench.benchmarks.base import (
     RankResult,
     register,
 )
-from hetbench.harness.split_plan import device_bytes as slice_bytes
+from hetbench.backends.base import UnsupportedDtype, capabilities, check_dtype
+from hetbench.backends.host import RUNTIME_SCRATCH_BYTES, host_memory_share_bytes
+from hetbench.benchmarks.calibrate.present import PRESENTATION
+from hetbench.comm.link import Link
+from hetbench.harness.memory import device_in_host_memory
+from hetbench.harness.probe import GemmMeasurement, link_to_root, measure_gemm, slice_shape
+from hetbench.harness.split_plan import device_bytes as slice_bytes, dim_of
+from hetbench.harness.verify import block_rows
 from hetbench.config import DTYPE_NAMES, OutputConfig, parse_bytes, parse_dtype
 from hetbench.dtypes import DType
 from hetbench.options import MAX_REPEAT, MAX_SEED, int_range, parse_backends, shape_options
@@ -104,17 +111,12 @@ def parse_dtypes(texts: Sequence[str]) -> tuple[DType, ...]:
 def check_bytes(strategy: str, m: int, n: int, k: int, part: int) -> int:
     """What Freivalds' check of the slice's product holds besides A, B and C: two blocks of rows of the largest
     matrix it reads (A, B, B transposed, C) converted to float64 at once."""
-    from hetbench.harness.probe import slice_shape
-    from hetbench.harness.verify import block_rows
-
     pm, pn, pk = slice_shape(strategy, m, n, k, part)
     return max(2 * block_rows(rows, cols) * cols * 8 for rows, cols in ((pm, pk), (pk, pn), (pn, pk), (pm, pn)))
 
 
 def largest_part(strategy: str, m: int, n: int, k: int, fits: Any) -> int:
     """The largest part in 0..dim for which fits(part) holds (fits grows false with the part)."""
-    from hetbench.harness.split_plan import dim_of
-
     lo, hi = 0, dim_of(strategy, m, n, k)
     if fits(hi):
         return hi
@@ -138,14 +140,68 @@ def _fmt_bytes(n: int) -> str:
     return f"{n} bytes ({n / 1024**2:.1f} MiB)"
 
 
+@dataclass(frozen=True)
+class _Room:
+    """The memory a rank's slices must fit: its device's free bytes (None where the device's memory is the host's,
+    counted with the host's), the largest buffer it allows (None: no limit), its share of the host's free memory
+    (None: unknown), and whether the device's arrays live in host memory."""
+
+    device_free: int | None
+    max_alloc: int | None
+    host_share: int | None
+    in_host: bool
+    label: str  # the device, as a message names it
+
+
+@dataclass(frozen=True)
+class _Slice:
+    """One measurement's slice (dtype, strategy) of cfg's product, and what a part of it takes."""
+
+    cfg: CalibrateConfig
+    dt: DType
+    strategy: str
+
+    def on_device(self, part: int) -> int:
+        return slice_bytes(self.strategy, self.cfg.m, self.cfg.n, self.cfg.k, part, self.dt.itemsize)
+
+    def host_bytes(self, part: int, in_host: bool) -> int:
+        """A, B and the C copied back for the check, in the host type, plus the device's copies where its memory is
+        the host's, the check's float64 blocks and the runtime's own."""
+        cfg = self.cfg
+        host = slice_bytes(self.strategy, cfg.m, cfg.n, cfg.k, part, self.dt.host.itemsize)
+        return (host + (self.on_device(part) if in_host else 0) + check_bytes(self.strategy, cfg.m, cfg.n, cfg.k,
+                                                                                part) + RUNTIME_SCRATCH_BYTES)
+
+    def largest_matrix(self, part: int) -> int:
+        pm, pn, pk = slice_shape(self.strategy, self.cfg.m, self.cfg.n, self.cfg.k, part)
+        return max(pm * pk, pk * pn, pm * pn) * self.dt.itemsize
+
+    def fits(self, part: int, room: _Room) -> bool:
+        return ((room.device_free is None or self.on_device(part) <= room.device_free)
+                and (room.max_alloc is None or self.largest_matrix(part) <= room.max_alloc)
+                and (room.host_share is None or self.host_bytes(part, room.in_host) <= room.host_share))
+
+    def too_large(self, room: _Room) -> str:
+        """Why not even a part of 1 fits the room: the first limit it exceeds."""
+        cfg, label = self.cfg, room.label
+        what = (f"one row of A of {cfg.m}x{cfg.k} @ {cfg.k}x{cfg.n}" if self.strategy == "rows" else
+                f"one column of A and row of B of {cfg.m}x{cfg.k} @ {cfg.k}x{cfg.n}")
+        what += f" in {self.dt.name} (strategy {self.strategy})"
+        if room.device_free is not None and self.on_device(1) > room.device_free:
+            why = f"needs {_fmt_bytes(self.on_device(1))} on {label}, which has {_fmt_bytes(room.device_free)} free"
+        elif room.max_alloc is not None and self.largest_matrix(1) > room.max_alloc:
+            why = (f"has a matrix of {_fmt_bytes(self.largest_matrix(1))}, more than {label} allows in one "
+                   f"buffer ({_fmt_bytes(room.max_alloc)})")
+        else:
+            assert room.host_share is not None
+            why = (f"needs {_fmt_bytes(self.host_bytes(1, room.in_host))} of host memory (inputs, their device copies "
+                   f"and the check's buffers); this rank may take {_fmt_bytes(room.host_share)}")
+        return f"{what} {why}; use a smaller size"
+
+
 def prepare(cfg: CalibrateConfig, world: Any, opened: Any) -> tuple[Prepared | None, list[str]]:
     """Check every dtype against the device and find the largest part of each measurement that fits the device's
     free memory and this rank's share of the host's, before anything is made. Returns (prepared, errors)."""
-    from hetbench.backends.base import UnsupportedDtype, capabilities, check_dtype
-    from hetbench.backends.host import RUNTIME_SCRATCH_BYTES, host_memory_share_bytes
-    from hetbench.harness.memory import device_in_host_memory
-    from hetbench.harness.probe import slice_shape
-
     backend, info = opened.backend, opened.info
     for dt in cfg.dtypes:
         try:
@@ -154,49 +210,17 @@ def prepare(cfg: CalibrateConfig, world: Any, opened: Any) -> tuple[Prepared | N
             return None, [str(e)]
     free = backend.free_memory_bytes()
     in_host = device_in_host_memory(info)
-    # the host's own free memory is counted below, with every host buffer
+    # the host's own free memory is counted with every host buffer (host_share)
     device_free = free if not capabilities(info.backend).memory_is_the_hosts else None
     host_share = host_memory_share_bytes(world.local_size)
-    max_alloc = backend.max_allocation_bytes()
-    label = f"{opened.spec} ({info.name})"
+    room = _Room(device_free, backend.max_allocation_bytes(), host_share, in_host, f"{opened.spec} ({info.name})")
     limits: dict[tuple[str, str], int] = {}
     for dt in cfg.dtypes:
         for strategy in cfg.strategies:
-            def on_device(part: int, dt: DType = dt, strategy: str = strategy) -> int:
-                return slice_bytes(strategy, cfg.m, cfg.n, cfg.k, part, dt.itemsize)
-
-            def host_bytes(part: int, dt: DType = dt, strategy: str = strategy) -> int:
-                # A, B and the C copied back for the check, in the host type, plus the device's copies where its
-                # memory is the host's, the check's float64 blocks and the runtime's own
-                host = slice_bytes(strategy, cfg.m, cfg.n, cfg.k, part, dt.host.itemsize)
-                return (host + (on_device(part) if in_host else 0) + check_bytes(strategy, cfg.m, cfg.n, cfg.k,
-                                                                                     part) + RUNTIME_SCRATCH_BYTES)
-
-            def largest_matrix(part: int, dt: DType = dt, strategy: str = strategy) -> int:
-                pm, pn, pk = slice_shape(strategy, cfg.m, cfg.n, cfg.k, part)
-                return max(pm * pk, pk * pn, pm * pn) * dt.itemsize
-
-            def fits(part: int) -> bool:
-                return ((device_free is None or on_device(part) <= device_free)
-                        and (max_alloc is None or largest_matrix(part) <= max_alloc)
-                        and (host_share is None or host_bytes(part) <= host_share))
-
-            limit = largest_part(strategy, cfg.m, cfg.n, cfg.k, fits)
+            piece = _Slice(cfg, dt, strategy)
+            limit = largest_part(strategy, cfg.m, cfg.n, cfg.k, lambda part: piece.fits(part, room))
             if limit < 1:
-                what = (f"one row of A of {cfg.m}x{cfg.k} @ {cfg.k}x{cfg.n}" if strategy == "rows" else
-                        f"one column of A and row of B of {cfg.m}x{cfg.k} @ {cfg.k}x{cfg.n}")
-                what += f" in {dt.name} (strategy {strategy})"
-                if device_free is not None and on_device(1) > device_free:
-                    why = (f"needs {_fmt_bytes(on_device(1))} on {label}, which has {_fmt_bytes(device_free)} "
-                           "free")
-                elif max_alloc is not None and largest_matrix(1) > max_alloc:
-                    why = (f"has a matrix of {_fmt_bytes(largest_matrix(1))}, more than {label} allows in one "
-                           f"buffer ({_fmt_bytes(max_alloc)})")
-                else:
-                    assert host_share is not None
-                    why = (f"needs {_fmt_bytes(host_bytes(1))} of host memory (inputs, their device copies and the "
-                           f"check's buffers); this rank may take {_fmt_bytes(host_share)}")
-                return None, [f"{what} {why}; use a smaller size"]
+                return None, [piece.too_large(room)]
             limits[(dt.name, strategy)] = limit
     return Prepared(opened, free, limits), []
 
@@ -208,10 +232,7 @@ def utc_now() -> str:
 def run_rank(cfg: CalibrateConfig, world: Any, prepared: Prepared, on_step: Any = None) -> list[dict[str, Any]]:
     """Collective: the link to the root, then every (dtype, strategy) measurement on this rank, all ranks at
     once. This rank's rows, in the order of cfg.dtypes x cfg.strategies."""
-    from hetbench.harness.probe import link_to_root, measure_gemm
-
-    opened = prepared.opened
-    backend, info = opened.backend, opened.info
+    backend = prepared.opened.backend
     world.barrier()
     link = link_to_root(world, root=cfg.root, nbytes=cfg.link_bytes)
     rows = []
@@ -221,36 +242,45 @@ def run_rank(cfg: CalibrateConfig, world: Any, prepared: Prepared, on_step: Any 
         when = utc_now()
         measured = measure_gemm(backend, dt, strategy, cfg.m, cfg.n, cfg.k, prepared.part_limits[(dt.name, strategy)],
                                 min_seconds=cfg.min_seconds, repeat=cfg.repeat, seed=cfg.seed, check=True)
-        rows.append({
-            "rank": world.rank,
-            "host": world.host,
-            "backend": opened.spec,
-            "vendor": info.vendor,
-            "device": info.name,
-            "device_timing": backend.timing,
-            "dtype": dt.name,
-            "strategy": strategy,
-            "m": cfg.m,
-            "n": cfg.n,
-            "k": cfg.k,
-            "part": measured.part,
-            "part_limit": prepared.part_limits[(dt.name, strategy)],
-            "gemm_flops": measured.flops,
-            "gemm_seconds_median": measured.seconds_median,
-            "gemm_gflops": measured.rate / 1e9,
-            "link_gbps": None if link is None else link.bytes_per_s / 1e9,
-            "link_latency_us": None if link is None else link.latency_s * 1e6,
-            "free_memory_bytes": prepared.free_memory_bytes,
-            "measured_utc": when,
-            "verified": measured.verified,
-            "max_residual_over_tolerance": measured.max_residual_over_tolerance,
-            "raw": {"gemm_seconds": list(measured.seconds),
-                    "probes": [{"part": p, "gemm_seconds": s} for p, s in measured.probes]},
-            "device_info": info.to_dict(),
-        })
+        rows.append(_row(cfg, world, prepared, link, dt, strategy, measured, when))
         if on_step is not None:
             on_step(i + 1, len(steps), f"{dt.name} {strategy}")
     return rows
+
+
+def _row(cfg: CalibrateConfig, world: Any, prepared: Prepared, link: Link | None, dt: DType, strategy: str,
+         measured: GemmMeasurement, when: str) -> dict[str, Any]:
+    """This rank's row of one (dtype, strategy) measurement, its link to the root (None on the root) and its
+    free memory; `when` it began (UTC)."""
+    opened = prepared.opened
+    backend, info = opened.backend, opened.info
+    return {
+        "rank": world.rank,
+        "host": world.host,
+        "backend": opened.spec,
+        "vendor": info.vendor,
+        "device": info.name,
+        "device_timing": backend.timing,
+        "dtype": dt.name,
+        "strategy": strategy,
+        "m": cfg.m,
+        "n": cfg.n,
+        "k": cfg.k,
+        "part": measured.part,
+        "part_limit": prepared.part_limits[(dt.name, strategy)],
+        "gemm_flops": measured.flops,
+        "gemm_seconds_median": measured.seconds_median,
+        "gemm_gflops": measured.rate / 1e9,
+        "link_gbps": None if link is None else link.bytes_per_s / 1e9,
+        "link_latency_us": None if link is None else link.latency_s * 1e6,
+        "free_memory_bytes": prepared.free_memory_bytes,
+        "measured_utc": when,
+        "verified": measured.verified,
+        "max_residual_over_tolerance": measured.max_residual_over_tolerance,
+        "raw": {"gemm_seconds": list(measured.seconds),
+                "probes": [{"part": p, "gemm_seconds": s} for p, s in measured.probes]},
+        "device_info": info.to_dict(),
+    }
 
 
 def _timing_of(rows: list[dict[str, Any]]) -> str:
@@ -264,7 +294,7 @@ class Calibrate:
     summary = ("Measure each rank's GEMM rate per dtype and slice shape, its link to the root and its free "
                "memory: the profile `hetbench split --weights PROFILE.json` reuses.")
     columns = COLUMNS
-    from hetbench.benchmarks.calibrate.present import PRESENTATION as presentation  # report, compare, the page
+    presentation = PRESENTATION  # report, compare, the page
 
     def options(self) -> list[click.Parameter]:
         return [

@@ -44,7 +44,8 @@ def run_figures(document: dict[str, Any]) -> list[RunFigure]:
     timing = summary.get("gemm_timing")
     # a sum with a simulated rank's rate in it is (partly) modelled
     modelled = timing in ("modelled", "mixed")
-    note = {"mixed": "includes simulated ranks' modelled rates", "modelled": "every rank simulated"}.get(str(timing), "")
+    notes = {"mixed": "includes simulated ranks' modelled rates", "modelled": "every rank simulated"}
+    note = notes.get(str(timing), "")
     links = [r["link_gbps"] for r in rows if isinstance(r.get("link_gbps"), (int, float))]
     verified = summary.get("verified", document.get("verified"))
     return [
