@@ -19,16 +19,15 @@ from typing import Any
 import numpy as np
 
 from hetbench.harness.split_plan import STRATEGIES, Link, dim_of
-from hetbench.harness import gemm
+from hetbench.harness import gemm, verify
 from hetbench.dtypes import DType, get_dtype
 from hetbench.harness.timing import time_repeats
 
 FIRST_PART = 64  # the doubling of a GEMM measurement starts at this many rows (or columns)
 LATENCY_BYTES = 8  # the message the latency is measured with
 # The latency's round trips come after a warm-up of at least this many round trips lasting at least this long: right
-# after start-up the first round trips carry the connection's set-up (0.5-3 ms each over a two-node TCP link whose
-# round trips settle at 15 us, then a few ms-long stalls among the next ten or twenty), and a warm-up counted in
-# round trips alone would be over in a fraction of a millisecond on a fast link
+# after start-up the first round trips carry the connection's set-up (each many times a settled one, then a few
+# stalls), and a warm-up counted in round trips alone would be over in a fraction of a millisecond on a fast link
 LATENCY_WARMUP_ROUND_TRIPS = 10
 LATENCY_WARMUP_SECONDS = 0.01
 LATENCY_ROUND_TRIPS = 50  # timed after the warm-up; the latency is their median (a few slow ones do not move it)
@@ -200,6 +199,21 @@ def _as_dtype(dtype: DType | str) -> DType:
     return get_dtype(dtype) if isinstance(dtype, str) else dtype
 
 
+def _check_measure_args(strategy: str, m: int, n: int, k: int, max_part: int, min_seconds: float,
+                        repeat: int) -> None:
+    """ValueError for measure_gemm's arguments out of range: an unknown strategy, a dimension < 1, no part to
+    time, min_seconds not a finite number > 0, repeat < 1."""
+    dim_of(strategy, m, n, k)  # the strategy is known
+    if min(m, n, k) < 1:
+        raise ValueError(f"the shape {m}x{n}x{k} must have every dimension >= 1")
+    if max_part < 1:
+        raise ValueError(f"max_part {max_part} leaves no part to time; it must be >= 1")
+    if not (isinstance(min_seconds, (int, float)) and math.isfinite(min_seconds) and min_seconds > 0):
+        raise ValueError(f"min_seconds {min_seconds!r} must be a finite number > 0")
+    if repeat < 1:
+        raise ValueError(f"repeat {repeat} must be >= 1")
+
+
 def measure_gemm(backend: Any, dtype: DType | str, strategy: str, m: int, n: int, k: int, max_part: int,
                  min_seconds: float = 0.1, repeat: int = 3, seed: int = 0, check: bool = False) -> GemmMeasurement:
     """This rank alone (not collective): time its GEMM of a slice's shape.
@@ -211,15 +225,7 @@ def measure_gemm(backend: Any, dtype: DType | str, strategy: str, m: int, n: int
     for every part and freed before the next. With `check`, the last product is checked against its inputs
     (Freivalds). ValueError for arguments out of range."""
     dtype = _as_dtype(dtype)
-    dim_of(strategy, m, n, k)  # the strategy is known
-    if min(m, n, k) < 1:
-        raise ValueError(f"the shape {m}x{n}x{k} must have every dimension >= 1")
-    if max_part < 1:
-        raise ValueError(f"max_part {max_part} leaves no part to time; it must be >= 1")
-    if not (isinstance(min_seconds, (int, float)) and math.isfinite(min_seconds) and min_seconds > 0):
-        raise ValueError(f"min_seconds {min_seconds!r} must be a finite number > 0")
-    if repeat < 1:
-        raise ValueError(f"repeat {repeat} must be >= 1")
+    _check_measure_args(strategy, m, n, k, max_part, min_seconds, repeat)
     cap = min(max_part, dim_of(strategy, m, n, k))
     part = min(FIRST_PART, cap)
     probes: list[tuple[int, float]] = []
@@ -243,8 +249,6 @@ def measure_gemm(backend: Any, dtype: DType | str, strategy: str, m: int, n: int
     seconds = time_repeats(backend, run, 0, repeat)
     verdict = None
     if check:
-        from hetbench.harness import verify
-
         c = backend.download(c_dev, dtype)
         a_dev = b_dev = c_dev = None
         verdict = verify.freivalds(a, b, c, dtype, seed)
