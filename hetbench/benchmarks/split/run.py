@@ -22,6 +22,7 @@ The root verifies the gathered C of the chosen split with Freivalds' check.
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import time
@@ -298,142 +299,216 @@ def measure(cfg: Any, world: World, state: SplitState,
     where asked, then measure the even split (where asked and different) and the chosen one; verify at the root."""
     assert state.mnk is not None
     m, n, k = state.mnk
-    ranks, dtype = world.size, cfg.dtype
     link = probe.link_to_root(world, ROOT)
     links = world.allgather(link)
     chunks = streamed_chunks(cfg, n)
     zero = zero_copy_job(cfg, world, state, chunks)
-    # each rank's copy rate between the host and its device (None where it computes on host arrays, or where the
-    # streamed split receives into its device buffers and sends from them, mapped, or computes on the root's
-    # window, zero copy: stream.py): the model's copies (a GPU's through pageable memory cost it more than its
-    # GEMMs; first seen on an H100)
-    maps = chunks is not None and (world.rank != ROOT or zero) and can_map_to_host(state.backend)
-    copies = world.allgather(None if maps else probe.copy_rate(state.backend, dtype, _computes_on_host(state)))
-
+    copies = _copy_rates(world, state, cfg.dtype, chunks, zero)
     strategies = list(plan.STRATEGIES) if cfg.strategy == "auto" else [cfg.strategy]
-    # Each rank's GEMM rate at its slice's shape, twice: all ranks at once (as the split runs them: devices that
-    # share a host's cores or memory slow each other down), which the auto weights use; and alone, one rank at a
-    # time while the others wait, the denominator of the efficiency
+    probed = _probe_rates(cfg, world, state, strategies)
+    predictions = {}
+    for s in strategies:
+        parts_s = plan.shares(_weights(cfg, state, probed.rates[s]), plan.dim_of(s, m, n, k), state.caps[s])
+        predictions[s] = plan.predict(s, m, n, k, cfg.dtype.itemsize, parts_s, probed.rates[s],
+                                      model_links(links, s, zero), ROOT, curves=probed.curves[s], chunks=chunks,
+                                      copies=copies)
+    strategy = plan.fastest(predictions)
+    parts = list(predictions[strategy].parts)
+    # every rank's measured (part, compute seconds), beginning with its probe's beside the others
+    points = [[tuple(p) for p in c] for c in probed.curves[strategy]]
+    if cfg.weights.kind == "list":  # a rank given weight 0 keeps no work when the split is rebalanced
+        points = [pts if w > 0 else [] for pts, w in zip(points, cfg.weights.values)]
+    refined: list[dict[str, Any]] = []
+    if cfg.weights.kind == "auto":
+        parts, refined = _refine_by_gemm(cfg, world, state, strategy, parts, points)
+    zero_rows = zero and strategy == "rows"  # the window's split: nothing streamed, one GEMM a rank
+    chunks, tried_chunks = _chunk_count(cfg, world, state, strategy, parts, chunks, zero_rows)
+    if chunks is not None and cfg.weights.kind == "auto" and sum(1 for p in parts if p > 0) > 1:
+        parts, finished = _balance_by_finish(world, state, cfg.dtype, strategy, parts, chunks, zero)
+        refined += finished
+    parts, history = _rebalance(cfg, world, state, strategy, parts, points, chunks, zero)
+    splits, c, solo_at_parts = _timed_splits(cfg, world, state, strategy, parts, chunks, zero, zero_rows, on_step)
+    verdict = _verdict(cfg, world, state, strategy, parts, c)
+    chosen = {"mnk": (m, n, k), "caps": state.caps[strategy], "strategy": strategy, "strategy_given": cfg.strategy,
+              "weights_kind": cfg.weights.kind, "weights": _weights(cfg, state, probed.rates[strategy]),
+              "predictions": {s: p.to_dict() for s, p in predictions.items()},
+              "links": links, "copies": copies, "rates": probed.rates, "solo_rates": probed.solo_rates,
+              "refined": refined, "solo_at_parts": solo_at_parts, "overlap": chunks is not None, "chunks": chunks,
+              "zero_copy": zero_rows, "chunks_tried": tried_chunks,
+              "curves": [[list(p) for p in pts] for pts in points]}
+    return RankRun(link, probed.solo, splits, history, chosen, c if world.rank == ROOT else None, verdict,
+                   rank_facts(world, state))
+
+
+def _copy_rates(world: World, state: SplitState, dtype: DType, chunks: int | None, zero: bool) -> list[Any]:
+    """Collective. Each rank's copy rate between the host and its device, for the model's copies (a GPU's through
+    pageable memory can cost it more than its GEMMs); None where it computes on host arrays, or where the streamed
+    split receives into its device buffers and sends from them, mapped, or computes on the root's window, zero copy
+    (stream.py)."""
+    maps = chunks is not None and (world.rank != ROOT or zero) and can_map_to_host(state.backend)
+    return world.allgather(None if maps else probe.copy_rate(state.backend, dtype, _computes_on_host(state)))
+
+
+@dataclass
+class _Probed:
+    """The GEMM probes of each strategy tried: every rank's rate beside the others (which the auto weights use) and
+    alone (solo_rates), and its (part, seconds) points; `solo`: this rank's own (rate, part) alone."""
+
+    rates: dict[str, list[float]]
+    solo_rates: dict[str, list[float]]
+    curves: dict[str, list[list[tuple[int, float]]]]
+    solo: dict[str, tuple[float, int]]
+
+
+def _probe_rates(cfg: Any, world: World, state: SplitState, strategies: list[str]) -> _Probed:
+    """Collective. Each rank's GEMM rate at its slice's shape, twice: all ranks at once (as the split runs them:
+    devices that share a host's cores or memory slow each other down), which the auto weights use; and alone, one
+    rank at a time while the others wait, the denominator of the efficiency."""
+    assert state.mnk is not None
+    m, n, k = state.mnk
     together: dict[str, tuple[float, int]] = {}
     together_points: dict[str, list[tuple[int, float]]] = {}
     solo: dict[str, tuple[float, int]] = {}
     for s in strategies:
-        dim = plan.dim_of(s, m, n, k)
-        limit = min(-(-dim // ranks), state.caps[s][world.rank])
-
-        def probe_rate(s: str = s, limit: int = limit) -> tuple[float, int, list[tuple[int, float]]]:
-            """(flop/s, part) at the probe's slice, and its (part, median seconds): the first point of the cost
-            model's curve (the doubling's single runs are not points: the first run at each new size carried
-            one-time costs, a tuned kernel's first launch for a new shape class read 93 ms where 512 rows took 59)."""
-            if limit <= 0:
-                return 0.0, 0, []
-            got = probe.measure_gemm(state.backend, dtype, s, m, n, k, max_part=limit, seed=cfg.seed)
-            return got.rate, got.part, [(got.part, got.seconds_median)]
-
+        limit = min(-(-plan.dim_of(s, m, n, k) // world.size), state.caps[s][world.rank])
+        probe_rate = functools.partial(_probe_gemm, cfg, state, s, limit)
         world.barrier()
         rate, part, curve = probe_rate()
         together[s] = (rate, part)
         together_points[s] = curve
         solo[s] = world.in_turn(probe_rate)[:2]
-    rates = {s: [r[s][0] for r in world.allgather(together)] for s in strategies}
-    solo_rates = {s: [r[s][0] for r in world.allgather(solo)] for s in strategies}
-    curves = {s: [list(c[s]) for c in world.allgather(together_points)] for s in strategies}
+    return _Probed(rates={s: [r[s][0] for r in world.allgather(together)] for s in strategies},
+                   solo_rates={s: [r[s][0] for r in world.allgather(solo)] for s in strategies},
+                   curves={s: [list(c[s]) for c in world.allgather(together_points)] for s in strategies},
+                   solo=solo)
 
-    def weights_for(s: str) -> list[float]:
-        kind = cfg.weights.kind
-        if kind == "even":
-            return even_weights(ranks)
-        if kind == "list":
-            return list(cfg.weights.values)
-        if kind == "profile":
-            return list(state.profile.rates)
-        return rates[s]
 
-    predictions = {}
-    for s in strategies:
-        parts_s = plan.shares(weights_for(s), plan.dim_of(s, m, n, k), state.caps[s])
-        predictions[s] = plan.predict(s, m, n, k, dtype.itemsize, parts_s, rates[s], model_links(links, s, zero),
-                                      ROOT, curves=curves[s], chunks=chunks, copies=copies)
-    strategy = plan.fastest(predictions)
-    dim = plan.dim_of(strategy, m, n, k)
-    parts = list(predictions[strategy].parts)
-    caps = state.caps[strategy]
-    # every rank's measured (part, compute seconds), beginning with its probe's beside the others
+def _probe_gemm(cfg: Any, state: SplitState, strategy: str, limit: int) -> tuple[float, int, list[tuple[int, float]]]:
+    """(flop/s, part) at the probe's slice, at most `limit`, and its (part, median seconds): the first point of the
+    cost model's curve (the doubling's single runs are not points: the first run at each new size carries one-time
+    costs, a tuned kernel's first launch for a new shape among them)."""
+    if limit <= 0:
+        return 0.0, 0, []
+    assert state.mnk is not None
+    m, n, k = state.mnk
+    got = probe.measure_gemm(state.backend, cfg.dtype, strategy, m, n, k, max_part=limit, seed=cfg.seed)
+    return got.rate, got.part, [(got.part, got.seconds_median)]
+
+
+def _weights(cfg: Any, state: SplitState, rates: list[float]) -> list[float]:
+    """The weights the shares follow: even, the given ones, the profile's rates, or (auto) `rates`, the probes'."""
+    kind = cfg.weights.kind
+    if kind == "even":
+        return even_weights(len(rates))
+    if kind == "list":
+        return list(cfg.weights.values)
+    if kind == "profile":
+        return list(state.profile.rates)
+    return rates
+
+
+def _add_points(points: list[list[tuple[int, float]]], parts: list[int], seconds: list[float]) -> None:
+    """Each rank's measured (part, seconds) added to its points, where it had a part and took time."""
+    for r, (p_r, t_r) in enumerate(zip(parts, seconds)):
+        if p_r > 0 and t_r > 0:
+            points[r].append((p_r, t_r))
+
+
+def _working_imbalance(seconds: list[float], parts: list[int]) -> float:
+    """plan.imbalance of the working ranks' seconds (those with a part) against their parts."""
+    return plan.imbalance([t for t, p in zip(seconds, parts) if p > 0], [p for p in parts if p > 0])
+
+
+def _refine_by_gemm(cfg: Any, world: World, state: SplitState, strategy: str, parts: list[int],
+                    points: list[list[tuple[int, float]]]) -> tuple[list[int], list[dict[str, Any]]]:
+    """Collective. Auto weights: the rates were measured at the probe's slice; each rank now times its GEMM at the
+    part it got (its working shape, beside the others), adds it to its `points`, and the parts that equalise the
+    interpolated times are taken, AUTO_REFINE_STEPS times. The parts, and each step's figures."""
+    assert state.mnk is not None
+    m, n, k = state.mnk
     me = world.rank
-    points = [[tuple(p) for p in c] for c in curves[strategy]]
-    if cfg.weights.kind == "list":  # a rank given weight 0 keeps no work when the split is rebalanced
-        points = [pts if w > 0 else [] for pts, w in zip(points, cfg.weights.values)]
-
-    # Auto weights: the rates were measured at the probe's slice; each rank now times its GEMM at the part it
-    # got (its working shape, beside the others), and the parts that equalise the interpolated times are taken
     refined: list[dict[str, Any]] = []
-    if cfg.weights.kind == "auto":
-        for _ in range(AUTO_REFINE_STEPS):
-            seconds = time_part(state, dtype, strategy, m, n, k, parts[me], cfg.seed) if parts[me] else 0.0
-            every = world.allgather(seconds)
-            for r, (p_r, t_r) in enumerate(zip(parts, every)):
-                if p_r > 0 and t_r > 0:
-                    points[r].append((p_r, t_r))
-            refined.append({"parts": list(parts), "compute_seconds": every,
-                            "imbalance": plan.imbalance([t for t, p in zip(every, parts) if p > 0],
-                                                        [p for p in parts if p > 0])})
-            parts = plan.balanced_parts(points, dim, caps)
+    for _ in range(AUTO_REFINE_STEPS):
+        seconds = time_part(state, cfg.dtype, strategy, m, n, k, parts[me], cfg.seed) if parts[me] else 0.0
+        every = world.allgather(seconds)
+        _add_points(points, parts, every)
+        refined.append({"parts": list(parts), "compute_seconds": every,
+                        "imbalance": _working_imbalance(every, parts)})
+        parts = plan.balanced_parts(points, plan.dim_of(strategy, m, n, k), state.caps[strategy])
+    return parts, refined
 
-    # Streamed: the chunk count measured (--chunks auto), then, for auto weights, the parts balanced by when each
-    # rank has handed its last result to MPI (its GEMMs and everything the streaming leaves exposed), not by its
-    # GEMMs alone
-    tried_chunks: list[dict[str, Any]] = []
-    zero_rows = zero and strategy == "rows"  # the window's split: nothing streamed, one GEMM a rank
+
+def _chunk_count(cfg: Any, world: World, state: SplitState, strategy: str, parts: list[int], chunks: int | None,
+                 zero_rows: bool) -> tuple[int | None, list[dict[str, Any]]]:
+    """Collective. The chunks the timed splits stream in, and each count tried's seconds: 1 for the window's split
+    (nothing streamed); for --chunks auto where a rank beside the root works, the measured count; else `chunks`."""
     if zero_rows:
-        chunks = 1
-    if (chunks is not None and cfg.chunks is None and not zero_rows
-            and any(p > 0 for r, p in enumerate(parts) if r != ROOT)):
-        chunks, tried_chunks = _measured_chunks(world, state, dtype, strategy, parts, n)
-    if chunks is not None and cfg.weights.kind == "auto" and sum(1 for p in parts if p > 0) > 1:
-        finish_points: list[list[tuple[int, float]]] = [[] for _ in range(ranks)]
-        for _ in range(FINISH_STEPS):
-            phases, _ = run_split(world, state, dtype, strategy, parts, 0, FINISH_ITERATIONS, chunks=chunks,
-                                  zero_copy=zero)
-            modelled = state.backend.timing == TIMING_MODELLED
-            runs = world.allgather([p.ready(modelled) for p in phases])
-            ready = [_median(r) for r in runs]
-            for r, (p_r, t_r) in enumerate(zip(parts, ready)):
-                if p_r > 0 and t_r > 0:
-                    finish_points[r].append((p_r, t_r))
-            refined.append({"parts": list(parts), "ready_seconds": ready, "ready_seconds_runs": runs,
-                            "chunks": chunks,
-                            "imbalance": plan.imbalance([t for t, p in zip(ready, parts) if p > 0],
-                                                        [p for p in parts if p > 0])})
-            parts = plan.balanced_parts(finish_points, dim, caps)
+        return 1, []
+    if chunks is not None and cfg.chunks is None and any(p > 0 for r, p in enumerate(parts) if r != ROOT):
+        assert state.mnk is not None
+        return _measured_chunks(world, state, cfg.dtype, strategy, parts, state.mnk[1])
+    return chunks, []
 
-    # Rebalancing: one timed iteration of the split per step; the parts re-balanced from every rank's compute
-    # times measured so far, until the imbalance is under the goal
+
+def _balance_by_finish(world: World, state: SplitState, dtype: DType, strategy: str, parts: list[int], chunks: int,
+                       zero: bool) -> tuple[list[int], list[dict[str, Any]]]:
+    """Collective. Streamed, auto weights: the parts balanced by when each rank has handed its last result to MPI
+    (its GEMMs and everything the streaming leaves exposed), not by its GEMMs alone, FINISH_STEPS times. The parts,
+    and each step's figures."""
+    assert state.mnk is not None
+    m, n, k = state.mnk
+    finish_points: list[list[tuple[int, float]]] = [[] for _ in range(world.size)]
+    refined: list[dict[str, Any]] = []
+    for _ in range(FINISH_STEPS):
+        phases, _ = run_split(world, state, dtype, strategy, parts, 0, FINISH_ITERATIONS, chunks=chunks,
+                              zero_copy=zero)
+        modelled = state.backend.timing == TIMING_MODELLED
+        runs = world.allgather([p.ready(modelled) for p in phases])
+        ready = [_median(r) for r in runs]
+        _add_points(finish_points, parts, ready)
+        refined.append({"parts": list(parts), "ready_seconds": ready, "ready_seconds_runs": runs, "chunks": chunks,
+                        "imbalance": _working_imbalance(ready, parts)})
+        parts = plan.balanced_parts(finish_points, plan.dim_of(strategy, m, n, k), state.caps[strategy])
+    return parts, refined
+
+
+def _rebalance(cfg: Any, world: World, state: SplitState, strategy: str, parts: list[int],
+               points: list[list[tuple[int, float]]], chunks: int | None,
+               zero: bool) -> tuple[list[int], list[dict[str, Any]]]:
+    """Collective. --rebalance: one timed iteration of the split per step; the parts re-balanced from every rank's
+    compute times measured so far (added to its `points`), until the imbalance is under the goal. The parts, and
+    each step's figures."""
+    assert state.mnk is not None
+    m, n, k = state.mnk
     history: list[dict[str, Any]] = []
     for i in range(cfg.rebalance):
-        phases, _ = run_split(world, state, dtype, strategy, parts, 0, 1, chunks=chunks, zero_copy=zero)
+        phases, _ = run_split(world, state, cfg.dtype, strategy, parts, 0, 1, chunks=chunks, zero_copy=zero)
         every = world.allgather(phases[0].compute)
-        working = [c for c, p in zip(every, parts) if p > 0]
-        imb = plan.imbalance(working, [p for p in parts if p > 0])
+        imb = _working_imbalance(every, parts)
         history.append({"iteration": i + 1, "parts": list(parts), "compute_seconds": every, "imbalance": imb})
         if imb < plan.IMBALANCE_GOAL:
             break
-        for r, (p_r, t_r) in enumerate(zip(parts, every)):
-            if p_r > 0 and t_r > 0:
-                points[r].append((p_r, t_r))
-        parts = plan.balanced_parts(points, dim, caps)
+        _add_points(points, parts, every)
+        parts = plan.balanced_parts(points, plan.dim_of(strategy, m, n, k), state.caps[strategy])
+    return parts, history
 
-    splits = []
-    even_parts = plan.shares(even_weights(ranks), dim, state.caps[strategy]) if cfg.compare_even else None
+
+def _timed_splits(cfg: Any, world: World, state: SplitState, strategy: str, parts: list[int], chunks: int | None,
+                  zero: bool, zero_rows: bool, on_step: Callable[[int, int, str], None] | None,
+                  ) -> tuple[list[tuple[str, str, list[int], list[Phases]]], np.ndarray | None, list[Any]]:
+    """Collective. The timed splits: the even one (where asked and different), then the chosen one; and the
+    efficiency's denominators, each rank's GEMMs alone at its final part. Where every rank keeps its buffers across
+    the streamed iterations (stream.StreamedSplitter.solo_once) those run again alone after each timed iteration of
+    the weighted split, one rank at a time, so that the split's and the solo runs' medians sample the same speed of
+    the machine; elsewhere they are timed before and after the timed splits. The splits, the root's C, and the solo
+    runs' figures per rank."""
+    assert state.mnk is not None
+    m, n, k = state.mnk
+    even_parts = (plan.shares(even_weights(world.size), plan.dim_of(strategy, m, n, k), state.caps[strategy])
+                  if cfg.compare_even else None)
     plans = ([("even", even_parts)] if even_parts is not None and even_parts != parts else []) + [("weighted", parts)]
     total = len(plans) * (cfg.warmup + cfg.repeat)
     done = 0
-    c = None
-    # the efficiency's denominators: each rank's GEMMs alone at its final part. Where every rank keeps its buffers
-    # across the streamed iterations (stream.StreamedSplitter.solo_once), run again alone after each timed
-    # iteration of the weighted split, one rank at a time: the pair's and the solo runs' medians then sample the
-    # same seconds (this VM's speed steps by up to 10 % within a second: with the solo runs only after the splits
-    # one 2048 round read 1.024, and bracketing them left 0.92-1.02 between a bench's rounds). Elsewhere timed
-    # before and after the timed splits, every run's median
     interleave = chunks is not None and all(world.allgather(zero_rows or _keeps_buffers(state, world.rank, parts,
                                                                                         strategy)))
     solo_runs: list[float] = []
@@ -443,39 +518,36 @@ def measure(cfg: Any, world: World, state: SplitState,
         assert seconds is not None, "solo_once: this rank keeps no buffers"
         solo_runs.append(seconds)
 
-    solo_before = None if interleave else solo_at_final_parts(world, state, dtype, strategy, m, n, k, parts,
-                                                               cfg.seed)
-    for name, p in plans:
-        def tick(name: str = name) -> None:
-            nonlocal done
-            done += 1
-            if on_step is not None:
-                on_step(done, total, f"{name} split {strategy}")
+    def tick(name: str) -> None:
+        nonlocal done
+        done += 1
+        if on_step is not None:
+            on_step(done, total, f"{name} split {strategy}")
 
-        timed, c = run_split(world, state, dtype, strategy, p, cfg.warmup, cfg.repeat, tick, chunks=chunks,
+    solo_before = None if interleave else solo_at_final_parts(world, state, cfg.dtype, strategy, m, n, k, parts,
+                                                               cfg.seed)
+    splits = []
+    c = None
+    for name, p in plans:
+        timed, c = run_split(world, state, cfg.dtype, strategy, p, cfg.warmup, cfg.repeat,
+                             functools.partial(tick, name), chunks=chunks,
                              after_timed=solo_between if interleave and name == "weighted" else None,
                              zero_copy=zero)
         splits.append((name, strategy, list(p), timed))
-
     if interleave:
-        solo_at_parts = solo_from_runs(world.allgather(solo_runs), parts, strategy, m, n, k)
-    else:
-        solo_at_parts = merge_solo(solo_before, solo_at_final_parts(world, state, dtype, strategy, m, n, k, parts,
-                                                                    cfg.seed), strategy, m, n, k)
+        return splits, c, solo_from_runs(world.allgather(solo_runs), parts, strategy, m, n, k)
+    after = solo_at_final_parts(world, state, cfg.dtype, strategy, m, n, k, parts, cfg.seed)
+    return splits, c, merge_solo(solo_before, after, strategy, m, n, k)
+
+
+def _verdict(cfg: Any, world: World, state: SplitState, strategy: str, parts: list[int],
+             c: np.ndarray | None) -> verify.Verdict | None:
+    """Collective. Freivalds' verdict on the root's C, on every rank."""
     verdict = None
     if world.rank == ROOT:
         assert c is not None
-        verdict = verify_at_root(state, c, dtype, strategy, parts, cfg.seed)
-    verdict = world.comm.bcast(verdict, root=ROOT)
-    chosen = {"mnk": (m, n, k), "caps": state.caps[strategy], "strategy": strategy, "strategy_given": cfg.strategy, "weights_kind": cfg.weights.kind,
-              "weights": weights_for(strategy), "predictions": {s: p.to_dict() for s, p in predictions.items()},
-              "links": links, "copies": copies, "rates": rates, "solo_rates": solo_rates, "refined": refined,
-              "solo_at_parts": solo_at_parts, "overlap": chunks is not None, "chunks": chunks,
-              "zero_copy": zero_rows,
-              "chunks_tried": tried_chunks,
-              "curves": [[list(p) for p in pts] for pts in points]}
-    return RankRun(link, solo, splits, history, chosen, c if world.rank == ROOT else None, verdict,
-                   rank_facts(world, state))
+        verdict = verify_at_root(state, c, cfg.dtype, strategy, parts, cfg.seed)
+    return world.comm.bcast(verdict, root=ROOT)
 
 
 def _computes_on_host(state: SplitState) -> bool:
@@ -826,55 +898,16 @@ def summarize_job(cfg: Any, rows_: list[dict[str, Any]], gathered: list[RankRun]
     m, n, k = root.chosen["mnk"]
     strategy = root.chosen["strategy"]
     total_flops = gemm.flops(m, n, k)
-    rates = root.chosen["rates"][strategy]
-    probe_solo = root.chosen["solo_rates"][strategy]
-    sum_probe = sum(probe_solo)
-    # the denominator: each rank alone at its final part (the probe's rate for a rank left without one; documents
-    # written before the final parts were timed: the probes')
+    sum_solo, sum_probe = _solo_sums(root.chosen)
     at_parts = root.chosen.get("solo_at_parts")
-    sum_solo = (sum(a["gflops_median"] * 1e9 if a else p for a, p in zip(at_parts, probe_solo)) if at_parts
-                else sum_probe)
     links = root.chosen["links"]
     copies = root.chosen.get("copies")  # None in documents from before the copies were measured
-    # the cost model: each rank's time against its part fitted through every point it was timed at (documents
-    # from before the curves: its one rate)
-    curves = root.chosen.get("curves")
-    chunks = root.chosen.get("chunks")
     zero = bool(root.chosen.get("zero_copy"))  # documents from before zero copy: False
-    splits: dict[str, Any] = {}
-    for index, (name, s, parts, _) in enumerate(root.splits):
-        figures = SplitFigures(name, s, parts, [rr.splits[index][3] for rr in gathered],
-                               [rr.facts["device_timing"] == TIMING_MODELLED for rr in gathered])
-        its = figures.iteration_times()
-        e2e = [t["end_to_end"] for t in its]
-        compute = [t["compute"] for t in its]
-        modelled_compute = any(rr.facts["device_timing"] == TIMING_MODELLED and p > 0
-                               for rr, p in zip(gathered, parts))
-        achieved = total_flops / _median(e2e) / 1e9
-        compute_phase = total_flops / _median(compute) / 1e9
-        splits[name] = {
-            "strategy": s, "parts": parts,
-            **summarize(e2e, "end_to_end_seconds"),
-            "distribute_seconds_median": _median([t["distribute"] for t in its]),
-            "device_seconds_median": _median([t["device"] for t in its]),
-            "compute_seconds_median": _median(compute),
-            "collect_seconds_median": _median([t["collect"] for t in its]),
-            "achieved_gflops": achieved,
-            "compute_phase_gflops": compute_phase,
-            "efficiency_end_to_end": achieved / (sum_solo / 1e9) if sum_solo > 0 else None,
-            "efficiency_compute": compute_phase / (sum_solo / 1e9) if sum_solo > 0 else None,
-            "efficiency_end_to_end_probe": achieved / (sum_probe / 1e9) if sum_probe > 0 else None,
-            "efficiency_compute_probe": compute_phase / (sum_probe / 1e9) if sum_probe > 0 else None,
-            "imbalance": _median([t["imbalance"] for t in its]),
-            "imbalance_per_iteration": [t["imbalance"] for t in its],
-            "predicted": plan.predict(s, m, n, k, cfg.dtype.itemsize, parts, rates, model_links(links, s, zero),
-                                      ROOT, curves=curves, chunks=chunks, copies=copies).to_dict(),
-            "timing": "modelled" if modelled_compute else "measured",
-            "raw": {"end_to_end_seconds": e2e, "compute_seconds": compute},
-        }
+    splits = {name: _split_summary(cfg, gathered, index, sum_solo, sum_probe)
+              for index, (name, _, _, _) in enumerate(root.splits)}
     chosen = splits["weighted"]
     verdict = root.verdict
-    summary: dict[str, Any] = {
+    return {
         "strategy": strategy,
         "strategy_given": root.chosen["strategy_given"],
         "overlap": root.chosen.get("overlap", False),
@@ -888,11 +921,7 @@ def summarize_job(cfg: Any, rows_: list[dict[str, Any]], gathered: list[RankRun]
         "total_gemm_flops": total_flops,
         "sum_solo_gflops": sum_solo / 1e9,
         "sum_solo_gflops_probe": sum_probe / 1e9,
-        "efficiency_basis": (("each rank alone at its final part (median of its runs between the timed iterations"
-                              if any(a and a.get("interleaved") for a in at_parts) else
-                              "each rank alone at its final part (median of its runs before and after the timed "
-                              "splits") + "; a rank without a part: its probe)" if at_parts else
-                             "each rank's probe alone"),
+        "efficiency_basis": _efficiency_basis(at_parts),
         "solo_at_parts": at_parts,
         "measurement_faults": measurement_faults(splits),
         "parts": chosen["parts"],
@@ -907,10 +936,11 @@ def summarize_job(cfg: Any, rows_: list[dict[str, Any]], gathered: list[RankRun]
                               if "even" in splits else None),
         "splits": splits,
         "predictions": root.chosen["predictions"],
-        "model_best": plan.best_root_share(strategy, m, n, k, cfg.dtype.itemsize, rates,
-                                           model_links(links, strategy, zero), root.chosen["caps"],
-                                           ROOT, curves=curves, chunks=chunks, copies=copies).to_dict(),
-        "model_curves": curves,
+        "model_best": plan.best_root_share(strategy, m, n, k, cfg.dtype.itemsize, root.chosen["rates"][strategy],
+                                           model_links(links, strategy, zero), root.chosen["caps"], ROOT,
+                                           curves=root.chosen.get("curves"), chunks=root.chosen.get("chunks"),
+                                           copies=copies).to_dict(),
+        "model_curves": root.chosen.get("curves"),
         # each rank's measured copy rate between the host and its device (GB/s; None: it computes on host arrays)
         "copies_gbps": None if copies is None else [None if c is None else c / 1e9 for c in copies],
         "links": [None if l is None else {"link_gbps": l.bytes_per_s / 1e9, "link_latency_us": l.latency_s * 1e6}
@@ -919,7 +949,72 @@ def summarize_job(cfg: Any, rows_: list[dict[str, Any]], gathered: list[RankRun]
         "verified": verdict.ok if verdict is not None else None,
         "max_residual_over_tolerance": verdict.max_residual_over_tolerance if verdict is not None else None,
     }
-    return summary
+
+
+def _solo_sums(chosen: dict[str, Any]) -> tuple[float, float]:
+    """The efficiency's denominators, in flop/s: the sum of every rank's rate alone at its final part (the probe's
+    rate for a rank left without one; documents written before the final parts were timed: the probes'), and the
+    sum of the probes' rates alone."""
+    probe_solo = chosen["solo_rates"][chosen["strategy"]]
+    sum_probe = sum(probe_solo)
+    at_parts = chosen.get("solo_at_parts")
+    sum_solo = (sum(a["gflops_median"] * 1e9 if a else p for a, p in zip(at_parts, probe_solo)) if at_parts
+                else sum_probe)
+    return sum_solo, sum_probe
+
+
+def _efficiency_basis(at_parts: list[dict[str, Any] | None] | None) -> str:
+    """What the efficiency's denominator is, in words."""
+    if not at_parts:
+        return "each rank's probe alone"
+    if any(a and a.get("interleaved") for a in at_parts):
+        runs = "each rank alone at its final part (median of its runs between the timed iterations"
+    else:
+        runs = "each rank alone at its final part (median of its runs before and after the timed splits"
+    return runs + "; a rank without a part: its probe)"
+
+
+def _split_summary(cfg: Any, gathered: list[RankRun], index: int, sum_solo: float,
+                   sum_probe: float) -> dict[str, Any]:
+    """One measured split's job figures: its phases' medians over the timed iterations (each the slowest rank's),
+    its GFLOP/s end to end and in the compute phase, their efficiencies against `sum_solo` and `sum_probe` (flop/s),
+    its imbalance, and the cost model's prediction for its parts. The cost model takes each rank's time against its
+    part fitted through every point it was timed at (documents from before the curves: its one rate)."""
+    root = gathered[ROOT]
+    m, n, k = root.chosen["mnk"]
+    name, s, parts, _ = root.splits[index]
+    total_flops = gemm.flops(m, n, k)
+    figures = SplitFigures(name, s, parts, [rr.splits[index][3] for rr in gathered],
+                           [rr.facts["device_timing"] == TIMING_MODELLED for rr in gathered])
+    its = figures.iteration_times()
+    e2e = [t["end_to_end"] for t in its]
+    compute = [t["compute"] for t in its]
+    modelled_compute = any(rr.facts["device_timing"] == TIMING_MODELLED and p > 0 for rr, p in zip(gathered, parts))
+    achieved = total_flops / _median(e2e) / 1e9
+    compute_phase = total_flops / _median(compute) / 1e9
+    zero = bool(root.chosen.get("zero_copy"))
+    predicted = plan.predict(s, m, n, k, cfg.dtype.itemsize, parts, root.chosen["rates"][root.chosen["strategy"]],
+                             model_links(root.chosen["links"], s, zero), ROOT, curves=root.chosen.get("curves"),
+                             chunks=root.chosen.get("chunks"), copies=root.chosen.get("copies"))
+    return {
+        "strategy": s, "parts": parts,
+        **summarize(e2e, "end_to_end_seconds"),
+        "distribute_seconds_median": _median([t["distribute"] for t in its]),
+        "device_seconds_median": _median([t["device"] for t in its]),
+        "compute_seconds_median": _median(compute),
+        "collect_seconds_median": _median([t["collect"] for t in its]),
+        "achieved_gflops": achieved,
+        "compute_phase_gflops": compute_phase,
+        "efficiency_end_to_end": achieved / (sum_solo / 1e9) if sum_solo > 0 else None,
+        "efficiency_compute": compute_phase / (sum_solo / 1e9) if sum_solo > 0 else None,
+        "efficiency_end_to_end_probe": achieved / (sum_probe / 1e9) if sum_probe > 0 else None,
+        "efficiency_compute_probe": compute_phase / (sum_probe / 1e9) if sum_probe > 0 else None,
+        "imbalance": _median([t["imbalance"] for t in its]),
+        "imbalance_per_iteration": [t["imbalance"] for t in its],
+        "predicted": predicted.to_dict(),
+        "timing": "modelled" if modelled_compute else "measured",
+        "raw": {"end_to_end_seconds": e2e, "compute_seconds": compute},
+    }
 
 
 # --- --plan: the split and its predicted times, nothing run ---------------------------------------------------------
@@ -937,35 +1032,17 @@ def plan_only(cfg: Any, world: World, state: SplitState) -> RankRun:
     links = [None if r == ROOT else link for r in range(ranks)]
     strategies = list(plan.STRATEGIES) if cfg.strategy == "auto" else [cfg.strategy]
     itemsize = cfg.dtype.itemsize
-    rates: dict[str, list[float]] = {}
-    caps: dict[str, list[int | None]] = {}
-    names = []
-    for spec in cfg.backends:
-        names.append(sim.get_model(spec.model).name if capabilities(spec.name).simulated else str(spec))
-    for s in strategies:
-        dim = plan.dim_of(s, m, n, k)
-        hint = -(-dim // ranks)
-        if state.profile is not None:
-            rates[s] = list(state.profile.rates)
-            caps[s] = [plan.max_part(s, m, n, k, itemsize, f) for f in state.profile.free_bytes]
-        else:
-            rates[s] = [plan.sim_rate(spec.model, s, m, n, k, cfg.dtype.name, hint) for spec in cfg.backends]
-            caps[s] = [plan.max_part(s, m, n, k, itemsize, sim.get_model(spec.model).memory_bytes)
-                       for spec in cfg.backends]
-
-    def weights_for(s: str) -> list[float]:
-        kind = cfg.weights.kind
-        return ([1.0] * ranks if kind == "even" else list(cfg.weights.values) if kind == "list" else rates[s])
-
+    names = [sim.get_model(spec.model).name if capabilities(spec.name).simulated else str(spec)
+             for spec in cfg.backends]
+    rates, caps = _plan_rates(cfg, state, strategies)
     chunks = streamed_chunks(cfg, n)  # the streamed split's model where it streams (--overlap, the default)
-    # a simulated device's copies at its model's host link (a profile's devices: not modelled)
-    copies = None if state.profile is not None else [
-        COPY_PROBE_BYTES / sim.transfer_model_seconds(sim.get_model(spec.model), COPY_PROBE_BYTES)
-        if capabilities(spec.name).simulated else None for spec in cfg.backends]
+    copies = _plan_copies(cfg, state)
     predictions, even = {}, {}
     for s in strategies:
         dim = plan.dim_of(s, m, n, k)
-        predictions[s] = plan.predict(s, m, n, k, itemsize, plan.shares(weights_for(s), dim, caps[s]), rates[s],
+        weights = ([1.0] * ranks if cfg.weights.kind == "even" else list(cfg.weights.values)
+                   if cfg.weights.kind == "list" else rates[s])
+        predictions[s] = plan.predict(s, m, n, k, itemsize, plan.shares(weights, dim, caps[s]), rates[s],
                                       links, ROOT, chunks=chunks, copies=copies)
         even[s] = plan.predict(s, m, n, k, itemsize, plan.shares([1.0] * ranks, dim, caps[s]), rates[s], links,
                                ROOT, chunks=chunks, copies=copies)
@@ -975,20 +1052,6 @@ def plan_only(cfg: Any, world: World, state: SplitState) -> RankRun:
                                     copies=copies) for s in strategies}
     best_strategy = plan.fastest(best)
     total = gemm.flops(m, n, k)
-    dim = plan.dim_of(strategy, m, n, k)
-    slowest = max(chosen.compute_seconds)
-    out_rows = []
-    for r, spec in enumerate(cfg.backends):
-        part = chosen.parts[r]
-        out_rows.append({
-            "split": "plan", "strategy": strategy, "rank": r, "backend": str(spec), "device": names[r],
-            "device_timing": "modelled", "dtype": cfg.dtype.name, "m": m, "n": n, "k": k, "part": part,
-            "share_percent": 100.0 * part / dim, "gemm_flops": flops_of(strategy, m, n, k, part),
-            "solo_gflops": rates[strategy][r] / 1e9, "compute_seconds_median": chosen.compute_seconds[r],
-            "idle_seconds_median": slowest - chosen.compute_seconds[r],
-            "link_gbps": None if r == ROOT else link.bytes_per_s / 1e9,
-            "link_latency_us": None if r == ROOT else latency_us,
-        })
     sum_rates = sum(rates[strategy])
     summary = {
         "plan": True, "timing": "modelled", "strategy": strategy, "strategy_given": cfg.strategy,
@@ -1008,4 +1071,54 @@ def plan_only(cfg: Any, world: World, state: SplitState) -> RankRun:
                        / plan.dim_of(best_strategy, m, n, k)},
         "verified": None,
     }
+    out_rows = _plan_rows(cfg, strategy, chosen, names, rates[strategy], link, latency_us)
     return RankRun(None, {}, [], [], {"rows": out_rows, "summary": summary})
+
+
+def _plan_rates(cfg: Any, state: SplitState,
+                strategies: list[str]) -> tuple[dict[str, list[float]], dict[str, list[int | None]]]:
+    """--plan: per strategy every rank's rate (the profile's, or its simulated device's model at the even part's
+    shape) and the cap on its part (from the profile's free memory, or the device model's memory)."""
+    m, n, k = cfg.m, cfg.n, cfg.k
+    itemsize = cfg.dtype.itemsize
+    rates: dict[str, list[float]] = {}
+    caps: dict[str, list[int | None]] = {}
+    for s in strategies:
+        hint = -(-plan.dim_of(s, m, n, k) // len(cfg.backends))
+        if state.profile is not None:
+            rates[s] = list(state.profile.rates)
+            caps[s] = [plan.max_part(s, m, n, k, itemsize, f) for f in state.profile.free_bytes]
+        else:
+            rates[s] = [plan.sim_rate(spec.model, s, m, n, k, cfg.dtype.name, hint) for spec in cfg.backends]
+            caps[s] = [plan.max_part(s, m, n, k, itemsize, sim.get_model(spec.model).memory_bytes)
+                       for spec in cfg.backends]
+    return rates, caps
+
+
+def _plan_copies(cfg: Any, state: SplitState) -> list[float | None] | None:
+    """--plan: a simulated device's copies at its model's host link (a profile's devices: not modelled)."""
+    if state.profile is not None:
+        return None
+    return [COPY_PROBE_BYTES / sim.transfer_model_seconds(sim.get_model(spec.model), COPY_PROBE_BYTES)
+            if capabilities(spec.name).simulated else None for spec in cfg.backends]
+
+
+def _plan_rows(cfg: Any, strategy: str, chosen: Any, names: list[str], rates: list[float], link: Any,
+               latency_us: float) -> list[dict[str, Any]]:
+    """--plan: one row per rank of the chosen split's prediction (its part, modelled rate, compute and idle)."""
+    m, n, k = cfg.m, cfg.n, cfg.k
+    dim = plan.dim_of(strategy, m, n, k)
+    slowest = max(chosen.compute_seconds)
+    out_rows = []
+    for r, spec in enumerate(cfg.backends):
+        part = chosen.parts[r]
+        out_rows.append({
+            "split": "plan", "strategy": strategy, "rank": r, "backend": str(spec), "device": names[r],
+            "device_timing": "modelled", "dtype": cfg.dtype.name, "m": m, "n": n, "k": k, "part": part,
+            "share_percent": 100.0 * part / dim, "gemm_flops": flops_of(strategy, m, n, k, part),
+            "solo_gflops": rates[r] / 1e9, "compute_seconds_median": chosen.compute_seconds[r],
+            "idle_seconds_median": slowest - chosen.compute_seconds[r],
+            "link_gbps": None if r == ROOT else link.bytes_per_s / 1e9,
+            "link_latency_us": None if r == ROOT else latency_us,
+        })
+    return out_rows
