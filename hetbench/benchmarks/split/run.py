@@ -73,8 +73,8 @@ def job_end_to_end(phases: list[Phases], modelled: list[bool], root: int = 0) ->
     """A streamed iteration's time for the job: the slowest rank's own end to end (Phases.end_to_end). Where a rank
     is simulated, the latest rank's ready time instead (when it had handed its last result to MPI, its device
     times modelled): a rank's final wait for the others ran in real time behind the simulated ranks' emulation on
-    the host (a simulated H100's 0.3 ms GEMM emulated in 300 ms, and its peer's last send waited for that), so
-    with a simulated rank only what each rank did itself is counted; the last chunk's delivery is left out.
+    the host (a simulated device's GEMM is emulated far slower than its model, and its peer's last send waits for
+    that), so with a simulated rank only what each rank did itself is counted; the last chunk's delivery is left out.
     None for a phased iteration."""
     if phases[root].end_to_end(modelled[root]) is None:
         return None
@@ -589,12 +589,11 @@ def streamed_chunks(cfg: Any, n: int) -> int | None:
 
 AUTO_REFINE_STEPS = 3
 FINISH_STEPS = 2  # streamed splits that balance auto weights by each rank's finish
-# iterations of each, every rank's finish their median: one iteration's finish moved by +-2 ms in a 85 ms split at
-# 2048 (host + PoCL), and the parts it balanced left one rank waiting 3-5 ms for the other in the timed iterations
+# iterations of each, every rank's finish their median: one iteration's finish is too noisy to balance the parts by
 FINISH_ITERATIONS = 3
 CHUNK_CANDIDATES = (1, 2, 4, 8)  # --chunks auto tries these (chunks at least AUTO_CHUNK_MIN_COLUMNS wide)
 # --chunks auto keeps the fewest chunks within this share of the fastest count: more chunks cost narrower GEMMs and
-# more messages on every later run, so a gain inside the runs' noise (2-5 % between identical iterations) is none
+# more messages on every later run, so a gain inside the noise between identical iterations is none
 CHUNK_MARGIN = 0.03
 
 
@@ -603,9 +602,9 @@ def _measured_chunks(world: World, state: SplitState, dtype: DType, strategy: st
     """Collective. --chunks auto: streamed iterations at each candidate chunk count, in the order 1, 2, 4, 8 and
     back (a drift of the machine's speed weighs on every count alike), each count's end to end (the slowest rank's)
     its faster of the two; the fewest chunks within CHUNK_MARGIN of the fastest count win. More chunks hide more of
-    the transfers but cut the GEMMs narrower (PoCL's tuned kernel lost 5-25 % at 256-1024 columns of 2048), so the
-    trade is measured, not assumed; one iteration each picked 4 chunks at 2048 where 1 ran 10 % faster (bench-split,
-    2026-11-24). Returns the count and each candidate's seconds."""
+    the transfers but cut the GEMMs narrower (a tuned kernel can run markedly slower on narrow columns), so the
+    trade is measured, not assumed, and each count is run twice (one run each is too noisy to choose by). Returns
+    the count and each candidate's seconds."""
     candidates = [c for c in CHUNK_CANDIDATES if c == 1 or n // c >= stream.AUTO_CHUNK_MIN_COLUMNS]
     runs: dict[int, list[float]] = {c: [] for c in candidates}
     modelled = state.backend.timing == TIMING_MODELLED
@@ -632,9 +631,8 @@ def solo_at_final_parts(world: World, state: SplitState, dtype: DType, strategy:
                         parts: list[int], seed: int) -> list[dict[str, Any] | None]:
     """Collective. The efficiency's denominators (run before and after the timed splits, merge_solo): each rank's
     GEMM alone (one rank at a time, the others waiting) at exactly the part it finally computed, TIME_PART_RUNS
-    runs: {"part", "gflops_median", "gflops_min",
-    "gflops_max", "seconds"} per rank, None for a rank without a part. A probe's small slice ran slower or faster
-    than the final part (PoCL 4.95-10.15 GFLOP/s across runs at 64-128 rows), so an efficiency against it read 1.013."""
+    runs: {"part", "gflops_median", "gflops_min", "gflops_max", "seconds"} per rank, None for a rank without a part.
+    A probe's small slice can run slower or faster than the final part, so an efficiency against it is off."""
     part = parts[world.rank]
 
     def alone() -> dict[str, Any] | None:

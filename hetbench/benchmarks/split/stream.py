@@ -28,16 +28,14 @@ window at the root (MPI_Win_allocate_shared), written once before the timed iter
 would keep its matrices; each rank multiplies its rows of A by B in place and writes its rows of C in place (PoCL
 through device arrays over those bytes, CL_MEM_USE_HOST_PTR, and a map of its C rows afterwards, the OpenCL rule
 for the host to see them), then tells the root with an empty message (MPI_Win_sync on both sides, the MPI-3
-shared-memory pattern). Messages had cost the PoCL rank 3.1 ms for B's 16 MiB at 2048 (MPICH's single-copy read,
-5.4 GB/s on its own core) and the root 0.5-1 ms for each rank's C rows. distribute is then 0, collect the root's
-wait for the others' notes.
+shared-memory pattern): messages would cost a rank the copy of B and the root one of each rank's C rows.
+distribute is then 0, collect the root's wait for the others' notes.
 
 A working rank other than the root whose device's memory is the host's (an OpenCL CPU device such as PoCL, an
 integrated GPU: base.can_map_to_host) keeps its device buffers for A, B's chunks and C's chunks across the
 iterations and receives straight into them (mapped for writing, nothing read first), and sends its C chunks
-straight from them (mapped for reading): no copy between host and device memory, where each iteration used to
-upload into new buffers (3.3 ms for B's 16 MiB at 2048 on PoCL, 8-9 ms in one iteration of three: the new
-buffer's pages). Its h2d and d2h are then the maps and unmaps.
+straight from them (mapped for reading): no copy between host and device memory, and no new buffer (whose pages
+cost its first write) each iteration. Its h2d and d2h are then the maps and unmaps.
 """
 
 from __future__ import annotations
@@ -56,7 +54,7 @@ from hetbench.harness.split_plan import chunk_widths
 
 ROOT = 0
 MAX_CHUNKS = 256
-# below this many columns a chunk's GEMM runs measurably slower than the whole part's on this VM's BLAS and PoCL
+# below this many columns a chunk's GEMM runs measurably slower than the whole part's (host BLAS and PoCL)
 AUTO_CHUNK_MIN_COLUMNS = 256
 AUTO_CHUNKS = 8  # enough that the first chunk arrives in an eighth of B's transfer time
 _TAG_A, _TAG_B, _TAG_C = 21, 1000, 2000  # B's chunk j travels with tag _TAG_B + j, C's with _TAG_C + j
@@ -356,9 +354,9 @@ class StreamedSplitter:
     # --- a rank whose device memory is the host's: MPI reads and writes its device buffers, mapped -------------
 
     def _first_touch(self) -> None:
-        """Every buffer written once, here: the pages a new buffer gets on its first write (5 ms for the 22 MiB of a
-        2048 split's PoCL rank) are not the first iteration's (a single iteration measures a split while --chunks
-        auto and the auto weights' finish steps run)."""
+        """Every buffer written once, here: the pages a new buffer gets on its first write are not the first
+        iteration's (a single iteration measures a split while --chunks auto and the auto weights' finish steps
+        run)."""
         for x in (self.a_dev, *self.b_dev, *self.c_dev):
             view, pending = self.backend.map_to_host(x, 0, x.size, True)
             pending.wait()
