@@ -1,5 +1,5 @@
 # hetbench: `make demo` runs the main job on this machine's devices, `make test` runs the tests,
-# `make bench` prints hetbench's overhead over the bare library calls (hetbench/overhead.py): its figures as ratios
+# `make bench` prints hetbench's overhead over the bare library calls (hetbench/bench/): its figures as ratios
 # to the plain library calls measured in the same run.
 # Each first runs tools/system-deps (as root with apt: PoCL, the OpenCL headers, CLBlast's library, Open MPI, where
 # missing; elsewhere one line saying what is), then builds the virtualenv if it is missing (.venv, the package with
@@ -163,9 +163,9 @@ test-openmpi: env-openmpi
 	HETBENCH_TEST_MPIEXEC=$(OPENMPI_MPIRUN) $(VENV_OPENMPI)/bin/python -m pytest -q -m mpi -n $(TEST_JOBS)
 
 bench: env
-	$(PY) -m hetbench.overhead gemm
-	$(MPIEXEC) -n 2 $(PY) -m hetbench.overhead allreduce
-	$(PY) -m hetbench.overhead opencl
+	$(PY) -m hetbench.bench gemm
+	$(MPIEXEC) -n 2 $(PY) -m hetbench.bench allreduce
+	$(PY) -m hetbench.bench opencl
 	@parts=; if $(HAVE_TORCH); then parts=bench-torch; else \
 		echo "torch front end: no torch (pip install 'hetbench[torch]'): nothing measured"; fi; \
 	if $(HAVE_OPENCL_DEVICE); then parts="$$parts bench-split bench-train"; \
@@ -174,7 +174,8 @@ bench: env
 	[ -z "$$parts" ] || $(MAKE) -k --no-print-directory $$parts
 
 # Issue 15's torch bench: the hetbench torch.distributed backend's 16 MiB allreduce vs a bare mpi4py loop, and DDP
-# and FSDP2 training steps over it vs over Gloo, on the same model and ranks (hetbench/pytorch/bench.py)
+# and FSDP2 training steps over it vs over Gloo, on the same model and ranks (hetbench/bench/torch_front.py); run as
+# `-m hetbench.overhead torch` (the same part) while docs/pytorch.md's example and its test name that command
 bench-torch: env
 	$(MPIEXEC) -n 2 $(PY) -m hetbench.overhead torch
 
@@ -182,9 +183,10 @@ bench-torch: env
 # one GEMM split by auto weights and streamed (split --overlap, the default), three rounds at each of 1024, 2048 and
 # 4096, the sizes interleaved so the machine's drift spreads over all; the first 4096 round also measures the even
 # split beside. Each round times 5 iterations (its figure their median): with 3, one slow iteration in a 125 ms
-# split at 2048 moved a round by 5 %. The goals (overhead.split_figures, judged on each size's rounds by overhead.judged: met only where
-# the rounds' spread, widened by their baselines' drift, reaches one): end to end >= 0.95 of the summed solo rates
-# at the final parts, the cost model within 25 % of the measured time; then rebalancing from even weights
+# split at 2048 moved a round by 5 %. The goals (hetbench/bench/split_goals.py, judged on each size's rounds by
+# verdict.judged: met only where the rounds' spread, widened by their baselines' drift, reaches one): end to end
+# >= 0.95 of the summed solo rates at the final parts, the cost model within 25 % of the measured time; then
+# rebalancing from even weights
 BENCH_SPLIT_DIR ?= results/bench-split-$(STAMP)
 BENCH_SPLIT_ENV := OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 POCL_MAX_PTHREAD_COUNT=1
 BENCH_SPLIT_RUNS ?= 1024-r1 2048-r1 4096-r1 1024-r2 2048-r2 4096-r2 1024-r3 2048-r3 4096-r3
@@ -197,13 +199,13 @@ bench-split: env
 	$(BENCH_SPLIT_ENV) $(MPIEXEC) -n 2 $(HETBENCH) split --size 4096 --backend 0=host,1=opencl --strategy rows \
 		--weights even --rebalance 6 --no-compare-even --warmup 0 --repeat 1 \
 		--out $(BENCH_SPLIT_DIR)/split-rebalance-4096.json >/dev/null
-	$(PY) -m hetbench.overhead split $(BENCH_SPLIT_DIR)/split-*-r?.json $(BENCH_SPLIT_DIR)/split-rebalance-4096.json
+	$(PY) -m hetbench.bench split $(BENCH_SPLIT_DIR)/split-*-r?.json $(BENCH_SPLIT_DIR)/split-rebalance-4096.json
 
 # Issue 10's train bench: fsdp on the same pair, three rounds with auto weights, then once with even weights. Each
 # round's run measures its own baseline (--solo-between-steps): after each timed step each rank trains the whole
 # batch alone while the other waits, so the pair and the solo steps it is set against are seconds apart, not minutes
 # in separate processes (with those, the summed solo rates moved 5 % between rounds and left the goal inside the
-# band). The goals (overhead.train_figures, judged by overhead.judged on the rounds' spread): auto >= 0.90 of the
+# band). The goals (hetbench/bench/train_goals.py, judged by verdict.judged on the rounds' spread): auto >= 0.90 of the
 # summed solo samples/s, and the prefetch hiding >= 50 % of the gathers. The batch is large enough that the slower
 # rank's slice (about 30 %, 1200 rows) still makes GEMMs its device runs efficiently: at 2048 the goal was missed
 BENCH_TRAIN_DIR ?= results/bench-train-$(STAMP)
@@ -218,7 +220,7 @@ bench-train: env
 			--out $(BENCH_TRAIN_DIR)/round-$$r/pair-auto.json >/dev/null || exit 1; done
 	$(BENCH_SPLIT_ENV) $(MPIEXEC) $(BENCH_TRAIN_BIND) -n 2 $(HETBENCH) train $(BENCH_TRAIN_ARGS) \
 		--backend 0=host,1=opencl --weights even --out $(BENCH_TRAIN_DIR)/pair-even.json >/dev/null
-	$(PY) -m hetbench.overhead train $(BENCH_TRAIN_DIR)
+	$(PY) -m hetbench.bench train $(BENCH_TRAIN_DIR)
 
 # Issue 16's torch train bench: hetbench's uneven fsdp for a torch model (the mlp task) on the same pair, rank 0 torch
 # on the host (one thread, core 0), rank 1 the OpenCL device (PoCL, one thread, core 1) through hetbench's offload;
@@ -239,7 +241,7 @@ bench-train-torch: env
 			--out $(BENCH_TRAIN_TORCH_DIR)/round-$$r/pair-auto.json >/dev/null || exit 1; done
 	$(BENCH_SPLIT_ENV) $(MPIEXEC) $(BENCH_TRAIN_BIND) -n 2 $(HETBENCH) train $(BENCH_TRAIN_TORCH_ARGS) \
 		--backend 0=host,1=opencl --weights even --out $(BENCH_TRAIN_TORCH_DIR)/pair-even.json >/dev/null
-	$(PY) -m hetbench.overhead train-torch $(BENCH_TRAIN_TORCH_DIR)
+	$(PY) -m hetbench.bench train-torch $(BENCH_TRAIN_TORCH_DIR)
 
 # Issue 17's mutation run (tools/mutate.py): every figure module's mutants against the tests that pin it; lists the
 # survivors and exits 1 if any (long: minutes per module). MUTATE_FILES picks modules (default: all of them)

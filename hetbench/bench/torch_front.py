@@ -1,6 +1,6 @@
-"""The torch front end's part of `make bench`, under `mpiexec -n 2`:
+"""The torch front end's part of `make bench`, under `mpiexec -n 2` (registered in torch_part.py):
 
-    mpiexec -n 2 python -m hetbench.pytorch.bench
+    mpiexec -n 2 python -m hetbench.bench torch
 
 1. a 16 MiB fp32 all_reduce through the hetbench backend (torch.distributed.all_reduce on a CPU tensor) against a
    bare mpi4py Allreduce loop on the same buffer: algbw ratio, goal >= 0.90;
@@ -56,9 +56,8 @@ def bench_allreduce(comm: Any, mib: int = ALLREDUCE_MIB, iters: int = 20, warmup
     ours, bare = [], []
     runs = {"ours": (ours, lambda: dist.all_reduce(t)),
             "bare": (bare, lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM))}
-    # each call is a few ms, so many rounds cost a second or two: the median of 15 holds still where 5 moved the
-    # ratio across the goal between identical benches (0.887, 0.931); the order flips each round, so that neither
-    # side always runs first
+    # each call is a few ms, so many rounds cost a second or two and their median holds still (docs/bench.md); the
+    # order flips each round, so that neither side always runs first
     for i in range(ALLREDUCE_ROUNDS):
         for name in (("ours", "bare") if i % 2 == 0 else ("bare", "ours")):
             times, call = runs[name]

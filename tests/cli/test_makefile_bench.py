@@ -1,5 +1,6 @@
-"""`make bench` runs hetbench/overhead.py (hetbench's overhead over the bare library call): every module its recipe
-names exists, and every part it asks for is one the script accepts."""
+"""`make bench` runs hetbench/bench/ (hetbench's overhead over the bare library call, and the split and train
+benches' goals): every part its recipes ask for is one the registry holds, and `python -m hetbench.overhead` still
+dispatches as it did."""
 
 from __future__ import annotations
 
@@ -16,8 +17,23 @@ from helpers import HAVE_OPENCL, REPO, needs_mpi, run_cli, run_python
 
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="no make")
 
+# the usage line an unknown part gets, the same from either module, exit 2 (as hetbench/overhead.py's string chain
+# printed it before the registry)
+UNKNOWN = "unknown benchmark 'nonesuch'; accepted: gemm, allreduce, opencl, torch, split, train, train-torch\n"
 
-def test_bench_target_runs_parts_the_overhead_script_accepts():
+
+def _make_n_bench() -> str:
+    """`make -n bench` with torch and an OpenCL device taken as there: every bench recipe's commands, printed (the
+    recursive make of bench-torch, bench-split, bench-train, bench-train-torch included), not run."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    recipe = subprocess.run(["make", "-C", str(REPO), "-n", f"PY={sys.executable}", "-o", ".venv/.installed",
+                             "VENV=.venv", "HAVE_TORCH=true", "HAVE_OPENCL_DEVICE=true", "bench"],
+                            capture_output=True, text=True, timeout=60, env=env)
+    assert recipe.returncode == 0, recipe.stderr
+    return recipe.stdout
+
+
+def test_bench_target_runs_parts_the_registry_holds():
     env = dict(os.environ, PYTHONPATH=str(REPO))
     # -n prints the recipe without running it; PY and -o keep make from building a virtualenv
     recipe = subprocess.run(["make", "-C", str(REPO), "-n", f"PY={sys.executable}", "-o", ".venv/.installed",
@@ -29,13 +45,38 @@ def test_bench_target_runs_parts_the_overhead_script_accepts():
     have_torch = importlib.util.find_spec("torch") is not None
     assert [part for _, part in calls] == ["gemm", "allreduce", "opencl"] + (["torch"] if have_torch else []) + (
         ["split", "train"] if HAVE_OPENCL else []) + (["train-torch"] if HAVE_OPENCL and have_torch else [])
-    assert {module for module, _ in calls} == {"hetbench.overhead"}
-    assert importlib.util.find_spec("hetbench.overhead") is not None
+    # bench-torch keeps `-m hetbench.overhead torch`: docs/pytorch.md's example is that command
+    assert {module for module, part in calls if part != "torch"} == {"hetbench.bench"}
 
-    unknown = subprocess.run([sys.executable, "-m", "hetbench.overhead", "nonesuch"], capture_output=True, text=True,
+
+def test_the_registry_holds_every_part_the_recipes_call():
+    """Every part a bench recipe runs is registered, each once, and those the recipes launch under mpiexec are the
+    parts whose record says so."""
+    from hetbench.bench import PARTS
+
+    text = _make_n_bench()
+    calls = re.findall(r"^(.*) -m (hetbench\S*) (\S+)", text, re.M)
+    assert sorted(part for _, _, part in calls) == sorted(PARTS)
+    assert {module for _, module, _ in calls} <= {"hetbench.bench", "hetbench.overhead"}
+    launched = {part for launch, _, part in calls if " -n 2 " in launch}
+    assert launched == {name for name, part in PARTS.items() if part.under_mpiexec}
+
+
+@pytest.mark.parametrize("module", ["hetbench.bench", "hetbench.overhead"])
+def test_an_unknown_part_gets_the_one_line_usage_and_exit_2(module):
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    unknown = subprocess.run([sys.executable, "-m", module, "nonesuch"], capture_output=True, text=True,
                              timeout=60, env=env, cwd=REPO)
-    assert unknown.returncode == 2
-    assert "'nonesuch'" in unknown.stderr and "accepted: gemm, allreduce, opencl, torch, split, train, train-torch" in unknown.stderr
+    assert (unknown.returncode, unknown.stdout, unknown.stderr) == (2, "", UNKNOWN)
+
+
+def test_hetbench_overhead_still_dispatches(tmp_path):
+    """The old module name runs a part as the new one does: train's usage error, exit 2, the same line."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    runs = [subprocess.run([sys.executable, "-m", module, "train"], capture_output=True, text=True, timeout=60,
+                           env=env, cwd=tmp_path) for module in ("hetbench.overhead", "hetbench.bench")]
+    assert [(r.returncode, r.stdout, r.stderr) for r in runs] == [
+        (2, "", "train: give the bench's folder (round-N/solo-*.json, round-N/pair-auto.json, pair-even.json)\n")] * 2
 
 
 def test_each_bench_folder_is_named_once_a_run():
@@ -52,22 +93,22 @@ def test_each_bench_folder_is_named_once_a_run():
     assert len(made) == 1 and written == {made[0]}, recipe.stdout
 
 
-def _overhead_split(tmp_path, *documents):
-    return run_python(["-m", "hetbench.overhead", "split", *documents], cwd=tmp_path, timeout=60)
+def _bench_split(tmp_path, *documents):
+    return run_python(["-m", "hetbench.bench", "split", *documents], cwd=tmp_path, timeout=60)
 
 
 @needs_mpi
 def test_split_figures_are_the_runs_and_unmet_goals_fail(tmp_path):
-    """`overhead split` prints each run's figures as its JSON has them, and exits 1 where a goal is not met (a
+    """`hetbench.bench split` prints each run's figures as its JSON has them, and exits 1 where a goal is not met (a
     tiny product: its efficiency is far below 0.95)."""
     import json
 
-    from hetbench import overhead
+    from hetbench.bench import split_goals
 
     run = run_cli(["split", "--size", "64", "--strategy", "rows", "--weights", "3,1", "--backend", "0=host,1=sim:h100",
                    "--repeat", "1", "--out", "s.json"], nprocs=2, cwd=tmp_path)
     assert run.returncode == 0, run.stderr
-    shown = _overhead_split(tmp_path, "s.json")
+    shown = _bench_split(tmp_path, "s.json")
     s = json.loads((tmp_path / "s.json").read_text())["summary"]
     w = s["splits"]["weighted"]
     assert f"efficiency {w['efficiency_end_to_end']:.3f} end-to-end, {w['efficiency_compute']:.3f} compute" in shown.stdout
@@ -88,7 +129,7 @@ def test_split_figures_are_the_runs_and_unmet_goals_fail(tmp_path):
     share = s["speedup_over_even"] / ideal
     assert (f"n=64: weighted over even {s['speedup_over_even']:.3f}x, ideal {ideal:.3f}x (the even split's slowest "
             f"rank's device time over a perfect split's at the even split's rates): {share:.3f} of the ideal"
-            f"{overhead.IDEAL_ABOVE_1 if share > 1 else ''}\n") in shown.stdout
+            f"{split_goals.IDEAL_ABOVE_1 if share > 1 else ''}\n") in shown.stdout
     met = []
     for k, goal, v in (("efficiency_compute", 0.95, s["efficiency_compute"]), ("speedup_over_even_of_ideal", 0.9, share)):
         verdict = ("UNDECIDED" if k.startswith("efficiency") and v > 1 else "met" if v >= goal else "NOT met")
@@ -104,7 +145,7 @@ def test_split_figures_are_the_runs_and_unmet_goals_fail(tmp_path):
         doc["summary"].update(efficiency_compute=compute, efficiency_end_to_end=e2e, speedup_over_even=of_ideal * ideal,
                               predicted_seconds=doc["summary"]["end_to_end_seconds_median"])
         (tmp_path / f"r{i}.json").write_text(json.dumps(doc))
-    rounds = _overhead_split(tmp_path, "r0.json", "r1.json", "r2.json")
+    rounds = _bench_split(tmp_path, "r0.json", "r1.json", "r2.json")
     assert ("goal efficiency_compute >= 0.95: median 0.970 of 3 round(s) (spread 0.960-1.013) met "
             "[1 round(s) a MEASUREMENT FAULT, flagged]") in rounds.stdout
     assert ("n=64: efficiency_end_to_end: median 0.970 of 3 round(s) (spread 0.960-0.990): reported, no goal below "
@@ -118,7 +159,7 @@ def test_split_figures_are_the_runs_and_unmet_goals_fail(tmp_path):
         moved = json.loads((tmp_path / f"r{i}.json").read_text())
         moved["summary"]["sum_solo_gflops"] = base * factor
         (tmp_path / f"m{i}.json").write_text(json.dumps(moved))
-    drifted = _overhead_split(tmp_path, "m0.json", "m1.json", "m2.json")
+    drifted = _bench_split(tmp_path, "m0.json", "m1.json", "m2.json")
     d = 1.02 - 1
     assert (f"goal efficiency_compute >= 0.95: median 0.970 of 3 round(s) (spread 0.960-1.013; the baselines moved "
             f"2.0 % between rounds: band {0.96 / (1 + d):.3f}-{1.013 * (1 + d):.3f}) UNDECIDED (the goal inside the "
@@ -134,7 +175,7 @@ def test_split_figures_are_the_runs_and_unmet_goals_fail(tmp_path):
         same["summary"]["solo_at_parts"] = [dict(a, interleaved=True) if a else a
                                             for a in same["summary"]["solo_at_parts"]]
         (tmp_path / f"i{i}.json").write_text(json.dumps(same))
-    between = _overhead_split(tmp_path, "i0.json", "i1.json", "i2.json")
+    between = _bench_split(tmp_path, "i0.json", "i1.json", "i2.json")
     assert ("goal efficiency_compute >= 0.95: median 0.970 of 3 round(s) (spread 0.960-1.013) met [1 round(s) a "
             "MEASUREMENT FAULT, flagged] (solo runs between the timed iterations: the band is the rounds' spread)"
             ) in between.stdout
@@ -144,12 +185,12 @@ def test_split_figures_are_the_runs_and_unmet_goals_fail(tmp_path):
     half = json.loads((tmp_path / "i1.json").read_text())  # one round's denominators timed after the splits
     half["summary"]["solo_at_parts"] = [dict(a, interleaved=False) if a else a for a in half["summary"]["solo_at_parts"]]
     (tmp_path / "i1.json").write_text(json.dumps(half))
-    mixed = _overhead_split(tmp_path, "i0.json", "i1.json", "i2.json")
+    mixed = _bench_split(tmp_path, "i0.json", "i1.json", "i2.json")
     assert "UNDECIDED (the goal inside the band: within the machine's drift)" in mixed.stdout
     assert mixed.returncode == 1
     doc["summary"]["speedup_over_even"] = 0.85 * ideal  # round 3 now below the goal: the spread is across it
     (tmp_path / "r2.json").write_text(json.dumps(doc))
-    across = _overhead_split(tmp_path, "r0.json", "r1.json", "r2.json")
+    across = _bench_split(tmp_path, "r0.json", "r1.json", "r2.json")
     assert ("goal speedup_over_even_of_ideal >= 0.9: median 0.930 of 3 round(s) (spread 0.850-0.950) UNDECIDED (the "
             "goal inside the rounds' spread)") in across.stdout
     assert across.returncode == 1
@@ -182,11 +223,11 @@ def test_split_figures_are_the_runs_and_unmet_goals_fail(tmp_path):
     ([0.96, 0.97, 0.99], [False] * 3, [101.0, 101.0, 101.0], "met"),  # the same baselines: no drift, no band
 ])
 def test_bench_goal_verdicts(values, faulty, baselines, verdict):
-    """overhead.judged: met only where the median and the band (the rounds' spread widened by the baselines'
+    """verdict.judged: met only where the median and the band (the rounds' spread widened by the baselines'
     drift, max / min - 1) reach the goal, NOT met where the band's top does not, UNDECIDED where the goal lies
     inside the band or a faulty median judges nothing; the median, spread and band as the rounds give them, and
     the faults counted."""
-    from hetbench.overhead import judged
+    from hetbench.bench.verdict import judged
 
     ok, text = judged(values, 0.95, faulty, baselines)
     assert ok == (verdict == "met")
@@ -214,13 +255,13 @@ def test_bench_goal_verdicts(values, faulty, baselines, verdict):
 @pytest.mark.slow
 def test_gemm_and_opencl_benches_run_small():
     """Each part `make bench` runs, made small, runs through and gives positive figures and their ratio."""
-    from hetbench import overhead
+    from hetbench.bench import gemm, opencl
 
-    (row,) = overhead.bench_gemm(sizes=(64,), repeat=2)
+    (row,) = gemm.bench_gemm(sizes=(64,), repeat=2)
     assert row["n"] == 64 and row["hetbench_gflops"] > 0 and row["numpy_gflops"] > 0
     assert row["ratio"] == pytest.approx(row["hetbench_gflops"] / row["numpy_gflops"])
     if HAVE_OPENCL:
-        r = overhead.bench_opencl(n=64, repeat=1)
+        r = opencl.bench_opencl(n=64, repeat=1)
         assert r is not None and r["n"] == 64 and (r.get("hetbench_kernel_gflops") or 0) > 0
 
 
@@ -228,7 +269,7 @@ def test_gemm_and_opencl_benches_run_small():
 def test_allreduce_bench_runs_small(tmp_path):
     from helpers import run_python
 
-    run = run_python(["-c", "from hetbench import overhead as o; import json; "
+    run = run_python(["-c", "from hetbench.bench import allreduce as o; import json; "
                             "r = o.bench_allreduce(sizes_mib=(1,), warmup=1, iters=2); print(json.dumps(r)) if r else None"],
                      nprocs=2, cwd=tmp_path)
     assert run.returncode == 0, run.stderr
@@ -239,7 +280,7 @@ def test_allreduce_bench_runs_small(tmp_path):
 
 @needs_mpi
 def test_torch_bench_allreduce_ratio_is_the_medians_of_its_rounds(tmp_path):
-    """The torch bench's all_reduce figure (hetbench/pytorch/bench.py), on 2 ranks made small: each side's algbw is
+    """The torch bench's all_reduce figure (hetbench/bench/torch_front.py), on 2 ranks made small: each side's algbw is
     the size over the median of its 15 rounds (each round a mean over the iterations, the slowest rank's), the ratio
     hetbench's over bare mpi4py's; the rounds are recorded, so the medians are recomputed here from them."""
     pytest.importorskip("torch")
@@ -249,7 +290,7 @@ def test_torch_bench_allreduce_ratio_is_the_medians_of_its_rounds(tmp_path):
         "import json\n"
         "from mpi4py import MPI\n"
         "import hetbench.pytorch as hb\n"
-        "import hetbench.pytorch.bench as b\n"
+        "import hetbench.bench.torch_front as b\n"
         "seen, real = [], b._median_seconds\n"
         "def spy(*args, **kwargs):\n"
         "    seen.append(real(*args, **kwargs))\n"

@@ -1,4 +1,4 @@
-"""make bench's host-staged allreduce (hetbench/overhead.py, issue 20): its figures recomputed from the rounds it
+"""make bench's host-staged allreduce (hetbench/bench/allreduce.py, issue 20): its figures recomputed from the rounds it
 records, its lines and verdicts from hand-made results at the goal's edge, and a small run on 2 ranks."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import statistics
 import pytest
 from helpers import needs_mpi, needs_opencl, run_python
 
-from hetbench import overhead
+from hetbench.bench import allreduce
 
 
 def _staged(rounds, method="map", chunks=2, chunk=8 << 20):
@@ -31,7 +31,7 @@ def test_the_lines_and_the_goal_at_its_edge(capsys):
     exactly is met, a hair below is not; every round is shown as staged / host."""
     met = _result(16, [4.0, 5.0, 3.0], [3.6, 4.5, 2.0], [1.0, 2.0, 3.0])  # 3.6 / 4.0 = 0.90
     missed = _result(64, [2.0, 2.0, 2.0], [1.79, 3.0, 1.0], [1.0, 1.0, 1.0])  # 1.79 / 2.0 = 0.895
-    ok = overhead.print_staged_allreduce([met, missed])
+    ok = allreduce.print_staged_allreduce([met, missed])
     out = capsys.readouterr().out
     assert not ok
     assert "goal: auto >= 0.90 x host buffers at 16 MiB and 64 MiB" in out
@@ -40,13 +40,13 @@ def test_the_lines_and_the_goal_at_its_edge(capsys):
     assert "2 of 8192 KiB, map (measured; ranks: map, map), exposed d2h 12 us, h2d 57 us" in out
     assert "  goal staged (auto) >= 0.90 x host buffers at 16 MiB: 0.900 met" in out
     assert "  goal staged (auto) >= 0.90 x host buffers at 64 MiB: 0.895 NOT met" in out
-    assert overhead.print_staged_allreduce([met])
+    assert allreduce.print_staged_allreduce([met])
 
 
 @needs_mpi
 @needs_opencl
 def test_a_small_staged_bench_recomputes_from_its_rounds(tmp_path):
-    run = run_python(["-c", "from hetbench import overhead as o; import json; "
+    run = run_python(["-c", "from hetbench.bench import allreduce as o; import json; "
                             "r = o.bench_staged_allreduce(sizes_mib=(1,), warmup=1, iters=2, rounds=2); "
                             "print(json.dumps(r)) if r else None"], nprocs=2, cwd=tmp_path, timeout=180)
     assert run.returncode == 0, run.stderr

@@ -1,8 +1,8 @@
-"""Pins `make bench`'s split and train figures as hetbench/overhead.py prints and judges them (issue 17): every
-number on every line recomputed from hand-made documents with known values, the rounds taken from the largest
-product, the rebalancing's convergence at its edge, the band's drift in per cent, the flags at exactly 1, and the
-exit codes. The documents are read as written (load_results replaced by json.load: what is pinned here is the
-figures, not the schema)."""
+"""Pins `make bench`'s split and train figures as hetbench/bench/ prints and judges them (split_goals.py,
+train_goals.py, verdict.py; issue 17): every number on every line recomputed from hand-made documents with known
+values, the rounds taken from the largest product, the rebalancing's convergence at its edge, the band's drift in
+per cent, the flags at exactly 1, and the exit codes. The documents are read as written (load_results replaced by
+json.load: what is pinned here is the figures, not the schema)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import json
 
 import pytest
 
-import hetbench.results
-from hetbench import overhead
+from hetbench.bench import opencl, split_goals, train_goals
 
 
 @pytest.fixture(autouse=True)
 def _plain_json(monkeypatch):
-    monkeypatch.setattr(hetbench.results, "load_results", lambda p: json.loads(open(p).read()))
+    for module in (split_goals, train_goals):
+        monkeypatch.setattr(module, "load_results", lambda p: json.loads(open(p).read()))
 
 
 def _split(n, total, compute, e2e, speedup, sum_solo, rebalance=None, weights="auto", even=True, predicted=0.0789):
@@ -65,7 +65,7 @@ def test_split_bench_lines_rounds_and_rebalancing(tmp_path, capsys):
     rebalanced = _write(tmp_path, "s-rebalance.json", _split(4096, 2 * 4096**3, 0.96, 0.92, None, 100.0, history,
                                                              weights="even", even=False))
     tiny = _write(tmp_path, "s-1024.json", _split(1024, 2 * 1024**3, 0.50, 0.40, 1.0, 90.0))
-    code = overhead.split_figures([tiny, small, *rounds, rebalanced])
+    code = split_goals.split_figures([tiny, small, *rounds, rebalanced])
     out = capsys.readouterr().out
     # below n=2048 the end-to-end efficiency is printed, not judged (issue 20 names 2048 and 4096)
     assert ("  n=1024: efficiency_end_to_end: median 0.400 of 1 round(s) (spread 0.400-0.400): reported, no goal "
@@ -117,15 +117,15 @@ def test_split_bench_lines_rounds_and_rebalancing(tmp_path, capsys):
     for i, path in enumerate(rounds):  # rounds that meet every goal, the baselines steady, the model within 10 %
         _write(tmp_path, f"s-4096-r{i}.json", _split(4096, 2 * 4096**3, 0.97, 0.96, 3.5, 100.0, predicted=0.05))
     _write(tmp_path, "s-2048.json", _split(2048, 2 * 2048**3, 0.50, 0.96, 1.0, 90.0, predicted=0.04))
-    assert overhead.split_figures([small, *rounds]) == 0
+    assert split_goals.split_figures([small, *rounds]) == 0
     out = capsys.readouterr().out
     assert ("  n=2048: goal model |predicted / measured - 1| <= 0.25: median 0.123 of 1 round(s) (each 0.123) met\n"
             in out)  # 1 - 0.04 / 0.0456 = 0.1228
     _write(tmp_path, "s-2048.json", _split(2048, 2 * 2048**3, 0.50, 0.96, 1.0, 90.0, predicted=0.0571))
-    assert overhead.split_figures([small, *rounds]) == 1  # 0.0571 / 0.0456 - 1 = 0.252: the model missed
+    assert split_goals.split_figures([small, *rounds]) == 1  # 0.0571 / 0.0456 - 1 = 0.252: the model missed
     assert "(each 0.252) NOT met" in capsys.readouterr().out
     _write(tmp_path, "s-2048.json", _split(2048, 2 * 2048**3, 0.50, 0.96, 1.0, 90.0, predicted=0.04))
-    assert overhead.split_figures([small, *rounds, rebalanced]) == 1
+    assert split_goals.split_figures([small, *rounds, rebalanced]) == 1
     assert "  rebalancing from even weights: did NOT converge under 5 % in 2 iteration(s)" in capsys.readouterr().out
 
 
@@ -154,7 +154,7 @@ def test_train_bench_lines_flags_at_the_edges_and_exit_codes(tmp_path, capsys):
     the modelled mark only on a modelled run. A round exactly at its summed solo (ratio 1) is no fault; solo runs
     exactly as tall as a rank's part still bracket it; auto over even exactly at 2 meets the torch bench's goal."""
     folder = _train_bench(tmp_path, autos=[1000.0, 1000.0], even=500.0)
-    code = overhead.train_figures([folder], even_goal=2.0)
+    code = train_goals.train_figures([folder], even_goal=2.0)
     out = capsys.readouterr().out
     assert "  host alone               600 samples/s, step 40.0 ms; loss curve verified\n" in out
     assert ("  opencl alone             400 samples/s (modelled: simulated ranks), step 60.0 ms; loss curve "
@@ -171,20 +171,20 @@ def test_train_bench_lines_flags_at_the_edges_and_exit_codes(tmp_path, capsys):
     assert code == 0
     # the prefetch hid less than half in one round of two: the goal inside the spread, the bench fails
     _write(tmp_path, "b/round-1/pair-auto.json", _train_doc(1000.0, 0.0456, 24, rows=2, shares=[20, 4], hidden=49.9))
-    assert overhead.train_figures([folder]) == 1
+    assert train_goals.train_figures([folder]) == 1
     assert ("goal prefetch hid >= 0.50 of the gathers' time: median 0.543 of 2 round(s) (spread 0.499-0.588) "
             "UNDECIDED (the goal inside the rounds' spread)") in capsys.readouterr().out
     # the pair's larger part exactly the solo runs' batch: still the upper bracket (no prefetch: no hidden goal)
     for r in (1, 2):
         _write(tmp_path, f"b/round-{r}/pair-auto.json", _train_doc(900.0, 0.0456, 24, rows=2, shares=[24, 0]))
-    assert overhead.train_figures([folder]) == 0
+    assert train_goals.train_figures([folder]) == 0
     out = capsys.readouterr().out
     assert "goal prefetch" not in out
     assert out.count("  shapes: each rank alone 24 rows a step, in the pair [24, 0]\n") == 2
     assert "(spread 0.900-0.900) met\n" in out
     # the solo sums moved 10 % between the rounds: the band reaches below 0.90
     _write(tmp_path, "b/round-2/solo-host.json", _train_doc(700.0, 0.04, 24))
-    assert overhead.train_figures([folder]) == 1
+    assert train_goals.train_figures([folder]) == 1
     drift = 1100 / 1000 - 1
     assert (f"(spread 0.818-0.900; the baselines moved 10.0 % between rounds: band {900 / 1100 / (1 + drift):.3f}-"
             f"{0.9 * (1 + drift):.3f}) UNDECIDED (the goal inside the rounds' spread)") in capsys.readouterr().out
@@ -206,7 +206,7 @@ def test_train_bench_rounds_with_solo_steps_between_the_pairs_steps(tmp_path, ca
     _write(tmp_path, "b/round-2/pair-auto.json", pair(1140.0, (700.0, 500.0)))
     _write(tmp_path, "b/pair-even.json", _train_doc(500.0, 0.0789, 24, rows=2, shares=[12, 12]))
     folder = str(tmp_path / "b")
-    assert overhead.train_figures([folder]) == 0
+    assert train_goals.train_figures([folder]) == 0
     out = capsys.readouterr().out
     assert "  host alone               600 samples/s, step 40.0 ms (between the pair's steps)\n" in out
     assert "  opencl alone             500 samples/s, step 48.0 ms (between the pair's steps)\n" in out
@@ -216,7 +216,7 @@ def test_train_bench_rounds_with_solo_steps_between_the_pairs_steps(tmp_path, ca
     assert "  shapes: each rank alone 24 rows a step, in the pair [20, 4]\n" in out
     # above its summed solo: flagged, a measurement fault
     _write(tmp_path, "b/round-2/pair-auto.json", pair(1300.0, (700.0, 500.0)))
-    overhead.train_figures([folder])
+    train_goals.train_figures([folder])
     out = capsys.readouterr().out
     assert "  auto / sum of solo (1200): 1.083  [above 1: a measurement fault" in out
     assert "1 round(s) a MEASUREMENT FAULT, flagged" in out
@@ -224,14 +224,14 @@ def test_train_bench_rounds_with_solo_steps_between_the_pairs_steps(tmp_path, ca
     _write(tmp_path, "b/round-2/pair-auto.json", _train_doc(1140.0, 0.0456, 24, rows=2, shares=[20, 4], hidden=60.0))
     _write(tmp_path, "b/round-2/solo-host.json", _train_doc(700.0, 0.04, 24))
     _write(tmp_path, "b/round-2/solo-opencl.json", _train_doc(500.0, 0.06, 24, backend="opencl"))
-    assert overhead.train_figures([folder]) == 1
+    assert train_goals.train_figures([folder]) == 1
     out = capsys.readouterr().out
     assert "the baselines moved 20.0 % between rounds" in out and "band is the rounds' spread" not in out
 
 
 def test_train_bench_wants_one_folder(tmp_path, capsys):
-    assert overhead.train_figures([]) == 2
-    assert overhead.train_figures([str(tmp_path), str(tmp_path)]) == 2
+    assert train_goals.train_figures([]) == 2
+    assert train_goals.train_figures([str(tmp_path), str(tmp_path)]) == 2
     assert "train: give the bench's folder" in capsys.readouterr().err
 
 
@@ -249,7 +249,7 @@ def _opencl_result(tuned: float, peak: float) -> dict:
 def test_opencl_bench_flags_a_figure_above_clpeaks(capsys, tuned, peak, flagged, met):
     """A figure above clpeak's reads as a ratio above 1: flagged ("!" and a line saying clpeak is no ceiling there),
     never shown as an efficiency unflagged; the goal is tuned >= 0.80 x clpeak's figure."""
-    assert overhead.print_opencl(_opencl_result(tuned, peak)) is met
+    assert opencl.print_opencl(_opencl_result(tuned, peak)) is met
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if "tuned kernel" in line)
     assert (f"{tuned / peak:.3f}!" in row) is flagged and f"{tuned / peak:.3f}" in row
