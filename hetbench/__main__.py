@@ -20,20 +20,17 @@ try:
 except ValueError:  # imported outside the main thread: nothing held, nothing to take up
     _HELD = []
 
-import os  # noqa: E402 - after the signals are held
-import signal  # noqa: E402
+import signal  # noqa: E402 - after the signals are held
 import sys  # noqa: E402
+
+from hetbench import signals  # noqa: E402
 
 
 def _launched_rank() -> int:
     """The rank the launcher gave this process (0 where none did), read from its variables: MPI is not started."""
-    from hetbench.comm.launcher import RANK_ENV
-    from hetbench.signals import launched_size
-
-    if launched_size() <= 1:
+    if signals.launched_size() <= 1:
         return 0
-    text = next((os.environ[n] for n in RANK_ENV if os.environ.get(n)), "0")
-    return int(text) if text.isascii() and text.isdigit() else 0
+    return signals.launched_rank()
 
 
 def _fail_before_mpi(line: str, code: int) -> None:
@@ -41,8 +38,6 @@ def _fail_before_mpi(line: str, code: int) -> None:
     before MPI started would leave MPICH's other ranks waiting in MPI_Init for ever (they may not have failed: a
     plugin or a package missing on one node), so MPI is started and the job aborted through it. Where every rank
     failed alike, rank 0 says it and its abort ends the others before they do (they wait a moment first)."""
-    from hetbench import signals
-
     if signals.launched_size() <= 1:
         print(line, file=sys.stderr, flush=True)
         sys.exit(code)
@@ -77,8 +72,6 @@ def _interrupt_in_chain(error: BaseException) -> KeyboardInterrupt | None:
 
 def run() -> None:
     held = _HELD  # held since this module's first line
-    from hetbench import signals
-
     try:
         # importing the commands (NumPy, MPI) takes a moment, and Ctrl-C then must not print a traceback
         signals.install()
@@ -87,12 +80,9 @@ def run() -> None:
                 signal.signal(s, signal.default_int_handler if s == signal.SIGINT else signal.SIG_DFL)
         if _pending:
             raise signals.Interrupted(_pending[0])
-        from hetbench.benchmarks import PluginError
-
         try:
+            # here, not at the top: the signals are handled by now, and a broken install is caught below
             from hetbench.cli import main
-        except PluginError as e:
-            _fail_before_mpi(f"Error: {e}", 2)
         except Exception as e:  # noqa: BLE001 - a broken install (on one node, say): one line, and the job ends
             signalled = _interrupt_in_chain(e)
             if signalled is not None:  # the signal's exception, wrapped by Python on its way out (see below)

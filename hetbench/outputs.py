@@ -13,6 +13,7 @@ from typing import Any, Callable
 import click
 
 from hetbench.backends.base import BACKEND_NAMES
+from hetbench.benchmarks.base import columns_of
 from hetbench.comm.world import RankError, World
 from hetbench.config import OutputConfig
 from hetbench.results import check_writable
@@ -217,79 +218,107 @@ def emit(world: World, document: dict[str, Any] | None, output: OutputConfig, re
          files: list[tuple[str, Path, Any]] | None = None) -> None:
     """Collective. Write the run's outputs, all or none: rank 0's JSON and CSV, and this rank's `files` (option,
     path, array: e.g. matmul's --save file at the root) as .npy, are each staged beside their targets; only when
-    every rank staged its
-    own do they go in place, rank 0's first. If any cannot be written, no target is touched, every rank raises the
-    same error (exit 1: the run was right, the disk was not) and nothing is shown. Then rank 0 shows the result:
-    the table, or the JSON alone with --json."""
+    every rank staged its own do they go in place, rank 0's first. If any cannot be written, no target is touched,
+    every rank raises the same error (exit 1: the run was right, the disk was not) and nothing is shown. Then rank 0
+    shows the result: the table, or the JSON alone with --json."""
     files = files or []
+    # this rank's files staged, not yet in place; the steps below fill and empty it in place, so that whatever is
+    # still in it when any of them raises is discarded here
+    pending: list[StagedFile] = []
+    try:
+        written, number = _stage_everywhere(world, document, output, files, pending)
+        error = None
+        if world.is_root:
+            written, error = _commit_root(document, output, files, pending, written, number)  # type: ignore[arg-type]
+        error = world.bcast(error) if world.size > 1 else error
+        if error:
+            raise click.ClickException(error)
+        _commit_others(world, files, pending)
+    except BaseException:
+        discard(pending)
+        raise
+    _show(world, document, output, render, written)
 
-    def stage_save() -> list[StagedFile]:
-        staged_files: list[StagedFile] = []
-        try:
-            for option, path, content in files:  # an array goes to .npy, text as it is (e.g. train's --log)
-                staged_files.append(_staged(f"{option} file", path, lambda: (  # noqa: B023
-                    stage_as("text" if isinstance(content, str) else "npy", path, content))))
-        except BaseException:
-            discard(staged_files)
-            raise
-        return staged_files
 
-    staged: list[StagedFile] = []  # this rank's, not yet in place
+def _stage_save(files: list[tuple[str, Path, Any]]) -> list[StagedFile]:
+    """Stage this rank's `files`: an array as .npy, text as it is (e.g. train's --log); all or none."""
+    staged_files: list[StagedFile] = []
+    try:
+        for option, path, content in files:
+            staged_files.append(_staged(f"{option} file", path, lambda: (  # noqa: B023
+                stage_as("text" if isinstance(content, str) else "npy", path, content))))
+    except BaseException:
+        discard(staged_files)
+        raise
+    return staged_files
+
+
+def _stage_everywhere(world: World, document: dict[str, Any] | None, output: OutputConfig,
+                      files: list[tuple[str, Path, Any]], pending: list[StagedFile]) -> tuple[list[Path], int]:
+    """Collective. Stage this rank's files into `pending` (rank 0's JSON and CSV too); where any rank could not,
+    every rank raises the same error. Rank 0's results files and the number their default names took."""
+    errors = []
+    number = 1
     written: list[Path] = []
     try:
-        errors = []
-        number = 1
-        try:
-            staged = stage_save()
-            if world.is_root and document is not None:
-                results, number = _stage_results(document, output, number)
-                staged += results
+        pending[:] = _stage_save(files)
+        if world.is_root and document is not None:
+            results, number = _stage_results(document, output, number)
+            pending += results
+            written = [f.target for f in results]
+    except _WriteError as e:
+        errors.append(str(e))
+    agreed = world.agree(errors)
+    if agreed:
+        raise click.ClickException(format_rank_errors(world, agreed))
+    return written, number
+
+
+def _commit_root(document: dict[str, Any], output: OutputConfig, files: list[tuple[str, Path, Any]],
+                 pending: list[StagedFile], written: list[Path], number: int) -> tuple[list[Path], str | None]:
+    """Rank 0 puts its staged files in place, `pending` emptied after. A default name can have been taken by
+    another run since it was staged: then everything is staged again under the next free name (a failed commit
+    leaves nothing behind). (the results files written, the error that stopped it or None)"""
+    error = None
+    try:
+        for attempt in range(100):
+            try:
+                _commit(pending, files)
+                break
+            except FileExistsError:
+                if attempt == 99:
+                    raise _WriteError(f"cannot write results file {str(output.out_json)!r}: every free "
+                                      "name was taken meanwhile; no output was written") from None
+                pending[:] = _stage_save(files)
+                results, number = _stage_results(document, output, number + 1)
+                pending += results
                 written = [f.target for f in results]
+    except _WriteError as e:
+        error = str(e)
+        discard(pending)
+    pending.clear()
+    return written, error
+
+
+def _commit_others(world: World, files: list[tuple[str, Path, Any]], pending: list[StagedFile]) -> None:
+    """Collective, after rank 0's are in place: the files of a rank other than rank 0 (matmul's --save at another
+    root) go in place, `pending` emptied after; where any rank could not, every rank raises the same error."""
+    errors = []
+    if pending:
+        try:
+            _commit(pending, files, "the results files were written")
         except _WriteError as e:
             errors.append(str(e))
+        pending.clear()
+    if world.size > 1:
         agreed = world.agree(errors)
         if agreed:
             raise click.ClickException(format_rank_errors(world, agreed))
 
-        # Rank 0 first. A default name can have been taken by another run since it was staged: then everything is
-        # staged again under the next free name (a failed commit leaves nothing behind).
-        error = None
-        if world.is_root:
-            try:
-                for attempt in range(100):
-                    try:
-                        _commit(staged, files)
-                        break
-                    except FileExistsError:
-                        if attempt == 99:
-                            raise _WriteError(f"cannot write results file {str(output.out_json)!r}: every free "
-                                              "name was taken meanwhile; no output was written") from None
-                        staged = stage_save()
-                        results, number = _stage_results(document, output, number + 1)  # type: ignore[arg-type]
-                        staged += results
-                        written = [f.target for f in results]
-            except _WriteError as e:
-                error = str(e)
-                discard(staged)
-            staged = []
-        error = world.bcast(error) if world.size > 1 else error
-        if error:
-            raise click.ClickException(error)
-        errors = []
-        if staged:  # the files of a rank other than rank 0 (matmul's --save at another root)
-            try:
-                _commit(staged, files, "the results files were written")
-            except _WriteError as e:
-                errors.append(str(e))
-            staged = []
-        if world.size > 1:
-            agreed = world.agree(errors)
-            if agreed:
-                raise click.ClickException(format_rank_errors(world, agreed))
-    except BaseException:
-        discard(staged)
-        raise
 
+def _show(world: World, document: dict[str, Any] | None, output: OutputConfig, render: Callable[[], None] | None,
+          written: list[Path]) -> None:
+    """Rank 0 shows the result: the JSON alone with --json, else the table and the results files written."""
     if not world.is_root:
         return
     if output.json_stdout:
@@ -297,7 +326,7 @@ def emit(world: World, document: dict[str, Any] | None, output: OutputConfig, re
         return
     assert render is not None
     render()
-    from hetbench.report.console import console
+    from hetbench.report.console import console  # rich: not loaded by a command that prints no table
 
     if written:
         console().print("results written to: " + ", ".join(map(str, written)))
@@ -306,6 +335,4 @@ def emit(world: World, document: dict[str, Any] | None, output: OutputConfig, re
 def csv_order(document: dict[str, Any]) -> list[str]:
     """The CSV's leading columns: the benchmark's declared columns, in their order (the run columns come last, see
     `results.runs.csv_rows`)."""
-    from hetbench.benchmarks.base import columns_of
-
     return [c.key for c in columns_of(document["schema"].removeprefix("hetbench.")) if not c.derived]

@@ -52,6 +52,8 @@ STARTUP_GRACE_SECONDS = 30.0
 STARTUP_POLL_SECONDS = 0.1
 # the number of ranks each launcher exports (MPICH's hydra, Open MPI, MVAPICH2, Slurm's srun)
 SIZE_ENV = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE", "SLURM_NTASKS")
+# the rank each launcher exports: MPICH's hydra (PMI_RANK), Open MPI, PMIx, MVAPICH2, Slurm's srun
+RANK_ENV = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK", "SLURM_PROCID")
 
 # taken by whoever announces the end; never released (the process is ending). Reentrant: the main thread that said
 # an interrupt itself (`interrupted`) takes it again in `finish`
@@ -133,6 +135,18 @@ def launched_size() -> int:
         if text.isascii() and text.isdigit():
             return int(text)
     return 1
+
+
+def started_by_launcher() -> bool:
+    """Whether a launcher's rank variable is set (it may be left over in a shell that started no job)."""
+    return any(os.environ.get(name) for name in RANK_ENV)
+
+
+def launched_rank() -> int:
+    """The rank the launcher's variables give this process (0 where none is set, or it is not a number). Read from
+    the environment, before MPI starts."""
+    text = next((os.environ[n] for n in RANK_ENV if os.environ.get(n)), "0")
+    return int(text) if text.isascii() and text.isdigit() else 0
 
 
 def start_mpi() -> tuple[int, int]:

@@ -13,6 +13,7 @@ from typing import Any, ClassVar, ContextManager, Protocol, cast, runtime_checka
 
 import numpy as np
 
+from hetbench import signals
 from hetbench.dtypes import DType
 
 TIMING_MEASURED = "measured"
@@ -359,8 +360,6 @@ def plugin_broke(error: BaseException) -> bool:
     if isinstance(error, (Exception, SystemExit)):
         return True
     if isinstance(error, KeyboardInterrupt):
-        from hetbench import signals
-
         return signals.installed() and not isinstance(error, signals.Interrupted)
     return False
 

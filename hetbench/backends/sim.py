@@ -6,8 +6,8 @@ figures in sim_catalog.py, never the host's wall time.
 
 Test hook: set HETBENCH_SIM_FAULT=matmul or HETBENCH_SIM_FAULT=upload to make that operation raise
 DeviceError, HETBENCH_SIM_FAULT=corrupt to make every matmul get one element wrong, or corrupt-copy to make
-every copy to the host get its first element wrong; on every rank, or on one
-rank with `matmul@<rank>` (the rank in COMM_WORLD, hetbench.comm.launcher.world_rank). It exists to test failure handling and verification.
+every copy to the host get its first element wrong; on every rank, or on one rank with `matmul@<rank>` (the rank
+in COMM_WORLD, hetbench.comm.world.world_rank). It exists to test failure handling and verification.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from hetbench.backends.base import (
 )
 from hetbench.backends.host import host_memory_available_bytes
 from hetbench.backends.sim_catalog import CATALOG, MODELS, GpuModel
-from hetbench.comm.launcher import world_rank
+from hetbench.comm.world import world_rank
 from hetbench.dtypes import DType, get_dtype, round_to_bf16, to_host_dtype
 
 CAPABILITIES = Capabilities(array_module="numpy", buffers_in_host_memory=True, simulated=True,

@@ -4,8 +4,8 @@
 Exit codes: 0 all checks passed; 1 a check failed or a rank failed while running; 2 bad input (usage); 130 and
 143 interrupted by SIGINT (Ctrl-C) and SIGTERM. A reader of the output that went away (a broken pipe:
 `hetbench devices | head -1`) ends the command quietly by SIGPIPE, which a shell reports as 141, as `yes | head -1`
-and mpiexec itself end; the files the command writes are in place by then. Usage errors are decided alike on every rank and printed once,
-by rank 0. A rank that fails while running, or is interrupted, prints its own message (naming the rank only in a
+and mpiexec itself end; the files the command writes are in place by then. Usage errors are decided alike on every
+rank and printed once, by rank 0. A rank that fails while running, or is interrupted, prints its own message (naming the rank only in a
 job of several) and aborts the whole MPI job, so no rank is left waiting.
 """
 
@@ -21,12 +21,15 @@ from typing import Any
 import click
 
 from hetbench import __version__, benchmarks, driver, signals
+from hetbench.backends.base import plugin_broke, plugin_failure
 from hetbench.benchmarks.base import REGISTRY
 from hetbench.cli.compare import compare
 from hetbench.cli.devices import devices
 from hetbench.cli.report import report
 from hetbench.comm import watchdog
-from hetbench.comm.launcher import world_rank
+from hetbench.comm.world import World, world_rank
+from hetbench.options import DEFAULT_TIMEOUT_SECONDS, timeout_usable
+from hetbench.outputs import format_rank_errors
 from hetbench.signals import launched_size
 
 # 128 + SIGPIPE: what a shell reports for a tool that SIGPIPE ended (mpiexec, for a closed reader, among them)
@@ -97,8 +100,6 @@ def _add_benchmark_commands() -> None:
         try:
             command = driver.command_for(benchmark)
         except BaseException as e:
-            from hetbench.backends.base import plugin_broke, plugin_failure
-
             if benchmark.name in benchmarks.BUILTIN_NAMES or not plugin_broke(e):
                 raise
 
@@ -207,8 +208,6 @@ def main(argv: list[str] | None = None) -> None:
 def _timeout_in(args: list[str]) -> float:
     """--timeout's value in the command line, or its default where it is absent or not a value click takes (the
     same rule: options.timeout_usable)."""
-    from hetbench.options import DEFAULT_TIMEOUT_SECONDS, timeout_usable
-
     for i, arg in enumerate(args):
         text = arg.split("=", 1)[1] if arg.startswith("--timeout=") else (
             args[i + 1] if arg == "--timeout" and i + 1 < len(args) else None)
@@ -228,9 +227,6 @@ def _command_everywhere(args: list[str]) -> None:
     name = next((a for a in args if not a.startswith("-")), None)
     if name is None or name in BUILTIN_COMMANDS or launched_size() <= 1 or any(a in ALWAYS for a in args):
         return
-    from hetbench.comm.world import World
-    from hetbench.outputs import format_rank_errors
-
     out = {u.name: u.reason for u in benchmarks.UNAVAILABLE}
     missing = f"no command {name!r} here (its plugin is not installed on this node)"
     mine = (f"benchmark {name} is unavailable: {out[name]}" if name in out else
@@ -270,7 +266,7 @@ def _main(argv: list[str] | None) -> int:
     except click.ClickException as e:
         # Usage errors: every rank reached the same one; rank 0 says it once
         if rank == 0:
-            from hetbench.report.console import error_line
+            from hetbench.report.console import error_line  # rich: loaded only to say an error
 
             error_line(e.format_message())
         code = e.exit_code

@@ -7,8 +7,12 @@ from pathlib import Path
 
 import click
 
+from hetbench.benchmarks.base import REGISTRY
 from hetbench.options import float_range
+from hetbench.report.compare import compare_documents, compared_rows
+from hetbench.report.figures import for_benchmark
 from hetbench.results import ResultsFileError, load_results
+from hetbench.results.io import to_json
 
 
 @click.command(short_help="Compare two results files of one benchmark: each key figure's change and whether it is "
@@ -23,10 +27,6 @@ def compare(base: Path, new: Path, fail_on_slowdown: float | None, json_stdout: 
     """Compare two results files of one benchmark: BASE (before) and NEW (after). Each figure with repeats in the
     files (a matmul's GEMMs, a collective's iterations, a split's or a training run's steps, a calibration's GEMMs)
     is tested for significance; one held once per run gets its change alone."""
-    from hetbench.benchmarks.base import REGISTRY
-    from hetbench.report.compare import compare_documents, compared_rows
-    from hetbench.report.figures import for_benchmark
-
     documents = []
     for path in (base, new):
         if path.is_dir():
@@ -54,13 +54,12 @@ def compare(base: Path, new: Path, fail_on_slowdown: float | None, json_stdout: 
     failed = fail_on_slowdown is not None and bool(comparison.slowdowns_over(fail_on_slowdown))
 
     if json_stdout:
-        from hetbench.results.io import to_json
-
         document = comparison.to_dict()
         document["fail_on_slowdown_percent"] = fail_on_slowdown
         document["failed"] = failed
         click.echo(to_json(document), nl=False)
     else:
+        # rich: loaded only to print a table
         from hetbench.report.console import console, print_table
         from hetbench.report.tables import compare_lines, compare_table, print_lines
 

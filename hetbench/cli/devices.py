@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import click
 
-from hetbench.backends.base import DeviceInfo, spec_of
+from hetbench.backends.base import BACKEND_NAMES, BackendUnavailable, DeviceInfo, backend_module, spec_of
+from hetbench.benchmarks import UNAVAILABLE as unavailable_benchmarks
+from hetbench.comm import watchdog
+from hetbench.comm.world import World
 from hetbench.options import timeout_option
 from hetbench.results.io import to_json
 
@@ -26,11 +29,6 @@ def backend_spec(info: DeviceInfo) -> str:
 @timeout_decorator
 def devices(with_sim: bool, json_stdout: bool, timeout_seconds: float) -> int:
     """List the devices of every backend on every rank's node."""
-    from hetbench.backends.base import BACKEND_NAMES, BackendUnavailable, backend_module
-    from hetbench.benchmarks import UNAVAILABLE as unavailable_benchmarks
-    from hetbench.comm import watchdog
-    from hetbench.comm.world import World
-
     watchdog.arm(timeout_seconds)
     world = World()
     rows, unavailable = [], []
@@ -64,7 +62,7 @@ def devices(with_sim: bool, json_stdout: bool, timeout_seconds: float) -> int:
         click.echo(to_json({"devices": all_rows, "unavailable": all_unavailable,
                             "unavailable_benchmarks": all_benchmarks}), nl=False)
         return 0
-    from hetbench.report.console import console, devices_table
+    from hetbench.report.console import console, devices_table  # rich: loaded only to print a table
 
     out = console()
     out.print(devices_table(all_rows, out.width))
@@ -79,8 +77,6 @@ def devices(with_sim: bool, json_stdout: bool, timeout_seconds: float) -> int:
 def _device_rows(name: str, infos: object) -> list[dict]:
     """The table's rows of backend `name`'s devices; BackendUnavailable where its list_devices gave no list of
     DeviceInfo (a plugin's)."""
-    from hetbench.backends.base import BackendUnavailable
-
     if not isinstance(infos, list) or not all(isinstance(i, DeviceInfo) for i in infos):
         raise BackendUnavailable(f"backend {name!r}: its list_devices() gave {type(infos).__name__}, not a list of "
                                  "DeviceInfo")

@@ -37,6 +37,8 @@ import threading
 import time
 from typing import Any, Callable
 
+from hetbench.comm import watchdog
+
 # while something is in flight: a 1 MiB message over MPICH's shared memory takes some 16 turns of its progress
 # engine (64 KiB cells), 4 ms at this interval
 DEFAULT_INTERVAL_S = 0.00025
@@ -135,8 +137,6 @@ class Progress:
         if flight.error is not None:
             raise flight.error
         if not flight.done:
-            from hetbench.comm import watchdog
-
             if watchdog.armed():
                 watchdog.wait_all(flight.requests)
             else:

@@ -23,6 +23,8 @@ import threading
 import time
 from typing import Any
 
+from hetbench import signals
+
 # the exit code of a job the watchdog ended: a failure, like a failed check, not a usage error
 EXIT_CODE = 1
 # rank r waits min(r, SPEAK_DELAY_RANKS) times this long after its own timeout before it speaks: when several ranks
@@ -114,8 +116,6 @@ def _watch() -> None:
 
 
 def _fire(operation: str, waited: float) -> None:
-    from hetbench import signals
-
     mpi = sys.modules.get("mpi4py.MPI")
     rank, size = signals.world()
     if rank:
@@ -213,13 +213,11 @@ def init_mpi() -> Any:
     MPI_Init, so no thread of this process can run then: a forked sentinel process stands guard instead. Should
     MPI_Init not return within the timeout, it says one line and kills the rank (SIGKILL: the rank can run no
     handler), and the launcher ends the job. Otherwise it leaves as soon as MPI has started."""
-    from hetbench import signals
-
     if "mpi4py.MPI" in sys.modules or not armed() or signals.launched_size() <= 1:
         from mpi4py import MPI
 
         return MPI
-    limit, rank, parent = _timeout_seconds, _launched_rank(), os.getpid()
+    limit, rank, parent = _timeout_seconds, signals.launched_rank(), os.getpid()
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # the sentinel: nothing of the parent's but this loop runs here
@@ -240,13 +238,6 @@ def init_mpi() -> Any:
         os.close(write_fd)  # the sentinel reads the end of the pipe and leaves
         os.waitpid(pid, 0)
     return MPI
-
-
-def _launched_rank() -> int:
-    from hetbench.comm.launcher import RANK_ENV
-
-    text = next((os.environ[n] for n in RANK_ENV if os.environ.get(n)), "0")
-    return int(text) if text.isascii() and text.isdigit() else 0
 
 
 def world_comm() -> Any:

@@ -7,8 +7,27 @@ through `World.agree`, so all ranks see the same errors and stop together: no ra
 from __future__ import annotations
 
 import socket
+import sys
 from dataclasses import dataclass
 from typing import Any, Sequence
+
+from hetbench.comm import watchdog
+from hetbench.signals import started_by_launcher
+
+
+def world_rank() -> int:
+    """This process's rank in COMM_WORLD: what MPI says once it has started, else 0.
+
+    A process no launcher started is rank 0, and MPI is not started to learn it. Where a launcher's variables are
+    set, MPI is asked: they may be left over in a shell without a launcher (a leftover PMI_RANK=1 starts a
+    singleton of rank 0), and trusting them would leave nobody to print."""
+    if "mpi4py.MPI" not in sys.modules and not started_by_launcher():
+        return 0
+    MPI = watchdog.init_mpi()  # MPI_Init watched where the watchdog is armed (a peer that never came)
+
+    if not MPI.Is_initialized() or MPI.Is_finalized():
+        return 0
+    return MPI.COMM_WORLD.Get_rank()
 
 
 @dataclass(frozen=True)
@@ -22,8 +41,6 @@ class World:
     """COMM_WORLD with the facts hetbench needs about it. Works the same with one process or under mpiexec."""
 
     def __init__(self, comm: Any = None) -> None:
-        from hetbench.comm import watchdog
-
         MPI = watchdog.init_mpi()  # MPI_Init itself watched, where the watchdog is armed
 
         self.MPI = MPI
@@ -48,8 +65,6 @@ class World:
 
     def wait_all(self, requests: list[Any]) -> None:
         """MPI_Waitall, watched by the watchdog where it is armed."""
-        from hetbench.comm import watchdog
-
         if watchdog.armed():
             watchdog.wait_all(requests)
         else:

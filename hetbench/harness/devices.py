@@ -17,6 +17,8 @@ from hetbench.backends.base import (
     open_backend,
     spec_label,
 )
+from hetbench.backends.host import share_blas_threads
+from hetbench.comm import gpu
 from hetbench.comm.world import World
 from hetbench.dtypes import DType
 
@@ -37,8 +39,6 @@ def open_rank_device(spec: BackendSpec, dtype: DType, world: World) -> tuple[Ope
     except (BackendUnavailable, ValueError) as e:
         return None, [str(e)]
     if not capabilities(backend.name).limits_own_threads:  # the host backend limits its BLAS itself, and records it
-        from hetbench.backends.host import share_blas_threads
-
         share_blas_threads(world.local_size)
     info = backend.info()
     try:
@@ -52,8 +52,6 @@ def open_rank_device(spec: BackendSpec, dtype: DType, world: World) -> tuple[Ope
 def device_path_error(backend: Backend, info: DeviceInfo, dtype: DType, world: World) -> str | None:
     """Why this rank's device cannot hand its buffers to MPI directly (`--path device`), or None when it can:
     host memory, or GPU memory with an MPI library built for that GPU."""
-    from hetbench.comm.gpu import HOW_TO_GET_GPU_AWARE_MPI, gpu_support
-
     # no device index in the message: ranks with the same kind of device then report one line
     label = f"{info.backend} device {info.name}"
     kind = backend.mpi_memory_kind()
@@ -61,7 +59,7 @@ def device_path_error(backend: Backend, info: DeviceInfo, dtype: DType, world: W
         return f"--path device: {label} has no buffer MPI can take directly (OpenCL buffers have none); use --path host"
     if kind == MPI_MEMORY_HOST:
         return None  # host memory is what every MPI takes
-    support = gpu_support()
+    support = gpu.gpu_support()
     if kind not in support:
         return f"--path device: no GPU-aware MPI path exists for {info.vendor} device {label}; use --path host"
     answer = support[kind]
@@ -69,4 +67,4 @@ def device_path_error(backend: Backend, info: DeviceInfo, dtype: DType, world: W
         return None
     said = "reports no" if answer is False else "has no query for"
     return (f"--path device hands {label}'s buffers to MPI directly, but this MPI library ({world.mpi_library()}) "
-            f"{said} {kind.upper()} support; {HOW_TO_GET_GPU_AWARE_MPI}")
+            f"{said} {kind.upper()} support; {gpu.HOW_TO_GET_GPU_AWARE_MPI}")

@@ -26,7 +26,8 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from hetbench.benchmarks.base import MODELLED_WITH_COPIES
+from hetbench.benchmarks.base import MODELLED_WITH_COPIES, columns_of
+from hetbench.signals import started_by_launcher
 
 MODELLED_MARK = "~"  # in a table, a value that was modelled, not measured
 
@@ -140,8 +141,6 @@ def output_width(stderr: bool = False, fallback_width: int = LOG_WIDTH) -> tuple
     # a file, a pipe, or a launcher's pseudo-terminal of size 0 (the user's terminal, a file or a pipe: unknown)
     if env:
         return False, env
-    from hetbench.comm.launcher import started_by_launcher
-
     if started_by_launcher():
         launching = launching_terminal_columns(2 if stderr else 1)
         if launching is not None:
@@ -390,12 +389,6 @@ def _check_cell(ok: bool) -> str:
     return "[green]ok[/]" if ok else "[bold red]FAILED[/]"
 
 
-def _columns(benchmark: str) -> tuple[Any, ...]:
-    from hetbench.benchmarks.base import columns_of
-
-    return columns_of(benchmark)
-
-
 def _text_cell(column: Any, row: dict[str, Any], wide: bool) -> str:
     """A column shown as it is, with the few that read better in their own form."""
     key = column.key
@@ -473,7 +466,7 @@ def matmul_table(rows: list[dict[str, Any]], summary: dict[str, Any], wide: bool
     from matmul's declared columns. The compact one names a rank's backend without " (auto)" and its device by a
     short name, and moves what every rank shares (shape, dtype) to the title; the JSON has everything."""
     reduce = summary.get("reduce") == "sum"
-    columns = [c for c in _columns("matmul") if c.shown(wide) and (reduce or not c.key.startswith("reduce"))]
+    columns = [c for c in columns_of("matmul") if c.shown(wide) and (reduce or not c.key.startswith("reduce"))]
     if wide:
         return columns_table("hetbench matmul", columns, rows, True, _modelled_caption(rows))
     shapes = {(r["m"], r["n"], r["k"]) for r in rows}
@@ -484,7 +477,7 @@ def matmul_table(rows: list[dict[str, Any]], summary: dict[str, Any], wide: bool
     title += f"{'/'.join(dict.fromkeys(r['dtype'] for r in rows))}, {ranks} rank{'s' if ranks != 1 else ''}"
     if summary.get("sizes"):
         title += f", {len(summary['sizes'])} sizes"
-    extra = {c.key: c for c in _columns("matmul") if c.key in ("host", "k", "shape")}
+    extra = {c.key: c for c in columns_of("matmul") if c.key in ("host", "k", "shape")}
     before_figures = [c for c in columns if c.text and c.key != "verified"]
     if hosts:
         before_figures.insert(1, extra["host"])
@@ -600,7 +593,7 @@ def collectives_report(rows: list[dict[str, Any]], summary: dict[str, Any], rank
             title += f", {first['dtype']}" + ("" if first["redop"] == "none" else f", redop {first['redop']}")
             title += "" if first["root"] is None else f", root {first['root']}"
         title += f", busbw factor {first['busbw_factor']:.3g})"
-        columns = [c for c in _columns("collectives") if c.shown(wide)
+        columns = [c for c in columns_of("collectives") if c.shown(wide)
                    and (host_path or c.modelled != MODELLED_WITH_COPIES)]  # the host path's copies
         table = columns_table(title, columns, group, wide, "\n".join(captions) or None)
         print_table(out, table, wide)
@@ -636,7 +629,7 @@ def render_document(document: dict[str, Any], wide: bool = False) -> None:
         return
     rows, summary = document["rows"], document["summary"]
     out = console()
-    columns = [c for c in _columns(benchmark) if c.shown(wide)]
+    columns = [c for c in columns_of(benchmark) if c.shown(wide)]
     print_table(out, columns_table(f"hetbench {benchmark}", columns, rows, wide, _modelled_caption(rows)), wide)
     for key, value in summary.items():
         if not isinstance(value, (dict, list)):
@@ -676,7 +669,7 @@ def split_report(rows: list[dict[str, Any]], summary: dict[str, Any], wide: bool
     title = (f"hetbench split{' --plan' if plan else ''}: {m}x{n}x{k} {rows[0]['dtype'] if rows else ''}, "
              f"strategy {summary['strategy']}" + ("" if summary["strategy_given"] != "auto" else " (auto)")
              + f", weights {summary['weights_kind']}")
-    columns = [c for c in _columns("split") if c.shown(wide) and not (plan and c.key == "comm_seconds_median")]
+    columns = [c for c in columns_of("split") if c.shown(wide) and not (plan and c.key == "comm_seconds_median")]
     caption = (f"{MODELLED_MARK} modelled: a plan, nothing was run" if plan else _modelled_caption(rows))
     print_table(out, columns_table(title, columns, rows, wide, caption), wide)
     if plan:
@@ -769,7 +762,7 @@ def train_report(rows: list[dict[str, Any]], summary: dict[str, Any], config: di
     title = (f"hetbench train: {summary['strategy']}, {config['layers']} layers x {config['hidden']}, batch "
              f"{config['batch']}, {summary['steps']} steps, {config['optimizer']} lr {config['lr']:g}, weights "
              f"{summary['weights_kind']} ({summary['shares_of']} {summary['shares']})")
-    columns = [c for c in _columns("train") if c.shown(wide)]
+    columns = [c for c in columns_of("train") if c.shown(wide)]
     print_table(out, columns_table(title, columns, rows, wide, _modelled_caption(rows)), wide)
     fell = summary.get("loss_fell_by")
     first = summary.get("first_step") or 0
