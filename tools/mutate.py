@@ -36,12 +36,17 @@ sys.path.insert(0, str(REPO / "tools"))
 from mutate_equivalents import EQUIVALENTS  # noqa: E402
 TIMEOUT_S = 300
 
+# make bench's goals' pins: the lines and verdicts from hand-made documents, and from real split and train runs
+_BENCH_GOAL_TESTS = ["tests/unit/test_pin_overhead.py", "tests/cli/test_makefile_bench.py::test_bench_goal_verdicts",
+                     "tests/cli/test_makefile_bench.py::test_split_figures_are_the_runs_and_unmet_goals_fail",
+                     "tests/mpi/test_train_balance.py::test_bench_train_figures_are_the_runs"]
+
 # the modules that compute figures, and the tests that pin them (kept fast: these run once per mutant)
 TARGETS: dict[str, list[str]] = {
     "hetbench/comm/busbw.py": ["tests/unit/test_collectives_spec.py", "tests/mpi/test_torch_backend.py"],
     "hetbench/pytorch/metrics.py": ["tests/mpi/test_torch_backend.py"],
     "hetbench/harness/stats.py": ["tests/unit/test_pin_stats.py"],
-    "hetbench/benchmarks/train/run.py": ["tests/unit/test_pin_train.py", "tests/unit/test_pin_train_run.py"],
+    "hetbench/train/numpy_frontend/run.py": ["tests/unit/test_pin_train.py", "tests/unit/test_pin_train_run.py"],
     "hetbench/train/outcome.py": ["tests/unit/test_pin_train.py", "tests/unit/test_pin_train_run.py",
                                   "tests/unit/test_train_tolerance.py"],
     "hetbench/benchmarks/collectives/run.py": ["tests/unit/test_pin_collectives.py", "tests/unit/test_pin_collectives_plan.py"],
@@ -57,9 +62,10 @@ TARGETS: dict[str, list[str]] = {
     "hetbench/pytorch/logger.py": ["tests/unit/test_pin_torch_train.py"],
     "hetbench/benchmarks/calibrate/__init__.py": ["tests/unit/test_pin_calibrate.py", "tests/unit/test_pin_calibrate_profile.py"],
     "hetbench/results/profile.py": ["tests/unit/test_pin_calibrate.py", "tests/unit/test_pin_calibrate_profile.py"],
-    "hetbench/overhead.py": ["tests/unit/test_pin_overhead.py", "tests/cli/test_makefile_bench.py::test_bench_goal_verdicts",
-                             "tests/cli/test_makefile_bench.py::test_split_figures_are_the_runs_and_unmet_goals_fail",
-                             "tests/mpi/test_train_balance.py::test_bench_train_figures_are_the_runs"],
+    # make bench's goals: the verdict bands and the split and train benches' figures (hetbench/bench/)
+    "hetbench/bench/verdict.py": _BENCH_GOAL_TESTS,
+    "hetbench/bench/split_goals.py": _BENCH_GOAL_TESTS,
+    "hetbench/bench/train_goals.py": _BENCH_GOAL_TESTS,
 }
 
 # Where a module is mostly mechanism, only the functions that compute its figures are mutated (a class's methods
@@ -75,8 +81,12 @@ SCOPES: dict[str, list[str]] = {
                                  "ShardedModule.empty_units", "ShardedModule._start_next",
                                  "ShardedModule.prefetched_units", "ShardedModule._note_peak",
                                  "ShardedModule.poll"],
-    # the bench's verdicts and the figures they judge (its timing loops are mechanism, checked by make bench)
-    "hetbench/overhead.py": ["judged", "split_figures", "train_figures"],
+    # the bench's verdicts and the figures they judge (the ratio tools' timing loops are mechanism, checked by
+    # make bench, and live in other modules)
+    "hetbench/bench/verdict.py": ["judged"],
+    "hetbench/bench/split_goals.py": ["split_figures", "_print_run", "_print_below_goal_n", "_judge_size",
+                                      "_judge_goal", "_judge_model"],
+    "hetbench/bench/train_goals.py": ["train_figures", "_complete_rounds", "_show", "_round", "_judge_rounds"],
 }
 
 _BINOPS = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.FloorDiv: ast.Mult,

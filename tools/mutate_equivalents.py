@@ -91,7 +91,7 @@ EQUIVALENTS: list[Equivalent] = [
     Equivalent('hetbench/harness/split_plan.py', 'balanced_parts', 'if usable[r] and parts[r] < limit[r]:',
                ('Lt -> LtE',),
                'scale <= 1 keeps real <= limit, so a rank at its limit has a remainder of 0 and comes last in order; the ranks with remainders, enough for the units left, are given them first'),
-    Equivalent('hetbench/overhead.py', 'judged', 'drift = max(known) / min(known) - 1 if len(known) > 1 else 0.0',
+    Equivalent('hetbench/bench/verdict.py', 'judged', 'drift = max(known) / min(known) - 1 if len(known) > 1 else 0.0',
                ('Gt -> GtE',),
                'one baseline: max / min - 1 is 0'),
     Equivalent('hetbench/report/compare.py', '_compare_rows', 'mean_worse = test.mean_new > test.mean_base',

@@ -49,7 +49,6 @@ def _round(r: Path) -> dict:
     whether the round is faulty (auto above its solo sum, or solo runs smaller than a part), a failed check."""
     pair = load_results(r / "pair-auto.json")
     between = _solo_between_steps(pair)
-    failed = False
     if between:  # each rank alone between the pair's steps, in the same run
         solos = []
         modelled = " (modelled: simulated ranks)" if pair["summary"].get("timing") == "modelled" else ""
@@ -57,13 +56,12 @@ def _round(r: Path) -> dict:
             print(f"  {row['backend'] + ' alone':<24} {row['solo_samples_per_second']:.0f} samples/s{modelled}, "
                   f"step {1e3 * row['solo_step_seconds_median']:.1f} ms (between the pair's steps)")
         solo = pair["summary"]["solo_samples_per_second_sum"]  # the run's own sum of those rates
+        failed = False
     else:
         solos = [load_results(p) for p in sorted(r.glob("solo-*.json"))]
-        solo = 0
-        for d in solos:
-            rate, bad = _show(d, f"{d['rows'][0]['backend']} alone")
-            solo += rate
-            failed |= bad
+        shown = [_show(d, f"{d['rows'][0]['backend']} alone") for d in solos]
+        solo = sum(rate for rate, _ in shown)
+        failed = any(bad for _, bad in shown)
     auto, bad = _show(pair, "together, auto weights")
     failed |= bad
     fault = ("  [above 1: a measurement fault, the machine's speed moved between the solo and paired runs]"
