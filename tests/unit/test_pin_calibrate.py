@@ -383,3 +383,90 @@ def test_the_part_is_capped_at_the_dimension_the_strategy_slices():
 def test_a_timer_that_gives_zero_is_refused():
     with pytest.raises(RuntimeError, match="a rate needs times > 0"):
         probe.measure_gemm(ScriptedBackend([9.0, 0.5, 0.0]), "fp32", "rows", 1, 1, 1, max_part=1, repeat=1)
+
+
+class ExactClockComm(RootComm):
+    """One peer whose small messages' round trips take no time on the clock until the twelfth, which leaves it at
+    exactly 0.01 s (the clock starts at 0.0), and 10 us each after it; each Send's first byte (the warm-up's flag)
+    is recorded."""
+
+    def __init__(self, clock: Clock) -> None:
+        super().__init__(clock, size=2)
+        self.flags: list[int] = []
+
+    def Send(self, buf, dest, tag):  # noqa: N802
+        if buf.nbytes == probe.LATENCY_BYTES:
+            self.flags.append(int(buf[0]))
+
+    def Recv(self, buf, source, tag):  # noqa: N802
+        if buf.nbytes != probe.LATENCY_BYTES:
+            self.clock.now += 100 * US
+        elif len(self.flags) < 12:
+            self.clock.now = 0.0
+        elif len(self.flags) == 12:
+            self.clock.now = 0.01
+        else:
+            self.clock.now += 10 * US
+
+
+def test_a_warm_up_of_exactly_ten_ms_is_long_enough(monkeypatch):
+    """The warm-up lasts at least LATENCY_WARMUP_SECONDS: each round trip's flag is decided before it starts, from
+    the clock after the ones before. After 12 round trips the clock reads exactly 0.01 s, so the 13th is the last (a
+    warm-up that needed more than 0.01 s would end one round trip later, at 0.01001 s)."""
+    clock = Clock()
+    clock.now = 0.0
+    monkeypatch.setattr(probe, "time", SimpleNamespace(perf_counter=clock.perf_counter))
+    comm = ExactClockComm(clock)
+    probe.link_to_root(comm, root=0, nbytes=NBYTES, repeat=1)
+    assert comm.flags[:13] == [1] * 12 + [0]
+    assert len(comm.flags) == 13 + probe.LATENCY_ROUND_TRIPS
+
+
+class CopyBackend:
+    """A device whose timer says what `script` lists, in order (an upload's, then its download's, per round); it
+    records the bytes of every upload."""
+
+    def __init__(self, script) -> None:
+        self.script = iter(script)
+        self.uploads: list[int] = []
+
+    @contextlib.contextmanager
+    def timer(self):
+        elapsed = Elapsed()
+        yield elapsed
+        elapsed.seconds = next(self.script)
+
+    def upload(self, host, dt):
+        self.uploads.append(host.nbytes)
+        return host
+
+    def download(self, array, dt):
+        return array
+
+
+def test_the_copy_rate_is_the_median_round_after_an_untimed_one():
+    """Defaults: a 16 MiB buffer (2**24 bytes), one untimed round and three timed ones, each moving 2**25 bytes (up
+    and down). Rounds (up + down): 3 + 1 s untimed; then 0.25 + 0.75 = 1 s, 0.5 + 1.5 = 2 s, 0.125 + 0.375 = 0.5 s:
+    rates 2**25, 2**24, 2**26 bytes/s, their median 2**25 (with the untimed round's 2**23 it would be 1.5 * 2**24)."""
+    backend = CopyBackend([3.0, 1.0, 0.25, 0.75, 0.5, 1.5, 0.125, 0.375])
+    assert probe.copy_rate(backend, "fp32", computes_on_host=False) == 2.0**25
+    assert backend.uploads == [2**24] * 4
+    assert next(backend.script, None) is None  # four rounds, no more
+
+
+def test_the_copy_rate_moves_whole_elements_at_least_one():
+    """nbytes 1 in fp32 is one element of 4 bytes, 8 bytes a round: 8 / (1 + 3) = 2 bytes/s; 10 bytes in fp16 are
+    5 elements, 20 bytes a round: 20 / (2 + 0.5) = 8 bytes/s (repeat 1: the second round's)."""
+    backend = CopyBackend([9.0, 9.0, 1.0, 3.0])
+    assert probe.copy_rate(backend, "fp32", False, nbytes=1, repeat=1) == 2.0 and backend.uploads == [4, 4]
+    backend = CopyBackend([9.0, 9.0, 2.0, 0.5])
+    assert probe.copy_rate(backend, "fp16", False, nbytes=10, repeat=1) == 8.0 and backend.uploads == [10, 10]
+
+
+def test_a_copy_round_of_no_time_is_left_out_and_none_timed_is_no_rate():
+    """repeat 2, fp32, 4 bytes (8 a round): the first timed round takes 0 s and is left out, the second 0.5 + 1.5 s:
+    4 bytes/s. Every timed round 0 s: no rate (None). A device computing on host arrays copies nothing: None."""
+    assert probe.copy_rate(CopyBackend([1.0, 1.0, 0.0, 0.0, 0.5, 1.5]), "fp32", False, nbytes=4, repeat=2) == 4.0
+    assert probe.copy_rate(CopyBackend([1.0, 1.0, 0.0, 0.0]), "fp32", False, nbytes=4, repeat=1) is None
+    unused = CopyBackend([])
+    assert probe.copy_rate(unused, "fp32", True) is None and unused.uploads == []
