@@ -7,10 +7,13 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import click
+from click.core import ParameterSource
 
 from hetbench.benchmarks.base import MODELLED_WITH_COPIES, SHOW_FILES, SHOW_WIDE, Column, RankResult
 from hetbench.benchmarks.base import register as register_benchmark
+from hetbench.benchmarks.collectives import run as sweep
 from hetbench.benchmarks.collectives.ops import OP_NAMES, OPS
+from hetbench.benchmarks.collectives.present import PRESENTATION
 from hetbench.benchmarks.collectives.config import (
     COLLECTIVE_DTYPES,
     PATHS,
@@ -73,7 +76,7 @@ class Collectives:
     name = "collectives"
     summary = "Collective benchmarks across the ranks' devices, with nccl-tests' algbw and busbw."
     columns = COLUMNS
-    from hetbench.benchmarks.collectives.present import PRESENTATION as presentation  # report, compare, the page
+    presentation = PRESENTATION  # report, compare, the page
 
     def options(self) -> list[click.Parameter]:
         return [
@@ -130,8 +133,6 @@ class Collectives:
         except ValueError as e:
             raise click.BadParameter(str(e), param_hint="'--stage-chunk-bytes'") from None
         if path == "device":
-            from click.core import ParameterSource
-
             ctx = click.get_current_context()
             given = [f"--{n.replace('_', '-')}" for n in ("stage_chunk_bytes", "stage_method")
                      if ctx.get_parameter_source(n) is not ParameterSource.DEFAULT]
@@ -152,16 +153,12 @@ class Collectives:
         return cfg.dtype
 
     def prepare(self, cfg: CollectivesConfig, world: Any, device: Any) -> tuple[Any, list[str]]:
-        from hetbench.benchmarks.collectives import run as sweep
-
         return sweep.prepare(cfg, world, device)
 
     def check(self, cfg: CollectivesConfig, world: Any, state: Any) -> list[str]:
         return []
 
     def run(self, cfg: CollectivesConfig, world: Any, state: Any, on_step: Any) -> RankResult:
-        from hetbench.benchmarks.collectives import run as sweep
-
         # the sweep gathers each point's times to rank 0 as it goes: rank 0's data is every row
         rows = sweep.run_sweep(cfg, world, state, on_step)
         return RankResult(rows, description=sweep.memory_description(state))
@@ -170,8 +167,6 @@ class Collectives:
         return gathered[0]
 
     def summarize(self, cfg: CollectivesConfig, rows: list[dict[str, Any]], gathered: Sequence[Any]) -> dict[str, Any]:
-        from hetbench.benchmarks.collectives import run as sweep
-
         return sweep.summarize(rows)
 
 

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from hetbench.backends.base import BackendSpec
-from hetbench.config import OutputConfig
+from hetbench.benchmarks.collectives import ops as op_records  # its OPS read at each call: a registry
+from hetbench.config import OutputConfig, parse_bytes
 from hetbench.dtypes import DType
 
 
@@ -20,8 +21,6 @@ MAX_STAGE_CHUNK_BYTES = 1024**3  # a chunk larger than 1 GiB stages nothing a wh
 def check_stage_chunk(text: str, dtype: DType) -> int | None:
     """--stage-chunk-bytes: `auto` (None: measured), or a byte count (8, 1K, 4M) that is a whole number of elements,
     at least one, at most 1G. Raises ValueError with the value and what is accepted."""
-    from hetbench.config import parse_bytes
-
     value = text.strip().lower()
     if value == "auto":
         return None
@@ -75,15 +74,13 @@ class CollectivesConfig:
 def parse_ops(texts: tuple[str, ...] | list[str]) -> tuple[str, ...]:
     """`--op allreduce --op bcast`, `--op allreduce,bcast` or `--op all`, in the order given, without repeats.
     Accepts every registered op (benchmarks.collectives.OPS)."""
-    from hetbench.benchmarks.collectives.ops import OPS
-
-    known = tuple(OPS)
+    known = tuple(op_records.OPS)
     names: list[str] = []
     for text in texts:
         for name in (t.strip().lower() for t in text.split(",")):
             if name == "all":
                 names.extend(known)
-            elif name in OPS:
+            elif name in op_records.OPS:
                 names.append(name)
             else:
                 raise ValueError(f"unknown op {name!r}; accepted: {', '.join(known)} or all")
@@ -93,8 +90,6 @@ def parse_ops(texts: tuple[str, ...] | list[str]) -> tuple[str, ...]:
 def check_collective_sizes(ops: tuple[str, ...], min_bytes: int, max_bytes: int, factor: int, dtype: DType,
                            nranks: int) -> None:
     """The sweep's sizes must be whole elements, split evenly over the ranks where an op needs that."""
-    from hetbench.benchmarks.collectives.ops import OPS
-
     if dtype.name not in COLLECTIVE_DTYPES:
         raise ValueError(f"dtype {dtype.name} cannot be reduced by MPI; accepted for collectives: "
                          f"{', '.join(COLLECTIVE_DTYPES)}")
@@ -105,7 +100,7 @@ def check_collective_sizes(ops: tuple[str, ...], min_bytes: int, max_bytes: int,
     for flag, size in (("--min-bytes", min_bytes), ("--max-bytes", max_bytes)):
         if size % dtype.itemsize:
             raise ValueError(f"{flag} {size} is not a multiple of the {dtype.name} size ({dtype.itemsize} bytes)")
-    split = [op for op in ops if OPS[op].size_is_total]
+    split = [op for op in ops if op_records.OPS[op].size_is_total]
     unit = dtype.itemsize * nranks
     if split and min_bytes % unit:
         raise ValueError(

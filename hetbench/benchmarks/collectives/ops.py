@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from hetbench.comm import busbw
+from hetbench.comm import busbw, watchdog
 
 _PERIOD = 509  # values repeat with this period in the position, which lets them be built without temporaries
 
@@ -196,8 +196,6 @@ class _Both:
         self._MPI, self._requests = MPI, requests
 
     def Wait(self) -> None:  # noqa: N802 - mpi4py's names
-        from hetbench.comm import watchdog
-
         if watchdog.armed():
             watchdog.wait_all(self._requests)
         else:

@@ -35,7 +35,7 @@ STRAGGLER_RATIO = 1.2  # a rank whose median time is 20% above the median rank's
 _COMPARE_CHUNK = 1 << 20  # elements compared at a time in the check (a bool per element)
 # glibc serves buffers of up to 32 MiB (its largest mmap threshold) from its heap once a freed one raised the
 # threshold, and keeps freed ones there: with a new device buffer and a new host copy every iteration, up to three
-# more buffers stay resident (measured with PoCL, 8-32 MiB); above that size every buffer goes back when freed
+# more buffers stay resident; above that size every buffer goes back when freed
 _HEAP_KEPT_BUFFERS = 3
 _HEAP_KEPT_MAX_BYTES = 32 * 1024**2
 
@@ -235,26 +235,7 @@ def _run_point(cfg: CollectivesConfig, world: World, prepared: OpenDevice, op: o
     staged_job = (not in_place) if staged_job is None else staged_job
     plan = staged = None
     if path == "host" and staged_job:
-        layout = stage_layout(op, size, dtype.itemsize, rank, n, root)
-        modelled = backend.timing == TIMING_MODELLED
-
-        held: list[staging.StagedCollective] = []
-
-        def make(chunk_bytes: int, method: str) -> staging.StagedCollective:
-            """A staged op with this chunk and method; the one made before gives its ring back first."""
-            while held:
-                held.pop().close()
-            held.append(staging.StagedCollective(
-                backend, dtype, layout, max(1, chunk_bytes // dtype.itemsize),
-                lambda s, r: op.start(comm, MPI, s, r, root), method, host_arrays=in_place, modelled=modelled))
-            return held[-1]
-
-        def trial(chunk_bytes: int, method: str) -> Callable[[], staging.StageTimes]:
-            collective = make(chunk_bytes, method)
-            return lambda: collective.run(send_dev, recv_dev)
-
-        plan = _stage_plan(cfg, world, prepared, op, size, trial)
-        staged = make(plan.chunk_bytes, plan.method)
+        plan, staged = _staged(cfg, world, prepared, op, size, send_dev, recv_dev, in_place)
 
     def iteration() -> tuple[float, float, float]:
         if staged is not None:
@@ -284,12 +265,7 @@ def _run_point(cfg: CollectivesConfig, world: World, prepared: OpenDevice, op: o
             staged.close()
         send_host = send_dev = None  # not needed again: freed before the expected result is built
         release_free_memory()
-        if in_place:  # the result is in recv_host: the expected one is built beside it
-            want = ops.expected(op, rank, n, root, size, dtype.host)
-            wrong = 0 if want is None else _count_wrong(recv_host, want)
-        else:
-            want = ops.expected(op, rank, n, root, size, dtype.host, out=recv_host)
-            wrong = 0 if want is None else _count_wrong(backend.download(recv_dev, dtype), want)
+        wrong = _wrong_elements(op, rank, n, root, size, prepared, dtype, recv_host, recv_dev, in_place)
     elif staged is not None:
         staged.close()
     return {
@@ -301,6 +277,45 @@ def _run_point(cfg: CollectivesConfig, world: World, prepared: OpenDevice, op: o
         "stage": None if staged is None else {**plan.to_dict(), "chunks": len(staged.bounds),
                                               "rank_method": staged.methods},
     }
+
+
+def _staged(cfg: CollectivesConfig, world: World, prepared: OpenDevice, op: ops.Op, size: int, send_dev: Any,
+            recv_dev: Any, in_place: bool) -> tuple[staging.StagePlan, staging.StagedCollective]:
+    """The host path's pipelined staging of one point: its chunking (given, or measured by _stage_plan, each trial
+    a staged op of its own whose ring the next one's replaces) and the staged op that runs it."""
+    backend, dtype, root = prepared.backend, cfg.dtype, cfg.root
+    MPI, comm = world.MPI, world.comm
+    layout = stage_layout(op, size, dtype.itemsize, world.rank, world.size, root)
+    modelled = backend.timing == TIMING_MODELLED
+    held: list[staging.StagedCollective] = []
+
+    def make(chunk_bytes: int, method: str) -> staging.StagedCollective:
+        """A staged op with this chunk and method; the one made before gives its ring back first."""
+        while held:
+            held.pop().close()
+        held.append(staging.StagedCollective(
+            backend, dtype, layout, max(1, chunk_bytes // dtype.itemsize),
+            lambda s, r: op.start(comm, MPI, s, r, root), method, host_arrays=in_place, modelled=modelled))
+        return held[-1]
+
+    def trial(chunk_bytes: int, method: str) -> Callable[[], staging.StageTimes]:
+        collective = make(chunk_bytes, method)
+        return lambda: collective.run(send_dev, recv_dev)
+
+    plan = _stage_plan(cfg, world, prepared, op, size, trial)
+    return plan, make(plan.chunk_bytes, plan.method)
+
+
+def _wrong_elements(op: ops.Op, rank: int, n: int, root: int, size: int, prepared: OpenDevice, dtype: Any,
+                    recv_host: np.ndarray, recv_dev: Any, in_place: bool) -> int:
+    """The check's count of wrong elements in this rank's result, against the op's expected one: built beside the
+    result where the device computes on the host's arrays (the result is in recv_host), else into recv_host, the
+    device's result copied back beside it."""
+    if in_place:
+        want = ops.expected(op, rank, n, root, size, dtype.host)
+        return 0 if want is None else _count_wrong(recv_host, want)
+    want = ops.expected(op, rank, n, root, size, dtype.host, out=recv_host)
+    return 0 if want is None else _count_wrong(prepared.backend.download(recv_dev, dtype), want)
 
 
 def _row(cfg: CollectivesConfig, op: ops.Op, size: int, path: str, per_rank: list[dict[str, Any]],
