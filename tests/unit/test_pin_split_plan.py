@@ -4,6 +4,7 @@ Every expected number is worked by hand in the comments."""
 
 from __future__ import annotations
 
+import math
 import signal
 from contextlib import contextmanager
 
@@ -211,3 +212,145 @@ def test_balanced_parts_the_unit_left_goes_to_the_largest_remainder():
     # 13 and 27 rows a second, 8 rows: 8 * 13/40 = 2.6 and 8 * 27/40 = 5.4; floors 2 and 5, the unit left to the
     # remainder 0.6 (rank 0), not to the larger part
     assert sp.balanced_parts([[(13, 1.0)], [(27, 1.0)]], 8) == [3, 5]
+
+
+# ---------------------------------------------------------------- seconds_at: a rank's time through its points
+#
+# points (2, 1 s) and (4, 3 s): the curve runs through (0, 0), (2, 1), (4, 3), then on at the last point's average
+# rate, 4 / 3 parts a second (not the last segment's slope, 1 s a part).
+
+
+def test_seconds_at_interpolates_through_the_origin_and_the_points():
+    points = [(4, 3.0), (2, 1.0)]
+    assert sp.seconds_at(points, 1) == 0.5  # 1 / 2 of the way to (2, 1)
+    assert sp.seconds_at(points, 2) == 1.0
+    assert sp.seconds_at(points, 2.5) == 1.5  # 1 + 0.5 * (3 - 1) / (4 - 2)
+    assert sp.seconds_at(points, 3) == 2.0
+    assert sp.seconds_at(points, 4) == 3.0
+    assert sp.seconds_at(points, 6) == 4.5  # 3 * 6 / 4 (the last segment's slope would give 5)
+    assert sp.seconds_at(points, 8) == 6.0
+
+
+def test_seconds_at_takes_the_median_of_the_points_at_one_part():
+    # at part 2: three times 5, 1, 2: the median 2; four times 1, 2, 4, 8: (2 + 4) / 2 = 3; parts as floats (from
+    # JSON) count as the same part: 2.0 and 2 are one
+    assert sp.seconds_at([(2, 5.0), (2, 1.0), (2, 2.0), (4, 8.0)], 2) == 2.0
+    assert sp.seconds_at([(2, 8.0), (2, 1.0), (2, 4.0), (2.0, 2.0), (4, 9.0)], 2) == 3.0
+    # and the line from there: (2, 3) to (4, 9) at 3: 6
+    assert sp.seconds_at([(2, 8.0), (2, 1.0), (2, 4.0), (2.0, 2.0), (4, 9.0)], 3) == 6.0
+
+
+def test_seconds_at_never_falls_with_the_part():
+    # (2, 3 s) then (4, 1 s): the curve holds 3 s to part 4, then goes on at 3 s per 4 parts
+    points = [(2, 3.0), (4, 1.0)]
+    assert [sp.seconds_at(points, p) for p in (1, 2, 3, 4, 8)] == [1.5, 3.0, 3.0, 3.0, 6.0]
+
+
+def test_seconds_at_leaves_out_unusable_points_and_refuses_none_left():
+    # only (4, 2 s) is usable: a part of 0 or below, seconds of 0, below 0, nan or inf are left out
+    points = [(0, 1.0), (-2, 1.0), (2, 0.0), (2, -1.0), (2, math.nan), (2, math.inf), (4, 2.0)]
+    assert sp.seconds_at(points, 2) == 1.0 and sp.seconds_at(points, 4) == 2.0
+    with pytest.raises(ValueError) as e:
+        sp.seconds_at([(0, 1.0), (3, 0.0)], 1)
+    assert str(e.value) == "no measured point (part > 0, seconds > 0) among [(0, 1.0), (3, 0.0)]"
+
+
+def test_predict_takes_a_ranks_compute_from_its_curve_where_it_has_one():
+    # rows 4 x 1 x 1, parts [2, 2]: rank 0 through its curve (2, 1 s), (4, 3 s): 1 s, its rate of 0 unused; rank 1
+    # without a curve: 2 * 2 * 1 * 1 / 2 flop/s = 2 s. An empty curve is no curve: the rate of 0 is refused
+    link = [None, Link(1.0, 0.0)]
+    got = sp.predict("rows", 4, 1, 1, 1, [2, 2], [0.0, 2.0], link, curves=[[(2, 1.0), (4, 3.0)], None])
+    assert got.compute_seconds == (1.0, 2.0)
+    with pytest.raises(ValueError, match="rank 0 has a part of 2 but a rate of 0.0 flop/s"):
+        sp.predict("rows", 4, 1, 1, 1, [2, 2], [0.0, 2.0], link, curves=[[], None])
+    with pytest.raises(ValueError) as e:
+        sp.predict("rows", 4, 1, 1, 1, [2, 2], [2.0, 2.0], link, curves=[None])
+    assert str(e.value) == "2 parts and 1 curves: one each per rank"
+
+
+# ---------------------------------------------------------------- the streamed split (chunks)
+
+
+def test_chunk_widths_differ_by_one_at_most_the_wider_first():
+    assert sp.chunk_widths(5, 2) == [3, 2]
+    assert sp.chunk_widths(7, 3) == [3, 2, 2]
+    assert sp.chunk_widths(6, 3) == [2, 2, 2]
+    assert sp.chunk_widths(2, 5) == [1, 1]  # no more chunks than columns
+    assert sp.chunk_widths(1, 1) == [1]
+    for n, chunks in ((0, 2), (3, 0)):
+        with pytest.raises(ValueError) as e:
+            sp.chunk_widths(n, chunks)
+        assert str(e.value) == f"column chunks need n >= 1 and chunks >= 1, got n={n}, chunks={chunks}"
+
+
+# rows, m = 4, n = 5, k = 8, itemsize 2, parts [2, 2], 2 chunks of 5 columns: widths 3, 2. Rank 1's link moves 2
+# bytes/s (one element a second) after 1 s of latency. Rank 1 computes 2 * 2 * 5 * 8 = 160 flop. Its first chunk:
+# its A block (2 x 8 = 16) and B's first 3 columns (8 x 3 = 24): 1 + 40 = 41 s; the other B chunk (8 x 2): 16 s;
+# its last C chunk (2 x 2): 1 + 4 = 5 s. Phased: distribute 1 + (16 + 40) = 57 s, collect 1 + 10 = 11 s.
+def _streamed(rates, copies=None, chunks=2) -> sp.Prediction:
+    return sp.predict("rows", 4, 5, 8, 2, [2, 2], rates, [None, Link(2.0, 1.0)], chunks=chunks, copies=copies)
+
+
+def test_streamed_a_rank_computes_while_the_rest_of_b_arrives():
+    # rates 8: 20 s each; rank 1 computes for max(20, 16 + 20 / 2 = 26) = 26 s: 41 + 26 + 5 = 72 s, past the
+    # root's 20 s and its link's 57 + 11 = 68 s
+    got = _streamed([8.0, 8.0])
+    assert (got.distribute_seconds, got.compute_seconds, got.collect_seconds) == (41.0, (20.0, 20.0), 5.0)
+    assert got.streamed_seconds == 72.0 and got.seconds == 72.0 and got.chunks == 2 and got.copy_seconds is None
+
+
+def test_streamed_the_slowest_of_its_ranks_the_root_and_the_roots_link():
+    # rank 1 at 2 flop/s: 80 s, more than 16 + 40 s: 41 + 80 + 5 = 126 s
+    assert _streamed([8.0, 2.0]).seconds == 126.0
+    # the root at 2 flop/s: 80 s, past rank 1's 72 s
+    assert _streamed([2.0, 8.0]).seconds == 80.0
+    # k, m = 2, n = 3, k = 4, parts [1, 3], 2 chunks (widths 2, 1), itemsize 2 over 2 bytes/s and 1 s: rank 1's A
+    # block (2 x 3) and B rows' first 2 columns (3 x 2): 1 + 12 = 13 s; the other B chunk 3 s; its last C chunk (the
+    # full m = 2 rows by 1): 1 + 2 = 3 s; it computes 2 * 2 * 3 * 3 / 9 = 4 s: 13 + max(4, 3 + 2) + 3 = 21 s. The
+    # root's link: 1 + (6 + 9) = 16 s out, 1 + 6 = 7 s back: 23 s, the end to end; the root computes 1 s
+    got = sp.predict("k", 2, 3, 4, 2, [1, 3], [12.0, 9.0], [None, Link(2.0, 1.0)], chunks=2)
+    assert (got.distribute_seconds, got.compute_seconds, got.collect_seconds, got.seconds) == (13.0, (1.0, 4.0),
+                                                                                                3.0, 23.0)
+
+
+def test_streamed_the_exposed_transfers_are_the_largest_of_the_ranks():
+    # a third rank (m = 6), 4 bytes/s after 0.5 s: first 0.5 + 40 / 2 = 20.5 s, the rest of B 8 s, last 0.5 + 2 =
+    # 2.5 s, computes max(20, 8 + 10) = 20 s: ends at 43 s. The root's link: 57 + 0.5 + 56 / 2 = 85.5 s out, 11 + 0.5
+    # + 10 / 2 = 16.5 s back: 102 s, the end to end; exposed: rank 1's 41 s and 5 s
+    got = sp.predict("rows", 6, 5, 8, 2, [2, 2, 2], [8.0] * 3, [None, Link(2.0, 1.0), Link(4.0, 0.5)], chunks=2)
+    assert (got.distribute_seconds, got.collect_seconds, got.seconds) == (41.0, 5.0, 102.0)
+    # the root alone moves nothing: nothing exposed, its own compute (2 * 4 * 5 * 8 / 16 = 20 s) end to end
+    alone = sp.predict("rows", 4, 5, 8, 2, [4, 0], [16.0, 16.0], [None, None], chunks=2)
+    assert (alone.distribute_seconds, alone.collect_seconds, alone.seconds, alone.chunks) == (0.0, 0.0, 20.0, 2)
+
+
+# ---------------------------------------------------------------- copies between host and device
+#
+# rows 4 x 5 x 8, itemsize 2, part 2: the device holds (2 * 8 + 8 * 5 + 2 * 5) * 2 = 132 bytes, copied in and out:
+# 33 s at 4 bytes/s, 66 s at 2 bytes/s.
+
+
+def test_copies_join_each_ranks_device_phase():
+    # phased: 57 + max(20 + 33, 20 + 66) + 11 = 154 s
+    got = sp.predict("rows", 4, 5, 8, 2, [2, 2], [8.0, 8.0], [None, Link(2.0, 1.0)], copies=[4.0, 2.0])
+    assert got.copy_seconds == (33.0, 66.0) and got.compute_seconds == (20.0, 20.0) and got.seconds == 154.0
+    assert got.to_dict()["copy_seconds"] == [33.0, 66.0] and got.to_dict()["seconds"] == 154.0
+    # streamed: rank 1 busy 20 + 66 = 86 s, more than 16 + 86 / 2: 41 + 86 + 5 = 132 s
+    streamed = _streamed([8.0, 8.0], copies=[None, 2.0])
+    assert streamed.copy_seconds == (0.0, 66.0) and streamed.seconds == 132.0
+    assert streamed.to_dict()["chunks"] == 2 and streamed.to_dict()["seconds"] == 132.0
+    # the root's copies too: 80 + 33 = 113 s, past rank 1's 72 s
+    assert _streamed([2.0, 8.0], copies=[4.0, None]).seconds == 113.0
+
+
+def test_copies_of_no_part_cost_nothing_and_a_bad_copy_rate_is_refused():
+    # rank 1 holds nothing: its copy rate of 0 is not used
+    got = sp.predict("rows", 4, 5, 8, 2, [4, 0], [16.0, 16.0], [None, None], copies=[None, 0.0])
+    assert got.copy_seconds == (0.0, 0.0) and got.seconds == 20.0  # the root: 2 * 4 * 5 * 8 / 16
+    for rate in (0.0, -1.0, math.nan, math.inf):
+        with pytest.raises(ValueError) as e:
+            sp.predict("rows", 4, 5, 8, 2, [2, 2], [16.0, 16.0], [None, Link(2.0, 1.0)], copies=[4.0, rate])
+        assert str(e.value) == f"rank 1 has a copy rate of {rate!r} bytes/s"
+    with pytest.raises(ValueError) as e:
+        sp.predict("rows", 4, 5, 8, 2, [2, 2], [16.0, 16.0], [None, Link(2.0, 1.0)], copies=[4.0])
+    assert str(e.value) == "2 parts and 1 copy rates: one each per rank"
