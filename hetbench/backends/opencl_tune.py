@@ -26,7 +26,8 @@ from hetbench.dtypes import DType
 from hetbench.kernels_path import kernel_source
 
 KERNEL_FILE = "gemm_tuned.cl"
-CACHE_ENV = "HETBENCH_CACHE_DIR"  # the folder of hetbench's caches; default XDG_CACHE_HOME/hetbench or ~/.cache/hetbench
+# the folder of hetbench's caches; default XDG_CACHE_HOME/hetbench or ~/.cache/hetbench
+CACHE_ENV = "HETBENCH_CACHE_DIR"
 SCHEMA = "hetbench.opencl-gemm-tuning"
 VERSION = 1
 DEFAULT_BUDGET_SECONDS = 60.0
@@ -53,7 +54,7 @@ SHAPE_CLASSES: dict[str, tuple[int, int, int]] = {
     "thin": (128, 1024, 1024),
     "medium": (1024, 1024, 1024),
     # 2048, not the class's smallest (1536): at 2048 rows of A and B lie 8 KiB apart and share cache sets, so the
-    # winner differs (on PoCL, quiet: 12 rows per work-item won at 1536, but at 2048 ran 62.5 GFLOP/s against 85.7 for 8)
+    # winner can differ from the one at 1536
     "large": (2048, 2048, 2048),
 }
 
@@ -213,7 +214,8 @@ def search_axes(facts: DeviceFacts, dtype_name: str) -> list[list[dict[str, int]
         vw = facts.vector_width(dtype_name)
         return [
             [{"wm": wm} for wm in (4, 6, 8, 12)],
-            [{"vw": vw, "nv": 1}, {"vw": vw, "nv": 2}, {"vw": max(1, vw // 2), "nv": 2}, {"vw": max(1, vw // 2), "nv": 1}],
+            [{"vw": vw, "nv": 1}, {"vw": vw, "nv": 2},
+             {"vw": max(1, vw // 2), "nv": 2}, {"vw": max(1, vw // 2), "nv": 1}],
             [{"lx": lx} for lx in (2, 4, 8, 16)],
             [{"pack": 1, "nc": nc} for nc in (128, 256, 512)] + [{"pack": 0}],
             [{"use_local": 1, "pack": 0, "ly": 4, "kb": 32}],
@@ -375,26 +377,64 @@ def tune(kernels: TunedKernels, facts: DeviceFacts, dtype: DType, cls: str, *,
     right one wins, checked again on odd shapes (edge tiles, offsets). `others` ("clblast", "kernel": callables that
     enqueue C = A @ B on device arrays) are measured and checked the same way, for `auto`'s choice. Stops trying new
     candidates once `budget_seconds` have passed."""
-    import pyopencl.array as cl_array
+    import pyopencl.array as cl_array  # pyopencl: loaded only where an OpenCL device is tuned
 
     start = time.perf_counter()
     m, n, k = shape or SHAPE_CLASSES[cls]
     rng = np.random.default_rng(20)
-    a = rng.uniform(-1, 1, (m, k)).astype(dtype.host)
-    b = rng.uniform(-1, 1, (k, n)).astype(dtype.host)
-    reference, bound = _reference(a, b, dtype)
-    queue = kernels.queue
-    a_dev, b_dev = cl_array.to_device(queue, a), cl_array.to_device(queue, b)
-    c_dev = cl_array.empty(queue, (m, n), dtype.host)
-    itemsize = dtype.host.itemsize
-    flop = 2.0 * m * n * k
+    problem = _problem(kernels, dtype, (m, n, k), rng, cl_array)
+    axes = axes if axes is not None else search_axes(facts, dtype.name)
+    steps = _Steps(on_step, 1 + sum(len(axis) for axis in axes) + len(others or {}))
+    search = _coordinate_search(problem, facts, axes, steps, cls, start, budget_seconds, repeat)
+    if search.best_seconds is None:
+        raise NoWinner(f"no parameter set of {KERNEL_FILE} computed a right {dtype.name} product: "
+                       + "; ".join(f"{label}: {why}" for label, _, why in search.results[:3]))
+    _final_rounds(problem, search, repeat, default_params(facts, dtype.name))
+    verified = _verify_edges(problem, search.best_params, rng, cl_array)
+    measured_others = _measure_others(problem, others or {}, steps, cls)
+    best_seconds, default_seconds = search.best_seconds, search.default_seconds
+    return TuneOutcome(
+        params=search.best_params, shape=(m, n, k), tuned_gflops=problem.flop / best_seconds / 1e9,
+        default_gflops=problem.flop / default_seconds / 1e9 if default_seconds else None,
+        others_gflops=measured_others, candidates=search.results, search_seconds=time.perf_counter() - start,
+        verified_shapes=verified,
+    )
 
-    def measure(label: str, launch: Callable[[], None], best: float | None, repeat: int = repeat) -> Measured:
-        c_dev.fill(np.nan)  # a launch that writes nothing fails the check
+
+@dataclass
+class _Problem:
+    """The search's GEMM on the device: A and B, the C each candidate writes, and NumPy's product with the bound
+    its error must keep within."""
+
+    kernels: TunedKernels
+    dtype: DType
+    m: int
+    n: int
+    k: int
+    a_dev: Any
+    b_dev: Any
+    c_dev: Any
+    reference: np.ndarray
+    bound: np.ndarray
+
+    @property
+    def flop(self) -> float:
+        return 2.0 * self.m * self.n * self.k
+
+    def launch(self, params: GemmParams) -> None:
+        """Enqueue the tuned kernel with `params` on A, B and C."""
+        self.kernels.enqueue(params, self.dtype.name, self.dtype.host.itemsize, self.m, self.n, self.k,
+                             self.a_dev.base_data, 0, self.b_dev.base_data, 0, self.c_dev.base_data, 0)
+
+    def measure(self, label: str, launch: Callable[[], None], best: float | None, repeat: int) -> Measured:
+        """`launch` run once and its product checked, then timed `repeat` times (its best); out as soon as one run
+        takes more than twice `best`, or where the device refuses it."""
+        queue = self.kernels.queue
+        self.c_dev.fill(np.nan)  # a launch that writes nothing fails the check
         try:
             launch()  # the first run builds caches and is checked
             queue.finish()
-            if not _product_ok(c_dev.get(), reference, bound):
+            if not _product_ok(self.c_dev.get(), self.reference, self.bound):
                 return Measured(label, why_not="wrong product")
             times = []
             for _ in range(repeat):
@@ -405,97 +445,136 @@ def tune(kernels: TunedKernels, facts: DeviceFacts, dtype: DType, cls: str, *,
                 if best is not None and times[-1] > 2 * best:
                     return Measured(label, why_not="slower than 2x the best")
         except Exception as e:  # a build or launch the device refuses: that candidate is out, the search goes on
-            return Measured(label, why_not=f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}")
+            first_line = str(e).splitlines()[0][:120] if str(e) else ""
+            return Measured(label, why_not=f"failed: {type(e).__name__}: {first_line}")
         return Measured(label, seconds=min(times))
 
-    def candidate(params: GemmParams, best: float | None) -> Measured:
-        return measure(params.label(), lambda: kernels.enqueue(params, dtype.name, itemsize, m, n, k, a_dev.base_data,
-                                                               0, b_dev.base_data, 0, c_dev.base_data, 0), best)
+    def candidate(self, params: GemmParams, best: float | None, repeat: int) -> Measured:
+        return self.measure(params.label(), lambda: self.launch(params), best, repeat)
 
-    axes = axes if axes is not None else search_axes(facts, dtype.name)
-    planned = 1 + sum(len(axis) for axis in axes) + len(others or {})
-    done = 0
 
-    def step(label: str) -> None:
-        nonlocal done
-        done += 1
-        if on_step:
-            on_step(done, planned, label)
+def _problem(kernels: TunedKernels, dtype: DType, shape: tuple[int, int, int], rng: np.random.Generator,
+             cl_array: Any) -> _Problem:
+    """Random A (m x k) and B (k x n) in [-1, 1), on the device with an empty C, and their product in float64."""
+    m, n, k = shape
+    a = rng.uniform(-1, 1, (m, k)).astype(dtype.host)
+    b = rng.uniform(-1, 1, (k, n)).astype(dtype.host)
+    reference, bound = _reference(a, b, dtype)
+    queue = kernels.queue
+    a_dev, b_dev = cl_array.to_device(queue, a), cl_array.to_device(queue, b)
+    c_dev = cl_array.empty(queue, (m, n), dtype.host)
+    return _Problem(kernels, dtype, m, n, k, a_dev, b_dev, c_dev, reference, bound)
 
-    results: list[tuple[str, float | None, str]] = []
-    best_params = default_params(facts, dtype.name)
-    tried: set[GemmParams] = set()
-    right: list[tuple[float, GemmParams]] = []  # (best seconds, parameters) of every candidate with a right product
+
+class _Steps:
+    """The search's progress: on_step(steps done, steps planned, label) after each step."""
+
+    def __init__(self, on_step: Callable[[int, int, str], None] | None, planned: int) -> None:
+        self.on_step, self.planned, self.done = on_step, planned, 0
+
+    def __call__(self, label: str) -> None:
+        self.done += 1
+        if self.on_step:
+            self.on_step(self.done, self.planned, label)
+
+
+@dataclass
+class _Search:
+    """The coordinate search's state: each candidate's (label, GFLOP/s, why not), the parameters tried, the right
+    ones' (best seconds, parameters), the best so far and the default's time."""
+
+    best_params: GemmParams
+    results: list[tuple[str, float | None, str]] = dataclasses.field(default_factory=list)
+    tried: set[GemmParams] = dataclasses.field(default_factory=set)
+    right: list[tuple[float, GemmParams]] = dataclasses.field(default_factory=list)
     best_seconds: float | None = None
     default_seconds: float | None = None
-    if facts.fits(best_params, dtype.name):
-        first = candidate(best_params, None)
-        tried.add(best_params)
-        results.append((first.label, first.gflops(flop), first.why_not))
-        best_seconds = default_seconds = first.seconds
-        if first.seconds is not None:
-            right.append((first.seconds, best_params))
-    step(f"tune {dtype.name} {cls}: default")
+
+    def note(self, params: GemmParams, got: Measured, flop: float) -> None:
+        """A candidate's outcome; the best so far where it is right and faster."""
+        self.results.append((got.label, got.gflops(flop), got.why_not))
+        if got.seconds is not None:
+            self.right.append((got.seconds, params))
+            if self.best_seconds is None or got.seconds < self.best_seconds:
+                self.best_params, self.best_seconds = params, got.seconds
+
+
+def _coordinate_search(problem: _Problem, facts: DeviceFacts, axes: list[list[dict[str, int]]], steps: _Steps,
+                       cls: str, start: float, budget_seconds: float, repeat: int) -> _Search:
+    """From the default point, each axis's changes in turn to the best so far; a candidate that was tried, does not
+    fit the device, or comes once the budget has passed is skipped (a step all the same)."""
+    name = problem.dtype.name
+    search = _Search(default_params(facts, name))
+    if facts.fits(search.best_params, name):
+        default = search.best_params
+        search.tried.add(default)
+        first = problem.candidate(default, None, repeat)
+        search.note(default, first, problem.flop)
+        search.default_seconds = first.seconds
+    steps(f"tune {name} {cls}: default")
     for axis in axes:
         for change in axis:
-            params = _normalised(dataclasses.replace(best_params, **change))
-            if params in tried or not facts.fits(params, dtype.name) or time.perf_counter() - start > budget_seconds:
-                step(f"tune {dtype.name} {cls}")
+            params = _normalised(dataclasses.replace(search.best_params, **change))
+            if params in search.tried or not facts.fits(params, name) or time.perf_counter() - start > budget_seconds:
+                steps(f"tune {name} {cls}")
                 continue
-            tried.add(params)
-            got = candidate(params, best_seconds)
-            results.append((got.label, got.gflops(flop), got.why_not))
-            if got.seconds is not None:
-                right.append((got.seconds, params))
-                if best_seconds is None or got.seconds < best_seconds:
-                    best_params, best_seconds = params, got.seconds
-            step(f"tune {dtype.name} {cls}: {len(results)} tried")
-    if best_seconds is None:
-        raise NoWinner(f"no parameter set of {KERNEL_FILE} computed a right {dtype.name} product: "
-                       + "; ".join(f"{label}: {why}" for label, _, why in results[:3]))
+            search.tried.add(params)
+            search.note(params, problem.candidate(params, search.best_seconds, repeat), problem.flop)
+            steps(f"tune {name} {cls}: {len(search.results)} tried")
+    return search
 
-    # the three fastest again, in alternating rounds, the winner by its median: on a shared machine one candidate's
-    # best run can fall in a quiet second that another's never saw
-    finalists = [params for _, params in sorted(right, key=lambda r: r[0])[:3]]
-    if len(finalists) > 1:
-        rounds: dict[GemmParams, list[float]] = {params: [] for params in finalists}
-        for _ in range(repeat):
-            for params in finalists:
-                t0 = time.perf_counter()
-                kernels.enqueue(params, dtype.name, itemsize, m, n, k, a_dev.base_data, 0, b_dev.base_data, 0,
-                                c_dev.base_data, 0)
-                queue.finish()
-                rounds[params].append(time.perf_counter() - t0)
-        best_params = min(finalists, key=lambda params: float(np.median(rounds[params])))
-        best_seconds = float(np.median(rounds[best_params]))
-        if default_seconds is not None and best_params == default_params(facts, dtype.name):
-            default_seconds = best_seconds
 
-    # the winner once more on shapes with edge tiles in every direction and row offsets, as matmul's slices have
+def _final_rounds(problem: _Problem, search: _Search, repeat: int, default: GemmParams) -> None:
+    """The three fastest again, in alternating rounds, the winner by its median: on a shared machine one
+    candidate's best run can fall in a quiet second that another's never saw."""
+    finalists = [params for _, params in sorted(search.right, key=lambda r: r[0])[:3]]
+    if len(finalists) <= 1:
+        return
+    rounds: dict[GemmParams, list[float]] = {params: [] for params in finalists}
+    for _ in range(repeat):
+        for params in finalists:
+            t0 = time.perf_counter()
+            problem.launch(params)
+            problem.kernels.queue.finish()
+            rounds[params].append(time.perf_counter() - t0)
+    search.best_params = min(finalists, key=lambda params: float(np.median(rounds[params])))
+    search.best_seconds = float(np.median(rounds[search.best_params]))
+    if search.default_seconds is not None and search.best_params == default:
+        search.default_seconds = search.best_seconds
+
+
+def _verify_edges(problem: _Problem, params: GemmParams, rng: np.random.Generator,
+                  cl_array: Any) -> list[tuple[int, int, int]]:
+    """The winner once more on shapes with edge tiles in every direction and row offsets, as matmul's slices have;
+    NoWinner where one product is wrong. The shapes checked."""
+    dtype, kernels = problem.dtype, problem.kernels
+    queue = kernels.queue
     verified = []
-    for em, en, ek in ((best_params.wm * 3 + 1, best_params.wn * best_params.lx + 3, 37), (1, 1, 1), (67, 13, 129)):
+    for em, en, ek in ((params.wm * 3 + 1, params.wn * params.lx + 3, 37), (1, 1, 1), (67, 13, 129)):
         ea = rng.uniform(-1, 1, (em + 2, ek)).astype(dtype.host)
         eb = rng.uniform(-1, 1, (ek, en)).astype(dtype.host)
         ea_dev, eb_dev = cl_array.to_device(queue, ea), cl_array.to_device(queue, eb)
         ec_dev = cl_array.empty(queue, (em + 1, en), dtype.host)
-        kernels.enqueue(best_params, dtype.name, itemsize, em, en, ek, ea_dev.base_data, 2 * ek,
+        kernels.enqueue(params, dtype.name, dtype.host.itemsize, em, en, ek, ea_dev.base_data, 2 * ek,
                         eb_dev.base_data, 0, ec_dev.base_data, en)
         queue.finish()
         ref, edge_bound = _reference(ea[2:], eb, dtype)
         if not _product_ok(ec_dev.get()[1:], ref, edge_bound):
-            raise NoWinner(f"the fastest parameters ({best_params.label()}) compute a wrong {em}x{en}x{ek} product")
+            raise NoWinner(f"the fastest parameters ({params.label()}) compute a wrong {em}x{en}x{ek} product")
         verified.append((em, en, ek))
+    return verified
 
-    measured_others: dict[str, float | None] = {}
-    for name, enqueue in (others or {}).items():
-        got = measure(name, lambda: enqueue(a_dev, b_dev, c_dev, m, n, k), None, repeat=2)
-        measured_others[name] = got.gflops(flop)
-        step(f"tune {dtype.name} {cls}: {name}")
-    return TuneOutcome(
-        params=best_params, shape=(m, n, k), tuned_gflops=flop / best_seconds / 1e9,
-        default_gflops=flop / default_seconds / 1e9 if default_seconds else None, others_gflops=measured_others,
-        candidates=results, search_seconds=time.perf_counter() - start, verified_shapes=verified,
-    )
+
+def _measure_others(problem: _Problem, others: dict[str, Callable[[Any, Any, Any, int, int, int], None]],
+                    steps: _Steps, cls: str) -> dict[str, float | None]:
+    """The other GEMMs' GFLOP/s at the same shape (best of 2, checked the same way; None where one failed)."""
+    p = problem
+    measured: dict[str, float | None] = {}
+    for name, enqueue in others.items():
+        got = p.measure(name, lambda: enqueue(p.a_dev, p.b_dev, p.c_dev, p.m, p.n, p.k), None, repeat=2)  # noqa: B023
+        measured[name] = got.gflops(p.flop)
+        steps(f"tune {p.dtype.name} {cls}: {name}")
+    return measured
 
 
 # --- the cache ----------------------------------------------------------------------------------------------------
