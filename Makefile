@@ -84,7 +84,7 @@ DEMO_SWEEP ?= 256:2048
 DEMO_MAX_BYTES ?= 4M
 DEMO_REPORT ?= results/report.html
 DEMO_TRAIN_STEPS ?= 300
-# the PyTorch front end: a small char-level GPT (hetbench.pytorch.models' defaults) trained by torch's FSDP2 over the
+# the PyTorch front end: a small char-level GPT (hetbench.train.torch_frontend.models' defaults) trained by torch's FSDP2 over the
 # hetbench backend on the same pair, where torch is installed
 DEMO_TORCH_STEPS ?= 200
 demo: env

@@ -44,7 +44,7 @@ from hetbench.train import Piece, strategies
 from hetbench.train.precision import TRAIN_DTYPES
 
 FORMAT = "hetbench-train-checkpoint/1"
-TORCH_FORMAT = "hetbench-torch-checkpoint/1"  # --frontend torch's: hetbench/pytorch/checkpoint.py
+TORCH_FORMAT = "hetbench-torch-checkpoint/1"  # --frontend torch's: hetbench/train/torch_frontend/checkpoint.py
 FRONTEND_OF = {FORMAT: "numpy", TORCH_FORMAT: "torch"}
 MANIFEST = "manifest.json"
 LATEST = "latest"

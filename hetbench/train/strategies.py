@@ -1,19 +1,32 @@
 """The training strategies, one record each, for both front ends: `hetbench train --strategy` accepts the names
-registered for its --frontend, and the runs read what a strategy does from its record instead of testing its name.
+registered for its --frontend, and what a strategy does is the callable its record names (`apply`), loaded when a
+run uses it, so that no code outside a strategy tests its name.
 
-numpy (hetbench's own trainer, hetbench/train/): fsdp and ddp share the batch's samples by the weights, pipeline
-shares the layers (GPipe). torch (hetbench/pytorch/): ddp (torch's DDP, exact under uneven batch shares), fsdp
-(hetbench's uneven FSDP: parameter, gradient and optimizer shards sized by the weights) and fsdp2 (torch's
-fully_shard over the hetbench backend).
+numpy (hetbench's own trainer): fsdp and ddp share the batch's samples by the weights, pipeline shares the layers
+(GPipe); `apply` is the training loop. torch: ddp (torch's DDP, exact under uneven batch shares), fsdp (hetbench's
+uneven FSDP: parameter, gradient and optimizer shards sized by the weights) and fsdp2 (torch's fully_shard over the
+hetbench backend); `apply` makes the model parallel for the front end's step loop (train/torch_frontend/parallel.py).
+
+Other packages add strategies through the entry point group "hetbench.strategies" (as backends and benchmarks):
+the module it names registers its records when imported; their `apply` modules load only when a run uses them.
+    [project.entry-points."hetbench.strategies"]
+    mine = "my_package.strategies"
 """
 
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from typing import Any, Callable
 
+from hetbench.backends.base import plugin_broke, plugin_failure
+
 FRONTENDS = ("numpy", "torch")
+ENTRY_POINT_GROUP = "hetbench.strategies"
+
+# the options of `hetbench train` that only some strategies take (the others refuse them when given)
+STRATEGY_OPTIONS = ("prefetch", "micro_batches")
 
 
 @dataclass(frozen=True)
@@ -21,19 +34,14 @@ class Strategy:
     name: str
     frontend: str  # "numpy" | "torch"
     summary: str
+    apply: str  # "module:attribute": numpy: the training loop; torch: what makes the model parallel
     shares_of: str = "samples"  # what the weights share out: the batch's "samples", or the model's "layers"
-    replicated: bool = False  # every rank holds the whole model (ddp)
-    shards_by_weights: bool = False  # its state's shards are sized by the weights (hetbench's own fsdp)
-    prefetch: bool = False  # takes --prefetch: the next layer's gather starts while this one computes
-    rebalances: bool = False  # auto weights re-measured from each rank's samples/s in the first steps
-    micro_batches: bool = False  # takes --micro-batches: the batch cut into micro-batches that flow through stages
-    train: str | None = None  # numpy: "module:function", the training loop (see data_parallel.py, pipeline.py)
+    options: tuple[str, ...] = ()  # which of STRATEGY_OPTIONS it takes
 
-    def train_function(self) -> Callable[..., Any]:
-        """The numpy strategy's training loop."""
-        assert self.train is not None, f"{self.frontend} strategy {self.name} has no training loop of its own"
-        module, _, function = self.train.partition(":")
-        return getattr(importlib.import_module(module), function)
+    def applier(self) -> Callable[..., Any]:
+        """The callable `apply` names, its module imported now."""
+        module, _, attribute = self.apply.partition(":")
+        return getattr(importlib.import_module(module), attribute)
 
 
 REGISTRY: dict[tuple[str, str], Strategy] = {}
@@ -44,6 +52,11 @@ def register(strategy: Strategy) -> Strategy:
     key = (strategy.frontend, strategy.name)
     if key in REGISTRY:
         raise ValueError(f"a {strategy.frontend} strategy named {strategy.name!r} is registered already")
+    unknown = set(strategy.options) - set(STRATEGY_OPTIONS)
+    if strategy.frontend not in FRONTENDS or unknown or strategy.shares_of not in ("samples", "layers"):
+        raise ValueError(f"strategy {strategy.name!r}: front end {strategy.frontend!r} (accepted: "
+                         f"{', '.join(FRONTENDS)}), options {sorted(unknown)} not among {', '.join(STRATEGY_OPTIONS)}, "
+                         f"or shares_of {strategy.shares_of!r} not samples or layers")
     REGISTRY[key] = strategy
     return strategy
 
@@ -60,14 +73,39 @@ def get(frontend: str, name: str) -> Strategy:
         raise ValueError(f"unknown {frontend} strategy {name!r}; accepted: {', '.join(names(frontend))}") from None
 
 
+# strategy plugins that failed to import: entry point name -> why (their strategies are not registered)
+UNAVAILABLE: dict[str, str] = {}
+_LOADED: set[str] = set()
+
+
+def load_plugins() -> None:
+    """Import the modules of the entry point group "hetbench.strategies", each once, each registering its
+    strategies; one that fails (raises, exits, registers a name taken) registers nothing and is listed in
+    UNAVAILABLE with why, the others load."""
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.module in _LOADED:
+            continue
+        _LOADED.add(ep.module)
+        before = dict(REGISTRY)
+        try:
+            importlib.import_module(ep.module)
+        except BaseException as e:  # a signal is not caught
+            if not plugin_broke(e):
+                raise
+            for key in set(REGISTRY) - set(before):
+                del REGISTRY[key]
+            UNAVAILABLE[ep.name] = f"module {ep.module} (from an entry point) cannot be imported: {plugin_failure(e)}"
+
+
 register(Strategy("fsdp", "numpy", "fully sharded data parallel: each rank holds a shard of every layer, gathered "
-                  "per layer", shards_by_weights=True, prefetch=True, rebalances=True,
-                  train="hetbench.train.data_parallel:train_fsdp"))
-register(Strategy("ddp", "numpy", "data parallel: the whole model on every rank, gradients summed", replicated=True,
-                  rebalances=True, train="hetbench.train.data_parallel:train_ddp"))
+                  "per layer", "hetbench.train.data_parallel:train_fsdp", options=("prefetch",)))
+register(Strategy("ddp", "numpy", "data parallel: the whole model on every rank, gradients summed",
+                  "hetbench.train.data_parallel:train_ddp"))
 register(Strategy("pipeline", "numpy", "GPipe: each rank holds its share of the layers, micro-batches flow through",
-                  shares_of="layers", micro_batches=True, train="hetbench.train.pipeline:train_pipeline"))
-register(Strategy("ddp", "torch", "torch's DDP, exact under uneven batch shares", replicated=True, rebalances=True))
+                  "hetbench.train.pipeline:train_pipeline", shares_of="layers", options=("micro_batches",)))
+register(Strategy("ddp", "torch", "torch's DDP, exact under uneven batch shares",
+                  "hetbench.train.torch_frontend.parallel:Replicated"))
 register(Strategy("fsdp", "torch", "hetbench's uneven FSDP: state shards sized by the weights",
-                  shards_by_weights=True, rebalances=True))
-register(Strategy("fsdp2", "torch", "torch's FSDP2 (fully_shard) over the hetbench backend", rebalances=True))
+                  "hetbench.train.torch_frontend.parallel:UnevenSharded", options=("prefetch",)))
+register(Strategy("fsdp2", "torch", "torch's FSDP2 (fully_shard) over the hetbench backend",
+                  "hetbench.train.torch_frontend.parallel:FullyShard"))

@@ -214,7 +214,7 @@ if __name__ == "__main__":
 
     if "--torch" in sys.argv[2:]:
         import torch  # noqa: F401
-        import hetbench.pytorch.trainer  # noqa: F401 - what `train --frontend torch` imports (torch.distributed too)
+        import hetbench.train.torch_frontend.run  # noqa: F401 - what `train --frontend torch` imports (torch.distributed too)
         # and what its run imports on the way (FSDP2, DTensor, dynamo and its sympy, the checkpoint's writer): a
         # forked torch case then takes 0.26 s of CPU, not 1.5 s
         import torch._dynamo  # noqa: F401

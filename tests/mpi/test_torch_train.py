@@ -282,8 +282,8 @@ def test_torch_missing_is_one_line(tmp_path, nprocs):
 
 
 def test_the_check_fails_on_a_curve_one_percent_off():
-    from hetbench.pytorch import trainer
-    from hetbench.pytorch.models import TaskConfig
+    from hetbench.train.torch_frontend import run as trainer
+    from hetbench.train.torch_frontend.models import TaskConfig
 
     from hetbench.dtypes import DTYPES
 

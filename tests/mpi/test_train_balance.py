@@ -10,7 +10,8 @@ import statistics
 import pytest
 from helpers import Batches, needs_mpi, run_cli, run_python
 
-from hetbench.benchmarks.train.run import AUTO_REBALANCE_STEPS, gathers_hidden
+from hetbench.train.outcome import AUTO_REBALANCE_STEPS
+from hetbench.train.summary import gathers_hidden
 from hetbench.train import StepLog
 
 SMALL = ["--layers", "4", "--hidden", "16", "--batch", "24", "--steps", "12"]
@@ -41,7 +42,8 @@ def test_hidden_percent_from_known_exposed_times():
     hidden in all: 7.75 of 2 steps x 3 gathers x 2 ms = 12 ms, 64.58 %."""
     from types import SimpleNamespace
 
-    from hetbench.benchmarks.train.run import RankOutcome, _prefetch_summary, _step_lines
+    from hetbench.train.numpy_frontend.run import RankOutcome, _step_lines
+    from hetbench.train.summary import _prefetch_summary
 
     ms = 1e-3
 

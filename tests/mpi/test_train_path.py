@@ -14,7 +14,7 @@ from helpers import HAVE_OPENCL, Batches, assert_usage_error, needs_mpi, run_cli
 
 from hetbench.backends.base import BackendSpec
 from hetbench.backends.host import HostBackend
-from hetbench.benchmarks.train.run import RESIDENT_ENV
+from hetbench.train.numpy_frontend.run import RESIDENT_ENV
 from hetbench.train.model import ModelConfig
 from hetbench.train.ops import Ops
 from hetbench.train.reference import reference

@@ -1,4 +1,4 @@
-"""Under mpiexec: hetbench's uneven FSDP (hetbench.pytorch.shard_module) trains both tasks of hetbench.pytorch.models
+"""Under mpiexec: hetbench's uneven FSDP (hetbench.pytorch.shard_module) trains both tasks of hetbench.train.torch_frontend.models
 with each weights set given on the command line, and every rank checks, per case:
 - the losses and final parameters against the same training in one process (TOL_*);
 - the bytes it holds: parameters, gradients and AdamW state of its shards, S_r elements summed over the units:
@@ -21,7 +21,7 @@ import torch.distributed as dist
 import hetbench.pytorch as hb
 from hetbench.harness.split_plan import PlacementError
 from hetbench.pytorch import fsdp
-from hetbench.pytorch.models import TaskConfig, build_model, make_batch, row_losses, units
+from hetbench.train.torch_frontend.models import TaskConfig, build_model, make_batch, row_losses, units
 
 TOL_LOSS = 1e-5  # relative, per step: only the order of float32 sums differs
 # relative to each parameter tensor's norm. AdamW divides by sqrt(v), so an element whose true gradient is zero moves

@@ -13,7 +13,8 @@ import pytest
 
 from hetbench.harness.split_plan import Weights
 from hetbench.dtypes import DTYPES
-from hetbench.benchmarks.train import run
+from hetbench.train import summary
+from hetbench.train.numpy_frontend import run
 from hetbench.train import outcome
 from hetbench.train import StepLog
 from hetbench.train.model import ModelConfig
@@ -107,7 +108,7 @@ def test_rows_and_summary_recompute_from_the_step_lines(warmup):
     every = _logs()
     check = {"ok": True}
     gathered = _outcomes(cfg, every, check)
-    rows = run.rows(cfg, gathered)
+    rows = summary.rows(cfg, gathered)
     for r, row in enumerate(rows):
         logs = every[r][warmup:]
         assert row["rank"] == r and row["backend"] == FACTS[r]["backend"] and row["strategy"] == "fsdp"
@@ -117,7 +118,7 @@ def test_rows_and_summary_recompute_from_the_step_lines(warmup):
             assert row[f"{key}_median"] == pytest.approx(statistics.median(getattr(x, key) for x in logs), rel=1e-15)
         for key in ("param_bytes", "grad_bytes", "optimizer_bytes"):
             assert row[key] == max(getattr(x, key) for x in logs)
-    s = run.summarize_job(cfg, rows, gathered)
+    s = summary.summarize_job(cfg, rows, gathered)
     lines = gathered[0].steps
     timed = [line["step_seconds"] for line in lines[warmup:]]
     median = statistics.median(timed)
@@ -136,8 +137,8 @@ def test_rows_and_summary_recompute_from_the_step_lines(warmup):
     assert s["comm_hidden_percent"] == pytest.approx(100.0 * hidden / (len(lines) * 2 * 2.5e-3), rel=1e-12)
     assert s["weights"] == [3.0, 2.0, 1.0] and s["shares"] == [12, 8, 4] and s["shares_of"] == "samples"
     assert s["check"] is check and s["verified"] is True
-    assert run.summarize_job(cfg, rows, _outcomes(cfg, every, {"ok": False}))["verified"] is False
-    assert run.summarize_job(cfg, rows, _outcomes(cfg, every, None))["verified"] is None
+    assert summary.summarize_job(cfg, rows, _outcomes(cfg, every, {"ok": False}))["verified"] is False
+    assert summary.summarize_job(cfg, rows, _outcomes(cfg, every, None))["verified"] is None
 
 
 # --- the check against one process ---------------------------------------------------------------------------------
@@ -159,7 +160,7 @@ def test_the_check_passes_on_the_reference_and_fails_on_a_curve_one_percent_off(
     same = run._check(cfg, MODEL, list(losses), params)
     assert same["ok"] is True and same["max_loss_relative_difference"] == 0.0
     assert same["max_param_norm_relative_difference"] == 0.0
-    assert same["rtol"] == outcome.loss_tolerance(0, "fp32", "adamw", run.reduction(cfg))  # test_train_tolerance.py
+    assert same["rtol"] == outcome.loss_tolerance(0, "fp32", "adamw", summary.reduction(cfg))  # test_train_tolerance.py
 
     off = run._check(cfg, MODEL, [x * 1.01 for x in losses], params)
     assert off["ok"] is False
@@ -167,7 +168,7 @@ def test_the_check_passes_on_the_reference_and_fails_on_a_curve_one_percent_off(
     one_step = [x * (1.01 if i == 3 else 1.0) for i, x in enumerate(losses)]
     assert run._check(cfg, MODEL, one_step, params)["ok"] is False
     # within each step's tolerance (half of it): passes, its figure the difference at that step
-    half = [x * (1 + 0.5 * outcome.loss_tolerance(i, "fp32", "adamw", run.reduction(cfg)) * (i % 2))
+    half = [x * (1 + 0.5 * outcome.loss_tolerance(i, "fp32", "adamw", summary.reduction(cfg)) * (i % 2))
             for i, x in enumerate(losses)]
     near = run._check(cfg, MODEL, half, params)
     assert near["ok"] is True and near["loss_over_tolerance"] == pytest.approx(0.5, rel=1e-6)
@@ -197,7 +198,6 @@ def test_the_command_fails_on_a_curve_one_percent_off(tmp_path, monkeypatch, cap
     made 1 % higher the command exits 1 and its document says the check failed. The document's step lines and
     summary recompute from its own figures."""
     from hetbench.cli import cli
-    from hetbench.train import reference as reference_module
 
     out, log = tmp_path / "t.json", tmp_path / "t.jsonl"
     args = ["train", "--backend", "host", "--layers", "2", "--hidden", "8", "--batch", "8", "--steps", "6",
@@ -222,13 +222,13 @@ def test_the_command_fails_on_a_curve_one_percent_off(tmp_path, monkeypatch, cap
     assert (f"throughput: {fmt(8 / median)} samples/s, step {fmt(median, scale=1e3)} ms median (wall time)"
             in printed)
 
-    real = reference_module.reference
+    real = run.reference  # the one-process reference the numpy front end checks against
 
     def one_percent_off(*a, **kw):
         losses, params = real(*a, **kw)
         return [x * 1.01 for x in losses], params
 
-    monkeypatch.setattr(reference_module, "reference", one_percent_off)
+    monkeypatch.setattr(run, "reference", one_percent_off)
     assert cli.main(args=args, prog_name="hetbench", standalone_mode=False) == 1
     doc = json.loads(out.read_text())
     assert doc["verified"] is False and doc["summary"]["check"]["ok"] is False
@@ -246,13 +246,11 @@ def test_the_parameter_figures_are_the_largest_layers_relative_differences(monke
     quotients' own."""
     import numpy as np
 
-    from hetbench.train import reference as reference_module
-
     f32 = np.float32
     ref_params = [(np.array([[0.3, -0.4]], f32), np.array([0.0], f32)),  # norm 0.5, largest element 0.4
                   (np.array([[0.0, 0.6]], f32), np.array([-0.8], f32))]  # norm 1.0, largest 0.8
     ref_losses = [4.0, 3.0, 2.0]
-    monkeypatch.setattr(reference_module, "reference", lambda *a, **kw: (list(ref_losses), ref_params))
+    monkeypatch.setattr(run, "reference", lambda *a, **kw: (list(ref_losses), ref_params))
     got = [(np.array([[0.3, -0.3]], f32), np.array([0.0], f32)),  # 0.1 off: norm 0.1 / 0.5, element 0.1 / 0.4
            (np.array([[0.05, 0.6]], f32), np.array([-0.8], f32))]  # 0.05 off: 0.05 / 1.0 and 0.05 / 0.8
     c = run._check(_cfg(steps=3), MODEL, list(ref_losses), got)
@@ -281,6 +279,6 @@ def test_a_step_of_no_measurable_time_or_a_final_loss_of_zero_gives_no_rate():
     assert [line["samples_per_second"] for line in lines] == [None] * 5
     assert [line["step_seconds"] for line in lines] == [0.0] * 5
     gathered = _outcomes(cfg, every, {"ok": True})
-    s = run.summarize_job(cfg, run.rows(cfg, gathered), gathered)
+    s = summary.summarize_job(cfg, summary.rows(cfg, gathered), gathered)
     assert s["step_seconds_median"] == 0.0 and s["samples_per_second"] is None
     assert s["loss_first"] == 10.0 and s["loss_last"] == 0.0 and s["loss_fell_by"] is None

@@ -18,7 +18,8 @@ from hetbench.backends.base import BackendSpec
 from hetbench.harness.split_plan import Weights
 from hetbench.benchmarks.train.config import TrainConfig
 from hetbench.dtypes import DTYPES
-from hetbench.benchmarks.train import run
+from hetbench.train import summary
+from hetbench.train.numpy_frontend import run
 from hetbench.harness.devices import OpenDevice
 
 FP32 = DTYPES["fp32"]

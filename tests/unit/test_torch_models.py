@@ -1,4 +1,4 @@
-"""hetbench.pytorch.models: the torch front end's tasks. The mlp is hetbench.train's NumPy task exactly (loss and
+"""hetbench.train.torch_frontend.models: the torch front end's tasks. The mlp is hetbench.train's NumPy task exactly (loss and
 gradients); both tasks' batches slice the same global batch for any row range; the models are deterministic; the
 gpt is causal, starts near ln(vocab) and learns."""
 
@@ -14,8 +14,8 @@ import numpy as np  # noqa: E402
 
 from hetbench.train import model as np_model  # noqa: E402
 from hetbench.train.ops import HostOps  # noqa: E402
-from hetbench.pytorch import models  # noqa: E402
-from hetbench.pytorch.models import (  # noqa: E402
+from hetbench.train.torch_frontend import models  # noqa: E402
+from hetbench.train.torch_frontend.models import (  # noqa: E402
     GPT_DEFAULTS,
     TASKS,
     TaskConfig,

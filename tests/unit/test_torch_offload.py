@@ -55,7 +55,7 @@ def test_products_and_their_gradients_match_torch(spec):
 
 def _same_loss_and_gradients(cfg, plain, moved):
     """The offloaded model's loss and every parameter's gradient are the plain model's, within fp32 tolerance."""
-    from hetbench.pytorch.models import make_batch, row_losses
+    from hetbench.train.torch_frontend.models import make_batch, row_losses
 
     x, y = make_batch(cfg, 0, 0, cfg.batch)
     losses = [row_losses(m, x, y).sum() / cfg.batch for m in (plain, moved)]
@@ -67,7 +67,7 @@ def _same_loss_and_gradients(cfg, plain, moved):
 
 @pytest.mark.parametrize("task", ["mlp", "gpt"])
 def test_offloaded_models_train_as_torch_does(task):
-    from hetbench.pytorch.models import TaskConfig, build_model, make_batch, row_losses
+    from hetbench.train.torch_frontend.models import TaskConfig, build_model, make_batch, row_losses
     from hetbench.pytorch.offload import offload_linears
 
     cfg = TaskConfig(task=task, layers=2, hidden=16, heads=2, seq_len=8, batch=6)
@@ -119,7 +119,7 @@ def test_a_linear_uploads_its_input_weight_and_output_gradient_once_each(spec):
 
 
 def _accumulate(model, batches, global_batch):
-    from hetbench.pytorch.models import row_losses
+    from hetbench.train.torch_frontend.models import row_losses
 
     for x, y in batches:
         (row_losses(model, x, y).sum() / global_batch).backward()
@@ -129,7 +129,7 @@ def _accumulate(model, batches, global_batch):
 def test_a_weight_goes_up_once_per_step_and_again_after_reset(spec):
     """Two micro-batches of one step (gradient accumulation) read every weight twice: it goes up once, the second
     forward finds it in the step's cache; reset() (a new step) empties the cache."""
-    from hetbench.pytorch.models import TaskConfig, build_model, make_batch
+    from hetbench.train.torch_frontend.models import TaskConfig, build_model, make_batch
     from hetbench.pytorch.offload import offload_linears
 
     cfg = TaskConfig(task="mlp", layers=3, hidden=8, batch=12)
@@ -392,7 +392,7 @@ def test_a_cupy_rank_without_torch_gpu_runs_its_products_on_the_cupy_backend(fak
     """torch without the GPU (a CPU build here): the products go through the same offload on the CuPy backend, its
     Ops resident as the numpy trainer's, every operand uploaded and result downloaded through the backend."""
     from hetbench.pytorch.device import for_backend
-    from hetbench.pytorch.models import TaskConfig, build_model, make_batch, row_losses
+    from hetbench.train.torch_frontend.models import TaskConfig, build_model, make_batch, row_losses
     from hetbench.pytorch.offload import offload_linears
 
     backend, fake = fake_cupy_backend
@@ -419,7 +419,7 @@ def test_a_cupy_rank_without_torch_gpu_runs_its_products_on_the_cupy_backend(fak
 ])
 def test_thread_counts_share_the_cores_and_keep_one_pool_spinning(monkeypatch, cores, local_size, offloaded, want):
     from hetbench.backends import host
-    from hetbench.pytorch import trainer
+    from hetbench.train.torch_frontend import run as trainer
 
     for variable in host._THREAD_ENV:
         monkeypatch.delenv(variable, raising=False)

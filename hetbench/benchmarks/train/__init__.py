@@ -3,7 +3,7 @@ mixed-vendor ranks, FSDP-style (uneven parameter shards), DDP (replicas) or as a
 rank's GEMMs on its own device; the batch or the layers shared by the weights; every step logged; the loss curve
 checked against the same run in one process.
 
-This module declares the benchmark; the run on each rank is hetbench/benchmarks/train/run.py, the model and the
+This module declares the benchmark; the run on each rank is hetbench/train/numpy_frontend/run.py, the model and the
 strategies hetbench/train/.
 """
 
@@ -27,13 +27,13 @@ from hetbench.benchmarks.base import (
 from hetbench.benchmarks.train.config import TrainConfig
 from hetbench.config import OutputConfig, parse_dtype
 from hetbench.options import MAX_SEED, FolderPath, float_range, int_range, output_file, parse_backends
-from hetbench.train import strategies
+from hetbench.backends.host import host_memory_share_bytes
+from hetbench.train import frontend as frontends
+from hetbench.train import strategies, summary
+from hetbench.train.memory import memory_errors
 from hetbench.train.precision import TRAIN_DTYPES
 
-# the strategies of each front end, from their registry (hetbench/train/strategies.py)
 FRONTENDS = strategies.FRONTENDS
-STRATEGIES = strategies.names("numpy")
-TORCH_STRATEGIES = strategies.names("torch")
 DEFAULT_STRATEGY = strategies.DEFAULT
 MODELS = ("mlp", "gpt")
 MAX_SEQ_LEN = 1 << 16
@@ -68,12 +68,14 @@ class Train:
     from hetbench.benchmarks.train.present import PRESENTATION as presentation  # report, compare, the page
 
     def options(self) -> list[click.Parameter]:
+        strategies.load_plugins()  # the strategies of both front ends, from their registry (train/strategies.py)
+        names = list(dict.fromkeys(name for _, name in strategies.REGISTRY))
         return [
             click.Option(["--frontend"], type=click.Choice(FRONTENDS), default="numpy", show_default=True,
                          help="numpy: hetbench's own trainer (every rank's GEMMs on its hetbench device); torch: a "
                               "PyTorch model trained by torch's DDP or FSDP2 over the hetbench torch.distributed "
                               "backend (needs torch: pip install 'hetbench[torch]')."),
-            click.Option(["--strategy"], type=click.Choice(list(dict.fromkeys(STRATEGIES + TORCH_STRATEGIES))), default=None,
+            click.Option(["--strategy"], type=click.Choice(names), default=None,
                          show_default="fsdp; fsdp2 with --frontend torch",
                          help="numpy: fsdp (each layer's parameters sharded by the weights, gathered for use, "
                               "gradients reduce-scattered), ddp (replicas, gradients allreduced) or pipeline "
@@ -158,23 +160,7 @@ class Train:
             weights = plan.parse_weights(params["weights"], world.size)
         except plan.WeightsError as e:
             raise click.BadParameter(str(e), param_hint="'--weights'") from None
-        if weights.kind == "list":
-            working = sum(1 for w in weights.values if w > 0)
-            if params["strategy"] in ("fsdp", "ddp") and params["batch"] < working:
-                raise click.BadParameter(f"{params['batch']} is smaller than the {working} ranks with a non-zero "
-                                         "weight: each needs at least one sample", param_hint="'--batch'")
-            if params["strategy"] == "pipeline" and params["layers"] < working:
-                raise click.BadParameter(f"{params['layers']} layers are fewer than the {working} ranks with a "
-                                         "non-zero weight: each stage needs a layer", param_hint="'--layers'")
-        elif params["strategy"] in ("fsdp", "ddp") and params["batch"] < world.size:
-            raise click.BadParameter(f"{params['batch']} is smaller than the {world.size} ranks: each needs at least "
-                                     "one sample", param_hint="'--batch'")
-        elif params["strategy"] == "pipeline" and params["layers"] < world.size:
-            raise click.BadParameter(f"{params['layers']} layers are fewer than the {world.size} ranks: each stage "
-                                     "needs a layer", param_hint="'--layers'")
-        if params["strategy"] == "pipeline" and params["micro_batches"] > params["batch"]:
-            raise click.BadParameter(f"{params['micro_batches']} micro-batches are more than the batch of "
-                                     f"{params['batch']}", param_hint="'--micro-batches'")
+        _check_work_for_every_rank(params, weights, world.size)
         if params["solo_between_steps"] and world.size < 2:
             raise click.BadParameter("sets each rank alone against the others' job; with 1 rank the run itself is "
                                      "the solo run (leave it out, or run 2 ranks or more)",
@@ -203,51 +189,29 @@ class Train:
         return parse_dtype("fp32")
 
     def prepare(self, cfg: TrainConfig, world: Any, device: Any) -> tuple[Any, list[str]]:
-        from hetbench.backends.host import host_memory_share_bytes
-        from hetbench.train.memory import memory_errors
-
         errors = memory_errors(cfg, world.rank, host_memory_share_bytes(world.local_size))
         if errors:  # before the front end makes anything
             return None, errors
-        return _harness(cfg).prepare(cfg, world, device)
+        return frontends.get(cfg.frontend).prepare(cfg, world, device)
 
     def check(self, cfg: TrainConfig, world: Any, state: Any) -> list[str]:
-        return _torch_device_path_errors(cfg, world, state) + _harness(cfg).check(cfg, world, state)
+        return frontends.get(cfg.frontend).check(cfg, world, state)
 
     def run(self, cfg: TrainConfig, world: Any, state: Any, on_step: Any) -> RankResult:
-        outcome = _harness(cfg).run_rank(cfg, world, state, on_step)
+        outcome = frontends.get(cfg.frontend).run_rank(cfg, world, state, on_step)
         files = [("--log", cfg.log, outcome.log_text)] if world.rank == 0 and cfg.log is not None else []
         outcome.log_text = None
         return RankResult(outcome, files)
 
     def rows(self, cfg: TrainConfig, gathered: Sequence[Any]) -> list[dict[str, Any]]:
-        from hetbench.benchmarks.train import run
-
-        return run.rows(cfg, gathered)
+        return summary.rows(cfg, list(gathered))
 
     def summarize(self, cfg: TrainConfig, rows: list[dict[str, Any]], gathered: Sequence[Any]) -> dict[str, Any]:
-        from hetbench.benchmarks.train import run
-
-        summary = run.summarize_job(cfg, rows, gathered)
-        if cfg.frontend == "torch":
-            summary.update(_harness(cfg).summary_extra(cfg, list(gathered)))
-        return summary
+        return {**summary.summarize_job(cfg, rows, list(gathered)),
+                **frontends.get(cfg.frontend).summary_extra(cfg, list(gathered))}
 
     def document_extra(self, cfg: TrainConfig, gathered: Sequence[Any]) -> dict[str, Any]:
-        from hetbench.benchmarks.train import run
-
-        return {"steps": run.step_lines(cfg, gathered)}
-
-
-def _harness(cfg: TrainConfig) -> Any:
-    """The run on each rank: hetbench's own trainer, or the torch front end's."""
-    if cfg.frontend == "torch":
-        from hetbench.pytorch import trainer
-
-        return trainer
-    from hetbench.benchmarks.train import run
-
-    return run
+        return {"steps": summary.step_lines(cfg, list(gathered))}
 
 
 def _check_frontend(params: dict[str, Any], world: Any) -> None:
@@ -282,6 +246,23 @@ def _check_frontend(params: dict[str, Any], world: Any) -> None:
                                      param_hint="'--heads'")
 
 
+def _check_work_for_every_rank(params: dict[str, Any], weights: Any, ranks: int) -> None:
+    """Every working rank (every rank; with a list of weights, those with a non-zero one) gets at least one of
+    what the strategy shares: a sample of the batch, or a layer; micro-batches hold at least a sample each."""
+    record = strategies.get(params["frontend"], params["strategy"])
+    working = sum(1 for w in weights.values if w > 0) if weights.kind == "list" else ranks
+    which = f"the {working} ranks with a non-zero weight" if weights.kind == "list" else f"the {ranks} ranks"
+    if record.shares_of == "samples" and params["batch"] < working:
+        raise click.BadParameter(f"{params['batch']} is smaller than {which}: each needs at least one sample",
+                                 param_hint="'--batch'")
+    if record.shares_of == "layers" and params["layers"] < working:
+        raise click.BadParameter(f"{params['layers']} layers are fewer than {which}: each stage needs a layer",
+                                 param_hint="'--layers'")
+    if "micro_batches" in record.options and params["micro_batches"] > params["batch"]:
+        raise click.BadParameter(f"{params['micro_batches']} micro-batches are more than the batch of "
+                                 f"{params['batch']}", param_hint="'--micro-batches'")
+
+
 def _given(name: str) -> bool:
     """Whether the user gave option `name` (on the command line): one left at its default is not given."""
     from click.core import ParameterSource
@@ -303,8 +284,8 @@ def _refuse_options_that_do_not_apply(params: dict[str, Any]) -> None:
                 raise click.UsageError(f"{flag} {params[option]} does not apply: it sets {what} ({where}), and the "
                                        f"model here is {model}; leave it out")
     record = strategies.REGISTRY.get((frontend, strategy))
-    if not (record and record.micro_batches) and _given("micro_batches"):
-        takers = [s for s in strategies.REGISTRY.values() if s.micro_batches]
+    if not (record and "micro_batches" in record.options) and _given("micro_batches"):
+        takers = [s for s in strategies.REGISTRY.values() if "micro_batches" in s.options]
         where = ", ".join(f"--strategy {s.name} (--frontend {s.frontend})" for s in takers)
         why = (f"--frontend {frontend} has no such strategy (its strategies: {', '.join(strategies.names(frontend))})"
                if not any(s.frontend == frontend for s in takers) else f"the strategy here is {strategy}")
@@ -312,29 +293,12 @@ def _refuse_options_that_do_not_apply(params: dict[str, Any]) -> None:
                                f"{where}, and {why}; leave it out")
 
 
-def _torch_device_path_errors(cfg: TrainConfig, world: Any, state: Any) -> list[str]:
-    """--frontend torch, --path device: a rank whose device keeps its buffers in GPU memory that torch itself does
-    not hold (a simulated GPU: its memory stands for a GPU's) needs an MPI that takes that GPU's memory, as the numpy
-    front end checks it (harness.devices.device_path_error); a CuPy GPU's torch tensors are checked by the torch
-    trainer, and host or OpenCL buffers go to any MPI."""
-    from hetbench.backends.base import MPI_MEMORY_HOST, MPI_MEMORY_NONE, capabilities
-
-    backend = state.opened.backend
-    if (cfg.frontend != "torch" or cfg.path != "device" or capabilities(backend.name).torch_device == "cuda"
-            or backend.mpi_memory_kind() in (MPI_MEMORY_HOST, MPI_MEMORY_NONE)):
-        return []
-    from hetbench.harness.devices import device_path_error
-
-    error = device_path_error(backend, state.opened.info, cfg.dtype, world)
-    return [error] if error else []
-
-
 def _gpt_defaults(params: dict[str, Any]) -> None:
-    """--model gpt: the options left at their defaults (the mlp's) take the gpt's (hetbench.pytorch.models
+    """--model gpt: the options left at their defaults (the mlp's) take the gpt's (hetbench.train.torch_frontend.models
     GPT_DEFAULTS, GPT_LR: a loss that falls visibly in a few hundred CPU steps)."""
     from click.core import ParameterSource
 
-    from hetbench.pytorch.models import GPT_DEFAULTS, GPT_LR
+    from hetbench.train.torch_frontend.models import GPT_DEFAULTS, GPT_LR
 
     ctx = click.get_current_context()
     for name, value in {**GPT_DEFAULTS, "lr": GPT_LR}.items():

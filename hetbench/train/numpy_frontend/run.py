@@ -1,24 +1,30 @@
-"""The training run on each rank (`hetbench train`): the weights resolved (even, given, a profile's rates, or each
-rank's GEMM rate at a layer's shape measured beside the others), the strategy run (hetbench/train/), every rank's
-step logs gathered to rank 0, and the loss curve checked there against the same training in one process."""
+"""`hetbench train` (the numpy front end) on each rank: the weights resolved (even, given, a profile's rates, or
+each rank's GEMM rate at a layer's shape measured beside the others), the strategy's training loop run on the rank's
+device (hetbench/train/), every rank's step logs gathered to rank 0, and the loss curve checked there against the
+same training in one process."""
 
 from __future__ import annotations
 
-import json
-import math
 import os
-import statistics
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
+
+import numpy as np
 
 from hetbench.backends.base import MPI_MEMORY_NONE, TIMING_MODELLED, capabilities
-from hetbench.harness import split_plan as plan
 from hetbench.comm.world import World
-from hetbench.harness.devices import OpenDevice
+from hetbench.harness import probe
+from hetbench.harness import split_plan as plan
+from hetbench.harness.devices import OpenDevice, device_path_error
+from hetbench.results.profile import ProfileError, load_profile
 from hetbench.train import strategies
-from hetbench.train.outcome import (  # both front ends' pieces
-    ROOT,
+from hetbench.train.checkpoint import Checkpoint, CheckpointError
+from hetbench.train.model import ModelConfig
+from hetbench.train.ops import Ops
+from hetbench.train.outcome import (
     AUTO_REBALANCE_STEPS,
+    ROOT,
+    SKIPPED_KEY,
     SOLO_STEPS,
     RankOutcome,
     checkpoint_folder_errors,
@@ -26,8 +32,11 @@ from hetbench.train.outcome import (  # both front ends' pieces
     follow_verdicts,
     record_skips,
     skipped_before,
-    SKIPPED_KEY,
 )
+from hetbench.train.precision import LossScaler
+from hetbench.train.reference import reference
+from hetbench.train.run import history, log_text, resolve_weights, saver, solo_runner, warmup_errors
+from hetbench.train.summary import gathers_hidden, reduction, warmup
 
 
 @dataclass
@@ -47,8 +56,6 @@ RESIDENT_ENV = "HETBENCH_TRAIN_RESIDENT"
 
 
 def prepare(cfg: Any, world: World, opened: OpenDevice) -> tuple[TrainState, list[str]]:
-    from hetbench.train.ops import Ops
-
     resident = (True if os.environ.get(RESIDENT_ENV) == "1" and capabilities(opened.backend.name).computes_on_host_arrays
                 else None)
     return TrainState(opened, Ops(opened.backend, cfg.dtype, resident=resident)), []
@@ -59,22 +66,16 @@ def check(cfg: Any, world: World, state: TrainState) -> list[str]:
     strategy needs it."""
     state.devices = [tuple(d) for d in world.allgather((state.opened.spec, state.opened.info.name))]
     errors = checkpoint_errors(cfg, state)
-    run_steps = cfg.steps - (state.resume.steps_done if state.resume is not None else 0)
-    if not errors and _warmup(cfg) >= run_steps:
-        errors.append(f"--warmup-steps {_warmup(cfg)} leaves none of this run's {run_steps} steps to time; "
-                      f"accepted: 0 to {run_steps - 1}")
+    if not errors:
+        errors += warmup_errors(cfg, state.resume.steps_done if state.resume is not None else 0)
     # --path device: a rank whose state would live in GPU memory (a CuPy GPU, or a simulated one) needs an MPI that
     # takes GPU buffers, as in collectives; an OpenCL rank keeps its state in host memory, which MPI takes anyway
     if cfg.path == "device" and state.opened.backend.mpi_memory_kind() != MPI_MEMORY_NONE:
-        from hetbench.harness.devices import device_path_error
-
         error = device_path_error(state.opened.backend, state.opened.info, cfg.dtype, world)
         if error:
             errors.append(error)
     if cfg.weights.kind != "profile":
         return errors
-    from hetbench.results.profile import ProfileError, load_profile
-
     try:
         state.profile = load_profile(cfg.weights.path, world.size, cfg.dtype.name, "rows", state.devices,
                                      shape=(cfg.batch, cfg.hidden, cfg.hidden))
@@ -87,8 +88,6 @@ def checkpoint_errors(cfg: Any, state: TrainState) -> list[str]:
     """--resume: the checkpoint is complete and of this run (model, optimizer, lr) and --steps goes beyond it;
     --checkpoint: a folder (or none yet) that holds none of the step folders this run would save. Every rank
     checks for itself (the folders must be on a file system every rank sees), so every rank finds the same."""
-    from hetbench.train.checkpoint import Checkpoint, CheckpointError
-
     errors: list[str] = []
     start = 0
     if getattr(cfg, "resume", None) is not None:
@@ -105,111 +104,100 @@ def checkpoint_errors(cfg: Any, state: TrainState) -> list[str]:
 
 
 def _weights(cfg: Any, world: World, state: TrainState) -> list[float]:
-    """Collective. The weights the shares are taken from."""
-    kind = cfg.weights.kind
-    if kind == "even":
-        return [1.0] * world.size
-    if kind == "list":
-        return list(cfg.weights.values)
-    if kind == "profile":
-        return list(state.profile.rates)
-    from hetbench.harness import probe
+    """Collective. The weights the shares are taken from; auto: each rank's GEMM rate at a layer's shape (its even
+    share of the batch x hidden x hidden) in the dtype its GEMM really runs in (the reduced one where native, fp32
+    where mixed precision emulates it), all ranks at once."""
+    def gemm_rate() -> float:
+        rate, _ = probe.gemm_rate(state.opened.backend, state.ops.gemm_dtype, "rows", cfg.batch, cfg.hidden,
+                                  cfg.hidden, max_part=-(-cfg.batch // world.size), min_seconds=0.02, seed=cfg.seed)
+        return rate
 
-    # auto: each rank's GEMM rate at a layer's shape (its even share of the batch x hidden x hidden), all at once
-    limit = -(-cfg.batch // world.size)
-    world.barrier()
-    # the dtype the rank's GEMM really runs in: the reduced one where native, fp32 where mixed precision emulates
-    rate, _ = probe.gemm_rate(state.opened.backend, state.ops.gemm_dtype, "rows", cfg.batch, cfg.hidden, cfg.hidden,
-                              max_part=limit, min_seconds=0.02, seed=cfg.seed)
-    return world.allgather(rate)
+    return resolve_weights(cfg, world, state.profile, gemm_rate)
 
 
 def run_rank(cfg: Any, world: World, state: TrainState,
              on_step: Callable[[int, int, str], None] | None = None) -> RankOutcome:
-    """Collective. Train with the strategy; rank 0 gathers every rank's step logs and checks the curve."""
-    from hetbench.train.model import ModelConfig
-    from hetbench.train.precision import LossScaler
-
+    """Collective. Train with the strategy's loop; rank 0 gathers every rank's step logs and checks the curve."""
     weights = _weights(cfg, world, state)
     strategy = strategies.get("numpy", cfg.strategy)
-    total = cfg.layers if strategy.shares_of == "layers" else cfg.batch
-    shares = plan.shares(weights, total)
+    shares = plan.shares(weights, cfg.layers if strategy.shares_of == "layers" else cfg.batch)
     model = ModelConfig(layers=cfg.layers, hidden=cfg.hidden, batch=cfg.batch, seed=cfg.seed)
-    facts = {"host": world.host, "backend": state.opened.spec, "vendor": state.opened.info.vendor,
-             "device": state.opened.info.name, "device_timing": state.opened.backend.timing,
-             # mixed precision: the GEMMs in the dtype on the device itself, or emulated (fp32 GEMM on rounded
-             # operands, timed at fp32's rate): see hetbench/train/ops.py
-             "compute_dtype": cfg.dtype.name, "compute_path": state.ops.compute_path,
-             # where the rank's training state lives: "device" (a GPU's array library), "host" (NumPy)
-             "state_memory": "device" if state.ops.resident else "host"}
+    facts = _facts(cfg, world, state)
     resume = state.resume
     start = resume.steps_done if resume is not None else 0
-    scaler = LossScaler.for_dtype(cfg.dtype, resume.loss_scaler if resume is not None else None)
-    state.scaler = scaler
+    scaler = state.scaler = LossScaler.for_dtype(cfg.dtype, resume.loss_scaler if resume is not None else None)
     # the steps skipped so far, for a checkpoint and the check (the reference follows the run's verdicts)
     before = skipped_before(resume.manifest if resume is not None else None)
-    skips = record_skips(scaler, start, before)
-    saver = _saver(cfg, world, facts, weights, shares, start, resume, scaler, skips)
-    extra = {"start_step": start, "initial": resume, "checkpoint": saver.hook if saver is not None else None,
-             "scaler": scaler}
-
-    solo = _solo_runner(cfg, world, state, model, strategy) if cfg.solo_between_steps and world.size > 1 else None
+    saver_ = _saver(cfg, world, facts, weights, shares, start, resume, scaler, record_skips(scaler, start, before))
+    solo = (solo_runner(world, _alone(cfg, state, model, strategy)) if cfg.solo_between_steps and world.size > 1
+            else None)
 
     def step_done(log: Any) -> None:
-        if solo is not None and log.step - start >= _warmup(cfg):  # the timed steps: each followed by the solo ones
+        if solo is not None and log.step - start >= warmup(cfg):  # the timed steps: each followed by the solo ones
             log.solo_step_seconds = solo(log.step)
         if on_step is not None:
             on_step(log.step + 1, cfg.steps, f"step {log.step + 1}/{cfg.steps} loss {log.loss:.4g}")
 
-    train = strategy.train_function()
-    if strategy.prefetch:
-        extra["prefetch"] = cfg.prefetch
-    if strategy.rebalances and cfg.weights.kind == "auto":
-        extra["rebalance_steps"] = AUTO_REBALANCE_STEPS
     with scaler.quiet():  # mixed precision: overflows are expected, and the scaler handles them
-        outcome = train(world, state.ops, model, cfg.optimizer, cfg.lr, cfg.steps - start, weights, path=cfg.path,
-                        micro_batches=cfg.micro_batches, on_step=step_done, **extra)
+        outcome = strategy.applier()(world, state.ops, model, cfg.optimizer, cfg.lr, cfg.steps - start, weights,
+                                     path=cfg.path, micro_batches=cfg.micro_batches, on_step=step_done,
+                                     **_loop_options(cfg, strategy, start, resume, saver_, scaler))
     # fsdp and ddp report the batch shares they ended with (auto weights rebalance them in the first steps)
-    shares = list(outcome.details.get("batch_counts", shares))
-    result = RankOutcome(list(outcome.logs), facts, list(weights), shares, details=dict(outcome.details),
-                         start_step=start,
+    result = RankOutcome(list(outcome.logs), facts, list(weights), list(outcome.details.get("batch_counts", shares)),
+                         details=dict(outcome.details), start_step=start,
                          resumed_from=str(resume.folder) if resume is not None else None,
-                         checkpoints=list(saver.saved) if saver is not None else [])
+                         checkpoints=list(saver_.saved) if saver_ is not None else [])
     every = world.gather(outcome.logs)
     every_facts = world.gather(facts)
     if world.rank == ROOT:
         assert every is not None and every_facts is not None
         result.steps = _step_lines(cfg, every, every_facts, outcome.details.get("gather_seconds_blocking"))
         if cfg.log is not None:
-            result.log_text = "".join(json.dumps(line) + "\n" for line in result.steps)
+            result.log_text = log_text(result.steps)
         if cfg.check:
             result.check = _check(cfg, model, [log.loss for log in outcome.logs], outcome.params, start,
                                   [log.step_skipped for log in outcome.logs], before)
     return result
 
 
-def _solo_runner(cfg: Any, world: World, state: TrainState, model: Any, strategy: Any) -> Callable[[int], float]:
-    """--solo-between-steps: `solo(step)`, collective, made after a timed step of the job: every rank in turn,
-    the others waiting at a barrier, trains the whole batch alone (a fresh run of the same strategy on one rank,
-    COMM_SELF, the same device and dtype, SOLO_STEPS steps from `step`'s data) and returns its last step's seconds
-    (as `hetbench train` alone would time it). What a rank shows alone is then measured seconds from the job's step
-    it is set against, not minutes apart in another process: the baseline of efficiency_vs_summed_solo."""
-    from mpi4py import MPI
+def _facts(cfg: Any, world: World, state: TrainState) -> dict[str, Any]:
+    """The rank's facts for its row: its device, how its time is taken, its GEMMs' dtype and path (mixed precision:
+    in the dtype on the device itself, or emulated: fp32 GEMMs on rounded operands, timed at fp32's rate; see
+    hetbench/train/ops.py) and where its training state lives ("device": a GPU's array library, "host": NumPy)."""
+    return {"host": world.host, "backend": state.opened.spec, "vendor": state.opened.info.vendor,
+            "device": state.opened.info.name, "device_timing": state.opened.backend.timing,
+            "compute_dtype": cfg.dtype.name, "compute_path": state.ops.compute_path,
+            "state_memory": "device" if state.ops.resident else "host"}
 
-    from hetbench.train.precision import LossScaler
+
+def _loop_options(cfg: Any, strategy: strategies.Strategy, start: int, resume: Any, saver_: Any,
+                  scaler: LossScaler) -> dict[str, Any]:
+    """The strategy's training loop's keyword options: where it starts, the checkpoint hook, the loss scaler, and
+    those the strategy takes (--prefetch) or needs (auto weights' rebalancing of the batch shares)."""
+    options = {"start_step": start, "initial": resume, "checkpoint": saver_.hook if saver_ is not None else None,
+               "scaler": scaler}
+    if "prefetch" in strategy.options:
+        options["prefetch"] = cfg.prefetch
+    if strategy.shares_of == "samples" and cfg.weights.kind == "auto":
+        options["rebalance_steps"] = AUTO_REBALANCE_STEPS
+    return options
+
+
+def _alone(cfg: Any, state: TrainState, model: ModelConfig, strategy: strategies.Strategy) -> Callable[[int], float]:
+    """--solo-between-steps (train.run.solo_runner): this rank trains the whole batch alone, a fresh run of the same
+    strategy on one rank (COMM_SELF, the same device and dtype, SOLO_STEPS steps from the step's data); its last
+    step's seconds, as `hetbench train` alone would time it."""
+    from mpi4py import MPI  # MPI starts on import: only a run with solo steps reaches here
 
     alone = World(MPI.COMM_SELF)
-    train = strategy.train_function()
+    train = strategy.applier()
 
     def alone_once(step: int) -> float:
         out = train(alone, state.ops, model, cfg.optimizer, cfg.lr, SOLO_STEPS, [1.0], path=cfg.path,
                     micro_batches=cfg.micro_batches, start_step=step, scaler=LossScaler.for_dtype(cfg.dtype))
         return float(out.logs[-1].step_seconds)
 
-    def solo(step: int) -> float:
-        return world.in_turn(lambda: alone_once(step))
-
-    return solo
+    return alone_once
 
 
 def _saver(cfg: Any, world: World, facts: dict[str, Any], weights: list[float], shares: list[int], start: int,
@@ -218,30 +206,18 @@ def _saver(cfg: Any, world: World, facts: dict[str, Any], weights: list[float], 
     save also records the loss scaler's state then (the same on every rank), which a resume restores."""
     if cfg.checkpoint is None:
         return None
-    import click
-
-    from hetbench.train.checkpoint import Saver
-
-    every_facts = world.allgather({k: facts[k] for k in ("host", "backend", "vendor", "device", "device_timing")})
-    history = []
-    if resume is not None:
-        m = resume.manifest
-        history = [*m.get("history", []),
-                   {"strategy": m.get("strategy"), "first_step": m.get("first_step"), "steps_done": m["steps_done"],
-                    "weights": m.get("weights"), "checkpoint": str(resume.folder),
-                    "ranks": [{k: r.get(k) for k in ("rank", "host", "backend", "vendor", "device")}
-                              for r in m["ranks"]]}]
+    keys = ("host", "backend", "vendor", "device")
     manifest = {
         "model": {"layers": cfg.layers, "hidden": cfg.hidden, "batch": cfg.batch, "seed": cfg.seed},
         "optimizer": cfg.optimizer, "lr": cfg.lr, "dtype": cfg.dtype.name, "master_dtype": "fp32",
         "strategy": cfg.strategy, "weights": list(weights), "shares": list(shares),
         "shares_of": strategies.get(cfg.frontend, cfg.strategy).shares_of,
-        "first_step": start, "history": history,
+        "first_step": start,
+        "history": history(resume, lambda ranks: [{k: r.get(k) for k in ("rank", *keys)} for r in ranks]),
     }
-    return Saver(world, cfg.checkpoint, cfg.checkpoint_every, cfg.steps, manifest, every_facts,
-                 error=click.ClickException,
-                 live=(lambda: {"loss_scaler": scaler.state(), SKIPPED_KEY: None if skips is None else list(skips)})
-                 if scaler is not None else None)
+    live = ((lambda: {"loss_scaler": scaler.state(), SKIPPED_KEY: None if skips is None else list(skips)})
+            if scaler is not None else None)
+    return saver(cfg, world, manifest, {k: facts[k] for k in (*keys, "device_timing")}, live)
 
 
 def _check(cfg: Any, model: Any, losses: list[float], params: Any, start: int = 0,
@@ -250,10 +226,6 @@ def _check(cfg: Any, model: Any, losses: list[float], params: Any, start: int = 
     scaler following the run's skip verdicts (`before`: the steps skipped before a resume, None where not known):
     the loss curve (a resumed run's steps against the reference's same steps) and the final parameters, within
     outcome.py's tolerances for the steps, dtype and optimizer."""
-    import numpy as np
-
-    from hetbench.train.reference import reference
-
     skipped = list(skipped) if skipped is not None else [False] * len(losses)
     trace: list[dict[str, Any]] = []
     ref_losses, ref_params = reference(model, cfg.optimizer, cfg.lr, cfg.steps, dtype=cfg.dtype.name, trace=trace,
@@ -275,25 +247,6 @@ def _check(cfg: Any, model: Any, losses: list[float], params: Any, start: int = 
     return compare_with_reference(cfg.dtype.name, cfg.optimizer, cfg.steps, start, losses, ref_losses, skipped,
                                   ref_own, norm_diff, tensor_diff, param_diff, params is not None,
                                   reduction(cfg))
-
-
-def reduction(cfg: Any) -> int:
-    """The longest sum of a step (outcome.perturbation's K): a weight gradient's rows (the batch) or a layer's
-    width; --model gpt (torch): the batch's characters (batch x seq-len)."""
-    rows = cfg.batch * (cfg.seq_len if getattr(cfg, "model", "mlp") == "gpt" else 1)
-    return int(max(rows, cfg.hidden))
-
-
-def gathers_hidden(logs: Sequence[Any], blocking: float | None) -> tuple[float, float] | None:
-    """fsdp with prefetch, one step's StepLogs (one per rank): (exposed, hidden) seconds of its prefetched gathers.
-    A gather's exposed time is the least of the ranks' (starting, testing and waiting for it): the rank that
-    arrived last waited for no one, so its time is the data movement left on the critical path, not imbalance.
-    Hidden = sum over the gathers of max(0, blocking - exposed), `blocking` being one gather's time when nothing
-    else runs (as OSU's nonblocking-collective benchmarks measure overlap). None without prefetch."""
-    if blocking is None or any(log.gather_exposed_seconds is None for log in logs):
-        return None
-    exposed = [min(times) for times in zip(*(log.gather_exposed_seconds for log in logs))]
-    return sum(exposed), sum(max(0.0, blocking - e) for e in exposed)
 
 
 def _step_lines(cfg: Any, every: list[list[Any]], facts: list[dict[str, Any]],
@@ -324,133 +277,16 @@ def _step_lines(cfg: Any, every: list[list[Any]], facts: list[dict[str, Any]],
     return lines
 
 
-def step_lines(cfg: Any, gathered: list[RankOutcome]) -> list[dict[str, Any]]:
-    return gathered[ROOT].steps or []
+class NumpyFrontEnd:
+    """The numpy front end (train/frontend.py's FrontEnd): hetbench's own trainer."""
 
+    prepare = staticmethod(prepare)
+    check = staticmethod(check)
+    run_rank = staticmethod(run_rank)
 
-def _warmup(cfg: Any) -> int:
-    """The steps at the start of this run left out of its timing figures (--warmup-steps)."""
-    return int(getattr(cfg, "warmup_steps", 0) or 0)
-
-
-def _median(values: list[float]) -> float:
-    return statistics.median(values) if values else math.nan
-
-
-def rows(cfg: Any, gathered: list[RankOutcome]) -> list[dict[str, Any]]:
-    """One row per rank: its share, its step's compute, communication and idle seconds (medians over the steps
-    after the --warmup-steps; every step's in the --log file and the document's "steps") and the bytes it held at
-    most."""
-    total = sum(gathered[ROOT].shares)
-    out = []
-    for r, outcome in enumerate(gathered):
-        logs = outcome.logs[_warmup(cfg):]
-        out.append({
-            "rank": r, **outcome.facts, "strategy": cfg.strategy,
-            "weight_percent": 100.0 * gathered[ROOT].shares[r] / total if total else 0.0,
-            "samples_per_step": logs[-1].samples if logs else 0,
-            "step_seconds_median": _median([log.step_seconds for log in logs]),
-            "compute_seconds_median": _median([log.compute_seconds for log in logs]),
-            "comm_seconds_median": _median([log.comm_seconds for log in logs]),
-            "idle_seconds_median": _median([log.idle_seconds for log in logs]),
-            "param_bytes": max((log.param_bytes for log in logs), default=0),
-            "grad_bytes": max((log.grad_bytes for log in logs), default=0),
-            "optimizer_bytes": max((log.optimizer_bytes for log in logs), default=0),
-            **_solo_row(cfg, logs),
-        })
-    return out
-
-
-def _solo_row(cfg: Any, logs: list[Any]) -> dict[str, Any]:
-    """--solo-between-steps: the rank's solo step (the whole batch alone) over the timed steps, its median, and its
-    samples/s alone: the global batch over that median."""
-    solo = [log.solo_step_seconds for log in logs if log.solo_step_seconds is not None]
-    if not solo:
+    @staticmethod
+    def summary_extra(cfg: Any, gathered: Any) -> dict[str, Any]:
         return {}
-    median = statistics.median(solo)
-    return {"solo_step_seconds_median": median, "solo_samples_per_second": cfg.batch / median if median > 0 else None}
 
 
-def state_scaling(cfg: Any) -> str:
-    """The loss scaling kind of a run: "dynamic" (fp16), "none" (bf16: non-finite steps still skipped; fp32)."""
-    from hetbench.train.precision import LossScaler
-
-    return LossScaler.for_dtype(cfg.dtype).kind
-
-
-def summarize_job(cfg: Any, rows_: list[dict[str, Any]], gathered: list[RankOutcome]) -> dict[str, Any]:
-    root = gathered[ROOT]
-    steps = root.steps or []
-    step_seconds = [s["step_seconds"] for s in steps[_warmup(cfg):]]
-    median = _median(step_seconds)
-    check = root.check
-    modelled = any(r["device_timing"] == TIMING_MODELLED for r in rows_)
-    return {
-        "strategy": cfg.strategy,
-        "steps": cfg.steps,
-        "weights_kind": cfg.weights.kind,
-        "weights": root.weights,
-        "shares": root.shares,
-        "shares_of": strategies.get(cfg.frontend, cfg.strategy).shares_of,
-        **({"shares_first": root.details["batch_counts_first"],
-            "shares_rebalanced": root.details["batch_counts_rebalanced"]}
-           if root.details.get("batch_counts_rebalanced") else {}),
-        "first_step": root.start_step,
-        "resumed_from": root.resumed_from,
-        "checkpoints": root.checkpoints,
-        "loss_first": steps[0]["loss"] if steps else None,
-        "loss_last": steps[-1]["loss"] if steps else None,
-        "loss_fell_by": steps[0]["loss"] / steps[-1]["loss"] if steps and steps[-1]["loss"] > 0 else None,
-        "warmup_steps": _warmup(cfg),  # the run's first steps, left out of the timing figures
-        "step_seconds_median": median,
-        "samples_per_second": cfg.batch / median if median > 0 else None,
-        "timing": "modelled" if modelled else "measured",
-        # a simulated rank's compute is modelled; the step's wall time is measured, and in it such a rank computes
-        # on the host with NumPy: the figure of this machine, not of the GPU simulated
-        "step_timing": "wall time; simulated ranks compute on the host" if modelled else "wall time",
-        **_prefetch_summary(root),
-        **_solo_summary(cfg, rows_, cfg.batch / median if median > 0 else None),
-        "path": cfg.path,
-        "state_memory": [r.get("state_memory") for r in rows_],
-        "dtype": cfg.dtype.name,
-        "master_dtype": "fp32",
-        # per rank: its GEMMs native in the dtype, or emulated (fp32 GEMMs on rounded operands, fp32 speed)
-        "compute_paths": [r.get("compute_path") for r in rows_],
-        "loss_scaling": state_scaling(cfg),
-        "skipped_steps": sum(1 for s in steps if s.get("step_skipped")),
-        "loss_scale_last": steps[-1]["loss_scale"] if steps else None,
-        "check": check,
-        "verified": None if check is None else check["ok"],
-    }
-
-
-def _solo_summary(cfg: Any, rows_: list[dict[str, Any]], samples_per_second: float | None) -> dict[str, Any]:
-    """--solo-between-steps: the ranks' solo samples/s summed, and the job's samples/s over that sum
-    (efficiency_vs_summed_solo: each rank alone computes the whole batch, its GEMMs at least as tall as in the job,
-    so the sum bounds the job from above; a figure above 1 is flagged, a measurement fault)."""
-    if not getattr(cfg, "solo_between_steps", False) or len(rows_) < 2:
-        return {}
-    rates = [r.get("solo_samples_per_second") for r in rows_]
-    if any(rate is None for rate in rates) or samples_per_second is None:
-        return {"solo_between_steps": True, "solo_samples_per_second_sum": None, "efficiency_vs_summed_solo": None}
-    total = sum(rates)
-    efficiency = samples_per_second / total
-    return {"solo_between_steps": True, "solo_samples_per_second_sum": total,
-            "efficiency_vs_summed_solo": efficiency, "efficiency_above_1": efficiency > 1}
-
-
-def _prefetch_summary(root: RankOutcome) -> dict[str, Any]:
-    """fsdp: whether the gathers were prefetched; with prefetch, what one layer's gather takes blocking (the
-    slowest rank's median, measured before training) and the share of the prefetched gathers' blocking time that
-    was hidden behind compute over every step: 100 * sum(hidden) / (gathers * blocking) (gathers_hidden)."""
-    d = root.details
-    if d.get("strategy") != "fsdp":
-        return {}
-    out: dict[str, Any] = {"prefetch": d.get("prefetch", False)}
-    blocking, per_step = d.get("gather_seconds_blocking"), d.get("prefetched_gathers_per_step", 0)
-    steps = [s for s in root.steps or [] if "comm_hidden_seconds" in s]
-    if d.get("prefetch") and blocking and per_step and steps:
-        out["gather_seconds_blocking"] = blocking
-        out["comm_hidden_percent"] = 100.0 * sum(s["comm_hidden_seconds"] for s in steps) / (
-            len(steps) * per_step * blocking)
-    return out
+FRONTEND = NumpyFrontEnd()

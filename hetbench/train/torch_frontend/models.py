@@ -17,7 +17,7 @@ its initial W, b from hetbench.train.model.init_params (an nn.Linear's weight is
 hetbench.train.model.make_batch, row loss 0.5 * ||h_L - y||^2.
 
 Task "gpt": a small decoder-only transformer language model, character-level, over the text shipped in
-hetbench/pytorch/data/text.txt (Shakespeare's Sonnets I-LXVI; data/README.md): token embedding + learned position
+hetbench/train/torch_frontend/data/text.txt (Shakespeare's Sonnets I-LXVI; data/README.md): token embedding + learned position
 embedding, `layers` pre-LayerNorm blocks (causal multi-head self-attention written as explicit matmuls
 q @ k^T, mask, softmax, @ v, not F.scaled_dot_product_attention; an MLP of 4 x hidden with GELU), a final
 LayerNorm and a linear head (no weight tying). The vocabulary is the sorted set of the text's characters. A batch
@@ -26,7 +26,7 @@ numpy.random.default_rng([seed, 2, step]); x the first seq_len of them, y the ne
 cross-entropy of the row's seq_len next-character predictions. Init: GPT-2's (normal std 0.02, the residual
 projections 0.02 / sqrt(2 * layers), biases 0, LayerNorms 1 and 0) from a torch.Generator seeded with cfg.seed.
 
-Measured (torch 2.13.0 CPU build, this project's 2-core AMD EPYC VM, `python -m hetbench.pytorch.models`, i.e.
+Measured (torch 2.13.0 CPU build, this project's 2-core AMD EPYC VM, `python -m hetbench.train.torch_frontend.models`, i.e.
 GPT_DEFAULTS: layers 2, hidden 64, heads 4, seq_len 64, batch 32, AdamW lr 3e-3, seed 0; 111,803 parameters):
 300 steps took 7.9 s and 12.8 s with the machine otherwise idle (17 s, and 56-75 s, while other test suites
 shared its 2 cores). The loss (the same to 4 digits on every run) falls from 4.084 at step 0 (ln(vocab 59) =
@@ -58,7 +58,7 @@ GPT_LR = 3e-3  # the AdamW learning rate the figures above were measured with
 
 TEXT_NAME = "text.txt"
 TEXT_SOURCE = ("William Shakespeare, The Sonnets (1609), sonnets I-LXVI, modern spelling; public domain "
-               "(hetbench/pytorch/data/README.md)")
+               "(hetbench/train/torch_frontend/data/README.md)")
 
 _DATA_STREAM = 2  # numpy.random.default_rng([seed, 2, step]) draws gpt's sequence positions
 INIT_STD = 0.02  # gpt: GPT-2's init
@@ -99,7 +99,7 @@ class TaskConfig:
 
 @lru_cache(maxsize=1)
 def text() -> str:
-    """The gpt task's text (hetbench/pytorch/data/text.txt), read with importlib.resources."""
+    """The gpt task's text (hetbench/train/torch_frontend/data/text.txt), read with importlib.resources."""
     return resources.files(__package__).joinpath("data", TEXT_NAME).read_text(encoding="utf-8")
 
 
@@ -280,7 +280,7 @@ def units(model: nn.Module) -> list[nn.Module]:
         return list(model.layers)
     if isinstance(model, CharGPT):
         return list(model.blocks)
-    raise TypeError(f"{type(model).__name__} is not a model of hetbench.pytorch.models")
+    raise TypeError(f"{type(model).__name__} is not a model of hetbench.train.torch_frontend.models")
 
 
 def _check_rows(cfg: TaskConfig, start: int, stop: int) -> None:

@@ -11,44 +11,49 @@ It returns the NumPy trainer's RankOutcome (hetbench/train/outcome.py), so that 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
+from threadpoolctl import threadpool_info, threadpool_limits
 
 import hetbench.pytorch  # noqa: F401  registers the backend
-from hetbench.harness import split_plan as plan
+from hetbench.backends.base import MPI_MEMORY_HOST, MPI_MEMORY_NONE, capabilities
+from hetbench.backends.host import threads_for_rank
 from hetbench.comm.world import World
-from hetbench.harness.devices import OpenDevice
+from hetbench.harness.devices import OpenDevice, device_path_error
+from hetbench.pytorch import backend as hb_backend
+from hetbench.pytorch.device import RankDevice, for_backend
+from hetbench.pytorch.fsdp import WrapError, flat_layout
+from hetbench.pytorch.logger import StepLogger
+from hetbench.pytorch.metrics import OpTotals, figures
+from hetbench.pytorch.offload import offload_linears, step_seconds
+from hetbench.results.profile import ProfileError, load_profile
+from hetbench.train import BatchShares, StepLog, strategies
+from hetbench.train.checkpoint import TORCH_FORMAT, CheckpointError
+from hetbench.train.ops import Ops
+from hetbench.train.optim import ADAMW_WEIGHT_DECAY
 from hetbench.train.outcome import (
+    AUTO_REBALANCE_STEPS,
     ROOT,
     SKIPPED_KEY,
+    SOLO_STEPS,
     RankOutcome,
+    checkpoint_folder_errors,
     compare_with_reference,
     follow_verdicts,
     record_skips,
     skipped_before,
 )
-from hetbench.pytorch import backend as hb_backend
-from hetbench.pytorch.device import RankDevice, for_backend
-from hetbench.pytorch.logger import StepLogger
-from hetbench.pytorch.models import TaskConfig, build_model, describe, make_batch, row_losses, units
-from hetbench.pytorch.offload import offload_linears, step_seconds
-from hetbench.pytorch.uneven import exact_ddp, exact_fully_shard
-from hetbench.train import StepLog
-from hetbench.train.ops import Ops
-from hetbench.train.optim import ADAMW_WEIGHT_DECAY
 from hetbench.train.precision import LossScaler
-from hetbench.train import strategies
-
-TORCH_STRATEGIES = strategies.names("torch")
-
-
-def _strategy(cfg: Any) -> strategies.Strategy:
-    return strategies.get("torch", cfg.strategy)
+from hetbench.train.run import history, log_text, resolve_weights, saver, solo_runner, warmup_errors
+from hetbench.train.torch_frontend.checkpoint import TorchCheckpoint, task_facts
+from hetbench.train.torch_frontend.models import TaskConfig, build_model, describe, make_batch, row_losses, units
+from hetbench.train.torch_frontend.parallel import ApplyContext, Parallel
 
 
 @dataclass
@@ -57,7 +62,7 @@ class TorchTrainState:
     device: RankDevice
     task: TaskConfig
     profile: Any = None
-    resume: Any = None  # hetbench.pytorch.checkpoint.TorchCheckpoint with --resume
+    resume: Any = None  # hetbench.train.torch_frontend.checkpoint.TorchCheckpoint with --resume
     ops: Any = None  # hetbench.train.ops.Ops where the model's products run on the rank's hetbench device
     world_size: int = 1
     owns_group: bool = False
@@ -80,8 +85,6 @@ def thread_counts(local_size: int, offloaded: bool) -> tuple[int | None, int | N
     threads and BLAS's, both a share of the cores and used in turn, each spin on the cores the other needs. On a
     16-core H100 node (docs/gpu.md) a host + simulated GPT step under FSDP2 took 585 ms with 8 + 8 threads a rank,
     56 ms with BLAS at one, 39 ms for host + host."""
-    from hetbench.backends.host import threads_for_rank
-
     threads = threads_for_rank(local_size)
     if threads is None:
         return None, None
@@ -90,8 +93,6 @@ def thread_counts(local_size: int, offloaded: bool) -> tuple[int | None, int | N
 
 def _blas_threads() -> int | None:
     """NumPy's BLAS threads now (threadpoolctl), None where none is found."""
-    from threadpoolctl import threadpool_info
-
     counts = [i["num_threads"] for i in threadpool_info() if i.get("user_api") == "blas"]
     return min(counts) if counts else None
 
@@ -105,8 +106,6 @@ def prepare(cfg: Any, world: World, opened: OpenDevice) -> tuple[TorchTrainState
     if torch_threads is not None:
         torch.set_num_threads(torch_threads)
     if blas_threads is not None:
-        from threadpoolctl import threadpool_limits
-
         threadpool_limits(limits=blas_threads, user_api="blas")
     ops = None if device.torch_has_device else Ops(opened.backend, cfg.dtype.name)
     try:
@@ -119,11 +118,7 @@ def prepare(cfg: Any, world: World, opened: OpenDevice) -> tuple[TorchTrainState
 def check(cfg: Any, world: World, state: TorchTrainState) -> list[str]:
     """Collective: what must hold on every rank before the process group is made. Every rank reads --resume's
     manifest itself (a folder every rank sees), so all find the same."""
-    from hetbench.train.outcome import checkpoint_folder_errors
-    from hetbench.pytorch.checkpoint import TorchCheckpoint
-    from hetbench.train.checkpoint import CheckpointError
-
-    errors = []
+    errors = _device_path_errors(cfg, world, state)
     start = 0
     if cfg.resume is not None:
         try:
@@ -134,19 +129,14 @@ def check(cfg: Any, world: World, state: TorchTrainState) -> list[str]:
             errors.append(str(e))
     if not errors:
         errors += checkpoint_folder_errors(cfg.checkpoint, cfg.checkpoint_every, start, cfg.steps)
-    run_steps = cfg.steps - start
-    if not errors and cfg.warmup_steps >= run_steps:
-        errors.append(f"--warmup-steps {cfg.warmup_steps} leaves none of this run's {run_steps} steps to time; "
-                      f"accepted: 0 to {run_steps - 1}")
+    if not errors:
+        errors += warmup_errors(cfg, start)
     if cfg.path == "device":
         problem = hb_backend.device_path_problem(world.comm)
         if problem:
             errors.append(f"--path device: {problem}")
-    if _strategy(cfg).shards_by_weights or state.resume is not None:  # the same on every rank: the collective is called by all
-        errors += _fsdp_errors(cfg, world, state)
+    errors += _model_errors(cfg, world, state)
     if cfg.weights.kind == "profile":
-        from hetbench.results.profile import ProfileError, load_profile
-
         devices = [tuple(d) for d in world.allgather((state.opened.spec, state.opened.info.name))]
         try:
             state.profile = load_profile(cfg.weights.path, world.size, "fp32", "rows", devices)
@@ -155,60 +145,44 @@ def check(cfg: Any, world: World, state: TorchTrainState) -> list[str]:
     return errors
 
 
-def _state_memory_bytes(state: TorchTrainState) -> int | None:
-    """Free memory where this rank's training state lives: torch's GPU, else the rank's hetbench device's (the
-    host's for a CPU rank; a simulated GPU's modelled memory), None where unknown."""
-    device = state.device.device
-    if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
-    try:
-        return state.opened.backend.free_memory_bytes()
-    except Exception:  # noqa: BLE001 - a device that cannot tell
-        return None
+def _device_path_errors(cfg: Any, world: World, state: TorchTrainState) -> list[str]:
+    """--path device: a rank whose device keeps its buffers in GPU memory that torch itself does not hold (a
+    simulated GPU: its memory stands for a GPU's) needs an MPI that takes that GPU's memory, as the numpy front end
+    checks it (harness.devices.device_path_error); a CuPy GPU's torch tensors are checked with the backend's
+    device_path_problem, and host or OpenCL buffers go to any MPI."""
+    backend = state.opened.backend
+    if (cfg.path != "device" or capabilities(backend.name).torch_device == "cuda"
+            or backend.mpi_memory_kind() in (MPI_MEMORY_HOST, MPI_MEMORY_NONE)):
+        return []
+    error = device_path_error(backend, state.opened.info, cfg.dtype, world)
+    return [error] if error else []
 
 
-def _fsdp_errors(cfg: Any, world: World, state: TorchTrainState) -> list[str]:
-    """Collective. fsdp: the ranks' memory can hold the model's sharded state; --resume: its sharded pieces fit
-    this run's model (every strategy reads them)."""
-    from hetbench.pytorch.fsdp import WrapError, flat_layout
-    from hetbench.pytorch.models import build_model, units as model_units
-
-    errors = []
+def _model_errors(cfg: Any, world: World, state: TorchTrainState) -> list[str]:
+    """Collective. --resume: its state fits this run's model (every strategy reads it); the strategy's own check
+    (hetbench fsdp: the ranks' memory can hold the model's sharded state)."""
     with torch.device("meta"):
         meta = build_model(state.task)
     try:
-        layouts = flat_layout(meta, model_units(meta))
+        layouts = flat_layout(meta, units(meta))
     except WrapError as e:
         return [str(e)]
+    errors = []
     if state.resume is not None:
         problem = state.resume.layout_mismatch(layouts)
         if problem:
             errors.append(problem)
-    if _strategy(cfg).shards_by_weights:
-        from hetbench.pytorch.fsdp import STATE_BYTES_PER_ELEMENT
+    return errors + _strategy(cfg).applier().check(cfg, world, state, layouts)
 
-        state.memory_bytes = world.allgather(_state_memory_bytes(state))
-        per = STATE_BYTES_PER_ELEMENT[cfg.optimizer]
-        caps = [None if m is None else int(m) // per for m in state.memory_bytes]
-        total = sum(lay.size for lay in layouts)
-        if all(c is not None for c in caps) and sum(caps) < total:  # type: ignore[arg-type]
-            each = ", ".join(f"rank {r}: {m} bytes" for r, m in enumerate(state.memory_bytes))
-            errors.append(f"--strategy fsdp: the model's {total} parameters need {per} bytes each of sharded state "
-                          f"({cfg.optimizer}), {total * per} bytes, more than the ranks' free memory ({each})")
-    return errors
+
+def _strategy(cfg: Any) -> strategies.Strategy:
+    return strategies.get("torch", cfg.strategy)
 
 
 def _weights(cfg: Any, world: World, state: TorchTrainState) -> list[float]:
     """Each rank's weight: even, given, a profile's rates, or (auto) each rank's training throughput measured
     beside the others (probe_samples_per_second)."""
-    if cfg.weights.kind == "even":
-        return [1.0] * world.size
-    if cfg.weights.kind == "list":
-        return list(cfg.weights.values)
-    if cfg.weights.kind == "profile":
-        return list(state.profile.rates)
-    world.barrier()
-    return [float(r) for r in world.allgather(probe_samples_per_second(cfg, state))]
+    return resolve_weights(cfg, world, state.profile, lambda: probe_samples_per_second(cfg, state))
 
 
 def probe_samples_per_second(cfg: Any, state: TorchTrainState, repeats: int = 2) -> float:
@@ -216,8 +190,6 @@ def probe_samples_per_second(cfg: Any, state: TorchTrainState, repeats: int = 2)
     a throwaway copy of the model placed as the run places it (torch's device, or the products on the hetbench
     device): the work itself, many small attention products included, not one GEMM's rate. On a simulated device
     the modelled GEMM and copy time replaces the host's emulating them, as in the step figures."""
-    import time
-
     rows = max(1, min(-(-cfg.batch // state.world_size), 256))
     model = build_model(state.task).to(state.device.device)
     ops = state.ops
@@ -258,18 +230,6 @@ def _init_group(cfg: Any) -> bool:
     return True
 
 
-def _full_state(cfg: Any, model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
-    """Collective: the model's full parameters (CPU) at rank 0, None elsewhere."""
-    if _strategy(cfg).replicated:
-        module = model.module if hasattr(model, "module") else model
-        return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()} if dist.get_rank() == ROOT \
-            else None
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    return {k: v.detach().cpu().clone() for k, v in full.items()} if dist.get_rank() == ROOT else None
-
-
 def run_rank(cfg: Any, world: World, state: TorchTrainState,
              on_step: Callable[[int, int, str], None] | None = None) -> RankOutcome:
     """Collective. Train; rank 0 gathers the step lines and checks the run against one process."""
@@ -281,126 +241,135 @@ def run_rank(cfg: Any, world: World, state: TorchTrainState,
             dist.destroy_process_group()
 
 
-def _train(cfg: Any, world: World, state: TorchTrainState, on_step: Any) -> RankOutcome:
-    from hetbench.train.outcome import AUTO_REBALANCE_STEPS
-    from hetbench.train import BatchShares
+@dataclass
+class _Run:
+    """One run's pieces on a rank, made before the first step."""
 
+    parallel: Parallel
+    opt: torch.optim.Optimizer
+    balance: BatchShares
+    scaler: LossScaler
+    logger: StepLogger
+    weights: list[float]
+    start: int
+    before: list[int] | None  # the steps skipped before a resume (None: not known)
+    steps_taken: list[int] = field(default_factory=lambda: [0])  # the optimizer's steps (a resume's included)
+    saver: Any = None
+    solo: Callable[[int], float] | None = None
+    solo_seconds: dict[int, float] = field(default_factory=dict)  # this rank alone after each timed step
+
+
+def _train(cfg: Any, world: World, state: TorchTrainState, on_step: Any) -> RankOutcome:
+    run = _start(cfg, world, state)
+    for step in range(run.start, cfg.steps):
+        _step(cfg, world, state, run, step)
+        if on_step is not None and run.logger.lines:
+            on_step(step + 1, cfg.steps, f"step {step + 1}/{cfg.steps} loss {run.logger.lines[-1]['loss']:.4g}")
+        if run.saver is not None and run.saver.due(step + 1):
+            run.parallel.save(run.saver, step + 1, run.opt)
+            if run.logger.pg is not None:
+                run.logger.pg.metrics.take()  # the save's gathers are not the next step's communication
+    run.parallel.close()
+    return _outcome(cfg, world, state, run, run.parallel.full_state())
+
+
+def _start(cfg: Any, world: World, state: TorchTrainState) -> _Run:
+    """Collective: the weights, the batch shares (auto weights: they follow each rank's measured samples/s over the
+    first steps, the numpy trainer's BatchShares; fsdp's parameter shards stay as the first weights set them), the
+    model made parallel by the strategy, the optimizer, the resume, the loss scaler, the saver and the logger."""
     weights = _weights(cfg, world, state)
-    # auto weights: the batch shares follow each rank's measured samples/s over the first steps (the numpy
-    # trainer's BatchShares); fsdp's parameter shards stay as the first weights set them
     balance = BatchShares(world.comm, weights, cfg.batch, AUTO_REBALANCE_STEPS if cfg.weights.kind == "auto" else 0)
-    shares = list(balance.counts)
-    device = state.device.device
     torch.manual_seed(cfg.seed)
-    model = build_model(state.task).to(device)
+    model = build_model(state.task).to(state.device.device)
     if state.ops is not None:  # torch cannot drive this rank's device: its products run there through hetbench
         offload_linears(model, state.ops)
-    engine = None
-    if _strategy(cfg).replicated:
-        model = exact_ddp(model)
-    elif _strategy(cfg).shards_by_weights:
-        from hetbench.pytorch.fsdp import ShardedModule
-        from hetbench.pytorch.logger import hetbench_group
-
-        pg = hetbench_group()
-        engine = ShardedModule(model, units(model), weights, pg.comm, pg.metrics, prefetch=cfg.prefetch,
-                               memory_bytes=state.memory_bytes, optimizer=cfg.optimizer, pg=pg)
-        if state.ops is not None:
-            state.ops.poll = engine.poll  # the started gathers are tested after every device GEMM too
-    else:
-        exact_fully_shard(model, units(model))
-    opt = _optimizer(cfg, model.parameters())
-    start = 0
-    optimizer_steps = 0
+    parallel = _strategy(cfg).applier()(model, ApplyContext(cfg, world, state, weights))
+    opt = _optimizer(cfg, parallel.module.parameters())
+    start = optimizer_steps = 0
     if state.resume is not None:
-        state.resume.load_into(model, opt, engine)
+        parallel.resume(state.resume, opt)
         start = state.resume.steps_done
         optimizer_steps = _optimizer_steps(opt)
-    blocking = engine.blocking_gather_seconds() if engine is not None and engine.prefetch else None
     scaler = LossScaler.for_dtype(cfg.dtype.name, state.resume.loss_scaler if state.resume is not None else None)
-    steps_taken = [optimizer_steps]
     # the steps skipped so far, for a checkpoint and the check (the reference follows the run's verdicts)
     before = skipped_before(state.resume.manifest if state.resume is not None else None)
-    skips = record_skips(scaler, start, before)
-    saver = _saver(cfg, world, state, weights, shares, start, scaler, engine, steps_taken, skips)
-    logger = StepLogger(None, cfg.batch, model=model, optimizer=opt, first_step=start)
+    logger = StepLogger(None, cfg.batch, model=parallel.module, optimizer=opt, first_step=start)
+    run = _Run(parallel, opt, balance, scaler, logger, weights, start, before, steps_taken=[optimizer_steps])
+    run.saver = _saver(cfg, world, state, run, record_skips(scaler, start, before))
     logger.device_ops = state.ops
-    if engine is not None:
-        engine.take_figures()
-        logger.rank_figures = lambda: _fsdp_step_figures(engine)
-    solo = _solo_runner(cfg, world, state) if getattr(cfg, "solo_between_steps", False) and world.size > 1 else None
-    solo_seconds: dict[int, float] = {}  # --solo-between-steps: this rank alone after each timed step
-    for step in range(start, cfg.steps):
-        start_row = sum(balance.counts[:world.rank])
-        stop_row = start_row + balance.counts[world.rank]
-        x, y = make_batch(state.task, step, start_row, stop_row)
-        x, y = x.to(device), y.to(device)
-        with logger.step(samples=stop_row - start_row) as rec:
-            rec.loss, rec.loss_scale, rec.step_skipped = one_step(cfg, model, opt, scaler, x, y, distributed=True)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-        steps_taken[0] += 0 if rec.step_skipped else 1
-        balance.after_step(stop_row - start_row, logger.mine[-1]["compute_seconds"])
-        if solo is not None and step - start >= cfg.warmup_steps:
-            solo_seconds[step] = solo(step)
-        if on_step is not None and logger.lines:
-            on_step(step + 1, cfg.steps, f"step {step + 1}/{cfg.steps} loss {logger.lines[-1]['loss']:.4g}")
-        if saver is not None and saver.due(step + 1):
-            from hetbench.pytorch.checkpoint import full_state, shard_pieces, writer
+    parallel.attach(logger)
+    if cfg.solo_between_steps and world.size > 1:
+        run.solo = solo_runner(world, lambda step: _alone_once(cfg, state, step))
+    return run
 
-            if engine is not None:  # every rank writes its own slices
-                saver.save(step + 1, shard_pieces(engine, opt, cfg.optimizer))
-            else:
-                full_now = full_state(model, opt)  # collective: every rank takes part in the gather
-                saver.save(step + 1, [], root_files=writer(full_now) if world.rank == ROOT else None)
-            if logger.pg is not None:
-                logger.pg.metrics.take()  # the save's gathers are not the next step's communication
-    if engine is not None:
-        engine.close()  # its progress engine's thread: no gather is started after the last step
-    full = engine.full_state_dict() if engine is not None else _full_state(cfg, model)
-    collectives = _steps_collectives(logger.mine, world.size)
+
+def _step(cfg: Any, world: World, state: TorchTrainState, run: _Run, step: int) -> None:
+    """Collective: one training step on this rank's rows of the batch, logged; then the shares' rebalancing and,
+    after a timed step, the solo runs."""
+    device = state.device.device
+    start_row = sum(run.balance.counts[:world.rank])
+    stop_row = start_row + run.balance.counts[world.rank]
+    x, y = make_batch(state.task, step, start_row, stop_row)
+    x, y = x.to(device), y.to(device)
+    with run.logger.step(samples=stop_row - start_row) as rec:
+        rec.loss, rec.loss_scale, rec.step_skipped = one_step(cfg, run.parallel.module, run.opt, run.scaler, x, y,
+                                                              distributed=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    run.steps_taken[0] += 0 if rec.step_skipped else 1
+    run.balance.after_step(stop_row - start_row, run.logger.mine[-1]["compute_seconds"])
+    if run.solo is not None and step - run.start >= cfg.warmup_steps:
+        run.solo_seconds[step] = run.solo(step)
+
+
+def _facts(cfg: Any, world: World, state: TorchTrainState) -> dict[str, Any]:
+    """The rank's facts for its row: where it computed, torch's and BLAS's threads, the dtype and its path."""
     offloaded = state.ops is not None
-    facts = {"host": world.host, "backend": state.opened.spec,
-             "vendor": state.opened.info.vendor if offloaded else state.device.vendor,
-             "device": state.opened.info.name if offloaded else state.device.name,
-             "device_timing": "modelled" if offloaded and state.ops.modelled else "measured",
-             "torch_device": state.device.torch_device,
-             "torch_has_device": state.device.torch_has_device, "hetbench_device": state.opened.info.name,
-             "torch_threads": torch.get_num_threads(), "blas_threads": _blas_threads(),
-             "compute_dtype": cfg.dtype.name,
-             # where the model's matmuls run: torch on its device (autocast under mixed precision), or the rank's
-             # hetbench device through the offload (native or emulated in the dtype, as the numpy trainer's GEMMs)
-             "compute_path": (f"hetbench device, {state.ops.compute_path}" if offloaded else
-                              "torch autocast" if cfg.dtype.name != "fp32" else "torch"),
-             "state_memory": "device" if state.device.torch_device != "cpu" else "host"}
+    return {"host": world.host, "backend": state.opened.spec,
+            "vendor": state.opened.info.vendor if offloaded else state.device.vendor,
+            "device": state.opened.info.name if offloaded else state.device.name,
+            "device_timing": "modelled" if offloaded and state.ops.modelled else "measured",
+            "torch_device": state.device.torch_device,
+            "torch_has_device": state.device.torch_has_device, "hetbench_device": state.opened.info.name,
+            "torch_threads": torch.get_num_threads(), "blas_threads": _blas_threads(),
+            "compute_dtype": cfg.dtype.name,
+            # where the model's matmuls run: torch on its device (autocast under mixed precision), or the rank's
+            # hetbench device through the offload (native or emulated in the dtype, as the numpy trainer's GEMMs)
+            "compute_path": (f"hetbench device, {state.ops.compute_path}" if offloaded else
+                             "torch autocast" if cfg.dtype.name != "fp32" else "torch"),
+            "state_memory": "device" if state.device.torch_device != "cpu" else "host"}
+
+
+def _note(state: TorchTrainState) -> str:
+    """Where the rank's model computed, said in a line."""
+    if state.ops is None:
+        return state.device.note
+    return (f"torch cannot drive {state.opened.spec} ({state.opened.info.name}): the model's matmuls (nn.Linear's "
+            "and attention's, forward and backward) run there through hetbench"
+            f"{' (GEMM and copy time modelled)' if state.ops.modelled else ''}, the rest in torch on the CPU")
+
+
+def _outcome(cfg: Any, world: World, state: TorchTrainState, run: _Run, full: Any) -> RankOutcome:
+    """Collective: the rank's outcome; rank 0's with every step line, the --log text and the check."""
+    mine = run.logger.mine
     logs = [StepLog(step=m["step"], loss=float("nan"), step_seconds=m["step_seconds"],
                     compute_seconds=m["compute_seconds"], comm_seconds=m["comm_seconds"] or 0.0,
                     idle_seconds=m["idle_seconds"] or 0.0, samples=m["samples"], param_bytes=m["param_bytes"],
                     grad_bytes=m["grad_bytes"], optimizer_bytes=m["optimizer_bytes"],
-                    solo_step_seconds=solo_seconds.get(m["step"])) for m in logger.mine]
-    every_solo = world.gather(solo_seconds) if solo is not None else None
-    note = state.device.note
-    if offloaded:
-        note = (f"torch cannot drive {state.opened.spec} ({state.opened.info.name}): the model's matmuls (nn.Linear's "
-                "and attention's, forward and backward) run there through hetbench"
-                f"{' (GEMM and copy time modelled)' if state.ops.modelled else ''}, the rest in torch on the CPU")
-    details = {"strategy": cfg.strategy, "frontend": "torch", "collectives": collectives,
-               "torch_version": str(torch.__version__), "note": note, **balance.details()}
-    if engine is not None:
-        details.update(_fsdp_details(engine, blocking, opt))
-        for log, m in zip(logs, logger.mine):
-            log.gather_exposed_seconds = m.get("gather_exposed_seconds") if engine.prefetch else None
-        details["step_figures"] = [{"gathered_bytes_peak": m.get("gathered_bytes_peak", 0)} for m in logger.mine]
-    shares = list(balance.counts)
-    result = RankOutcome(logs, facts, list(weights), list(shares), details=details, start_step=start,
+                    solo_step_seconds=run.solo_seconds.get(m["step"])) for m in mine]
+    every_solo = world.gather(run.solo_seconds) if run.solo is not None else None
+    details = {"strategy": cfg.strategy, "frontend": "torch", "collectives": _steps_collectives(mine, world.size),
+               "torch_version": str(torch.__version__), "note": _note(state), **run.balance.details(),
+               **run.parallel.details(run.opt, logs, mine)}
+    result = RankOutcome(logs, _facts(cfg, world, state), list(run.weights), list(run.balance.counts),
+                         details=details, start_step=run.start,
                          resumed_from=str(state.resume.folder) if state.resume is not None else None,
-                         checkpoints=list(saver.saved) if saver is not None else [])
+                         checkpoints=list(run.saver.saved) if run.saver is not None else [])
     if world.rank == ROOT:
-        result.steps = [dict(line) for line in logger.lines]
+        result.steps = [dict(line) for line in run.logger.lines]
         for log, line in zip(logs, result.steps):
             log.loss = line["loss"]
-        if engine is not None and engine.prefetch:
-            _add_hidden(result.steps, blocking, [u.index for u in engine.units])
+        run.parallel.finish_lines(result.steps)
         if every_solo is not None:
             for line in result.steps:
                 for entry in line["ranks"]:
@@ -408,54 +377,42 @@ def _train(cfg: Any, world: World, state: TorchTrainState, on_step: Any) -> Rank
                     if seconds is not None:
                         entry["solo_step_seconds"] = seconds
         if cfg.log is not None:
-            import json
-
-            result.log_text = "".join(json.dumps(line) + "\n" for line in result.steps)
+            result.log_text = log_text(result.steps)
         if cfg.check:
-            result.check = check_against_one_process(cfg, state.task, [s["loss"] for s in result.steps], full, start,
-                                                     [s["step_skipped"] for s in result.steps], before)
+            result.check = check_against_one_process(cfg, state.task, [s["loss"] for s in result.steps], full,
+                                                     run.start, [s["step_skipped"] for s in result.steps], run.before)
     return result
 
 
-def _solo_runner(cfg: Any, world: World, state: TorchTrainState) -> Any:
-    """--solo-between-steps (the numpy trainer's, hetbench.benchmarks.train.run._solo_runner): `solo(step)`,
-    collective, after a timed step: every rank in turn, the others waiting at a barrier, trains the whole batch
-    alone (a fresh plain model of the task on the rank's device, its matmuls offloaded as in the run, the same
-    optimizer and dtype, SOLO_STEPS steps from `step`'s data, no process group) and returns its last step's
-    seconds (wall time; on a simulated device the modelled GEMM and copy time in place of their emulation). The
-    plain model does without fsdp's gathers and reduce-scatters, which one rank would still make as copies: a solo
-    step a little faster than `hetbench train -n 1` times, a baseline that errs high."""
-    from hetbench.train.outcome import SOLO_STEPS
-
+def _alone_once(cfg: Any, state: TorchTrainState, step: int) -> float:
+    """--solo-between-steps (train.run.solo_runner): this rank trains the whole batch alone, a fresh plain model of
+    the task on its device, its matmuls offloaded as in the run, the same optimizer and dtype, SOLO_STEPS steps
+    from `step`'s data, no process group; its last step's seconds (wall time; on a simulated device the modelled
+    GEMM and copy time in place of their emulation). The plain model does without fsdp's gathers and
+    reduce-scatters, which one rank would still make as copies: a solo step a little faster than
+    `hetbench train -n 1` times, a baseline that errs high."""
     device = state.device.device
-
-    def alone_once(step: int) -> float:
-        torch.manual_seed(cfg.seed)
-        model = build_model(state.task).to(device)
-        if state.ops is not None:
-            offload_linears(model, state.ops)
-        opt = _optimizer(cfg, model.parameters())
-        scaler = LossScaler.for_dtype(cfg.dtype.name)
-        seconds = 0.0
-        for s in range(step, step + SOLO_STEPS):
-            x, y = make_batch(state.task, s, 0, cfg.batch)
-            x, y = x.to(device), y.to(device)
-            if state.ops is not None:
-                state.ops.reset()
-            t0 = time.perf_counter()
-            one_step(cfg, model, opt, scaler, x, y, distributed=False)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            # a simulated device's modelled GEMM and copy time in place of the host's emulating them
-            seconds = step_seconds(state.ops, time.perf_counter() - t0)
+    torch.manual_seed(cfg.seed)
+    model = build_model(state.task).to(device)
+    if state.ops is not None:
+        offload_linears(model, state.ops)
+    opt = _optimizer(cfg, model.parameters())
+    scaler = LossScaler.for_dtype(cfg.dtype.name)
+    seconds = 0.0
+    for s in range(step, step + SOLO_STEPS):
+        x, y = make_batch(state.task, s, 0, cfg.batch)
+        x, y = x.to(device), y.to(device)
         if state.ops is not None:
             state.ops.reset()
-        return seconds
-
-    def solo(step: int) -> float:
-        return world.in_turn(lambda: alone_once(step))
-
-    return solo
+        t0 = time.perf_counter()
+        one_step(cfg, model, opt, scaler, x, y, distributed=False)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        # a simulated device's modelled GEMM and copy time in place of the host's emulating them
+        seconds = step_seconds(state.ops, time.perf_counter() - t0)
+    if state.ops is not None:
+        state.ops.reset()
+    return seconds
 
 
 def _optimizer_steps(opt: torch.optim.Optimizer) -> int:
@@ -466,49 +423,9 @@ def _optimizer_steps(opt: torch.optim.Optimizer) -> int:
     return 0
 
 
-def _fsdp_step_figures(engine: Any) -> dict[str, Any]:
-    """A step's own figures of hetbench fsdp for the step line: every prefetched gather's exposed seconds (and its
-    unit), the gathered bytes at the step's peak."""
-    f = engine.take_figures()
-    return {"gather_exposed_seconds": f.exposed_seconds, "gather_units": f.exposed_units,
-            "gathered_bytes_peak": f.gathered_bytes_peak}
-
-
-def _fsdp_details(engine: Any, blocking: list[float] | None, opt: torch.optim.Optimizer) -> dict[str, Any]:
-    """hetbench fsdp's run figures: the shards, the units left empty, the bytes of sharded state held, the
-    prefetch and its yardstick (gather_seconds_blocking: one prefetched gather's blocking time, averaged over a
-    step's prefetched gathers, so that the summary's comm_hidden_percent weighs each unit by its own)."""
-    units_ = engine.units
-    seq = engine.prefetched_units()
-    mean_blocking = (sum(blocking[i] for i in seq) / len(seq)) if blocking and seq else None
-    return {"prefetch": engine.prefetch, "gather_seconds_blocking": mean_blocking,
-            "gather_seconds_blocking_per_unit": blocking,
-            "prefetched_gathers_per_step": len(seq) if engine.prefetch else 0,
-            "units": [{"name": u.name or "root", "elements": u.size, "counts": list(u.counts)} for u in units_],
-            "shard_elements": engine.elements, "element_weights": list(engine.element_weights),
-            "empty_units": engine.empty_units(), **engine.state_bytes(opt)}
-
-
-def _add_hidden(lines: list[dict[str, Any]], blocking: list[float] | None, unit_ids: list[int]) -> None:
-    """Each step line's prefetched gathers: exposed seconds (per gather the least of the ranks': the rank that
-    arrived last waited for no one) and hidden seconds (blocking - exposed, at least 0, each gather against its
-    own unit's blocking time), as the numpy trainer's benchmarks.train.run.gathers_hidden."""
-    for line in lines:
-        ranks = line["ranks"]
-        per_rank = [r.get("gather_exposed_seconds") or [] for r in ranks]
-        if blocking is None or not per_rank or any(len(p) != len(per_rank[0]) for p in per_rank):
-            continue
-        units_ = ranks[0].get("gather_units") or []
-        exposed = [min(times) for times in zip(*per_rank)]
-        line["gather_exposed_seconds"] = sum(exposed)
-        line["comm_hidden_seconds"] = sum(max(0.0, blocking[u] - e) for u, e in zip(units_, exposed))
-
-
 def _steps_collectives(mine: list[dict[str, Any]], ranks: int) -> dict[str, dict[str, Any]]:
     """This rank's collective figures summed over the training steps (not the checkpoint saves' and final state's
     gathers, which happen between steps)."""
-    from hetbench.pytorch.metrics import OpTotals, figures
-
     totals: dict[str, OpTotals] = {}
     for m in mine:
         for op, o in (m.get("collectives") or {}).items():
@@ -524,8 +441,6 @@ def _steps_collectives(mine: list[dict[str, Any]], ranks: int) -> dict[str, dict
 def _autocast(cfg: Any, device: torch.device) -> Any:
     """Mixed precision (--dtype fp16/bf16): torch's autocast on the rank's device (fp32 master parameters,
     gradients and optimizer state; matmuls in the dtype); fp32: nothing."""
-    import contextlib
-
     if cfg.dtype.name == "fp32":
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=torch.float16 if cfg.dtype.name == "fp16" else torch.bfloat16)
@@ -646,50 +561,34 @@ def check_against_one_process(cfg: Any, task: TaskConfig, losses: list[float],
     return {**out, "params_missing": missing, "reference": "torch, one process, CPU"}
 
 
-def _saver(cfg: Any, world: World, state: TorchTrainState, weights: list[float], shares: list[int],
-           start: int, scaler: LossScaler, engine: Any = None, steps_taken: list[int] | None = None,
-           skips: list[int] | None = None) -> Any:
+def _saver(cfg: Any, world: World, state: TorchTrainState, run: _Run, skips: list[int] | None) -> Any:
     """Collective (with --checkpoint): the numpy trainer's Saver (layout, atomic saves, manifest last) writing the
-    torch state; the manifest records the task, the run and every rank's device (and, for fsdp's sharded pieces,
-    the units' layout and the optimizer's step count)."""
+    torch state; the manifest records the task, the run and every rank's device, and the strategy's own entries
+    (hetbench fsdp: its units' layout and the optimizer's step count)."""
     if cfg.checkpoint is None:
         return None
-    import click
-
-    from hetbench.pytorch.checkpoint import task_facts
-    from hetbench.train.checkpoint import TORCH_FORMAT, Saver
-
     offloaded = state.ops is not None
     facts = {"host": world.host, "backend": state.opened.spec,
              "vendor": state.opened.info.vendor if offloaded else state.device.vendor,
              "device": state.opened.info.name if offloaded else state.device.name,
              "torch_device": state.device.torch_device}
-    every_facts = world.allgather(facts)
-    history = []
-    if state.resume is not None:
-        m = state.resume.manifest
-        history = [*m.get("history", []), {"strategy": m.get("strategy"), "first_step": m.get("first_step"),
-                                           "steps_done": m["steps_done"], "weights": m.get("weights"),
-                                           "checkpoint": str(state.resume.folder), "ranks": m.get("ranks")}]
     manifest = {"frontend": "torch", "model": task_facts(cfg), "optimizer": cfg.optimizer, "lr": cfg.lr,
-                "dtype": cfg.dtype.name, "master_dtype": "fp32", "strategy": cfg.strategy, "weights": list(weights), "shares": list(shares),
-                "shares_of": "samples", "first_step": start, "history": history,
-                "torch_version": str(torch.__version__)}
-    if engine is not None:
-        manifest["layout"] = [u.layout.to_dict() for u in engine.units]
-        manifest["param_counts"] = [list(u.counts) for u in engine.units]
+                "dtype": cfg.dtype.name, "master_dtype": "fp32", "strategy": cfg.strategy,
+                "weights": list(run.weights), "shares": list(run.balance.counts), "shares_of": "samples",
+                "first_step": run.start, "history": history(state.resume, lambda ranks: ranks),
+                "torch_version": str(torch.__version__), **run.parallel.manifest()}
 
     def live() -> dict[str, Any]:
-        return {"loss_scaler": scaler.state(), SKIPPED_KEY: None if skips is None else list(skips),
-                **({"optimizer_steps": steps_taken[0]} if engine is not None and steps_taken else {})}
+        return {"loss_scaler": run.scaler.state(), SKIPPED_KEY: None if skips is None else list(skips),
+                **run.parallel.live_manifest(run.steps_taken[0])}
 
-    return Saver(world, cfg.checkpoint, cfg.checkpoint_every, cfg.steps, manifest, every_facts,
-                 error=click.ClickException, fmt=TORCH_FORMAT, live=live)
+    return saver(cfg, world, manifest, facts, live, fmt=TORCH_FORMAT)
 
 
 def summary_extra(cfg: Any, gathered: list[RankOutcome]) -> dict[str, Any]:
     """The torch front end's own summary figures: the task, torch's version, where each rank computed, and the
-    backend's collective figures per rank, summed over the training steps (nccl-tests algbw/busbw)."""
+    backend's collective figures per rank, summed over the training steps (nccl-tests algbw/busbw), and the
+    strategy's own."""
     root = gathered[ROOT]
     return {
         "frontend": "torch",
@@ -698,27 +597,17 @@ def summary_extra(cfg: Any, gathered: list[RankOutcome]) -> dict[str, Any]:
         "torch_devices": [g.facts.get("torch_device") for g in gathered],
         "torch_notes": [g.details.get("note", "") for g in gathered],
         "collectives_per_rank": [g.details.get("collectives", {}) for g in gathered],
-        **(_sharded_summary(gathered) if _strategy(cfg).shards_by_weights else {}),
+        **_strategy(cfg).applier().summary(gathered),
     }
 
 
-def _sharded_summary(gathered: list[RankOutcome]) -> dict[str, Any]:
-    """hetbench fsdp: what each rank holds of the sharded state between steps (parameters + gradients + optimizer
-    state, bytes, and its percent of all ranks'), its elements and their percent against its weight's, the units
-    a rank holds nothing of (a weight too small for them), and the most it held gathered at once."""
-    d = [g.details for g in gathered]
-    state = [x["param_bytes"] + x["grad_bytes"] + x["optimizer_bytes"] for x in d]
-    elements = [x["shard_elements"] for x in d]
-    weights = d[ROOT]["element_weights"]
-    return {"sharded_state": {
-        "units": d[ROOT]["units"],
-        "state_bytes_per_rank": state,
-        "state_percent_per_rank": [100.0 * b / sum(state) if sum(state) else 0.0 for b in state],
-        "elements_per_rank": elements,
-        "elements_percent_per_rank": [100.0 * e / sum(elements) if sum(elements) else 0.0 for e in elements],
-        "weight_percent_per_rank": [100.0 * w / sum(weights) if sum(weights) else 0.0 for w in weights],
-        "empty_units_per_rank": [x["empty_units"] for x in d],
-        "gather_seconds_blocking_per_unit": d[ROOT].get("gather_seconds_blocking_per_unit"),
-        "gathered_bytes_peak_per_rank": [max((s.get("gathered_bytes_peak", 0) for s in x.get("step_figures", [])),
-                                             default=0) for x in d],
-    }}
+class TorchFrontEnd:
+    """The torch front end (train/frontend.py's FrontEnd)."""
+
+    prepare = staticmethod(prepare)
+    check = staticmethod(check)
+    run_rank = staticmethod(run_rank)
+    summary_extra = staticmethod(summary_extra)
+
+
+FRONTEND = TorchFrontEnd()
