@@ -21,8 +21,10 @@ from hetbench.benchmarks.base import (
     RankResult,
     register,
 )
+from hetbench.benchmarks.matmul import run
 from hetbench.benchmarks.matmul.config import MatmulConfig
-from hetbench.config import DTYPE_NAMES, OutputConfig, parse_dtype
+from hetbench.benchmarks.matmul.present import PRESENTATION
+from hetbench.config import DTYPE_NAMES, OutputConfig, expand_rank_path, parse_dtype
 from hetbench.options import (
     output_file,
     MAX_RANK,
@@ -75,7 +77,7 @@ class Matmul:
     name = "matmul"
     summary = "Per-rank GEMM on each rank's device, summed to the root over MPI, verified and timed."
     columns = COLUMNS
-    from hetbench.benchmarks.matmul.present import PRESENTATION as presentation  # report, compare, the page
+    presentation = PRESENTATION  # report, compare, the page
 
     def options(self) -> list[click.Parameter]:
         return [
@@ -133,8 +135,6 @@ class Matmul:
 
     def input_paths(self, cfg: MatmulConfig, world: Any) -> dict[str, Any]:
         """The files this rank reads (an output naming one is refused)."""
-        from hetbench.config import expand_rank_path
-
         return {option: expand_rank_path(path, world.rank, world.host)
                 for option, path in (("--a", cfg.a_path), ("--b", cfg.b_path)) if path is not None}
 
@@ -142,29 +142,21 @@ class Matmul:
         return cfg.dtype
 
     def prepare(self, cfg: MatmulConfig, world: Any, device: Any) -> tuple[Any, list[str]]:
-        from hetbench.benchmarks.matmul import run
-
         if cfg.sizes:
             return run.prepare_sweep(cfg, world, device)
         return run.prepare_inputs(cfg, world, device)
 
     def check(self, cfg: MatmulConfig, world: Any, state: Any) -> list[str]:
-        from hetbench.benchmarks.matmul import run
-
         # a sweep's sizes are the same on every rank
         return [] if cfg.sizes else run.shape_errors(cfg, world, state)
 
     def notices(self, cfg: MatmulConfig, world: Any, state: Any) -> list[str]:
-        from hetbench.benchmarks.matmul import run
-
         if cfg.sizes:
             return run.slow_host_fp16_notices(cfg, world, state.opened.info, state.mnks)
         return run.slow_host_fp16_notices(cfg, world, state.info, [state.mnk])
 
     def run(self, cfg: MatmulConfig, world: Any, state: Any, on_step: Any) -> RankResult:
         """data: (row, verdict of the sum) per size, smallest first; one pair without a sweep."""
-        from hetbench.benchmarks.matmul import run
-
         outcomes = run.run_sweep(cfg, world, state, on_step) if cfg.sizes else [run.run_rank(cfg, world, state,
                                                                                              on_step)]
         files = []
@@ -179,8 +171,6 @@ class Matmul:
     def summarize(self, cfg: MatmulConfig, rows: list[dict[str, Any]], gathered: Sequence[Any]) -> dict[str, Any]:
         """The job's figures; for a sweep, those of its largest size, with every size's under "sizes" and the
         checks of them all."""
-        from hetbench.benchmarks.matmul import run
-
         per_size = [run.summarize_job(cfg, [ranks[i][0] for ranks in gathered], gathered[cfg.root][i][1])
                     for i in range(len(gathered[0]))]
         if not cfg.sizes:

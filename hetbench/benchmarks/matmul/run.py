@@ -2,8 +2,9 @@
 products to the root, Freivalds checks of every product and of the sum, and the rows and summary of the result.
 
 The order on every rank: upload A_r and B_r (timed), warm-up and timed GEMMs (device timer), copy C_r to the
-host (timed: into host memory allocated, pinned on CuPy, and touched before the timer), check C_r, then the host-staged reduce of C_r to the root, warm-up and timed repeats each after a
-barrier, and the check of the sum at the root.
+host (timed: into host memory allocated, pinned on CuPy, and touched before the timer), check C_r, then the
+host-staged reduce of C_r to the root, warm-up and timed repeats each after a barrier, and the check of the sum at
+the root.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from hetbench.harness import gemm
 from hetbench.comm.world import World
 from hetbench.benchmarks.matmul.config import MatmulConfig
 from hetbench.config import expand_rank_path
-from hetbench.dtypes import DType
+from hetbench.dtypes import DTYPES, DType
 from hetbench.harness import verify
 from hetbench.harness.devices import OpenDevice
 from hetbench.harness.memory import approx_bytes, device_in_host_memory  # noqa: F401 (read here by tests)
@@ -297,8 +298,8 @@ def run_rank(cfg: MatmulConfig, world: World, prepared: Prepared,
              on_step: Callable[[int, int, str], None] | None = None) -> RankOutcome:
     """The timed run on this rank. Collective: every rank calls it. `on_step(done, total, label)`, where given
     (rank 0 shows a progress bar with it), hears of every GEMM and every reduce, warm-up ones included."""
-    backend, dtype = prepared.backend, cfg.dtype
-    m, n, k = prepared.mnk
+    dtype = cfg.dtype
+    n = prepared.mnk[1]
     runs = cfg.warmup + cfg.repeat
     total_steps = runs * (2 if cfg.reduce == "sum" else 1)
 
@@ -311,26 +312,7 @@ def run_rank(cfg: MatmulConfig, world: World, prepared: Prepared,
     assert prepared.a is not None and prepared.b is not None
     # a device that computes on the host's arrays takes A and B as they are, and its C is the host's: no copy
     in_place = computes_in_place(prepared.info, dtype, prepared.a, prepared.b)
-    if in_place:
-        h2d, a_dev, b_dev = Elapsed(0.0), prepared.a, prepared.b
-    else:
-        with backend.timer() as h2d:
-            a_dev = backend.upload(prepared.a, dtype)
-            b_dev = backend.upload(prepared.b, dtype)
-    c_dev = backend.empty((m, n), dtype)
-    gemm_seconds = time_repeats(backend, lambda: backend.matmul(a_dev, b_dev, c_dev, dtype), cfg.warmup, cfg.repeat,
-                                gemm_step)
-    a_dev = b_dev = None  # freed before C comes back: host-memory devices would otherwise hold six matrices
-    if in_place:
-        d2h, c_host = Elapsed(0.0), c_dev
-    else:
-        # C's host memory is allocated (pinned on CuPy) and its pages touched before the timer: d2h is the copy
-        c_target = download_buffer(backend, (m, n), dtype)
-        with backend.timer() as d2h:
-            c_host = download(backend, c_dev, dtype, c_target)
-        c_target = None
-    c_dev = None  # the device's memory is free again before the reduce
-    release_free_memory()
+    h2d, gemm_seconds, d2h, c_host = _timed_gemm(cfg, prepared, in_place, gemm_step)
 
     x = verify.random_vectors(n, cfg.seed)
     terms = verify.product_terms(prepared.a, prepared.b, c_host, x)
@@ -348,7 +330,45 @@ def run_rank(cfg: MatmulConfig, world: World, prepared: Prepared,
                 on_step(runs + done, total_steps, f"reduce {done}/{runs}")
 
         reduce_seconds, reduced, reduced_verdict = _reduce_to_root(cfg, world, c_host, x, terms, reduce_step)
+    row = _rank_row(cfg, world, prepared, in_place, gemm_seconds, h2d, d2h, reduce_seconds, verdict)
+    return RankOutcome(row, reduced, reduced_verdict)
 
+
+def _timed_gemm(cfg: MatmulConfig, prepared: Prepared, in_place: bool,
+                on_run: Callable[[int], None]) -> tuple[Elapsed, list[float], Elapsed, np.ndarray]:
+    """A_r and B_r uploaded (timed), the warm-up and timed GEMMs (device timer), C_r copied back to the host
+    (timed); every device buffer freed before this returns. (h2d, the timed GEMMs' seconds, d2h, C_r on the host)."""
+    backend, dtype = prepared.backend, cfg.dtype
+    m, n, _ = prepared.mnk
+    if in_place:
+        h2d, a_dev, b_dev = Elapsed(0.0), prepared.a, prepared.b
+    else:
+        with backend.timer() as h2d:
+            a_dev = backend.upload(prepared.a, dtype)
+            b_dev = backend.upload(prepared.b, dtype)
+    c_dev = backend.empty((m, n), dtype)
+    gemm_seconds = time_repeats(backend, lambda: backend.matmul(a_dev, b_dev, c_dev, dtype), cfg.warmup, cfg.repeat,
+                                on_run)
+    a_dev = b_dev = None  # freed before C comes back: host-memory devices would otherwise hold six matrices
+    if in_place:
+        d2h, c_host = Elapsed(0.0), c_dev
+    else:
+        # C's host memory is allocated (pinned on CuPy) and its pages touched before the timer: d2h is the copy
+        c_target = download_buffer(backend, (m, n), dtype)
+        with backend.timer() as d2h:
+            c_host = download(backend, c_dev, dtype, c_target)
+        c_target = None
+    c_dev = None  # the device's memory is free again before the reduce
+    release_free_memory()
+    return h2d, gemm_seconds, d2h, c_host
+
+
+def _rank_row(cfg: MatmulConfig, world: World, prepared: Prepared, in_place: bool, gemm_seconds: list[float],
+              h2d: Elapsed, d2h: Elapsed, reduce_seconds: list[float], verdict: verify.Verdict) -> dict[str, Any]:
+    """This rank's row: its device, the GEMM's rate against its peak, the copies' rates, the reduce's figures
+    (--reduce sum), the product's verdict, every timed run, and the memory planned beside the memory held."""
+    dtype = cfg.dtype
+    m, n, k = prepared.mnk
     flop_count = gemm.flops(m, n, k)
     gemm_stats = summarize(gemm_seconds, "gemm_seconds")
     gemm_tflops = flop_count / gemm_stats["gemm_seconds_median"] / 1e12
@@ -361,7 +381,7 @@ def run_rank(cfg: MatmulConfig, world: World, prepared: Prepared,
         "backend": prepared.spec,
         "vendor": prepared.info.vendor,
         "device": prepared.info.name,
-        "device_timing": backend.timing,
+        "device_timing": prepared.backend.timing,
         "dtype": dtype.name,
         "m": m,
         "n": n,
@@ -396,7 +416,7 @@ def run_rank(cfg: MatmulConfig, world: World, prepared: Prepared,
         "rss_at_start_bytes": prepared.rss_at_start_bytes,
         "peak_rss_bytes": peak_rss_bytes(),
     }
-    return RankOutcome(row, reduced, reduced_verdict)
+    return row
 
 
 def _reduce_to_root(cfg: MatmulConfig, world: World, c_host: np.ndarray, x: np.ndarray, terms: verify.ProductTerms,
@@ -423,8 +443,6 @@ def _reduce_to_root(cfg: MatmulConfig, world: World, c_host: np.ndarray, x: np.n
         summed.append(total)
     verdict = None
     if world.rank == root:
-        from hetbench.dtypes import DTYPES
-
         sum_dtype = DTYPES["fp64"] if cfg.dtype.mpi_dtype == np.float64 else DTYPES["fp32"]
         verdict = verify.check(recv, x, verify.ProductTerms(*summed), cfg.dtype, sum_dtype=sum_dtype,
                                addends=world.size)
@@ -432,7 +450,8 @@ def _reduce_to_root(cfg: MatmulConfig, world: World, c_host: np.ndarray, x: np.n
     return seconds, recv, verdict
 
 
-def summarize_job(cfg: MatmulConfig, rows: list[dict[str, Any]], reduced_verdict: verify.Verdict | None) -> dict[str, Any]:
+def summarize_job(cfg: MatmulConfig, rows: list[dict[str, Any]],
+                  reduced_verdict: verify.Verdict | None) -> dict[str, Any]:
     """The job's figures from every rank's row (on rank 0)."""
     slowest_gemm = max(r["gemm_seconds_median"] for r in rows)
     modelled = any(r["device_timing"] == TIMING_MODELLED for r in rows)
@@ -457,7 +476,7 @@ def summarize_job(cfg: MatmulConfig, rows: list[dict[str, Any]], reduced_verdict
     return summary
 
 
-HOST_FP16_FLOPS = 1e9  # about what NumPy's fp16 GEMM (no BLAS) does on one core: 0.7 GFLOP/s measured here
+HOST_FP16_FLOPS = 1e9  # about what NumPy's fp16 GEMM (no BLAS) does on one core
 
 
 def slow_host_fp16_notices(cfg: MatmulConfig, world: World, info: DeviceInfo,
