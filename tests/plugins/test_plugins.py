@@ -151,3 +151,46 @@ def test_a_plugin_that_does_not_import_takes_out_itself_alone(tmp_path):
     bad = run_cli(["broken"], cwd=tmp_path, env=env)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert bad.stderr.startswith("Error: benchmark broken is unavailable: ") and "no_such_module_anywhere" in bad.stderr
+
+
+def _train_toy(tmp_path, frontend: str, env: dict[str, str], strategy: str = "toy") -> tuple[object, dict]:
+    out = tmp_path / f"{frontend}-{strategy}.json"
+    run = run_cli(["train", "--frontend", frontend, "--strategy", strategy, "--weights", "3,1", "--layers", "2",
+                   "--hidden", "8", "--batch", "8", "--steps", "4", "--out", str(out)], nprocs=2, cwd=tmp_path,
+                  env=env, timeout=240)
+    return run, (load_results(out) if out.exists() else {})
+
+
+@needs_mpi
+@pytest.mark.parametrize("frontend", ["torch", "numpy"])
+def test_the_plugin_strategy_trains_and_is_checked_against_one_process(tmp_path, frontend):
+    """`hetbench train --strategy toy` (plain data parallel written in the plugin, hetbench_toy/torch_toy.py and
+    numpy_toy.py): shares by the weights, its records, its check against one process, as a built-in strategy's."""
+    if frontend == "torch":
+        pytest.importorskip("torch")
+    run, doc = _train_toy(tmp_path, frontend, TOY)
+    assert run.returncode == 0, run.stderr
+    s = doc["summary"]
+    assert s["strategy"] == "toy" and s["shares"] == [6, 2] and s["shares_of"] == "samples"
+    assert s["check"]["ok"] is True and doc["verified"] is True
+    assert [r["samples_per_step"] for r in doc["rows"]] == [6, 2]
+    assert len(doc["steps"]) == 4 and s["loss_first"] == doc["steps"][0]["loss"]
+    assert "toy" not in run_cli(["train", "--help"], cwd=tmp_path).stdout.split("--strategy")[1].split("--")[0]
+
+
+@needs_mpi
+def test_a_plugin_strategy_that_does_not_sum_the_gradients_fails_its_check(tmp_path):
+    """The check is the front end's, not the strategy's: a torch strategy that trains each rank's replica on its
+    own rows alone (the base Parallel, no gradient sum) differs from one process, and the command exits 1."""
+    pytest.importorskip("torch")
+    dist = tmp_path / "dist"
+    (dist / "lonely-0.1.dist-info").mkdir(parents=True)
+    (dist / "lonely-0.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: lonely\nVersion: 0.1\n")
+    (dist / "lonely-0.1.dist-info" / "entry_points.txt").write_text("[hetbench.strategies]\nlonely = lonely\n")
+    (dist / "lonely.py").write_text(
+        "from hetbench.train.strategies import Strategy, register\n"
+        "register(Strategy('lonely', 'torch', 'replicas that never meet', "
+        "'hetbench.train.torch_frontend.parallel:Parallel'))\n")
+    run, doc = _train_toy(tmp_path, "torch", {"PYTHONPATH": f"{REPO}{os.pathsep}{dist}"}, strategy="lonely")
+    assert run.returncode == 1, run.stderr
+    assert doc["verified"] is False and doc["summary"]["check"]["ok"] is False
