@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from hetbench.benchmarks.base import Benchmark, RankResult
+from hetbench.benchmarks.base import Benchmark, RankResult, optional_hooks
 from hetbench.options import common_options, parse_backends
 from hetbench.outputs import (agree_or_exit, check_distinct_outputs, emit, output_path_errors, overwritten_inputs,
                               resolve_outputs, utc_stamp)
@@ -58,7 +58,8 @@ def run(benchmark: Benchmark, params: dict[str, Any]) -> int:
     # an output on this rank that names a file this rank reads
     mine = {**({"--out": output.out_json, "--csv": output.out_csv} if world.is_root else {}),
             **{option: path for option, (path, writer) in extra.items() if writer == world.rank}}
-    inputs = benchmark.input_paths(cfg, world) if hasattr(benchmark, "input_paths") else {}
+    hooks = optional_hooks(benchmark)
+    inputs = hooks.input_paths(cfg, world)
     errors += overwritten_inputs(mine, inputs)
     backends = cfg.backends
     opened, open_errors = open_rank_device(backends[world.rank], benchmark.dtype(cfg), world)
@@ -68,7 +69,7 @@ def run(benchmark: Benchmark, params: dict[str, Any]) -> int:
         state, prepare_errors = benchmark.prepare(cfg, world, opened)
         agree_or_exit(world, prepare_errors)
         agree_or_exit(world, benchmark.check(cfg, world, state))
-        notices = benchmark.notices(cfg, world, state) if hasattr(benchmark, "notices") else []
+        notices = hooks.notices(cfg, world, state)
         if world.is_root and notices and not params["json_stdout"]:
             from hetbench.report.console import notice_line
 
@@ -94,8 +95,7 @@ def run(benchmark: Benchmark, params: dict[str, Any]) -> int:
         verified = summary["verified"]
         metadata = {**job_metadata(world), "ranks": ranks}
         document = make_document(benchmark.name, metadata, cfg.to_dict(), rows, summary, verified)
-        if hasattr(benchmark, "document_extra"):  # top-level series, e.g. train's "steps" (report plots them)
-            document.update(benchmark.document_extra(cfg, gathered))
+        document.update(hooks.document_extra(cfg, gathered))  # e.g. train's "steps" (report plots them)
 
         def render() -> None:
             from hetbench.report.console import render_document

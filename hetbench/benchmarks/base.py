@@ -95,7 +95,9 @@ class Benchmark(Protocol):
 
     Optional: `presentation: ClassVar[Presentation]` (below), how `report`, `compare` and the HTML page show its
     results (headline figures, tables, plots, what compare tests); hetbench's benchmarks declare theirs in their
-    package's present.py. Without one, report shows its rows and its summary's numbers, and compare refuses it."""
+    package's present.py. Without one, report shows its rows and its summary's numbers, and compare refuses it.
+    Optional too, the hooks of OptionalHooks (input_paths, notices, document_extra): the driver calls them through
+    optional_hooks(), their defaults where a benchmark has none."""
 
     name: ClassVar[str]  # the command, and the results schema "hetbench.<name>"
     summary: ClassVar[str]  # one line for --help
@@ -129,6 +131,37 @@ class Benchmark(Protocol):
 
     def summarize(self, cfg: Any, rows: list[Row], gathered: Sequence[Any]) -> dict[str, Any]:
         """The job's figures from its rows (on rank 0); must hold "verified": True, False, or None (unchecked)."""
+
+
+class OptionalHooks:
+    """What a benchmark may add to its run, each with the default the driver uses where the benchmark lacks it."""
+
+    def input_paths(self, cfg: Any, world: World) -> dict[str, Any]:
+        """Files this rank reads (option -> path), so that no output of the run overwrites one; {} for none."""
+        return {}
+
+    def notices(self, cfg: Any, world: World, state: Any) -> list[str]:
+        """Lines rank 0 prints before the run (what the run chose for the user); [] for none."""
+        return []
+
+    def document_extra(self, cfg: Any, gathered: Sequence[Any]) -> dict[str, Any]:
+        """Top-level entries of the results document besides rows and summary (train's per-step "steps")."""
+        return {}
+
+
+class _WithDefaults(OptionalHooks):
+    """A benchmark's optional hooks: its own where it has them, OptionalHooks' defaults elsewhere."""
+
+    def __init__(self, benchmark: Any) -> None:
+        for name in ("input_paths", "notices", "document_extra"):
+            own = getattr(benchmark, name, None)
+            if callable(own):
+                setattr(self, name, own)
+
+
+def optional_hooks(benchmark: Any) -> OptionalHooks:
+    """The optional hooks of `benchmark` (OptionalHooks), defaults filled in."""
+    return _WithDefaults(benchmark)
 
 
 REGISTRY: dict[str, Benchmark] = {}

@@ -44,3 +44,21 @@ def test_todays_files_keep_the_v1_fields(tmp_path, name, args):
     with open(csv_path, newline="") as f:
         new_header = next(csv.reader(f))
     assert [h for h in new_header if h in old_header] == old_header
+
+
+def test_a_benchmark_s_optional_hooks_are_its_own_or_the_declared_defaults():
+    """driver.py calls input_paths, notices and document_extra through optional_hooks: a benchmark without them
+    gets OptionalHooks' defaults, one with them its own."""
+    from hetbench.benchmarks.base import OptionalHooks, optional_hooks
+
+    class Bare:
+        pass
+
+    class Own:
+        def notices(self, cfg, world, state):
+            return [f"notice {cfg}"]
+
+    bare, own = optional_hooks(Bare()), optional_hooks(Own())
+    assert isinstance(bare, OptionalHooks)
+    assert (bare.input_paths(1, None), bare.notices(1, None, None), bare.document_extra(1, [])) == ({}, [], {})
+    assert own.notices(7, None, None) == ["notice 7"] and own.input_paths(7, None) == {}
