@@ -11,7 +11,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from hetbench.backends.base import BACKEND_NAMES, BackendSpec, BackendUnavailable, accepted_specs, backend_module, spec_index
+from hetbench.backends.base import (BACKEND_NAMES, BackendSpec, BackendUnavailable, accepted_specs, backend_module,
+                                    spec_index)
 from hetbench.dtypes import DTYPES, DType, get_dtype
 
 _BYTE_SUFFIXES = {"": 1, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}

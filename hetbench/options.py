@@ -240,8 +240,8 @@ def common_options(command: str) -> list[click.Parameter]:
                      help=f"Write the JSON results document here. Default: results/{command}-<UTC time>.json "
                           "(and a .csv beside it) unless --csv alone is given."),
         click.Option(["--csv", "out_csv"], type=output_file(), default=None,
-                     help=f"Write the rows as CSV here. Default: results/{command}-<UTC time>.csv where neither --out nor "
-                          "--csv is given; with --out alone, no CSV."),
+                     help=f"Write the rows as CSV here. Default: results/{command}-<UTC time>.csv where neither "
+                          "--out nor --csv is given; with --out alone, no CSV."),
         click.Option(["--json", "json_stdout"], is_flag=True,
                      help="Print the results document as JSON on stdout and nothing else."),
         timeout_option(),
@@ -252,8 +252,8 @@ def common_options(command: str) -> list[click.Parameter]:
 # device, torch's import on a peer, a checkpoint written): minutes at most. Ten of them is a hang.
 DEFAULT_TIMEOUT_SECONDS = 600.0
 # The floor: MPI_Init, and the first collectives after it, wait for the slowest rank to start (the launcher starts
-# the ranks together; Python, NumPy, mpi4py and hetbench import on each in 0.3-1 s on the 2-core CI machine, and a
-# --timeout of 0.1 s ended a healthy 2-rank job in MPI_Init). Below one second no job can be told from a hang.
+# the ranks together, but each imports Python, NumPy, mpi4py and hetbench first, up to about a second). Below one
+# second no job can be told from a hang.
 MIN_TIMEOUT_SECONDS = 1.0
 
 

@@ -40,8 +40,7 @@ SINGLE_GRACE_SECONDS = 2.0
 # abort ends the others first and the job prints one line, not one per rank
 NONROOT_DELAY_SECONDS = 0.5
 # between a rank's last line and its MPI_Abort: the launcher forwards a rank's output through a pipe, and an abort can
-# end the launcher before the line has gone through (seen once: MPICH's hydra, a rank's "failed" line lost, exit 1
-# with nothing said)
+# end the launcher before the line has gone through (MPICH's hydra could lose a rank's "failed" line)
 ABORT_FLUSH_SECONDS = 0.25
 # a rank signalled before MPI started gets this long to start it and abort the job from its main thread (MPI_Init
 # returns once every rank has come to it: a peer may still be importing)
@@ -273,8 +272,8 @@ def finish(code: int) -> None:
 
 def _end_process(code: int) -> None:
     """End the process with `code`, Python's own end left out. Once MPI is finalised, through C's exit(): MPICH's
-    exit handlers tell its launcher the rank ended well; without them (os._exit) the launcher killed a rank still
-    leaving now and then, and the job ended with 9 (seen in 5 of 20 three-rank jobs)."""
+    exit handlers tell its launcher the rank ended well; without them (os._exit) the launcher could kill a rank
+    still leaving, and the job ended with 9."""
     mpi = sys.modules.get("mpi4py.MPI")
     try:
         if mpi is not None and mpi.Is_finalized():

@@ -214,8 +214,8 @@ def staging_buffer(backend: Any, count: int, dtype: DType) -> np.ndarray:
 #   download_buffer(shape, dtype) -> np.ndarray    host memory its copies are fastest into (pinned on CuPy), its
 #                                                  pages touched already
 #   download_into(array, out) -> None              out[...] = array, returns once the copy has completed
-# A copy of 256 MiB from an H100 into fresh pageable memory took 77-119 ms, 58-63 of them the first touch of the new
-# pages (a fill of the same array alone), and 5 ms into pinned memory allocated before (docs/gpu.md).
+# A copy into fresh pageable memory spends most of its time on the first touch of the new pages; into pinned memory
+# allocated (and touched) before, it is far faster (docs/gpu.md has the figures).
 
 
 def download_buffer(backend: Any, shape: tuple[int, ...], dtype: DType) -> np.ndarray | None:

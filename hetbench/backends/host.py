@@ -52,8 +52,8 @@ def _cpu_vendor(name: str) -> str:
     return platform.machine()
 
 
-# The BLAS's and MPI's own working memory, touched by a run's first GEMM and first collectives: measured at 8-10
-# MiB above the start of a matmul of 16x16 with one or two BLAS threads; the memory checks count it
+# The BLAS's and MPI's own working memory, touched by a run's first GEMM and first collectives (a few MiB, with
+# room to spare here); the memory checks count it
 RUNTIME_SCRATCH_BYTES = 16 * 1024**2
 
 _UNLIMITED = 1 << 60  # cgroup v1 writes "no limit" as a page-rounded 2^63 - 1
@@ -346,8 +346,8 @@ def threads_for_rank(local_size: int) -> int | None:
 def share_blas_threads(local_size: int) -> int | None:
     """Limit this process's BLAS to its share of the node's cores, as the host backend does for itself: a rank
     whose device is not the host still multiplies on the host when it checks its products (and a simulated device
-    computes there), and BLAS threads beyond its share spin on the cores the other ranks need (a host rank's reduce
-    took 8 ms instead of 0.06 ms beside a simulated rank's two BLAS threads on two cores). Returns the count set,
+    computes there), and BLAS threads beyond its share spin on the cores the other ranks need, slowing their MPI
+    operations many times over. Returns the count set,
     None where the user set one or the rank is alone on its node."""
     threads = threads_for_rank(local_size)
     if threads is not None:

@@ -67,9 +67,9 @@ _ACC_ITEMSIZE = {"fp32": 4, "fp64": 8, "fp16": 4}
 # gemm(M, N, K, A, a_offset, B, b_offset, C, c_offset); None marks a buffer
 _KERNEL_ARG_DTYPES = [np.int32, np.int32, np.int32, None, np.uint64, None, np.uint64, None, np.uint64]
 
-# Kernel tiles (TS_M, TS_N, TS_K, WPT_M, WPT_N), tried in order until one fits the device. On PoCL (2 cores,
-# AVX-512) wide register blocks were fastest: 1024^3 fp32 at 19 GFLOP/s against CLBlast's 18 and 9 for 8x8.
-# GPUs get 16x16 work-items with 4x4 outputs each, a register load every GPU carries without spilling.
+# Kernel tiles (TS_M, TS_N, TS_K, WPT_M, WPT_N), tried in order until one fits the device. A CPU OpenCL (PoCL)
+# runs fastest with wide register blocks. GPUs get 16x16 work-items with 4x4 outputs each, a register load every
+# GPU carries without spilling.
 _TILES_CPU = ((64, 128, 16, 8, 16), (64, 64, 16, 8, 8), (16, 16, 16, 1, 1), (4, 4, 4, 1, 1), (1, 1, 1, 1, 1))
 _TILES_GPU = ((64, 64, 16, 4, 4), (32, 32, 16, 2, 2), (16, 16, 16, 1, 1), (4, 4, 4, 1, 1), (1, 1, 1, 1, 1))
 
@@ -537,8 +537,8 @@ class OpenCLBackend:
                                                 array.offset + offset * array.dtype.itemsize, (count,), array.dtype,
                                                 wait_for=self._events(after), is_blocking=False)
         if self.can_map_to_host():
-            # every time: a buffer freed and another made may sit at the same address without the advice (8-65 us
-            # on pages huge already, 4 ms the first time for 16 MiB)
+            # every time: a buffer freed and another made may sit at the same address without the advice (cheap on
+            # pages huge already)
             _advise_huge_pages(view)
         return view, _ClPending(self, [event])
 
@@ -587,10 +587,9 @@ _libc_madvise: Any = None
 def _advise_huge_pages(view: np.ndarray) -> int:
     """Give the whole 2 MiB pages inside a host view of a device buffer (a device whose memory is the host's) the
     transparent huge pages NumPy asks for its own arrays of 4 MiB and more (madvise MADV_HUGEPAGE, then MADV_COLLAPSE
-    to make them so at once, Linux 6.1+): measured on PoCL (2 ranks, 16 and 64 MiB), an MPI allreduce on a mapped
-    buffer's 4 KiB pages ran 1.25-1.45x as long as on NumPy's arrays, and as fast once its pages were huge (16 ms
-    to collapse 32 MiB, once). The memory and its contents stay as they are; returns the bytes advised, 0 where the
-    view is smaller than 4 MiB or the kernel declines (no THP, another OS)."""
+    to make them so at once, Linux 6.1+): an MPI operation on a mapped buffer's 4 KiB pages runs slower than on
+    NumPy's arrays, and as fast once its pages are huge. The memory and its contents stay as they are; returns the
+    bytes advised, 0 where the view is smaller than 4 MiB or the kernel declines (no THP, another OS)."""
     global _libc_madvise
     if view.nbytes < 2 * _HUGE_PAGE_BYTES:
         return 0

@@ -190,8 +190,7 @@ class DeviceFacts:
 
 
 def default_params(facts: DeviceFacts, dtype_name: str) -> GemmParams:
-    """The search's starting point, and what `auto` runs on a CPU device before any tune. On PoCL (2 cores,
-    AVX-512, fp32) this point reached 85 GFLOP/s per core-pair at n = 1024, the global-memory version 74."""
+    """The search's starting point, and what `auto` runs on a CPU device before any tune."""
     if facts.kind == "cpu":
         vw = facts.vector_width(dtype_name)
         return _normalised(GemmParams(vw=vw, nv=1, wm=8, lx=8, pack=1, nc=256))

@@ -76,7 +76,8 @@ def parse_spec(text: str, parts: list[str]) -> BackendSpec:
     """`sim:MODEL` or `sim:MODEL:INDEX`, MODEL a catalog key (the --backend syntax of this backend)."""
     catalog = models()
     if len(parts) < 2 or not parts[1]:
-        raise ValueError(f"backend {text!r} names no simulated GPU; write sim:MODEL, MODEL one of: {', '.join(catalog)}")
+        raise ValueError(f"backend {text!r} names no simulated GPU; write sim:MODEL, MODEL one of: "
+                         f"{', '.join(catalog)}")
     if len(parts) > 3:
         raise ValueError(f"malformed backend {text!r}; accepted: {accepted_specs()}")
     model = parts[1].strip().lower()

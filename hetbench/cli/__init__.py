@@ -5,8 +5,8 @@ Exit codes: 0 all checks passed; 1 a check failed or a rank failed while running
 143 interrupted by SIGINT (Ctrl-C) and SIGTERM. A reader of the output that went away (a broken pipe:
 `hetbench devices | head -1`) ends the command quietly by SIGPIPE, which a shell reports as 141, as `yes | head -1`
 and mpiexec itself end; the files the command writes are in place by then. Usage errors are decided alike on every
-rank and printed once, by rank 0. A rank that fails while running, or is interrupted, prints its own message (naming the rank only in a
-job of several) and aborts the whole MPI job, so no rank is left waiting.
+rank and printed once, by rank 0. A rank that fails while running, or is interrupted, prints its own message
+(naming the rank only in a job of several) and aborts the whole MPI job, so no rank is left waiting.
 """
 
 from __future__ import annotations

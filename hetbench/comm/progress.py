@@ -3,28 +3,26 @@
 Neither MPICH (ch4 without MPIR_CVAR_ASYNC_PROGRESS) nor Open MPI moves a started operation unless some thread of
 the process is inside an MPI call: a large message over shared memory or TCP goes a cell or a segment per call, and
 a rendezvous waits for its handshake. A rank that starts a transfer and then runs a GEMM for 300 ms finds it barely
-begun when it waits for it (issue 20: train's prefetch hid 0 % of its gathers in 5 of 6 runs, tested once a GEMM).
+begun when it waits for it (issue 20: train's prefetch hid almost none of its gathers).
 
 `flight = engine.start(requests)` hands the requests to the engine's thread, which tests them (MPI_Testall) every
-`interval_s` seconds until they are complete, and sleeps while it holds none: a poll costs the computing thread
-beside it some 30 us (measured: a thread polling every 0.5 ms for the whole of a 122 ms single-thread GEMM slowed it
-5 %), so it polls only while something is in flight. `engine.wait(flight)` takes the requests back (after any test
-the thread is making) and completes them on the caller's thread with MPI_Waitall, watched by the watchdog; the
-caller must not touch the requests between. The rank's thread holds Python's lock only between calls: NumPy's BLAS,
-pyopencl's waits and mpi4py's calls release it, so the thread runs beside the computation.
+`interval_s` seconds until they are complete, and sleeps while it holds none: a poll slows the computing thread
+beside it a little, so it polls only while something is in flight. `engine.wait(flight)` takes the requests back
+(after any test the thread is making) and completes them on the caller's thread with MPI_Waitall, watched by the
+watchdog; the caller must not touch the requests between. The rank's thread holds Python's lock only between calls:
+NumPy's BLAS, pyopencl's waits and mpi4py's calls release it, so the thread runs beside the computation.
 
 `flight = engine.launch(begin)` hands the engine the operation's start as well (`begin()` makes the non-blocking
-call and returns its requests): the engine's thread makes that call, so the computing thread only hands it over,
-as Horovod's background thread and Gloo's worker threads make a framework's collectives. Starting is work: MPICH's
+call and returns its requests): the engine's thread makes that call, so the computing thread only hands it over, as
+Horovod's background thread and Gloo's worker threads make a framework's collectives. Starting is work: MPICH's
 MPI_Iallgatherv copies the rank's own part into place and, where the peer's part has already come, reads it too
-inside the call (a 1 MiB fsdp layer gather took 95-180 us to start, of 190-245 us alone: that share of every
-prefetched gather could never be hidden). Launches begin in the order they were made; wait() begins any the
-thread has not reached yet on the caller's thread, first those launched before. A launched operation must be on
-a communicator that no other thread starts collectives on meanwhile (a collective's order must be the same on
-every rank, and the thread begins it later than the caller's next call): fsdp's prefetched gathers have a
-duplicate of the world communicator to themselves. On a rank with one core the thread's work shares that core
-with the computation (it is not free there, only off the computing thread's critical path); `cpu_seconds` is
-what the thread used, begins, tests and all.
+inside the call (a large share of a small gather's time, which the computing thread could never hide if it made the
+call). Launches begin in the order they were made; wait() begins any the thread has not reached yet on the caller's
+thread, first those launched before. A launched operation must be on a communicator that no other thread starts
+collectives on meanwhile (a collective's order must be the same on every rank, and the thread begins it later than
+the caller's next call): fsdp's prefetched gathers have a duplicate of the world communicator to themselves. On a
+rank with one core the thread's work shares that core with the computation (it is not free there, only off the
+computing thread's critical path); `cpu_seconds` is what the thread used, begins, tests and all.
 
 The thread needs MPI_THREAD_MULTIPLE (mpi4py asks for it by default). Where the library gives less, `threaded` is
 False: start() only notes the requests, launch() begins the operation at once on the caller's thread, and
@@ -40,7 +38,7 @@ from typing import Any, Callable
 from hetbench.comm import watchdog
 
 # while something is in flight: a 1 MiB message over MPICH's shared memory takes some 16 turns of its progress
-# engine (64 KiB cells), 4 ms at this interval
+# engine (64 KiB cells)
 DEFAULT_INTERVAL_S = 0.00025
 
 

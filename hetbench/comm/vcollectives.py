@@ -1,8 +1,8 @@
 """Uneven ("v") collectives: gather, allgather and reduce_scatter where each rank has its own count.
 
 They split one computation unequally between ranks, in proportion to each device's speed: `hetbench split`'s
-parts and `hetbench train`'s fsdp shards (which start the next layer's allgatherv early with iallgatherv). Buffers are 1-D and contiguous: NumPy arrays, or device
-arrays for a GPU-aware MPI.
+parts and `hetbench train`'s fsdp shards (which start the next layer's allgatherv early with iallgatherv). Buffers
+are 1-D and contiguous: NumPy arrays, or device arrays for a GPU-aware MPI.
 Every rank passes the same `counts` (elements per rank).
 """
 
@@ -29,7 +29,8 @@ def _check_counts(comm: Any, counts: Sequence[int], mine: int, what: str) -> lis
     if any(c < 0 for c in counts):
         raise ValueError(f"{what}: counts must be >= 0, got {counts}")
     if mine != counts[comm.Get_rank()]:
-        raise ValueError(f"{what}: rank {comm.Get_rank()} holds {mine} elements but counts say {counts[comm.Get_rank()]}")
+        raise ValueError(f"{what}: rank {comm.Get_rank()} holds {mine} elements but counts say "
+                         f"{counts[comm.Get_rank()]}")
     return counts
 
 

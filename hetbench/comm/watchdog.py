@@ -28,8 +28,8 @@ from hetbench import signals
 # the exit code of a job the watchdog ended: a failure, like a failed check, not a usage error
 EXIT_CODE = 1
 # rank r waits min(r, SPEAK_DELAY_RANKS) times this long after its own timeout before it speaks: when several ranks
-# wait on one silent peer, the lowest of them says the line and its abort ends the others first (an abort took
-# 0.3-0.6 s to end the others on this 2-core VM under load; 0.3 s a rank let two ranks speak)
+# wait on one silent peer, the lowest of them says the line and its abort ends the others first (the delay must
+# outlast the time an abort takes to end the others on a loaded machine, or two ranks speak)
 SPEAK_DELAY_PER_RANK_SECONDS = 1.0
 SPEAK_DELAY_RANKS = 5
 # MPI_Abort must reach the launcher through the rank's local daemon; should that hang (a daemon beyond the cut link),

@@ -10,8 +10,9 @@ a sum of magnitudes. Each element's own rounding error is bounded by g(k) u (|A|
 (the second term is C's final rounding to its type), costs O(mk + kn + mn), and at 1024^3 in fp32 on uniform
 [-1, 1) data it is about 0.25 while real rounding residuals are ~1e-4: an element off by 1 (entries of C are
 about 10) is caught. LAMBDA = 8 covers the tail of the random-sign sum (Hoeffding: a false alarm on a row needs
-an 8-sigma deviation, probability below 1e-13). Sums of products over ranks are checked the same way: each rank contributes A_r (B_r x) and its
-scales, and the root checks its reduced C against their sums, allowing the rounding of the sum itself.
+an 8-sigma deviation, probability below 1e-13). Sums of products over ranks are checked the same way: each rank
+contributes A_r (B_r x) and its scales, and the root checks its reduced C against their sums, allowing the rounding
+of the sum itself.
 """
 
 from __future__ import annotations

@@ -237,7 +237,8 @@ def devices_table(rows: Iterable[dict[str, Any]], width: int | None = None) -> T
             spare -= give
     dropped = [c[0] for i, c in enumerate(DEVICES_COLUMNS) if i not in shown]
     table = Table(title="hetbench devices", title_justify="left", caption_justify="left",
-                  caption=f"not shown at this width: {', '.join(dropped)} (--json has every field)" if dropped else None)
+                  caption=(f"not shown at this width: {', '.join(dropped)} (--json has every field)" if dropped
+                           else None))
     for i in shown:
         header, justify, _ = DEVICES_COLUMNS[i]
         table.add_column(header, justify=justify, overflow="fold", width=widths[i])  # type: ignore[arg-type]
@@ -345,7 +346,8 @@ class FittedTable(Table):
         """A plain Table of the columns shown at `width`, each of its own width, the dropped ones named."""
         shown, widths = self.layout(width)
         table = Table.__new__(Table)
-        table.__dict__.update({k: v for k, v in self.__dict__.items() if k not in ("kinds", "drops", "grows", "dropped_note")})
+        own = ("kinds", "drops", "grows", "dropped_note")
+        table.__dict__.update({k: v for k, v in self.__dict__.items() if k not in own})
         table.columns = [replace(self.columns[i], width=widths[i], min_width=None, max_width=None, ratio=None,
                                  overflow="fold", no_wrap=False, _index=n) for n, i in enumerate(shown)]
         dropped = [" ".join(" ".join(_plain_lines(c.header)).split()) for i, c in enumerate(self.columns)
@@ -505,7 +507,8 @@ def matmul_summary_lines(summary: dict[str, Any]) -> list[str]:
         lines = []
         for s in summary["sizes"]:
             smod = s["end_to_end_timing"] == "modelled"
-            lines.append(f"{s['m']}x{s['n']}x{s['k']}: end-to-end {fmt(s['end_to_end_seconds'], scale=1e3, modelled=smod)}"
+            lines.append(f"{s['m']}x{s['n']}x{s['k']}: end-to-end "
+                         f"{fmt(s['end_to_end_seconds'], scale=1e3, modelled=smod)}"
                          f" ms, aggregate GEMM {fmt(s['aggregate_gemm_tflops'], modelled=smod)} TFLOP/s over "
                          f"{s['ranks']} rank(s)" + ("" if s["verified"] else " [bold red]FAILED[/]"))
         if "reduced_verified" in summary:
@@ -680,7 +683,8 @@ def split_report(rows: list[dict[str, Any]], summary: dict[str, Any], wide: bool
                   f"{mod}{fmt(summary['sum_solo_gflops'])} GFLOP/s (compute phase {mod}"
                   f"{fmt(summary['predicted_efficiency_compute'])})", markup=False)
         out.print(f"even split predicted: {mod}{fmt(summary['even_predicted_seconds'], scale=1e3)} ms; the weighted "
-                  f"split's predicted speed-up over it: {mod}{fmt(summary['predicted_speedup_over_even'])}x; link {summary['link_gbit_per_s']:g} "
+                  f"split's predicted speed-up over it: {mod}{fmt(summary['predicted_speedup_over_even'])}x; "
+                  f"link {summary['link_gbit_per_s']:g} "
                   f"Gb/s, {summary['link_latency_us']:g} us (modelled)", markup=False)
         best = summary.get("model_best")
         if best:
@@ -828,4 +832,5 @@ def train_report(rows: list[dict[str, Any]], summary: dict[str, Any], config: di
         out.print(f"loss curve and final parameters: {state} one process's (losses within "
                   f"{fmt(check['max_loss_relative_difference'])}, tolerance {check['rtol']:g}{params})")
     if summary.get("verified") is not None:
-        out.print("result: " + ("[green]all checks passed[/]" if summary["verified"] else "[bold red]a check FAILED[/]"))
+        out.print("result: " + ("[green]all checks passed[/]" if summary["verified"]
+                                else "[bold red]a check FAILED[/]"))

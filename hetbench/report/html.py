@@ -141,7 +141,8 @@ def figure_html(plot: Plot) -> str:
     for s in plot.series:
         for p in s.points:
             data_rows.append([(s.panel, ""), (s.label, ""), (_num(p["x"]), "num"),
-                              (("~" if p["modelled"] else "") + _num(p["y"]), "num modelled" if p["modelled"] else "num"),
+                              (("~" if p["modelled"] else "") + _num(p["y"]),
+                               "num modelled" if p["modelled"] else "num"),
                               (s.y, "")])
     data_table = _table(["panel", "series", "x", "y", "unit"], data_rows, ' class="plot-data"')
     return (f'<figure class="plot" id="plot-{escape(plot.id)}" data-plot="{escape(plot.id)}" '

@@ -74,8 +74,8 @@ class Plot:
     benchmark: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "kind": self.kind, "benchmark": self.benchmark, "title": self.title, "run_ids": self.run_ids,
-                "series": [s.to_dict() for s in self.series]}
+        return {"id": self.id, "kind": self.kind, "benchmark": self.benchmark, "title": self.title,
+                "run_ids": self.run_ids, "series": [s.to_dict() for s in self.series]}
 
     def render(self, fmt: str, dpi: int = 110) -> bytes:
         buf = io.BytesIO()

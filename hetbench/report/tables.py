@@ -100,10 +100,11 @@ def compare_table(comparison: Comparison) -> Table:
                                 f"repeats, 95 % ({ONE_VALUE}: one value a run, no repeats to test); ~ modelled "
                                 "(simulated device)", dropped_note="--json has every field")
     # where the width is short the verdict is kept whole first, then the figure's name, then the row's
-    for name, justify, kind, drop, grow in (("Row", "left", TEXT, None, 2), ("Figure", "left", TEXT, None, 1),
-                                            ("Base", "right", NUMBER, None, None), ("New", "right", NUMBER, None, None),
-                                            ("Change (%)", "right", NUMBER, None, None), ("p", "right", NUMBER, 0, None),
-                                            ("Verdict", "left", TEXT, None, 0)):
+    columns = (("Row", "left", TEXT, None, 2), ("Figure", "left", TEXT, None, 1),
+               ("Base", "right", NUMBER, None, None), ("New", "right", NUMBER, None, None),
+               ("Change (%)", "right", NUMBER, None, None), ("p", "right", NUMBER, 0, None),
+               ("Verdict", "left", TEXT, None, 0))
+    for name, justify, kind, drop, grow in columns:
         table.add_column(name, justify=justify, kind=kind, drop=drop, grow=grow)  # type: ignore[arg-type]
     for c in comparison.changes:
         mark = "~" if c.modelled else ""
@@ -123,7 +124,8 @@ def compare_lines(comparison: Comparison, fail_on_slowdown: float | None) -> lis
     slower = [c for c in comparison.changes if c.verdict == SLOWER]
     faster = [c for c in comparison.changes if c.verdict == FASTER]
     lines.append(f"{len(slower)} significant slowdown(s), {len(faster)} significant speed-up(s), "
-                 f"{len(comparison.changes) - len(slower) - len(faster)} figure(s) not significant or without repeats to test")
+                 f"{len(comparison.changes) - len(slower) - len(faster)} figure(s) not significant or without repeats "
+                 "to test")
     single = [c for c in comparison.changes if c.verdict == ONE_VALUE]
     if single:
         lines.append(f"{len(single)} figure(s) ({', '.join(dict.fromkeys(escape(c.label) for c in single))}) are one "
