@@ -48,6 +48,7 @@ updates (step 5) wait for it. param_bytes adds the compute-dtype copy of the wei
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -115,6 +116,221 @@ def _receive(clock: StepClock, comm: Any, buf: np.ndarray, source: int, tag: int
     clock.comm(lambda: comm.Recv(buf, source=source, tag=tag))
 
 
+@dataclass
+class _Stage:
+    """This rank's stage: where it sits in the chain, how a step's batch is cut into micro-batches, and its layers
+    (a flat vector each, W row-major then b, with (W, b) views of it, its gradient and its optimizer: one per layer,
+    as the reference has; elementwise, so the same numbers as one over the stage). Set up once, read every step."""
+
+    world: Any
+    ops: Any
+    move: Transport
+    counts: list[int]  # layers per rank
+    rows: list[int]  # rows per micro-batch
+    lo: int  # this stage's first layer
+    hidden: int
+    batch: int
+    vecs: list[Any]
+    params: list[tuple[Any, Any]]  # views of vecs
+    grads: list[Any]
+    opts: list[Any]
+    scaler: Any
+    param_bytes: int
+    grad_bytes: int
+    optimizer_bytes: int
+
+    @property
+    def first(self) -> bool:
+        return self.world.rank == 0
+
+    @property
+    def last(self) -> bool:
+        return self.world.rank == self.world.size - 1
+
+    @property
+    def xp(self) -> Any:
+        return getattr(self.ops, "xp", np)
+
+    def row_range(self, m: int) -> slice:
+        """Micro-batch m's rows of the global batch."""
+        start = sum(self.rows[:m])
+        return slice(start, start + self.rows[m])
+
+    def pieces(self, to_host: Callable[[Any], Any]) -> list[Any]:
+        """What this rank hands a checkpoint: its stage's layers, whole."""
+        return [layer_piece(self.lo + j, 0, vec, opt, to_host)
+                for j, (vec, opt) in enumerate(zip(self.vecs, self.opts))]
+
+
+@dataclass
+class _StepWork:
+    """One step's work in flight on a stage: its clock, each micro-batch's layer caches (and, on the last stage, its
+    output until the backward takes the loss), the sends not yet completed with their buffers (kept alive until
+    done), and the loss summed over the micro-batches (the last stage's)."""
+
+    clock: StepClock
+    caches: list[list[Any]] = field(default_factory=list)
+    outputs: list[Any] = field(default_factory=list)
+    pending: list[tuple[Any, Any]] = field(default_factory=list)
+    loss_sum: float = 0.0
+
+
+def _plan(world: Any, model: Any, optimizer: str, lr: float, weights: Sequence[float], micro_batches: int
+          ) -> tuple[list[int], list[int]]:
+    """The layers per rank and rows per micro-batch; raises ValueError (on every rank alike, before any
+    communication) for what train_pipeline refuses."""
+    weights = [float(w) for w in weights]
+    if len(weights) != world.size:
+        raise ValueError(f"pipeline: {len(weights)} weights given for {world.size} ranks")
+    counts = stage_layers(weights, model.layers)
+    rows = micro_batch_rows(model.batch, micro_batches)
+    make_optimizer(optimizer, lr, 0)  # the optimizer's name and lr checked on every rank, layers or not
+    return counts, rows
+
+
+def _make_stage(world: Any, ops: Any, model: Any, optimizer: str, lr: float, counts: list[int], rows: list[int],
+                path: str, initial: Any, scaler: Any) -> _Stage:
+    """This rank's stage: its layers from init_params or `initial`, on the rank's device, with their optimizers."""
+    hidden, mine = model.hidden, counts[world.rank]
+    lo = sum(counts[:world.rank])
+    layer_elems = hidden * hidden + hidden
+    move = Transport(ops, path)
+    xp = getattr(ops, "xp", np)
+    opts = [make_optimizer(optimizer, lr, layer_elems, xp=xp) for _ in range(mine)]
+    if initial is None:
+        vecs = [flatten(W, b).copy() for W, b in init_params(model)[lo:lo + mine]]
+    else:
+        vecs = [load_layer_state(initial, opt, lo + j, 0, layer_elems) for j, opt in enumerate(opts)]
+    vecs = [on_device(ops, v) for v in vecs]
+    grads = [xp.zeros_like(v) for v in vecs]
+    return _Stage(world=world, ops=ops, move=move, counts=counts, rows=rows, lo=lo, hidden=hidden, batch=model.batch,
+                  vecs=vecs, params=[unflatten(v, hidden) for v in vecs], grads=grads, opts=opts,
+                  scaler=make_scaler(ops, scaler),
+                  # its layers, and (mixed precision) the compute-dtype copy of the W a GEMM reads
+                  param_bytes=sum(v.nbytes for v in vecs) + (compute_copy_bytes(ops, hidden) if vecs else 0),
+                  grad_bytes=sum(g.nbytes for g in grads), optimizer_bytes=sum(o.state_bytes for o in opts))
+
+
+def _receive_rows(stage: _Stage, work: _StepWork, rows: int, source: int, tag: int) -> Any:
+    """A (rows, hidden) array from rank `source`, where this rank's arrays live."""
+    array = stage.xp.empty((rows, stage.hidden), np.float32)
+    into = stage.move.incoming(array)
+    _receive(work.clock, stage.world.comm, into, source, tag)
+    stage.move.landed(array, into)
+    return array
+
+
+def _send_rows(stage: _Stage, work: _StepWork, array: Any, dest: int, tag: int) -> None:
+    """Start sending `array` (as float32) to rank `dest`; the request and its buffer wait in work.pending."""
+    out = stage.move.outgoing(stage.xp.ascontiguousarray(array, dtype=np.float32))
+    work.pending.append((out, work.clock.comm(lambda: stage.world.comm.Isend(out, dest=dest, tag=tag))))
+
+
+def _forward(stage: _Stage, work: _StepWork, x: Any) -> None:
+    """Every micro-batch in order: its activations in (rank 0: x's rows), through the stage's layers keeping their
+    caches, out to the next rank (tag: the micro-batch); the last stage keeps its outputs for the loss."""
+    rank = stage.world.rank
+    for m, count in enumerate(stage.rows):
+        h = x[stage.row_range(m)] if stage.first else _receive_rows(stage, work, count, rank - 1, m)
+        layer_caches = []
+        for W, b in stage.params:
+            h, cache = layer_forward(stage.ops, W, b, h)
+            layer_caches.append(cache)
+        work.caches.append(layer_caches)
+        if stage.last:
+            work.outputs.append(h)
+        else:
+            _send_rows(stage, work, h, rank + 1, m)
+
+
+def _backward(stage: _Stage, work: _StepWork, y: Any) -> None:
+    """Micro-batches in reverse order: dL/dh in (the last stage: from the loss of its output, scaled), back through
+    the stage's layers adding their gradients into grads, dL/dh_in out to the rank before (tag: micro_batches + m)."""
+    rank, m_count = stage.world.rank, len(stage.rows)
+    for m in reversed(range(m_count)):
+        if stage.last:
+            part, g = loss_and_grad(work.outputs[m], y[stage.row_range(m)], stage.batch)
+            g = stage.scaler.scale_loss_grad(g)
+            work.loss_sum += part
+            work.outputs[m] = None
+        else:
+            g = _receive_rows(stage, work, stage.rows[m], rank + 1, m_count + m)
+        for j in reversed(range(len(stage.params))):
+            g, dW, db = layer_backward(stage.ops, stage.params[j][0], work.caches[m][j], g)
+            stage.grads[j] += flatten(dW, db)
+        work.caches[m] = []
+        if not stage.first:
+            _send_rows(stage, work, g, rank - 1, m_count + m)
+
+
+def _update(stage: _Stage, step: int, unscale: bool = False) -> None:
+    """The stage's optimizer steps (the views in `params` follow the vectors); `unscale` first divides each
+    gradient by the loss scale."""
+    for vec, grad, opt in zip(stage.vecs, stage.grads, stage.opts):
+        if unscale:
+            stage.scaler.unscale(grad)
+        opt.step(vec, grad, step)
+
+
+def _settle(stage: _Stage, work: _StepWork, step: int) -> tuple[float, bool]:
+    """The step's end: the update (under mixed precision after the verdict), every send completed, the loss from
+    the last stage to all. Returns (the step's loss, whether it was skipped)."""
+    world, clock, scaler = stage.world, work.clock, stage.scaler
+    if not scaler.checks:
+        _update(stage, step)
+    if work.pending:
+        requests = [req for _, req in work.pending]
+        clock.comm(lambda: world.wait_all(requests))
+        work.pending.clear()
+    loss = work.loss_sum if stage.last else 0.0
+    if not scaler.checks:
+        loss_buf = np.array([loss], dtype=np.float64)
+        if world.size > 1:
+            clock.comm(lambda: world.comm.Bcast(loss_buf, root=world.size - 1))
+        return float(loss_buf[0]), False
+    # the loss and every stage's verdict in one sum (the loss is 0 but at the last rank: the sum is exact)
+    loss_buf = np.array([loss, float(scaler.nonfinite(stage.grads))], dtype=np.float64)
+    if world.size > 1:
+        clock.comm(lambda: world.comm.Allreduce(world.MPI.IN_PLACE, loss_buf, op=world.MPI.SUM))
+    skipped = scaler.update(bool(loss_buf[1] > 0))
+    if not skipped:
+        _update(stage, step, unscale=True)
+    return float(loss_buf[0]), skipped
+
+
+def _pipeline_step(stage: _Stage, model: Any, teacher: Any, step: int) -> StepLog:
+    """One GPipe step on this stage (module docstring), timed; its StepLog."""
+    ops = stage.ops
+    # no barrier before MPI calls: a pipeline's ranks are meant to be at different places at once
+    work = _StepWork(StepClock(ops, stage.world.comm, wait_first=False))
+    x = y = None
+    if stage.first or stage.last:
+        x, y = (on_device(ops, a) for a in make_batch(model, step, teacher=teacher))
+    for g in stage.grads:
+        g.fill(0.0)
+    scale = stage.scaler.scale
+    _forward(stage, work, x)
+    _backward(stage, work, y)
+    loss, skipped = _settle(stage, work, step)
+    step_seconds, compute, comm_seconds, idle = work.clock.finish()
+    return StepLog(step=step, loss=loss, step_seconds=step_seconds, compute_seconds=compute,
+                   comm_seconds=comm_seconds, idle_seconds=idle, samples=stage.batch, param_bytes=stage.param_bytes,
+                   grad_bytes=stage.grad_bytes, optimizer_bytes=stage.optimizer_bytes,
+                   modelled=bool(getattr(ops, "modelled", False)), loss_scale=scale, step_skipped=skipped)
+
+
+def _gather_layers(stage: _Stage, layers: int, to_host: Callable[[Any], Any]) -> list[tuple[Any, Any]] | None:
+    """Every stage's layers, gathered at rank 0 (None elsewhere). Collective."""
+    hidden = stage.hidden
+    layer_elems = hidden * hidden + hidden
+    mine = np.concatenate([to_host(v) for v in stage.vecs]) if stage.vecs else np.zeros(0, np.float32)
+    full = gatherv(stage.world.comm, mine, [c * layer_elems for c in stage.counts], root=0)
+    if stage.world.rank != 0:
+        return None
+    return [tuple(a.copy() for a in unflatten(full[k * layer_elems:(k + 1) * layer_elems], hidden))
+            for k in range(layers)]
+
+
 def train_pipeline(
     world: Any,
     ops: Any,
@@ -146,153 +362,18 @@ def train_pipeline(
     precision.LossScaler; default a fresh one for ops.dtype) scales the loss and skips steps with non-finite
     gradients (module docstring).
     """
-    comm = world.comm
-    rank, size = world.rank, world.size
-    weights = [float(w) for w in weights]
-    if len(weights) != size:
-        raise ValueError(f"pipeline: {len(weights)} weights given for {size} ranks")
-    counts = stage_layers(weights, model.layers)
-    rows = micro_batch_rows(model.batch, micro_batches)
-    make_optimizer(optimizer, lr, 0)  # the optimizer's name and lr checked on every rank, layers or not
-    m_count = len(rows)
-    row_start = [sum(rows[:m]) for m in range(m_count)]
-    hidden, batch = model.hidden, model.batch
-    first, last = rank == 0, rank == size - 1
-
-    # this stage's layers: one flat vector each (W row-major, then b), with (W, b) views of it, and its optimizer,
-    # one per layer as the reference has (elementwise, so the same numbers as one over the stage)
-    lo = sum(counts[:rank])
-    layer_elems = hidden * hidden + hidden
-    move = Transport(ops, path)
-    xp = getattr(ops, "xp", np)
+    counts, rows = _plan(world, model, optimizer, lr, weights, micro_batches)
     to_host = host_copier(ops)
-    opts = [make_optimizer(optimizer, lr, layer_elems, xp=xp) for _ in range(counts[rank])]
-    if initial is None:
-        vecs = [flatten(W, b).copy() for W, b in init_params(model)[lo:lo + counts[rank]]]
-    else:
-        vecs = [load_layer_state(initial, opt, lo + j, 0, layer_elems) for j, opt in enumerate(opts)]
-    vecs = [on_device(ops, v) for v in vecs]
-    params = [unflatten(v, hidden) for v in vecs]
-    grads = [xp.zeros_like(v) for v in vecs]
-    teacher = teacher_params(model) if (first or last) else None
-    scaler = make_scaler(ops, scaler)
-    # its layers, and (mixed precision) the compute-dtype copy of the W a GEMM reads
-    param_bytes = sum(v.nbytes for v in vecs) + (compute_copy_bytes(ops, hidden) if vecs else 0)
-    grad_bytes = sum(g.nbytes for g in grads)
-    optimizer_bytes = sum(o.state_bytes for o in opts)
+    stage = _make_stage(world, ops, model, optimizer, lr, counts, rows, path, initial, scaler)
+    teacher = teacher_params(model) if (stage.first or stage.last) else None
     logs: list[StepLog] = []
-
-    for i in range(steps):
-        step = start_step + i
-        # no barrier before MPI calls: a pipeline's ranks are meant to be at different places at once
-        clock = StepClock(ops, comm, wait_first=False)
-        x = y = None
-        if first or last:
-            x, y = (on_device(ops, a) for a in make_batch(model, step, teacher=teacher))
-        for g in grads:
-            g.fill(0.0)
-        caches: list[list[Any]] = []
-        outputs: list[np.ndarray | None] = []
-        pending: list[tuple[np.ndarray, Any]] = []  # Isend requests with their buffers, kept alive until done
-        loss_sum = 0.0
-        scale = scaler.scale
-
-        # forward, every micro-batch in order
-        for m in range(m_count):
-            if first:
-                h = x[row_start[m]:row_start[m] + rows[m]]
-            else:
-                h = xp.empty((rows[m], hidden), np.float32)
-                into = move.incoming(h)
-                _receive(clock, comm, into, rank - 1, m)
-                move.landed(h, into)
-            layer_caches = []
-            for W, b in params:
-                h, cache = layer_forward(ops, W, b, h)
-                layer_caches.append(cache)
-            caches.append(layer_caches)
-            if last:
-                outputs.append(h)
-            else:
-                out = move.outgoing(xp.ascontiguousarray(h, dtype=np.float32))
-                pending.append((out, clock.comm(lambda out=out, m=m: comm.Isend(out, dest=rank + 1, tag=m))))
-
-        # backward, micro-batches in reverse order
-        for m in reversed(range(m_count)):
-            if last:
-                part, g = loss_and_grad(outputs[m], y[row_start[m]:row_start[m] + rows[m]], batch)
-                g = scaler.scale_loss_grad(g)
-                loss_sum += part
-                outputs[m] = None
-            else:
-                g = xp.empty((rows[m], hidden), np.float32)
-                into = move.incoming(g)
-                _receive(clock, comm, into, rank + 1, m_count + m)
-                move.landed(g, into)
-            for j in reversed(range(len(params))):
-                g, dW, db = layer_backward(ops, params[j][0], caches[m][j], g)
-                grads[j] += flatten(dW, db)
-            caches[m] = []
-            if not first:
-                out = move.outgoing(xp.ascontiguousarray(g, dtype=np.float32))
-                pending.append((out, clock.comm(
-                    lambda out=out, m=m: comm.Isend(out, dest=rank - 1, tag=m_count + m))))
-
-        # this stage's update (the views in `params` follow the vectors); under mixed precision after the verdict
-        if not scaler.checks:
-            for vec, grad, opt in zip(vecs, grads, opts):
-                opt.step(vec, grad, step)
-
-        # every send of the step completed, then the loss from the last stage to all
-        if pending:
-            requests = [req for _, req in pending]
-            clock.comm(lambda: world.wait_all(requests))
-            pending.clear()
-        skipped = False
-        if scaler.checks:
-            # the loss and every stage's verdict in one sum (the loss is 0 but at the last rank: the sum is exact)
-            loss_buf = np.array([loss_sum if last else 0.0, float(scaler.nonfinite(grads))], dtype=np.float64)
-            if size > 1:
-                clock.comm(lambda: comm.Allreduce(world.MPI.IN_PLACE, loss_buf, op=world.MPI.SUM))
-            skipped = scaler.update(bool(loss_buf[1] > 0))
-            if not skipped:
-                for vec, grad, opt in zip(vecs, grads, opts):
-                    scaler.unscale(grad)
-                    opt.step(vec, grad, step)
-        else:
-            loss_buf = np.array([loss_sum if last else 0.0], dtype=np.float64)
-            if size > 1:
-                clock.comm(lambda: comm.Bcast(loss_buf, root=size - 1))
-
-        step_seconds, compute, comm_seconds, idle = clock.finish()
-        log = StepLog(
-            step=step,
-            loss=float(loss_buf[0]),
-            step_seconds=step_seconds,
-            compute_seconds=compute,
-            comm_seconds=comm_seconds,
-            idle_seconds=idle,
-            samples=batch,
-            param_bytes=param_bytes,
-            grad_bytes=grad_bytes,
-            optimizer_bytes=optimizer_bytes,
-            modelled=bool(getattr(ops, "modelled", False)),
-            loss_scale=scale,
-            step_skipped=skipped,
-        )
+    for step in range(start_step, start_step + steps):
+        log = _pipeline_step(stage, model, teacher, step)
         logs.append(log)
         if on_step is not None:
             on_step(log)
         if checkpoint is not None:
-            checkpoint(step + 1, lambda: [layer_piece(lo + j, 0, vec, opt, to_host)
-                                          for j, (vec, opt) in enumerate(zip(vecs, opts))])
-
-    # rank 0 gathers every stage's layers
-    mine = np.concatenate([to_host(v) for v in vecs]) if vecs else np.zeros(0, np.float32)
-    full = gatherv(comm, mine, [c * layer_elems for c in counts], root=0)
-    final = None
-    if rank == 0:
-        final = [tuple(a.copy() for a in unflatten(full[k * layer_elems:(k + 1) * layer_elems], hidden))
-                 for k in range(model.layers)]
-    details = {"stage_layers": counts, "first_layer": lo, "micro_batch_rows": rows, "schedule": "gpipe"}
+            checkpoint(step + 1, lambda: stage.pieces(to_host))
+    final = _gather_layers(stage, model.layers, to_host)
+    details = {"stage_layers": counts, "first_layer": stage.lo, "micro_batch_rows": rows, "schedule": "gpipe"}
     return TrainOutcome(logs=logs, params=final, details=details)  # type: ignore[arg-type]
