@@ -14,6 +14,11 @@ from typing import Any
 import click
 
 from hetbench.benchmarks.base import Benchmark, RankResult, optional_hooks
+from hetbench.comm import watchdog
+from hetbench.comm.world import World
+from hetbench.harness.devices import open_rank_device
+from hetbench.harness.metadata import job_metadata, rank_description
+from hetbench.results import check_writable, make_document
 from hetbench.options import common_options, parse_backends
 from hetbench.outputs import (agree_or_exit, check_distinct_outputs, emit, output_path_errors, overwritten_inputs,
                               resolve_outputs, utc_stamp)
@@ -34,13 +39,6 @@ def command_for(benchmark: Benchmark) -> click.Command:
 
 def run(benchmark: Benchmark, params: dict[str, Any]) -> int:
     """Run `benchmark` with the parsed `params` on this rank. Collective: every rank of the job calls it."""
-    from hetbench.comm.world import World
-    from hetbench.harness.devices import open_rank_device
-    from hetbench.harness.metadata import job_metadata, rank_description
-    from hetbench.results import check_writable, make_document
-
-    from hetbench.comm import watchdog
-
     own = {k: v for k, v in params.items() if k not in COMMON_PARAMS}
     watchdog.arm(params["timeout_seconds"])
     world = World()
@@ -71,12 +69,12 @@ def run(benchmark: Benchmark, params: dict[str, Any]) -> int:
         agree_or_exit(world, benchmark.check(cfg, world, state))
         notices = hooks.notices(cfg, world, state)
         if world.is_root and notices and not params["json_stdout"]:
-            from hetbench.report.console import notice_line
+            from hetbench.report.console import notice_line  # rich: loaded only where rank 0 prints
 
             for line in notices:
                 notice_line(line)
 
-        from hetbench.report.console import sweep_progress
+        from hetbench.report.console import sweep_progress  # rich: not at the command's start
 
         show = world.is_root and not params["json_stdout"]
         with sweep_progress(enabled=show, force=params["progress"], description=benchmark.name) as on_step:
@@ -98,7 +96,7 @@ def run(benchmark: Benchmark, params: dict[str, Any]) -> int:
         document.update(hooks.document_extra(cfg, gathered))  # e.g. train's "steps" (report plots them)
 
         def render() -> None:
-            from hetbench.report.console import render_document
+            from hetbench.report.console import render_document  # rich: loaded only where rank 0 prints
 
             render_document(document, wide=params["wide"])
 

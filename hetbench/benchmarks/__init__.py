@@ -21,6 +21,9 @@ import importlib
 import os
 from dataclasses import dataclass
 
+from hetbench.backends.base import plugin_broke, plugin_failure
+from hetbench.benchmarks.base import REGISTRY, set_loader
+
 BUILTIN = (
     "hetbench.benchmarks.matmul",
     "hetbench.benchmarks.collectives",
@@ -71,8 +74,6 @@ def load() -> None:
     """Import every benchmark module, so that each registers itself. A plugin module that fails to import (raises
     any Exception, or calls sys.exit: backends.base.plugin_broke) registers nothing and is listed in UNAVAILABLE
     with why; the others load. A signal is not caught."""
-    from hetbench.benchmarks.base import REGISTRY
-
     for module in BUILTIN:
         importlib.import_module(module)
     BUILTIN_NAMES.update(REGISTRY)
@@ -84,8 +85,6 @@ def load() -> None:
         try:
             importlib.import_module(module)
         except BaseException as e:  # one that calls sys.exit() at import is as broken; a signal is not caught
-            from hetbench.backends.base import plugin_broke, plugin_failure
-
             if not plugin_broke(e):
                 raise
 
@@ -99,3 +98,6 @@ def load() -> None:
 def mark_unavailable(name: str, module: str, reason: str) -> None:
     """List benchmark plugin `name` as unavailable: `reason` says why."""
     UNAVAILABLE.append(Unavailable(name, module, reason))
+
+
+set_loader(load)

@@ -175,12 +175,20 @@ def register(benchmark: Benchmark) -> Benchmark:
     return benchmark
 
 
+# hetbench.benchmarks.load, which imports every benchmark; set by the package when it is imported (before any of its
+# modules), so that this module, which the package imports, needs no import of it
+_load_all: Callable[[], None] = lambda: None
+
+
+def set_loader(load: Callable[[], None]) -> None:
+    global _load_all
+    _load_all = load
+
+
 def columns_of(name: str) -> tuple[Column, ...]:
     """The declared columns of benchmark `name`, () for one this hetbench does not know."""
     if name not in REGISTRY:
-        from hetbench.benchmarks import load
-
-        load()
+        _load_all()
     benchmark = REGISTRY.get(name)
     return benchmark.columns if benchmark is not None else ()
 
@@ -378,8 +386,6 @@ def presentation_of(name: str) -> Presentation:
     """How benchmark `name`'s runs are shown: its class's `presentation`, or a plain one (its rows, its summary's
     numbers) for a benchmark that declares none or that this hetbench does not know."""
     if name not in REGISTRY:
-        from hetbench.benchmarks import load
-
-        load()
+        _load_all()
     declared_ = getattr(REGISTRY.get(name), "presentation", None)
     return declared_ if isinstance(declared_, Presentation) else _generic_presentation(name)

@@ -37,6 +37,9 @@ from torch.distributed import ReduceOp
 
 from hetbench.comm.vcollectives import displacements as _displs
 from hetbench.pytorch.metrics import CollectiveMetrics
+from hetbench.comm import watchdog
+from hetbench.comm.gpu import HOW_TO_GET_GPU_AWARE_MPI, gpu_support
+from hetbench.comm.world import World
 
 BACKEND_NAME = "hetbench"
 PATHS = ("host", "device")
@@ -949,9 +952,6 @@ def device_path_problem(world_comm: Any) -> str | None:
     library must say it takes that GPU's memory (MPIX queries; hetbench.comm.gpu)."""
     if fake_device() or not torch.cuda.is_available():
         return None  # host memory (or the test hook's stand-in for device memory): every MPI takes it
-    from hetbench.comm.gpu import HOW_TO_GET_GPU_AWARE_MPI, gpu_support
-    from hetbench.comm.world import World
-
     kind = "hip" if getattr(torch.version, "hip", None) else "cuda"
     answer = gpu_support().get(kind)
     if answer:
@@ -972,8 +972,6 @@ def groups() -> list[HetbenchProcessGroup]:
 
 def create(dist_opts: Any, backend_options: Any = None) -> HetbenchProcessGroup:
     """torch's creator (extended API): a communicator for the group's global ranks, in their order."""
-    from hetbench.comm import watchdog
-
     # watched where a command armed the watchdog (--timeout): its groups' operations end a job whose peer is silent
     world = watchdog.world_comm()
     ranks = [int(r) for r in getattr(dist_opts, "global_ranks_in_group", []) or []]

@@ -66,6 +66,9 @@ from torch import nn
 from hetbench.harness import split_plan as plan
 from hetbench.comm.vcollectives import displacements as _displs
 from hetbench.comm.vcollectives import gatherv
+from hetbench.comm.progress import Progress, threads_allowed
+from hetbench.pytorch.logger import held_bytes, hetbench_group
+from hetbench.pytorch.uneven import resolve_weights
 
 SHARD_NAME = "hetbench_flat_shard"  # the flat-shard parameter each unit (and the root) registers
 FROZEN_NAME = "hetbench_frozen_shard"  # a unit's frozen elements of the rank's slice, where it has any
@@ -308,7 +311,6 @@ class ShardedModule:
         if self.prefetch:
             from mpi4py import MPI
 
-            from hetbench.comm.progress import threads_allowed
 
             if threads_allowed(MPI):
                 self._gather_comm = self.comm.Dup()
@@ -541,8 +543,6 @@ class ShardedModule:
         if nxt.full is not None or nxt.pending is not None:
             return
         if self.progress is None:
-            from hetbench.comm.progress import Progress
-
             self.progress = Progress(threaded=self._gather_comm is not None)
         t0 = time.perf_counter()
         counts = (nxt.counts, _displs(nxt.counts))
@@ -663,8 +663,6 @@ class ShardedModule:
 
     def state_bytes(self, optimizer: torch.optim.Optimizer | None = None) -> dict[str, int]:
         """What this rank holds between steps: its shards, their gradients, the optimizer's state of them."""
-        from hetbench.pytorch.logger import held_bytes
-
         p, g, o = held_bytes(self.model, optimizer)
         return {"param_bytes": p, "grad_bytes": g, "optimizer_bytes": o}
 
@@ -741,9 +739,6 @@ def shard_module(model: nn.Module, units: Iterable[nn.Module] = (), weights: str
     or "3,1"), bounded by `memory_bytes` (per rank, None: no cap; `optimizer` says how many bytes an element
     costs). Returns the ShardedModule (also model._hetbench_fsdp). Raises WrapError or
     hetbench.harness.split_plan.WeightsError / PlacementError with a one-line message."""
-    from hetbench.pytorch.logger import hetbench_group
-    from hetbench.pytorch.uneven import resolve_weights
-
     units = list(units)
     pg = hetbench_group(group)
     if pg is None:

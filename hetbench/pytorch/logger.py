@@ -29,6 +29,8 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 from torch import nn
+from hetbench.pytorch.backend import HetbenchProcessGroup
+from hetbench.pytorch import offload
 
 
 def tensor_bytes(t: Any) -> int:
@@ -51,8 +53,6 @@ def held_bytes(model: nn.Module | None, optimizer: torch.optim.Optimizer | None)
 
 def hetbench_group(group: Any = None) -> Any:
     """The HetbenchProcessGroup behind `group` (default: the world), or None under another backend."""
-    from hetbench.pytorch.backend import HetbenchProcessGroup
-
     if not (dist.is_available() and dist.is_initialized()):
         return None
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
@@ -147,10 +147,8 @@ class StepLogger:
         device: dict[str, Any] = {}
         d = self.device_ops
         if d is not None:
-            from hetbench.pytorch.offload import step_seconds
-
             modelled = bool(d.modelled)
-            seconds = step_seconds(d, seconds)
+            seconds = offload.step_seconds(d, seconds)
             device = {"device_gemm_seconds": d.compute_seconds, "device_copy_seconds": d.copy_seconds,
                       "device_gemms": d.gemms, "device_timing": "modelled" if modelled else "measured"}
         ops = self.pg.metrics.take() if self.pg is not None else {}

@@ -17,6 +17,8 @@ from datetime import timedelta
 from typing import Any, Iterator
 
 import torch.distributed as dist
+from hetbench.comm import watchdog
+from hetbench.signals import started_by_launcher
 
 # the module, not torch.distributed.rendezvous the function of the same name
 _rdzv = importlib.import_module("torch.distributed.rendezvous")
@@ -26,8 +28,6 @@ _original: Any = None
 
 
 def _mpi_store(timeout: timedelta) -> tuple[Any, int, int]:
-    from hetbench.comm import watchdog
-
     comm = watchdog.world_comm()
     rank, size = comm.Get_rank(), comm.Get_size()
     if size == 1:
@@ -52,7 +52,6 @@ def _handler(url: str, timeout: timedelta = timedelta(minutes=30), **kwargs: Any
     if "?" in url or all(os.environ.get(name) for name in _ENV):
         yield from _original(url, timeout=timeout, **kwargs)
         return
-    from hetbench.comm.launcher import started_by_launcher
 
     if started_by_launcher() or "mpi4py.MPI" in __import__("sys").modules:
         yield _mpi_store(timeout)

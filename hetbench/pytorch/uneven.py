@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hetbench.harness import split_plan as plan
+from hetbench.results.profile import ProfileError, load_profile
 
 PROBE_SHAPE = 256  # auto weights: each rank's torch matmul rate at PROBE_SHAPE^3, fp32
 PROBE_REPEATS = 5
@@ -70,8 +71,6 @@ def resolve_weights(weights: str | Sequence[float], group: Any = None, device: t
     if parsed.kind == "list":
         return list(parsed.values)
     if parsed.kind == "profile":
-        from hetbench.results.profile import ProfileError, load_profile
-
         try:
             return list(load_profile(parsed.path, size, "fp32", "rows", None).rates)
         except ProfileError as e:

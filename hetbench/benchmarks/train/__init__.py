@@ -26,6 +26,7 @@ from hetbench.benchmarks.base import (
 )
 from hetbench.benchmarks.train.config import TrainConfig
 from hetbench.config import OutputConfig, parse_dtype
+from hetbench.pytorch_support import torch_problem
 from hetbench.options import MAX_SEED, FolderPath, float_range, int_range, output_file, parse_backends
 from hetbench.backends.host import host_memory_share_bytes
 from hetbench.train import frontend as frontends
@@ -232,8 +233,6 @@ def _check_frontend(params: dict[str, Any], world: Any) -> None:
     _refuse_options_that_do_not_apply(params)
     if frontend == "numpy":
         return
-    from hetbench.pytorch_support import torch_problem
-
     errors = world.agree(torch_problem())
     if errors:
         e = errors[0]
@@ -298,7 +297,7 @@ def _gpt_defaults(params: dict[str, Any]) -> None:
     GPT_DEFAULTS, GPT_LR: a loss that falls visibly in a few hundred CPU steps)."""
     from click.core import ParameterSource
 
-    from hetbench.train.torch_frontend.models import GPT_DEFAULTS, GPT_LR
+    from hetbench.train.torch_frontend.models import GPT_DEFAULTS, GPT_LR  # torch: only for --frontend torch
 
     ctx = click.get_current_context()
     for name, value in {**GPT_DEFAULTS, "lr": GPT_LR}.items():

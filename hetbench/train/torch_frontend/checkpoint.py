@@ -47,6 +47,7 @@ from hetbench.train.checkpoint import (
     resolve,
     run_facts,
 )
+from hetbench.train import Piece
 
 STATE_FILE = "state.pt"
 # the numpy trainer's names of AdamW's state (its files' names) -> torch's
@@ -334,8 +335,6 @@ def check_state(state: Any, params: list[tuple[str, tuple[int, ...]]] | None, op
 def shard_pieces(engine: Any, optimizer: torch.optim.Optimizer, optimizer_name: str) -> list[Any]:
     """hetbench fsdp: this rank's pieces for the Saver: its slice of every unit's flat vector, with the optimizer's
     state of it (zeros before the optimizer's first step)."""
-    from hetbench.train import Piece
-
     pieces = []
     for unit, state in engine.optimizer_pieces(optimizer):
         count = unit.counts[engine.rank]
