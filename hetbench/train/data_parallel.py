@@ -53,6 +53,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -210,24 +211,46 @@ def train_ddp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: floa
     return TrainOutcome(logs=logs, params=params, details=details)  # type: ignore[arg-type]
 
 
-def train_fsdp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: float, steps: int,
-               weights: Sequence[float], path: str = "host", micro_batches: int = 4,
-               on_step: Callable[[StepLog], None] | None = None, start_step: int = 0,
-               initial: Any = None, checkpoint: CheckpointHook | None = None, prefetch: bool = True,
-               rebalance_steps: int = 0, scaler: Any = None) -> TrainOutcome:
-    """Parameters, gradients and optimizer state sharded by `weights`; layers gathered one at a time (with
-    `prefetch`, the next layer's gather runs while this one computes). Collective: every rank calls it.
-    `micro_batches` is ignored; `path` as train_ddp's. `initial` (an hetbench.train.InitialState, e.g. a checkpoint of any layout) gives
-    each rank its shard of the parameters and optimizer state (re-sharding); after each step
-    `checkpoint(steps_done, pieces)` is called if given (a rank's pieces: its shard of every layer). `scaler` as
-    train_ddp's; under mixed precision the shards' updates wait for the global verdict on the gradients (module
-    docstring). `rebalance_steps` as train_ddp's."""
-    comm, rank = world.comm, world.rank
-    weights = check_weights(weights, world.size)
-    balance = BatchShares(comm, weights, model.batch, rebalance_steps)
+@dataclass
+class _ShardedRank:
+    """fsdp's state on this rank: its shard ([offset, offset + mine) of each layer's flat vector) of every layer with
+    their optimizers, the buffers the full layers are gathered into (one, or two with prefetch: the layer computing
+    and the next one arriving; layer l always lands in buffers[l % len(buffers)]) and their gathers (fetch), and,
+    under mixed precision, each layer's reduced gradient shard, held until the verdict."""
+
+    comm: Any
+    rank: int
+    ops: Any
+    move: Transport
+    hidden: int
+    param_counts: list[int]
+    offset: int
+    mine: int
+    shards: list[Any]
+    opts: list[Any]
+    prefetch: bool
+    buffers: list[Any]
+    gather_blocking: float | None  # a blocking gather's seconds (with prefetch): the yardstick of the hidden part
+    teacher: Any
+    scaler: Any
+    param_bytes: int  # the shards, the gathered layers and (mixed precision) the compute-dtype copy of a W
+    clock: StepClock
+    fetch: _Prefetcher
+    held: list[Any]
+
+    def pieces(self, to_host: Callable[[Any], Any]) -> list[Any]:
+        """What this rank hands a checkpoint: its shard of every layer (none where it holds no elements)."""
+        return [layer_piece(layer, self.offset, self.shards[layer], self.opts[layer], to_host)
+                for layer in range(len(self.shards)) if self.mine > 0]
+
+
+def _shard_rank(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: float, weights: list[float],
+                path: str, initial: Any, prefetch: bool, scaler: Any) -> _ShardedRank:
+    """This rank's shards (from init_params or `initial`, re-sharded), their optimizers, the gather buffers and the
+    step clock. Collective: the blocking gathers' probe, the clock's barrier and the prefetcher's communicator."""
     hidden, P, L = model.hidden, model.layer_size, model.layers
     param_counts = shares(weights, P)
-    offset, mine = batch_slice(param_counts, rank)
+    offset, mine = batch_slice(param_counts, world.rank)
     move = Transport(ops, path)
     xp = getattr(ops, "xp", np)
     opts = [make_optimizer(optimizer, lr, mine, xp=xp) for _ in range(L)]
@@ -237,92 +260,141 @@ def train_fsdp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: flo
         shards = [load_layer_state(initial, opts[layer], layer, offset, offset + mine) for layer in range(L)]
     shards = [on_device(ops, shard) for shard in shards]
     prefetch = bool(prefetch) and world.size > 1 and L > 1
-    # the full layers held at a time, reused for every gather: one, or two with prefetch (the layer computing and
-    # the next one arriving); layer l always lands in buffers[l % len(buffers)]
     buffers = [xp.empty(P, dtype=np.float32) for _ in range(2 if prefetch else 1)]
-    gather_blocking = _blocking_gather_seconds(move, comm, shards[0], param_counts, buffers[0]) if prefetch else None
+    gather_blocking = (_blocking_gather_seconds(move, world.comm, shards[0], param_counts, buffers[0])
+                       if prefetch else None)
     teacher = teacher_params(model)
     scaler = make_scaler(ops, scaler)
-    copy_bytes = compute_copy_bytes(ops, hidden)
-    held: list[Any] = [None] * L  # mixed precision: each layer's reduced gradient shard, until the verdict
-    clock = StepClock(ops, comm)
-    logs: list[StepLog] = []
-    shard_bytes = sum(s.nbytes for s in shards)
-    held_bytes = shard_bytes + sum(b.nbytes for b in buffers)
+    param_bytes = (sum(s.nbytes for s in shards) + sum(b.nbytes for b in buffers)
+                   + compute_copy_bytes(ops, hidden))
+    clock = StepClock(ops, world.comm)
     fetch = _Prefetcher(clock, ops, move, shards, param_counts, buffers, Progress() if prefetch else None)
+    return _ShardedRank(comm=world.comm, rank=world.rank, ops=ops, move=move, hidden=hidden,
+                        param_counts=param_counts, offset=offset, mine=mine, shards=shards, opts=opts,
+                        prefetch=prefetch, buffers=buffers, gather_blocking=gather_blocking, teacher=teacher,
+                        scaler=scaler, param_bytes=param_bytes, clock=clock, fetch=fetch, held=[None] * L)
+
+
+def _fsdp_forward(r: _ShardedRank, x: Any) -> tuple[Any, list[Any]]:
+    """The forward, each layer gathered just before it computes (with prefetch: the next one's gather started
+    first). Returns the output and every layer's cache."""
+    h, caches, L = x, [], len(r.shards)
+    for layer in range(L):
+        if layer == 0 or not r.prefetch:
+            r.fetch.gather(layer)
+        params = r.fetch.wait(layer)
+        if r.prefetch and layer + 1 < L:
+            r.fetch.start(layer + 1)
+        W, b = unflatten(params, r.hidden)
+        h, cache = layer_forward(r.ops, W, b, h)
+        caches.append(cache)
+    return h, caches
+
+
+def _fsdp_backward(r: _ShardedRank, g: Any, caches: list[Any], step: int) -> int:
+    """The backward, last layer first: each layer gathered again (but the last, still held from the forward), its
+    full gradient reduce-scattered, this rank's shard of it applied at once (fp32) or held for the verdict (mixed
+    precision). Returns the gradient bytes held at the peak."""
+    grad_peak, L, checks = 0, len(r.shards), r.scaler.checks
+    for layer in reversed(range(L)):
+        # the last layer is still gathered from the forward; with prefetch every other one was started
+        # while the layer after it computed its backward
+        if layer != L - 1 and not r.prefetch:
+            r.fetch.gather(layer)
+        params = r.fetch.wait(layer) if layer != L - 1 else r.buffers[layer % len(r.buffers)]
+        if r.prefetch and layer > 0:
+            r.fetch.start(layer - 1)
+        W, _ = unflatten(params, r.hidden)
+        g, dW, db = layer_backward(r.ops, W, caches[layer], g)
+        caches[layer] = None
+        full_grad = flatten(dW, db)
+        del dW, db  # freed before the reduce-scatter allocates its result
+        grad_shard = r.move.reduce_scatterv(r.clock, full_grad, r.param_counts)
+        if checks:
+            r.held[layer] = grad_shard
+        grad_peak = max(grad_peak, full_grad.nbytes + sum(s.nbytes for s in r.held if s is not None)
+                        + (0 if checks else grad_shard.nbytes))
+        del full_grad
+        if not checks:
+            r.opts[layer].step(r.shards[layer], grad_shard, step)
+    return grad_peak
+
+
+def _fsdp_settle(r: _ShardedRank, loss_part: float, step: int) -> tuple[float, bool]:
+    """The global loss; under mixed precision with it the global verdict, then the held shards unscaled and applied
+    unless the step is skipped. Returns (loss, skipped)."""
+    if not r.scaler.checks:
+        return _loss_sum(r.clock, r.comm, loss_part), False
+    loss, any_nonfinite = _loss_sum(r.clock, r.comm, loss_part, r.scaler.nonfinite(r.held))
+    skipped = r.scaler.update(any_nonfinite)
+    for layer in range(len(r.shards)):
+        if not skipped:
+            r.scaler.unscale(r.held[layer])
+            r.opts[layer].step(r.shards[layer], r.held[layer], step)
+        r.held[layer] = None
+    return loss, skipped
+
+
+def _fsdp_step(r: _ShardedRank, model: ModelConfig, batch_counts: list[int], step: int) -> StepLog:
+    """One fsdp step on this rank's rows of the batch (made before the clock starts), timed; its StepLog."""
+    first, count = batch_slice(batch_counts, r.rank)
+    x, y = (on_device(r.ops, a) for a in make_batch(model, step, first, count, r.teacher))
+    r.clock.start()
+    r.fetch.reset()
+    h, caches = _fsdp_forward(r, x)
+    loss_part, g = loss_and_grad(h, y, model.batch)
+    scale = r.scaler.scale
+    g = r.scaler.scale_loss_grad(g)
+    grad_peak = _fsdp_backward(r, g, caches, step)
+    loss, skipped = _fsdp_settle(r, loss_part, step)
+    log = _log(r.clock, r.ops, step, loss, count, r.param_bytes, grad_peak, sum(o.state_bytes for o in r.opts),
+               scale, skipped)
+    log.gather_exposed_seconds = list(r.fetch.exposed_seconds) if r.prefetch else None
+    return log
+
+
+def _gather_shards(r: _ShardedRank) -> list[tuple[Any, Any]] | None:
+    """Every layer's shards gathered at rank 0 into [(W, b)] (None elsewhere). Collective."""
+    params = None
+    for shard in r.shards:
+        full = gatherv(r.comm, host_copier(r.ops)(shard), r.param_counts, root=0)
+        if r.rank == 0:
+            if params is None:
+                params = []
+            params.append(tuple(a.copy() for a in unflatten(full, r.hidden)))
+    return params
+
+
+def train_fsdp(world: Any, ops: Any, model: ModelConfig, optimizer: str, lr: float, steps: int,
+               weights: Sequence[float], path: str = "host", micro_batches: int = 4,
+               on_step: Callable[[StepLog], None] | None = None, start_step: int = 0,
+               initial: Any = None, checkpoint: CheckpointHook | None = None, prefetch: bool = True,
+               rebalance_steps: int = 0, scaler: Any = None) -> TrainOutcome:
+    """Parameters, gradients and optimizer state sharded by `weights`; layers gathered one at a time (with
+    `prefetch`, the next layer's gather runs while this one computes). Collective: every rank calls it.
+    `micro_batches` is ignored; `path` as train_ddp's. `initial` (an hetbench.train.InitialState, e.g. a checkpoint
+    of any layout) gives each rank its shard of the parameters and optimizer state (re-sharding); after each step
+    `checkpoint(steps_done, pieces)` is called if given (a rank's pieces: its shard of every layer). `scaler` as
+    train_ddp's; under mixed precision the shards' updates wait for the global verdict on the gradients (module
+    docstring). `rebalance_steps` as train_ddp's."""
+    weights = check_weights(weights, world.size)
+    balance = BatchShares(world.comm, weights, model.batch, rebalance_steps)
+    r = _shard_rank(world, ops, model, optimizer, lr, weights, path, initial, prefetch, scaler)
+    logs: list[StepLog] = []
     for step in range(start_step, start_step + steps):
-        first, count = batch_slice(balance.counts, rank)
-        x, y = (on_device(ops, a) for a in make_batch(model, step, first, count, teacher))
-        clock.start()
-        fetch.reset()
-        h, caches = x, []
-        for layer in range(L):
-            if layer == 0 or not prefetch:
-                fetch.gather(layer)
-            params = fetch.wait(layer)
-            if prefetch and layer + 1 < L:
-                fetch.start(layer + 1)
-            W, b = unflatten(params, hidden)
-            h, cache = layer_forward(ops, W, b, h)
-            caches.append(cache)
-        loss_part, g = loss_and_grad(h, y, model.batch)
-        scale = scaler.scale
-        g = scaler.scale_loss_grad(g)
-        grad_peak = 0
-        for layer in reversed(range(L)):
-            # the last layer is still gathered from the forward; with prefetch every other one was started
-            # while the layer after it computed its backward
-            if layer != L - 1 and not prefetch:
-                fetch.gather(layer)
-            params = fetch.wait(layer) if layer != L - 1 else buffers[layer % len(buffers)]
-            if prefetch and layer > 0:
-                fetch.start(layer - 1)
-            W, _ = unflatten(params, hidden)
-            g, dW, db = layer_backward(ops, W, caches[layer], g)
-            caches[layer] = None
-            full_grad = flatten(dW, db)
-            del dW, db
-            grad_shard = move.reduce_scatterv(clock, full_grad, param_counts)
-            if scaler.checks:
-                held[layer] = grad_shard
-            grad_peak = max(grad_peak, full_grad.nbytes + sum(s.nbytes for s in held if s is not None)
-                            + (0 if scaler.checks else grad_shard.nbytes))
-            del full_grad
-            if not scaler.checks:
-                opts[layer].step(shards[layer], grad_shard, step)
-        skipped = False
-        if scaler.checks:
-            loss, any_nonfinite = _loss_sum(clock, comm, loss_part, scaler.nonfinite(held))
-            skipped = scaler.update(any_nonfinite)
-            for layer in range(L):
-                if not skipped:
-                    scaler.unscale(held[layer])
-                    opts[layer].step(shards[layer], held[layer], step)
-                held[layer] = None
-        else:
-            loss = _loss_sum(clock, comm, loss_part)
-        log = _log(clock, ops, step, loss, count, held_bytes + copy_bytes, grad_peak,
-                   sum(o.state_bytes for o in opts), scale, skipped)
-        log.gather_exposed_seconds = list(fetch.exposed_seconds) if prefetch else None
+        log = _fsdp_step(r, model, balance.counts, step)
         logs.append(log)
-        balance.after_step(count, clock.busy_seconds)
+        balance.after_step(log.samples, r.clock.busy_seconds)
         if on_step is not None:
             on_step(log)
         if checkpoint is not None:
-            checkpoint(step + 1, lambda: [layer_piece(layer, offset, shards[layer], opts[layer], host_copier(ops))
-                                          for layer in range(L) if mine > 0])
+            checkpoint(step + 1, lambda: r.pieces(host_copier(ops)))
     ops.poll = None
-    fetch.close()
-    params = None
-    for shard in shards:
-        full = gatherv(comm, host_copier(ops)(shard), param_counts, root=0)
-        if rank == 0:
-            if params is None:
-                params = []
-            params.append(tuple(a.copy() for a in unflatten(full, hidden)))
-    details = {"strategy": "fsdp", **balance.details(), "param_counts": param_counts,
-               "prefetch": prefetch, "gather_seconds_blocking": gather_blocking,
-               "prefetched_gathers_per_step": 2 * L - 2 if prefetch else 0}
+    r.fetch.close()
+    params = _gather_shards(r)
+    details = {"strategy": "fsdp", **balance.details(), "param_counts": r.param_counts,
+               "prefetch": r.prefetch, "gather_seconds_blocking": r.gather_blocking,
+               "prefetched_gathers_per_step": 2 * model.layers - 2 if r.prefetch else 0}
     return TrainOutcome(logs=logs, params=params, details=details)  # type: ignore[arg-type]
 
 
