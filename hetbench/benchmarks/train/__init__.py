@@ -112,46 +112,7 @@ class Train:
                               "gradients and optimizer state; GEMM operands and results rounded to the dtype "
                               "(natively where the device offers it, else emulated); fp16 with dynamic loss "
                               "scaling. --frontend torch: torch's autocast, the same loss scaling."),
-            click.Option(["--weights"], default="even", show_default=True, metavar="even|auto|PROFILE|W0,W1,..",
-                         help="Each rank's share of the batch (fsdp, ddp) or of the layers (pipeline): even; auto "
-                              "(each rank's GEMM rate at a layer's shape, measured beside the others; fsdp and ddp "
-                              "then rebalance the batch by each rank's measured step in the first 4 steps; --frontend "
-                              "torch: each rank's samples/s through the model, rebalanced the same way); a profile "
-                              "from `hetbench calibrate`; or one weight >= 0 per rank."),
-            click.Option(["--micro-batches"], type=int_range(1, MAX_BATCH), default=4, show_default=True,
-                         help="--strategy pipeline (numpy) only: micro-batches per step."),
-            click.Option(["--path"], type=click.Choice(["host", "device"]), default="host", show_default=True,
-                         help="How a GPU rank's parameters, gradients and activations reach MPI: through host copies "
-                              "(host), or as GPU memory (device: needs a GPU-aware MPI). Ranks whose training "
-                              "state is in host memory (host, OpenCL) hand it to MPI directly either way."),
-            click.Option(["--warmup-steps"], type=int_range(0, MAX_STEPS), default=0, show_default=True,
-                         help="Leave the run's first N steps out of the timing figures (the medians and samples/s): "
-                              "warm-up, and auto weights' rebalancing in the first 4. They are still logged and "
-                              "checked."),
-            click.Option(["--prefetch/--no-prefetch"], default=True, show_default=True,
-                         help="fsdp: start gathering the next layer's (unit's) parameters while this one computes "
-                              "(nonblocking MPI, tested after every GEMM); the summary says how much of the "
-                              "gathers' time that hid."),
-            click.Option(["--solo-between-steps"], is_flag=True, default=False,
-                         help="Several ranks: after each timed step every rank in turn trains the whole batch "
-                              "alone (numpy: a fresh one-rank run of the same strategy; torch: the plain model; 2 "
-                              "steps, the last one timed) while the others wait; the summary divides the job's "
-                              "samples/s by the sum of those solo rates, measured in the same seconds as the job's "
-                              "steps."),
-            click.Option(["--check/--no-check"], default=True, show_default=True,
-                         help="Train the same run in one process at rank 0 afterwards and check the loss curve "
-                              "against it (fp32 tolerance; mixed precision: the dtype's)."),
-            click.Option(["--log", "log_path"], type=output_file(), default=None,
-                         help="Write one JSON line per step here (rank 0), with the results."),
-            click.Option(["--checkpoint", "checkpoint"], type=FolderPath(),
-                         default=None,
-                         help="Save the training state in this folder at the end (and every --checkpoint-every "
-                              "steps): each rank its own part, DIR/step-N/, DIR/latest names the newest."),
-            click.Option(["--checkpoint-every"], type=int_range(0, MAX_STEPS), default=0, show_default=True,
-                         help="With --checkpoint: also save after every N steps (0: only at the end)."),
-            click.Option(["--resume", "resume"], type=click.Path(path_type=Path), default=None,
-                         help="Continue from this checkpoint folder (its latest step, or a step-N folder) to "
-                              "--steps; any strategy, rank count or weights (re-sharded)."),
+            *_run_options(),
         ]
 
     def configure(self, params: dict[str, Any], world: Any, output: OutputConfig) -> TrainConfig:
@@ -213,6 +174,52 @@ class Train:
 
     def document_extra(self, cfg: TrainConfig, gathered: Sequence[Any]) -> dict[str, Any]:
         return {"steps": summary.step_lines(cfg, list(gathered))}
+
+
+def _run_options() -> list[click.Parameter]:
+    """The options of how the run goes: the shares, the strategies' own, timing, the check, the files."""
+    return [
+        click.Option(["--weights"], default="even", show_default=True, metavar="even|auto|PROFILE|W0,W1,..",
+                     help="Each rank's share of the batch (fsdp, ddp) or of the layers (pipeline): even; auto "
+                          "(each rank's GEMM rate at a layer's shape, measured beside the others; fsdp and ddp "
+                          "then rebalance the batch by each rank's measured step in the first 4 steps; --frontend "
+                          "torch: each rank's samples/s through the model, rebalanced the same way); a profile "
+                          "from `hetbench calibrate`; or one weight >= 0 per rank."),
+        click.Option(["--micro-batches"], type=int_range(1, MAX_BATCH), default=4, show_default=True,
+                     help="--strategy pipeline (numpy) only: micro-batches per step."),
+        click.Option(["--path"], type=click.Choice(["host", "device"]), default="host", show_default=True,
+                     help="How a GPU rank's parameters, gradients and activations reach MPI: through host copies "
+                          "(host), or as GPU memory (device: needs a GPU-aware MPI). Ranks whose training "
+                          "state is in host memory (host, OpenCL) hand it to MPI directly either way."),
+        click.Option(["--warmup-steps"], type=int_range(0, MAX_STEPS), default=0, show_default=True,
+                     help="Leave the run's first N steps out of the timing figures (the medians and samples/s): "
+                          "warm-up, and auto weights' rebalancing in the first 4. They are still logged and "
+                          "checked."),
+        click.Option(["--prefetch/--no-prefetch"], default=True, show_default=True,
+                     help="fsdp: start gathering the next layer's (unit's) parameters while this one computes "
+                          "(nonblocking MPI, tested after every GEMM); the summary says how much of the "
+                          "gathers' time that hid."),
+        click.Option(["--solo-between-steps"], is_flag=True, default=False,
+                     help="Several ranks: after each timed step every rank in turn trains the whole batch "
+                          "alone (numpy: a fresh one-rank run of the same strategy; torch: the plain model; 2 "
+                          "steps, the last one timed) while the others wait; the summary divides the job's "
+                          "samples/s by the sum of those solo rates, measured in the same seconds as the job's "
+                          "steps."),
+        click.Option(["--check/--no-check"], default=True, show_default=True,
+                     help="Train the same run in one process at rank 0 afterwards and check the loss curve "
+                          "against it (fp32 tolerance; mixed precision: the dtype's)."),
+        click.Option(["--log", "log_path"], type=output_file(), default=None,
+                     help="Write one JSON line per step here (rank 0), with the results."),
+        click.Option(["--checkpoint", "checkpoint"], type=FolderPath(),
+                         default=None,
+                     help="Save the training state in this folder at the end (and every --checkpoint-every "
+                          "steps): each rank its own part, DIR/step-N/, DIR/latest names the newest."),
+        click.Option(["--checkpoint-every"], type=int_range(0, MAX_STEPS), default=0, show_default=True,
+                     help="With --checkpoint: also save after every N steps (0: only at the end)."),
+        click.Option(["--resume", "resume"], type=click.Path(path_type=Path), default=None,
+                     help="Continue from this checkpoint folder (its latest step, or a step-N folder) to "
+                          "--steps; any strategy, rank count or weights (re-sharded)."),
+    ]
 
 
 def _check_frontend(params: dict[str, Any], world: Any) -> None:
