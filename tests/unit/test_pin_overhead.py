@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from hetbench.bench import opencl, split_goals, train_goals
+from hetbench.bench import opencl, split_goals, train_goals, verdict
 
 
 @pytest.fixture(autouse=True)
@@ -255,3 +255,40 @@ def test_opencl_bench_flags_a_figure_above_clpeaks(capsys, tuned, peak, flagged,
     assert (f"{tuned / peak:.3f}!" in row) is flagged and f"{tuned / peak:.3f}" in row
     assert ("! above clpeak's figure" in out) is flagged
     assert f"goal tuned >= 0.80 x clpeak peak: {tuned / peak:.3f} {'met' if met else 'NOT met'}" in out
+
+
+def test_split_bench_goal_edges(tmp_path, capsys):
+    """At n = 2048 the end-to-end goal is judged, not reported; a model error of exactly 0.25 meets its goal; rounds
+    that did not measure the even split judge no gain over it (no line, no failure)."""
+    def doc(n):
+        d = _split(n, 2 * n**3, 0.97, 0.96, None, 100.0, even=False, predicted=0.625)
+        d["summary"]["end_to_end_seconds_median"] = 0.5  # 0.625 / 0.5 - 1 = 0.25 exactly
+        return d
+
+    paths = [_write(tmp_path, f"s-{n}-r{i}.json", doc(n)) for n in (2048, 4096) for i in range(2)]
+    assert split_goals.split_figures(paths) == 0
+    out = capsys.readouterr().out
+    assert "reported, no goal" not in out
+    assert "  n=2048: goal efficiency_end_to_end >= 0.95: median 0.960 of 2 round(s) (spread 0.960-0.960) met\n" in out
+    assert "speedup_over_even_of_ideal" not in out
+    assert ("  n=4096: goal model |predicted / measured - 1| <= 0.25: median 0.250 of 2 round(s) (each 0.250, 0.250) "
+            "met\n") in out
+
+
+def test_a_band_whose_low_end_is_exactly_1_is_judged():
+    """A median above 1 (faulty rounds) whose band reaches exactly 1 is an efficiency read through the drift:
+    judged like any other (met here), not a band wholly above 1 that judges nothing."""
+    ok, text = verdict.judged([1.0, 1.02, 1.013], 0.95, [False, True, True])
+    assert ok
+    assert text == ("median 1.013 of 3 round(s) (spread 1.000-1.020) met [2 round(s) a MEASUREMENT FAULT, flagged; "
+                    "the median above 1 inside the band, which reaches 1]")
+
+
+def test_a_gain_of_exactly_the_ideal_is_not_flagged(tmp_path, capsys):
+    """The even split's device times 0.5 s and 2.0 s: the ideal gain 2.0 x (1 / 0.5 + 1 / 2.0) / 2 = 2.5; a round
+    that gains 2.5x is at the ideal (1.000), not above it, so its line carries no flag."""
+    path = _write(tmp_path, "s-4096.json", _split(4096, 2 * 4096**3, 0.97, 0.96, 2.5, 100.0))
+    split_goals.split_figures([path])
+    out = capsys.readouterr().out
+    assert ("n=4096: weighted over even 2.500x, ideal 2.500x (the even split's slowest rank's device time over a "
+            "perfect split's at the even split's rates): 1.000 of the ideal\n") in out
