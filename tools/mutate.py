@@ -47,6 +47,7 @@ TARGETS: dict[str, list[str]] = {
     "hetbench/pytorch/metrics.py": ["tests/mpi/test_torch_backend.py"],
     "hetbench/harness/stats.py": ["tests/unit/test_pin_stats.py"],
     "hetbench/train/numpy_frontend/run.py": ["tests/unit/test_pin_train.py", "tests/unit/test_pin_train_run.py"],
+    "hetbench/train/summary.py": ["tests/unit/test_pin_train.py", "tests/unit/test_pin_train_run.py"],
     "hetbench/train/outcome.py": ["tests/unit/test_pin_train.py", "tests/unit/test_pin_train_run.py",
                                   "tests/unit/test_train_tolerance.py"],
     "hetbench/benchmarks/collectives/run.py": ["tests/unit/test_pin_collectives.py", "tests/unit/test_pin_collectives_plan.py"],
