@@ -15,6 +15,9 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
+from hetbench.harness.split_plan import shares
+from hetbench.train.precision import LossScaler
+
 
 @dataclass
 class StepLog:
@@ -123,8 +126,6 @@ def compute_copy_bytes(ops: Any, hidden: int) -> int:
 
 def make_scaler(ops: Any, scaler: Any) -> Any:
     """`scaler` if given (e.g. restored from a checkpoint), else a fresh precision.LossScaler for ops' dtype."""
-    from hetbench.train.precision import LossScaler
-
     if scaler is not None:
         return scaler
     dtype = getattr(ops, "dtype", None)
@@ -201,8 +202,6 @@ class BatchShares:
     of fsdp stay as first set. Collective: after_step is called by every rank after every step."""
 
     def __init__(self, comm: Any, weights: list[float], batch: int, rebalance_steps: int = 0) -> None:
-        from hetbench.harness.split_plan import shares
-
         self.comm, self.batch = comm, batch
         self.weights = list(weights)
         self.counts = shares(self.weights, batch)
@@ -214,8 +213,6 @@ class BatchShares:
     def after_step(self, samples: int, busy_seconds: float) -> None:
         if self.remaining <= 0:
             return
-        from hetbench.harness.split_plan import shares
-
         self.remaining -= 1
         step = self.comm.allgather((samples, busy_seconds) if samples > 0 and busy_seconds > 0 else (0, 0.0))
         if not self._measured:

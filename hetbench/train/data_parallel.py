@@ -54,6 +54,7 @@ import math
 import statistics
 import time
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -117,7 +118,7 @@ def bucket_ranges(total: int, bucket_elements: int) -> list[tuple[int, int]]:
 def _loss_sum(clock: StepClock, comm: Any, part: float, nonfinite: bool | None = None) -> Any:
     """The global loss (Allreduce of the parts). With `nonfinite` (mixed precision: whether this rank's reduced
     gradients hold an inf or NaN) the same call also sums the ranks' verdicts: (loss, whether any rank saw one)."""
-    from mpi4py import MPI
+    from mpi4py import MPI  # mpi4py.MPI: MPI starts on import
 
     buf = np.array([part] if nonfinite is None else [part, float(nonfinite)], dtype=np.float64)
     clock.comm(lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM))
@@ -406,9 +407,7 @@ def _blocking_gather_seconds(move: Transport, comm: Any, shard: Any, counts: lis
     after a barrier, the slowest rank's (the same on every rank). Collective. The yardstick of how much of a
     prefetched gather was hidden (as OSU's nonblocking-collective benchmarks measure overlap). On a staged path
     the host copies are part of a gather's time, as they are in the training."""
-    from mpi4py import MPI
-
-    from types import SimpleNamespace
+    from mpi4py import MPI  # mpi4py.MPI: MPI starts on import
 
     # a clock that only runs the call: the gather and its copies are timed together here
     wall = SimpleNamespace(mpi=comm, comm=lambda fn, wait_first=True: fn())

@@ -54,6 +54,7 @@ from typing import Any, Callable, Hashable
 import numpy as np
 
 from hetbench.backends.base import BACKEND_NAMES, TIMING_MODELLED, capabilities
+from hetbench.backends.host import HostBackend
 from hetbench.dtypes import DType, get_dtype, round_to_dtype, to_host_dtype
 from hetbench.train.precision import is_mixed, train_dtype
 
@@ -336,6 +337,4 @@ _FP32 = get_dtype("fp32")
 
 def HostOps(dtype: DType | str = "fp32", threads: int | None = None) -> Ops:
     """Ops on the host backend (NumPy's BLAS): the reference's and the unit tests' device."""
-    from hetbench.backends.host import HostBackend
-
     return Ops(HostBackend(threads), dtype)

@@ -8,6 +8,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from hetbench.results.io import folder_problem
+from hetbench.train.checkpoint import planned_collisions
+
 ROOT = 0
 # The check: the distributed run sums in another order than the single process (and, under mixed precision, rounds
 # each rank's part of a sum to the dtype where one process rounds the whole), so its losses and parameters drift
@@ -117,10 +120,6 @@ class RankOutcome:
 def checkpoint_folder_errors(folder: Any, every: int, start: int, steps: int) -> list[str]:
     """--checkpoint: a folder (or none yet, that can be made) that holds none of the step folders this run would
     save."""
-    from hetbench.train.checkpoint import planned_collisions
-
-    from hetbench.results.io import folder_problem
-
     errors: list[str] = []
     if folder is not None:
         problem = folder_problem(folder, "--checkpoint")

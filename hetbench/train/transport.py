@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from hetbench.comm.staging import staged_allreduce
 from hetbench.comm.vcollectives import allgatherv, iallgatherv, reduce_scatterv
 from hetbench.dtypes import get_dtype
 
@@ -90,13 +91,11 @@ class Transport:
         """array = the sum over the ranks of `array`, in place. Staged, through the host in chunks by the pipeline
         of hetbench/comm/staging.py (a chunk's copy down, the sum of the one before and the copy up of the one
         before that overlapped), all of it timed as the MPI call: its copies are not also counted as copy_seconds."""
-        from mpi4py import MPI
+        from mpi4py import MPI  # mpi4py.MPI: MPI starts on import
 
         if self._chunked is None:  # the first sum: whether any rank stages (then every rank cuts the same chunks)
             self._chunked = bool(clock.comm(lambda: clock.mpi.allreduce(self.staged, op=MPI.LOR)))
         if self._chunked:
-            from hetbench.comm.staging import staged_allreduce
-
             _ready(self.ops)
             # a rank whose arrays MPI takes as they are (host memory) sums them in place, chunk by chunk
             clock.comm(lambda: staged_allreduce(clock.mpi, self.ops.backend, _FP32, array, array,
