@@ -282,3 +282,67 @@ def test_a_step_of_no_measurable_time_or_a_final_loss_of_zero_gives_no_rate():
     s = summary.summarize_job(cfg, summary.rows(cfg, gathered), gathered)
     assert s["step_seconds_median"] == 0.0 and s["samples_per_second"] is None
     assert s["loss_first"] == 10.0 and s["loss_last"] == 0.0 and s["loss_fell_by"] is None
+
+
+# --- the solo baseline (--solo-between-steps) and the check's reduction, recomputed ----------------------------------
+
+SOLO = [[0.030, 0.028, 0.035, 0.029, 0.031], [0.050, 0.045, 0.061, 0.052, 0.047], [0.090, 0.120, 0.095, 0.100, 0.110]]
+
+
+def _solo_outcomes(cfg, ranks: int):
+    """`ranks` ranks' outcomes, each step followed by the rank's solo step (SOLO), the step lines at rank 0."""
+    every = _logs()[:ranks]
+    for r, logs in enumerate(every):
+        for i, log in enumerate(logs):
+            log.solo_step_seconds = SOLO[r][i]
+    gathered = [run.RankOutcome(list(logs), FACTS[r], [1.0] * ranks, SAMPLES[:ranks]) for r, logs in enumerate(every)]
+    gathered[0].steps = run._step_lines(cfg, every, FACTS[:ranks])
+    return gathered
+
+
+@pytest.mark.parametrize("ranks, warmup", [(3, 0), (3, 2), (2, 1)])
+def test_the_solo_figures_recompute_from_each_rank_s_solo_steps(ranks, warmup):
+    """Each rank's row: the median of its solo steps after the warm-up and the global batch over it; the summary:
+    those rates summed, and the job's samples/s (the batch over the median step) over that sum."""
+    cfg = _cfg(solo_between_steps=True, warmup_steps=warmup)
+    gathered = _solo_outcomes(cfg, ranks)
+    rows = summary.rows(cfg, gathered)
+    rates = []
+    for r, row in enumerate(rows):
+        median = statistics.median(SOLO[r][warmup:])
+        assert row["solo_step_seconds_median"] == median
+        assert row["solo_samples_per_second"] == pytest.approx(BATCH / median, rel=1e-15)
+        rates.append(BATCH / median)
+    s = summary.summarize_job(cfg, rows, gathered)
+    step_median = statistics.median(max(STEP_SECONDS[i][:ranks]) for i in range(warmup, 5))
+    assert s["solo_between_steps"] is True
+    assert s["solo_samples_per_second_sum"] == pytest.approx(sum(rates), rel=1e-15)
+    assert s["efficiency_vs_summed_solo"] == pytest.approx((BATCH / step_median) / sum(rates), rel=1e-15)
+    assert s["efficiency_above_1"] is (s["efficiency_vs_summed_solo"] > 1)
+
+
+def test_the_solo_summary_flags_only_an_efficiency_above_1():
+    cfg = _cfg(solo_between_steps=True)
+    rows = [{"solo_samples_per_second": 2.0}, {"solo_samples_per_second": 2.0}]
+    exact = summary._solo_summary(cfg, rows, 4.0)
+    assert exact == {"solo_between_steps": True, "solo_samples_per_second_sum": 4.0, "efficiency_vs_summed_solo": 1.0,
+                     "efficiency_above_1": False}
+    assert summary._solo_summary(cfg, rows, 4.5)["efficiency_above_1"] is True  # 1.125
+    assert summary._solo_summary(cfg, rows[:1], 4.0) == {}  # one rank: the run is its own solo run
+    assert summary._solo_summary(_cfg(solo_between_steps=False), rows, 4.0) == {}
+    assert summary._solo_summary(cfg, [*rows[:1], {"solo_samples_per_second": None}], 4.0)[
+        "efficiency_vs_summed_solo"] is None
+
+
+def test_a_solo_step_of_no_time_gives_no_rate():
+    log = SimpleNamespace(solo_step_seconds=0.0)
+    assert summary._solo_row(_cfg(), [log, log]) == {"solo_step_seconds_median": 0.0, "solo_samples_per_second": None}
+    assert summary._solo_row(_cfg(), [SimpleNamespace(solo_step_seconds=None)]) == {}
+
+
+def test_the_reduction_is_the_longest_sum_of_a_step():
+    """K of outcome.perturbation: the batch's rows (gpt: its characters, batch x seq-len) or a layer's width."""
+    assert summary.reduction(_cfg(batch=24, hidden=8)) == 24
+    assert summary.reduction(_cfg(batch=4, hidden=32)) == 32
+    assert summary.reduction(_cfg(batch=4, hidden=8, model="gpt", seq_len=16)) == 64
+    assert summary.reduction(_cfg(batch=4, hidden=8, model="mlp", seq_len=16)) == 8
