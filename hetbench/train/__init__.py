@@ -195,9 +195,9 @@ class BatchShares:
     """The rows of the global batch each rank takes, from weights; with `rebalance_steps` > 0 (auto weights) the
     shares are measured again after each of the run's first rebalance_steps steps: every rank's rate is its
     samples over its busy seconds (compute and host<->device copies, StepClock.busy_seconds) summed over the
-    rebalancing steps so far (one step's alone swings the shares with the machine's noise: on the 2-core VM a
-    rank's compute at fixed rows moved by 10 % from step to step), and the next step's shares follow those rates. The first guess (a GEMM probe) can be far off: a device's speed at one
-    GEMM shape says little about a whole layer's forward and backward at another. Any shares give the same training
+    rebalancing steps so far (one step's alone would swing the shares with the machine's noise), and the next
+    step's shares follow those rates. The first guess (a GEMM probe) can be far off: a device's speed at one GEMM
+    shape says little about a whole layer's forward and backward at another. Any shares give the same training
     run (gradients are scaled by the global batch), so the shares may change between steps; the parameter shards
     of fsdp stay as first set. Collective: after_step is called by every rank after every step."""
 

@@ -19,8 +19,9 @@ reduce-scattered (MPI Reduce_scatter) so each rank receives the summed gradient 
 With prefetch (the default on more than one rank), the next layer's gather (forward: layer l+1, backward: l-1) is
 started (MPI Iallgatherv) before this layer computes, into a second buffer, and moved by the progress engine's
 thread (hetbench/comm/progress.py) while the layer computes (tested after every GEMM instead where MPI gives no
-second thread); what it still costs is counted when it is waited for (_Prefetcher). Bytes held at the step's peak, per rank r, with P = hidden*hidden + hidden, s_r = shares(weights,
-P)[r], G = 2 gathered layers with prefetch, else 1, and L layers, all float32:
+second thread); what it still costs is counted when it is waited for (_Prefetcher). Bytes held at the step's peak,
+per rank r, with P = hidden*hidden + hidden, s_r = shares(weights, P)[r], G = 2 gathered layers with prefetch, else
+1, and L layers, all float32:
     param_bytes     = 4 * (L * s_r + G * P)    its shards + the gathered layers
     grad_bytes      = 4 * (P + s_r)        one layer's full gradient + its reduced shard
     optimizer_bytes = 8 * L * s_r (adamw: m and v per element), 0 (sgd)
@@ -426,12 +427,11 @@ def _blocking_gather_seconds(move: Transport, comm: Any, shard: Any, counts: lis
 class _Prefetcher:
     """fsdp's layer gathers, blocking or started early. A started gather (start) is moved by the progress engine's
     thread (hetbench/comm/progress.py) while the layer before it computes; where MPI gives no MPI_THREAD_MULTIPLE,
-    it is tested after every GEMM (ops.poll) instead (tests alone hid 0 % of the gathers in 5 of 6 runs: MPICH
-    moved a 1 MiB gather a few cells per test); wait() then counts only what is left as
-    communication. exposed_seconds lists, per prefetched gather of the step, the time this rank spent starting,
-    testing and waiting for it (and, on a staged path, copying it); the harness compares the least of the ranks'
-    (the rank that arrived last waited for nobody) with a blocking gather's time to tell how much was hidden
-    (harness.train.gathers_hidden)."""
+    it is tested after every GEMM (ops.poll) instead (a fallback that hides little: MPICH moves a gather only a
+    few cells per test); wait() then counts only what is left as communication. exposed_seconds lists, per
+    prefetched gather of the step, the time this rank spent starting, testing and waiting for it (and, on a staged
+    path, copying it); the harness compares the least of the ranks' (the rank that arrived last waited for nobody)
+    with a blocking gather's time to tell how much was hidden (harness.train.gathers_hidden)."""
 
     def __init__(self, clock: StepClock, ops: Any, move: Transport, shards: list[Any], counts: list[int],
                  buffers: list[Any], progress: Progress | None = None) -> None:
@@ -496,7 +496,8 @@ class _Prefetcher:
         if pending is not None:
             self.ops.poll = None
             flight = self.flights.pop(layer, None)
-            done = (lambda: self.progress.wait(flight)) if flight is not None else pending.wait  # type: ignore[union-attr]
+            done = ((lambda: self.progress.wait(flight)) if flight is not None  # type: ignore[union-attr]
+                    else pending.wait)
             self._timed(layer, lambda: self.clock.comm(done, wait_first=False))
             self._timed(layer, pending.land)
             self.exposed_seconds.append(self.exposed.pop(layer))  # starting, testing, waiting, copying

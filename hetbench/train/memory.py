@@ -34,7 +34,8 @@ def activations(cfg: Any) -> int:
     h, layers, batch = cfg.hidden, cfg.layers, cfg.batch
     if getattr(cfg, "model", "mlp") == "gpt":
         t = cfg.seq_len
-        return layers * (2 * batch * cfg.heads * t * t + GPT_ARRAYS_PER_LAYER * batch * t * h) + 2 * batch * t * VOCAB_BOUND
+        per_layer = 2 * batch * cfg.heads * t * t + GPT_ARRAYS_PER_LAYER * batch * t * h
+        return layers * per_layer + 2 * batch * t * VOCAB_BOUND
     return (layers + 2) * ACTIVATIONS_PER_LAYER * batch * h  # the teacher's layers and the loss's arrays beside
 
 

@@ -9,10 +9,10 @@ written out by hand, one layer at a time, so that every strategy (ddp, fsdp, pip
 The task. x ~ N(0, 1) of shape (batch, hidden), fresh every step from (seed, step). The target is
 y = teacher(x), where the teacher is a network of the SAME form (TEACHER_LAYERS residual ReLU layers, weights and
 biases of std 1/sqrt(hidden), from the seed): the student can represent it exactly, so the loss can fall towards
-zero. (A random linear map on the teacher's output, as first planned, would make the task unlearnable: every
-residual ReLU layer only adds non-negative terms, so the student's output is >= x elementwise, and a target below x
-could never be reached.) The teacher is computed in float64 and rounded to float32, so a rank that generates only its own
-rows gets the rows of the global batch.
+zero. (A random linear map on the teacher's output would make the task unlearnable: every residual ReLU layer
+only adds non-negative terms, so the student's output is >= x elementwise, and a target below x could never be
+reached.) The teacher is computed in float64 and rounded to float32, so a rank that generates only its own rows gets
+the rows of the global batch.
 
 The loss: L = sum over the global batch of 0.5 * ||h_L - y||^2 / batch. A rank computes its rows' part with the
 gradient scaled by 1/batch (the GLOBAL batch), so summing the ranks' parts gives the global loss and gradient for

@@ -25,9 +25,9 @@ holding the dtype's values. How the GEMM runs (`native`):
 - emulated: otherwise (bf16 on most devices, fp16 on PoCL without cl_khr_fp16), and always on the host backend:
   the operands rounded on the host, the GEMM in fp32 on the device, the result rounded on the host. Its time is
   the fp32 GEMM's (a simulated device models the fp32 rate): emulation never claims the reduced dtype's speed.
-  The host backend lists fp16, but NumPy's float16 matmul is a loop without BLAS: measured here (1 thread, batch
-  64) 73 us against 10 us for the fp32 BLAS GEMM and the rounding at hidden 16, 1.2 ms against 24 us at hidden
-  64; and NumPy's loop rounds differently from a device accumulating in fp32. So the host emulates.
+  The host backend lists fp16, but NumPy's float16 matmul is a loop without BLAS, many times slower than the fp32
+  GEMM and the rounding (docs/train.md), and it rounds differently from a device accumulating in fp32. So the host
+  emulates.
 The two paths give the same values up to the fp32 accumulation's order (a simulated device's native half GEMM is
 exactly the emulation).
 

@@ -12,44 +12,26 @@ from hetbench.results.io import folder_problem
 from hetbench.train.checkpoint import planned_collisions
 
 ROOT = 0
-# The check: the distributed run sums in another order than the single process (and, under mixed precision, rounds
-# each rank's part of a sum to the dtype where one process rounds the whole), so its losses and parameters drift
-# apart by rounding. The tolerance follows that drift (docs/train.md, "The check against one process"):
-#   one step perturbs the gradients by delta = u(dtype) + u(fp32) * sqrt(K), relative: the rounding of a rank's
-#   part to the compute dtype (u: unit roundoff, 2**-24 fp32, 2**-11 fp16, 2**-8 bf16) plus fp32 sums of K terms in
-#   another order (summation's probabilistic bound, u sqrt(K)); K = the step's longest sum (a weight gradient's
-#   rows: the batch, x seq-len for gpt; or a layer's width, whichever is longer).
-#   AdamW normalises every update, so a perturbation moves the parameters by ~lr delta per step whatever the
-#   gradient's size, and the perturbations of t steps add: the curves part linearly in the step count (SGD by a
-#   step's Lipschitz factor, at most as fast at a stable lr: measured 30-100x slower, judged by AdamW's constants).
-#   The loss at global step t (before its update) must be within LOSS_GROWTH[dtype] * delta * (1 + t), relative;
-#   the final parameters after T steps, as one vector, within PARAM_GROWTH[dtype] * delta * T.
-# The constants: the largest measured |loss - loss_ref| / loss_ref / (delta (1 + t)) and ||p - p_ref|| / ||p_ref|| /
-# (delta T), times a margin of 3-5 (2 ranks host + opencl, weights 3,1; numpy fsdp, ddp, pipeline 4 x 32 batch 64;
-# torch ddp, fsdp2, fsdp on the mlp and the gpt; the table in docs/train.md):
-#   fp32: losses 1.8 (4 x 512, batch 1024, 12 steps; 0.01 at the default size over 500 steps), parameters 113 (the
-#         same run: AdamW's sign of a noise-level gradient, +-lr whatever delta, counts most where K is large)
-#   fp16: losses 0.87 (200 steps), parameters 6.7 (pipeline, 3 steps; 1.74 over 200);  bf16: losses 0.11 (200
-#         steps), parameters 0.47 (3 steps; 0.26 over 200)
-# and they stay tight enough that a curve 1 % off fails: at step 0 the tolerance is LOSS_GROWTH delta, 2e-3 in bf16
-# and 1.5e-3 in fp16, below 1 % for the first steps of any run.
+# The check: the distributed run sums in another order than one process (and, under mixed precision, rounds each
+# rank's part of a sum to the dtype where one process rounds the whole), so the losses and parameters drift apart by
+# rounding, and the tolerances follow that drift (the derivation and the measurements behind the constants:
+# docs/train.md, "The check against one process"). One step perturbs the gradients by delta (perturbation); AdamW
+# moves the parameters by ~lr delta a step whatever the gradient's size, so the curves part linearly in the steps:
+# the loss at global step t within LOSS_GROWTH[dtype] * delta * (1 + t), relative, the final parameters after T steps,
+# as one vector, within PARAM_GROWTH[dtype] * delta * T (SGD parts more slowly and is held to AdamW's constants).
+# The constants are the largest ratios measured times a margin of 3-5, still tight enough that a curve 1 % off fails.
 UNIT_ROUNDOFF = {"fp32": 2.0**-24, "fp16": 2.0**-11, "bf16": 2.0**-8}
 LOSS_GROWTH = {"fp32": 8.0, "fp16": 3.0, "bf16": 0.5}
 PARAM_GROWTH = {"fp32": 400.0, "fp16": 24.0, "bf16": 6.0}
 OPTIMIZERS = ("adamw", "sgd")
 # The parameters are judged as one vector (every layer's or tensor's elements together), not tensor by tensor:
-# AdamW moves every element by about lr per step whatever its gradient's size, so an element (a whole tensor: a
-# bias the loss does not depend on, as attention's key bias) whose gradient is rounding noise moves by the sign of
-# that noise, lr per step, and two correct runs' noise tensors part by their own size (torch gpt, bf16, 3 steps: a
-# tensor 0.37 apart in norm, the whole model 2.2e-3, the losses 1.8e-5). The largest tensor's figure is shown.
-# A step the run skipped (fp16/bf16: a non-finite gradient somewhere) and one process did not, or the other way:
-# a sum near fp16's limit overflows where one process rounds the whole batch's and not where a rank rounds its part.
-# The reference then follows the run's verdict (a skip skipped; an update the reference's own gradient overflowed
-# for taken with that step's backward at a smaller scale, which changes only its rounding), so the curves stay
-# comparable; each such step is counted. One process overflowing where the run did not is what its longer sums do
-# (measured: 6 in 200 fp16 steps of the pipeline, whose reference keeps the run's scale at the edge); the run
-# skipping a step whose gradient one process found finite is allowed at most twice per loss-scale growth interval
-# plus once (measured: none), so a run that skips good steps fails.
+# AdamW moves an element whose gradient is rounding noise by lr a step in that noise's sign, so a tensor whose
+# gradient is all noise parts by its own size between two correct runs. The largest tensor's figure is shown.
+# A step the run skipped (fp16/bf16: a non-finite gradient somewhere) and one process did not, or the other way: the
+# reference follows the run's verdict (a skip skipped; an update its own gradient overflowed for taken at a smaller
+# scale, which changes only its rounding), so the curves stay comparable, and each such step is counted. One process
+# overflowing where the run did not is what its longer sums do; the run skipping a step one process found finite is
+# allowed at most twice per VERDICT_INTERVAL steps plus once, so a run that skips good steps fails.
 VERDICT_INTERVAL = 100
 # auto weights (fsdp, ddp): the batch shares are measured again after each of the first steps (train.BatchShares)
 AUTO_REBALANCE_STEPS = 4

@@ -15,7 +15,7 @@ The loss scaler, as torch.cuda.amp.GradScaler:
   is a few hundred steps, and with 2000 the scale could only ever fall.
 - bf16 ("none"): bf16 has float32's exponent range, so no scaling (scale fixed at 1), but a step with non-finite
   gradients is still skipped.
-- fp32 ("none"): as before mixed precision existed: no scaling, no check, nothing skipped.
+- fp32 ("none"): no scaling, no check, nothing skipped.
 
 A skipped step leaves AdamW's bias-correction step count at the global step index (t = step + 1, see optim.py),
 so a run resumes from its step count alone; torch counts only the updates taken, which after a skip early in a
