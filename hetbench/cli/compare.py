@@ -59,9 +59,8 @@ def compare(base: Path, new: Path, fail_on_slowdown: float | None, json_stdout: 
         document["failed"] = failed
         click.echo(to_json(document), nl=False)
     else:
-        # rich: loaded only to print a table
-        from hetbench.report.console import console, print_table
-        from hetbench.report.tables import compare_lines, compare_table, print_lines
+        from hetbench.report.console import console, print_table  # rich: loaded only to print a table
+        from hetbench.report.tables import compare_lines, compare_table, print_lines  # rich, likewise
 
         out = console()
         print_table(out, compare_table(comparison))

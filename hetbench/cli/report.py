@@ -115,7 +115,7 @@ def _show(out: Any, runs: list, skipped: Any, brief: bool) -> None:
     """The note on the files skipped (stderr), each run's tables unless `brief`, then one table of all runs per
     benchmark."""
     from hetbench.report.console import print_table  # rich, as in report
-    from hetbench.report.tables import describe_skipped, runs_table, show_run
+    from hetbench.report.tables import describe_skipped, runs_table, show_run  # rich, likewise
 
     if skipped:
         click.echo("note: " + describe_skipped(skipped), err=True)
@@ -152,7 +152,7 @@ def _check_shapes(runs: list) -> None:
     schema check but whose rows or summary lack what its benchmark's tables read is one line naming the file
     (exit 2), not a failure half-way through the output."""
     from hetbench.report.console import console  # rich, as in report
-    from hetbench.report.tables import runs_table, show_run
+    from hetbench.report.tables import runs_table, show_run  # rich, likewise
 
     for run in runs:
         try:
