@@ -56,7 +56,7 @@ def bench_allreduce(comm: Any, mib: int = ALLREDUCE_MIB, iters: int = 20, warmup
     ours, bare = [], []
     runs = {"ours": (ours, lambda: dist.all_reduce(t)),
             "bare": (bare, lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM))}
-    # each call is a few ms, so many rounds cost a second or two and their median holds still (docs/bench.md); the
+    # each call is a few ms, so many rounds cost a second or two and their median holds still (docs/pytorch.md); the
     # order flips each round, so that neither side always runs first
     for i in range(ALLREDUCE_ROUNDS):
         for name in (("ours", "bare") if i % 2 == 0 else ("bare", "ours")):
