@@ -29,10 +29,9 @@ How a step runs (the NumPy trainer's fsdp, hetbench/train/data_parallel.py, for 
   the progress engine (hetbench/comm/progress.py, Progress.launch) as soon as the current unit is in hand; the
   engine's thread starts it (MPI Iallgatherv, on a duplicate communicator of the gathers' own, so that its start
   cannot cross this thread's collectives) and moves it while this unit computes: neither MPICH nor Open MPI moves a
-  started gather between calls into it, and a torch GEMM is one call (tests after every operation that saves a
-  tensor hid 0 % of the gathers in every bench-train-torch round; started on this thread, 11-21 %: MPICH's
-  start copies the rank's own part and reads a peer's part that has come). Where MPI gives no MPI_THREAD_MULTIPLE it is
-  tested after every such operation (and after every device GEMM of an offloaded rank) instead. exposed_seconds lists, per prefetched gather, the time this rank spent
+  started gather between calls into it, and a torch GEMM is one call (docs/pytorch.md has the bench rounds that
+  showed it). Where MPI gives no MPI_THREAD_MULTIPLE it is tested after every such operation (and after every
+  device GEMM of an offloaded rank) instead. exposed_seconds lists, per prefetched gather, the time this rank spent
   starting, testing and waiting for it; measured against a blocking gather's time (blocking_gather_seconds) it
   tells how much was hidden, as OSU's non-blocking benchmarks measure overlap.
 

@@ -26,13 +26,7 @@ numpy.random.default_rng([seed, 2, step]); x the first seq_len of them, y the ne
 cross-entropy of the row's seq_len next-character predictions. Init: GPT-2's (normal std 0.02, the residual
 projections 0.02 / sqrt(2 * layers), biases 0, LayerNorms 1 and 0) from a torch.Generator seeded with cfg.seed.
 
-Measured (torch 2.13.0 CPU build, this project's 2-core AMD EPYC VM, `python -m hetbench.train.torch_frontend.models`, i.e.
-GPT_DEFAULTS: layers 2, hidden 64, heads 4, seq_len 64, batch 32, AdamW lr 3e-3, seed 0; 111,803 parameters):
-300 steps took 7.9 s and 12.8 s with the machine otherwise idle (17 s, and 56-75 s, while other test suites
-shared its 2 cores). The loss (the same to 4 digits on every run) falls from 4.084 at step 0 (ln(vocab 59) =
-4.078) to 2.480 at step 50, 2.371 at 100, 2.220 at 200 and 1.983 at step 299. Bigger models do worse in 300
-steps at this lr: layers 4 hidden 64 ended at 2.058 (18 s), layers 4 hidden 128 at 2.385 (32 s), layers 2 hidden
-128 at 2.615 (52-69 s, contended), so GPT_DEFAULTS keeps layers 2, hidden 64.
+GPT_DEFAULTS are the settings whose loss falls furthest in 300 CPU steps (docs/pytorch.md has the runs).
 """
 
 from __future__ import annotations

@@ -82,9 +82,8 @@ def thread_counts(local_size: int, offloaded: bool) -> tuple[int | None, int | N
     cores with two torch threads each spun against each other and against the BLAS and PoCL threads doing an
     offloaded rank's products. Where torch cannot drive the rank's device (an OpenCL or simulated rank: its products
     go to hetbench, a simulated one's computed by NumPy's BLAS), NumPy's BLAS gets one thread: torch's OpenMP
-    threads and BLAS's, both a share of the cores and used in turn, each spin on the cores the other needs. On a
-    16-core H100 node (docs/gpu.md) a host + simulated GPT step under FSDP2 took 585 ms with 8 + 8 threads a rank,
-    56 ms with BLAS at one, 39 ms for host + host."""
+    threads and BLAS's, both a share of the cores and used in turn, each spin on the cores the other needs
+    (docs/gpu.md has the step times that showed it)."""
     threads = threads_for_rank(local_size)
     if threads is None:
         return None, None
