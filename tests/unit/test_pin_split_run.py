@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from hetbench.backends.base import TIMING_MODELLED, DeviceInfo, Elapsed
+from hetbench.backends.base import TIMING_MEASURED, TIMING_MODELLED, DeviceInfo, Elapsed
 from hetbench.harness import gemm
 from hetbench.harness import split_plan as plan
 from hetbench.benchmarks.split.config import SplitConfig
@@ -56,6 +56,7 @@ class Net:
         self.epoch = [0] * size
         self.gemms: list[tuple[int, int, tuple[int, int, int]]] = []  # (rank, epoch, (m, n, k))
         self.sent: list[tuple[int, int, int, int]] = []  # (source, dest, tag, bytes)
+        self.streamed: list[tuple[int, list, int, bool]] = []  # FakeStreamed made: (rank, parts, chunks, zero copy)
 
     def box(self, key):
         with self.lock:
@@ -128,6 +129,7 @@ class FakeWorld:
 
     def __init__(self, net: Net, rank: int) -> None:
         self.net, self.rank, self.size = net, rank, net.size
+        self.local_size = getattr(net, "local_size", net.size)  # every rank on one node unless the net says
         self.comm = Comm(net, rank)
         self.host = f"node{rank}"
 
@@ -143,10 +145,13 @@ class FakeWorld:
     in_turn = World.in_turn  # the real one: each rank alone, in rank order, over this world's barriers
 
 
-def on_ranks(size: int, body):
+def on_ranks(size: int, body, local_size: int | None = None):
     """body(world) on `size` threads, one rank each; every rank's answer, in rank order. An exception on any rank
-    breaks the barrier (no rank waits forever) and is raised here. Every message sent must have been received."""
+    breaks the barrier (no rank waits forever) and is raised here. Every message sent must have been received.
+    `local_size`: the ranks on each rank's node (default: all)."""
     net = Net(size)
+    if local_size is not None:
+        net.local_size = local_size
     out: list = [None] * size
     errors: list = []
 
@@ -412,7 +417,7 @@ def _cfg(**kw) -> SplitConfig:
     return SplitConfig(**{**base, **kw})
 
 
-def measured(cfg, devices, monkeypatch, profile=None):
+def measured(cfg, devices, monkeypatch, profile=None, local_size=None):
     """prepare, check, measure, then rows and summarize_job at the root, as the driver runs them; (the root's
     rows and summary, every rank's RankRun, the root's on_step calls, the net)."""
     from hetbench.harness import probe
@@ -431,7 +436,7 @@ def measured(cfg, devices, monkeypatch, profile=None):
         assert run.check(cfg, world, st) == []
         return run.measure(cfg, world, st, (lambda *a: steps.append(a)) if world.rank == 0 else None)
 
-    out, net = on_ranks(len(devices), body)
+    out, net = on_ranks(len(devices), body, local_size)
     rows = run.rows(cfg, out)
     return rows, run.summarize_job(cfg, rows, out), out, steps, net
 
@@ -939,3 +944,232 @@ def test_a_failing_streamed_iteration_leaves_the_rank_without_closes_collectives
     with pytest.raises(RuntimeError, match="the device went away"):
         split_run.run_split(None, None, DTYPES["fp32"], "rows", [4], 0, 1, chunks=2)
     assert calls == ["iteration", "abandon"]
+
+
+# --- the streamed split's choices (--overlap): the chunk count, the finish balancing, zero copy ------------------
+
+
+class FakeStreamed:
+    """stream.StreamedSplitter's stand-in, for what run.py decides around it: no messages; each iteration a barrier,
+    then the Phases its device's `streamed(splitter, i)` model gives for the i-th iteration of this splitter; the
+    root's C the product itself (verified as a real one is); solo_once the device's `solo(splitter)`. Every splitter
+    made is logged on the net: (rank, parts, chunks, zero copy)."""
+
+    def __init__(self, world, state, dtype, strategy, parts, chunks, zero_copy=False):
+        self.world, self.state, self.strategy, self.parts, self.chunks = world, state, strategy, list(parts), chunks
+        self.part = parts[world.rank]
+        with world.net.lock:
+            world.net.streamed.append((world.rank, list(parts), chunks, zero_copy))
+        self.c = product(state.a, state.b).astype(dtype.host) if world.rank == 0 else None
+        self.done = 0
+
+    def iteration(self):
+        self.world.barrier()
+        phases = self.state.backend.streamed(self, self.done)
+        self.done += 1
+        return phases
+
+    def solo_once(self):
+        return self.state.backend.solo(self)
+
+    def close(self):
+        pass
+
+    def abandon(self):
+        pass
+
+
+def _gemm_seconds(splitter, rate):
+    """The splitter's rank's whole GEMM at its part (rows): 2 part n k / rate."""
+    _, n, k = splitter.state.mnk
+    return 2 * splitter.part * n * k / rate
+
+
+def streamed_measured(cfg, devices, monkeypatch, local_size=None):
+    from hetbench.benchmarks.split import stream
+
+    monkeypatch.setattr(stream, "StreamedSplitter", FakeStreamed)
+    return measured(cfg, devices, monkeypatch, local_size=local_size)
+
+
+# each chunk count's two end-to-end runs (ms) on rank 0, the slowest rank (rank 1's are 1 ms less), in the order
+# --chunks auto runs them: 1, 2, 4, 8, then 8, 4, 2, 1
+CHUNK_WALLS_MS = {1: (10.0, 9.0), 2: (8.0, 9.6), 4: (7.9, 8.3), 8: (8.5, 7.95)}
+TIMED_WALL_MS = 5.0
+
+
+def _chunk_model(device):
+    seen: dict = defaultdict(int)
+
+    def streamed(splitter, i):
+        nth = seen[splitter.chunks]
+        if i == 0:
+            seen[splitter.chunks] += 1
+        walls = CHUNK_WALLS_MS.get(splitter.chunks, ())
+        wall = (walls[nth] if nth < len(walls) else TIMED_WALL_MS) * MS_
+        if splitter.world.rank == 1:
+            wall -= 1 * MS_
+        return run.Phases(distribute=0.5 * MS_, collect=1 * MS_, gemm=2 * MS_, wall=wall, device_wall=2 * MS_)
+
+    device.streamed = streamed
+    device.solo = lambda splitter: _gemm_seconds(splitter, device.rate)
+    return device
+
+
+MS_ = 1e-3
+WIDE_N = 2048  # 2048 // 8 = 256 columns a chunk, exactly AUTO_CHUNK_MIN_COLUMNS: every candidate runs
+
+
+def test_chunks_auto_runs_each_count_twice_and_keeps_the_fewest_within_the_margin(monkeypatch):
+    devices = [_chunk_model(FakeDevice(1e9, timing=TIMING_MEASURED)),
+               _chunk_model(FakeDevice(1e9, timing=TIMING_MEASURED))]
+    cfg = _cfg(n=WIDE_N, overlap=True, zero_copy=False, weights=plan.parse_weights("1,1", 2), compare_even=False,
+               warmup=0, repeat=2)
+    rows, s, out, steps, net = streamed_measured(cfg, devices, monkeypatch)
+    root = out[0]
+    # each count's two runs, the job's end to end the slowest rank's (rank 0), the faster run its figure:
+    # 1: 9.0, 2: 8.0, 4: 7.9, 8: 7.95 ms; the fastest 7.9 ms, within 3 % of it (8.137 ms) 2, 4 and 8: 2 chunks
+    assert root.chosen["chunks_tried"] == [
+        {"chunks": c, "end_to_end_seconds": pytest.approx(min(w) * MS_, rel=1e-12),
+         "end_to_end_seconds_runs": pytest.approx([w[0] * MS_, w[1] * MS_], rel=1e-12)}
+        for c, w in CHUNK_WALLS_MS.items()]
+    assert root.chosen["chunks"] == 2 and s["chunks"] == 2 and s["overlap"] is True
+    assert s["chunks_tried"] == root.chosen["chunks_tried"]
+    # the splitters made on rank 0: one iteration at each count there and back, then the timed split at 2
+    assert [c for r, _, c, _ in net.streamed if r == 0] == [1, 2, 4, 8, 8, 4, 2, 1, 2]
+    assert {(tuple(p), z) for _, p, _, z in net.streamed} == {((6, 6), False)}
+    # the prediction is the streamed model's at the auto count before the measurement: min(8, 2048 // 256) = 8
+    assert root.chosen["predictions"]["rows"] == plan.predict(
+        "rows", MM, WIDE_N, MK, 4, [6, 6], root.chosen["rates"]["rows"], [None, LINKS[1]], 0,
+        curves=root.chosen["curves"], chunks=8, copies=root.chosen["copies"]).to_dict()
+    # the timed split's end to end: rank 0's wall, 5 ms, each iteration
+    weighted = s["splits"]["weighted"]
+    assert weighted["raw"]["end_to_end_seconds"] == pytest.approx([TIMED_WALL_MS * MS_] * 2, rel=1e-12)
+    assert weighted["achieved_gflops"] == pytest.approx(2 * MM * WIDE_N * MK / (TIMED_WALL_MS * MS_) / 1e9, rel=1e-12)
+    # every rank keeps its buffers (rows, computing on host arrays): the solo runs between the timed iterations,
+    # one per timed iteration, each the rank's 6 rows at 1 GFLOP/s
+    at = root.chosen["solo_at_parts"]
+    flops = 2 * 6 * WIDE_N * MK
+    for entry in at:
+        assert entry["interleaved"] is True and entry["part"] == 6
+        assert entry["seconds"] == pytest.approx([flops / 1e9] * 2, rel=1e-12)
+        assert entry["gflops_median"] == pytest.approx(1.0, rel=1e-12)
+    assert s["sum_solo_gflops"] == pytest.approx(2.0, rel=1e-12)
+    assert s["efficiency_basis"] == ("each rank alone at its final part (median of its runs between the timed "
+                                     "iterations; a rank without a part: its probe)")
+    # a streamed iteration's rows keep every rank's wall and device wall
+    assert rows[0]["raw"]["wall_seconds"] == pytest.approx([TIMED_WALL_MS * MS_] * 2, rel=1e-12)
+    assert rows[1]["raw"]["device_wall_seconds"] == pytest.approx([2 * MS_] * 2, rel=1e-12)
+
+
+def test_the_fewest_chunks_within_the_margin_include_a_count_exactly_at_it():
+    tried = [{"chunks": 1, "end_to_end_seconds": 3.0}, {"chunks": 2, "end_to_end_seconds": 2.5},
+             {"chunks": 4, "end_to_end_seconds": 2.0}]
+    # 2.0 * (1 + 0.5) = 3.0: 1 chunk is within
+    assert run.fewest_chunks_within_margin(tried, 0.5) == 1
+    assert run.fewest_chunks_within_margin(tried, 0.25) == 2  # 2.5 is exactly 2.0 * 1.25
+    assert run.fewest_chunks_within_margin(tried, 0.2) == 4
+    assert run.fewest_chunks_within_margin(tried) == 4  # CHUNK_MARGIN: 3 %
+
+
+EXPOSED_S = (0.0, 2e-6)  # what the streaming leaves exposed on each rank per iteration, times the jitter below
+FINISH_JITTER = (1.0, 3.0, 2.0)
+COLLECT_S = 0.5e-6
+
+
+def _finish_model(device, rank):
+    def streamed(splitter, i):
+        gemm_s = _gemm_seconds(splitter, device.rate)
+        exposed = EXPOSED_S[rank] * FINISH_JITTER[i % len(FINISH_JITTER)] if splitter.part else 0.0
+        return run.Phases(distribute=0.0, collect=COLLECT_S, gemm=gemm_s,
+                          wall=gemm_s + exposed + COLLECT_S, device_wall=gemm_s)
+
+    device.streamed = streamed
+    device.solo = lambda splitter: _gemm_seconds(splitter, device.rate)
+    return device
+
+
+def test_auto_weights_streamed_balance_the_parts_by_each_ranks_finish(monkeypatch):
+    devices = [_finish_model(FakeDevice(1e9, timing=TIMING_MEASURED), 0),
+               _finish_model(FakeDevice(2e9, timing=TIMING_MEASURED), 1)]
+    cfg = _cfg(overlap=True, zero_copy=False, chunks=2, weights=plan.Weights("auto"), compare_even=False,
+               warmup=0, repeat=1)
+    rows, s, out, steps, net = streamed_measured(cfg, devices, monkeypatch)
+    refined = out[0].chosen["refined"]
+    # 3 steps by the GEMMs at the parts (AUTO_REFINE_STEPS), then 2 by the finish (FINISH_STEPS), each of those
+    # 3 streamed iterations at the given 2 chunks
+    assert [("compute_seconds" in r, "ready_seconds" in r) for r in refined] == [(True, False)] * 3 + [
+        (False, True)] * 2
+    finish_points: list = [[], []]
+    parts = refined[3]["parts"]  # where the GEMMs' refining left them (pinned above)
+    for step in refined[3:]:
+        assert step["parts"] == parts and step["chunks"] == 2
+        # each rank's finish in each iteration: its GEMM (2 part 8 10 / rate) and its exposed time
+        runs = [[2 * p * MN * MK / d.rate + EXPOSED_S[r] * j for j in FINISH_JITTER] if p else [0.0] * 3
+                for r, (p, d) in enumerate(zip(parts, devices))]
+        assert step["ready_seconds_runs"] == [pytest.approx(x, rel=1e-12, abs=1e-18) for x in runs]
+        ready = [statistics.median(x) for x in runs]
+        assert step["ready_seconds"] == pytest.approx(ready, rel=1e-12, abs=1e-18)
+        working = [r for r, p in enumerate(parts) if p > 0]
+        assert step["imbalance"] == pytest.approx(plan.imbalance([ready[r] for r in working],
+                                                                 [parts[r] for r in working]), rel=1e-12)
+        for r, p in enumerate(parts):
+            if p and ready[r] > 0:
+                finish_points[r].append((p, ready[r]))
+        parts = plan.balanced_parts(finish_points, MM, [MM, MM])
+    assert out[0].splits == [("weighted", "rows", parts, out[0].splits[0][3])]
+    chunks_made = [c for r, _, c, _ in net.streamed if r == 0]
+    assert chunks_made == [2] * 3  # the two finish steps and the timed split, nothing measured (--chunks 2)
+
+
+def test_zero_copy_when_every_rank_is_on_the_roots_node_and_computes_in_host_memory(monkeypatch):
+    def flat(device):
+        device.streamed = lambda splitter, i: run.Phases(distribute=0.0, collect=0.0, gemm=1e-6, wall=2e-6,
+                                                         device_wall=1e-6)
+        device.solo = lambda splitter: 1e-6
+        return device
+
+    cfg = _cfg(overlap=True, weights=plan.parse_weights("1,1", 2), compare_even=False, warmup=0, repeat=1)
+    measured_devices = [flat(FakeDevice(1e9, timing=TIMING_MEASURED)),
+                        flat(FakeDevice(1e9, timing=TIMING_MEASURED))]
+    rows, s, out, steps, net = streamed_measured(cfg, measured_devices, monkeypatch)
+    root = out[0]
+    # the window's split: one chunk, nothing measured, the link of no cost beside the root
+    assert root.chosen["zero_copy"] is True and s["zero_copy"] is True and root.chosen["chunks"] == 1
+    assert sorted(net.streamed) == [(0, [6, 6], 1, True), (1, [6, 6], 1, True)]
+    free = [None, plan.Link(float("inf"), 0.0)]
+    # predicted with the auto chunk count (n = 8 columns: 1) and the free link
+    assert root.chosen["predictions"]["rows"] == plan.predict(
+        "rows", MM, MN, MK, 4, [6, 6], root.chosen["rates"]["rows"], free, 0, curves=root.chosen["curves"],
+        chunks=1, copies=root.chosen["copies"]).to_dict()
+    assert s["splits"]["weighted"]["predicted"] == plan.predict(
+        "rows", MM, MN, MK, 4, [6, 6], root.chosen["rates"]["rows"], free, 0, curves=root.chosen["curves"],
+        chunks=1, copies=root.chosen["copies"]).to_dict()
+    # a rank on another node: messages
+    rows, s, out, steps, net = streamed_measured(cfg, measured_devices, monkeypatch, local_size=1)
+    assert out[0].chosen["zero_copy"] is False and {z for *_, z in net.streamed} == {False}
+    # a simulated (modelled) device's memory is not the host's: messages
+    modelled = [flat(FakeDevice(1e9)), flat(FakeDevice(1e9, timing=TIMING_MEASURED))]
+    rows, s, out, steps, net = streamed_measured(cfg, modelled, monkeypatch)
+    assert out[0].chosen["zero_copy"] is False
+    # --no-zero-copy: messages
+    rows, s, out, steps, net = streamed_measured(replace(cfg, zero_copy=False), measured_devices, monkeypatch)
+    assert out[0].chosen["zero_copy"] is False
+
+
+def test_a_streamed_iterations_job_time_is_the_slowest_ranks_own_or_with_a_modelled_rank_the_latest_ready():
+    # measured ranks: each one's wall; the slowest's
+    a = run.Phases(distribute=0.001, collect=0.004, h2d=0.001, gemm=0.010, d2h=0.002, wall=0.030, device_wall=0.013)
+    b = run.Phases(distribute=0.002, collect=0.001, gemm=0.020, wall=0.025, device_wall=0.020)
+    assert run.job_end_to_end([a, b], [False, False]) == pytest.approx(0.030, rel=1e-12)
+    assert run.job_end_to_end([b, a], [False, False], root=1) == pytest.approx(0.030, rel=1e-12)
+    # a modelled rank: every rank's ready time (its end to end less its final wait), the latest; the modelled
+    # rank's end to end has its device's real 13 ms replaced by the modelled 1 + 10 + 2 = 13 -> wall 30 - 13 + 13;
+    # make it differ: a device that really took 20 ms
+    a.device_wall = 0.020
+    # a: 0.030 - 0.020 + 0.013 - 0.004 = 0.019; b (measured): 0.025 - 0.001 = 0.024
+    assert run.job_end_to_end([a, b], [True, False]) == pytest.approx(0.024, rel=1e-12)
+    b.wall = 0.010  # b ready at 0.009: a's 0.019 the latest
+    assert run.job_end_to_end([a, b], [True, False]) == pytest.approx(0.019, rel=1e-12)
+    # a phased iteration (no wall at the root): None
+    assert run.job_end_to_end([run.Phases(0.1), b], [True, False]) is None
