@@ -194,8 +194,8 @@ _CURRENT = threading.local()
 class FakeDevice:
     """A device in host memory: uploads and downloads copy, matmul multiplies (NumPy, in the dtype's host type).
     Its timer reports modelled seconds: flop / rate (+ `overhead` per GEMM), bytes / copy_rate per copy; `jitter`
-    multiplies the n-th timed GEMM's seconds by jitter[n % len]; the first zero_rows[m] timed GEMMs of m rows read 0 s. Every GEMM is logged on the net with the rank's
-    epoch."""
+    multiplies the n-th timed GEMM's seconds by jitter[n % len]; the first zero_rows[m] timed GEMMs of m rows read
+    0 s. Every GEMM is logged on the net with the rank's epoch."""
 
     name = "fake"
 
