@@ -109,7 +109,7 @@ def main(argv: list[str]) -> None:
     cases = json.loads(Path(argv[0]).read_text())
     results = Path(argv[1])
     from hetbench import cli
-    from hetbench.comm.launcher import world_rank
+    from hetbench.comm.world import world_rank
     from hetbench.signals import launched_size
 
     home, path, argv0 = os.getcwd(), list(sys.path), list(sys.argv)

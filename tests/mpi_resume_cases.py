@@ -57,7 +57,7 @@ def doctor(spec: dict) -> None:
 
 
 def main_cases(path: str) -> None:
-    from hetbench.comm.launcher import world_rank
+    from hetbench.comm.world import world_rank
     from hetbench.comm.world import World
     from hetbench.signals import launched_size
 

@@ -50,11 +50,6 @@ def _plugins() -> list[tuple[str, str]]:
     return found
 
 
-class PluginError(ImportError):
-    """A benchmark module from another package that does not import. The message names it and why. (load() no
-    longer raises it: such a plugin is listed in UNAVAILABLE.)"""
-
-
 @dataclass(frozen=True)
 class Unavailable:
     """A benchmark plugin that is out: its name (the entry point's; HETBENCH_BENCHMARKS: the module's), its module

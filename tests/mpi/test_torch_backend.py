@@ -36,7 +36,7 @@ _NCCL_NAME = {"broadcast": "bcast", "all_to_all": "alltoall", "send": "sendrecv"
 HAND_FACTOR = {op: NCCL_FACTOR[_NCCL_NAME.get(op, op)] for op in (
     "allreduce", "allgather", "reduce_scatter", "all_to_all", "gather", "scatter", "broadcast", "reduce", "send",
     "recv")}
-# what a launcher leaves in a rank's environment (hetbench.comm.launcher.RANK_ENV and the rest of their kind)
+# what a launcher leaves in a rank's environment (hetbench.signals.RANK_ENV and the rest of their kind)
 LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "OMPI_", "PRTE_", "HYDRA_", "MPIR_", "MV2_", "SLURM_", "I_MPI_")
 TORCH_RENDEZVOUS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 

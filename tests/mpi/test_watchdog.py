@@ -217,7 +217,7 @@ def test_every_mpi_command_takes_timeout():
 
 EARLY_EXIT = """
 import os, sys
-from hetbench.comm.launcher import RANK_ENV
+from hetbench.signals import RANK_ENV
 rank = int(next(os.environ[n] for n in RANK_ENV if os.environ.get(n)))
 if rank == int(sys.argv[1]):
     sys.exit(3)  # as a rank does that a signal ends while Python itself starts: before MPI_Init, by an exit code

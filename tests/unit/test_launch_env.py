@@ -1,6 +1,5 @@
 """What the launcher's variables say before MPI starts (hetbench.signals: RANK_ENV, started_by_launcher,
-launched_rank), and this process's rank in COMM_WORLD without a launcher (hetbench.comm.world.world_rank), which
-hetbench.comm.launcher keeps under the names its callers know."""
+launched_rank), and this process's rank in COMM_WORLD without a launcher (hetbench.comm.world.world_rank)."""
 
 from __future__ import annotations
 
@@ -8,7 +7,6 @@ import pytest
 from helpers import run_python
 
 from hetbench import signals
-from hetbench.comm import launcher, world
 
 
 @pytest.fixture
@@ -46,12 +44,6 @@ def test_a_rank_that_is_not_a_plain_number_is_rank_0(no_launcher, text):
     no_launcher.setenv(signals.RANK_ENV[0], text)
     assert signals.launched_rank() == 0
     assert signals.started_by_launcher() is True  # set all the same: MPI is asked (world_rank)
-
-
-def test_the_launcher_module_keeps_the_names_its_callers_import():
-    assert launcher.RANK_ENV is signals.RANK_ENV
-    assert launcher.started_by_launcher is signals.started_by_launcher
-    assert launcher.world_rank is world.world_rank
 
 
 def test_without_a_launcher_the_rank_is_0_and_mpi_is_not_started(tmp_path):
