@@ -82,6 +82,9 @@ SCOPES: dict[str, list[str]] = {
                                  "ShardedModule.empty_units", "ShardedModule._start_next",
                                  "ShardedModule.prefetched_units", "ShardedModule._note_peak",
                                  "ShardedModule.poll"],
+    # the numpy front end's run on a rank is mechanism (the strategy's loop, the solo runs, the saver: pinned by the
+    # MPI tests' train runs); its figures are the check against one process and the step lines
+    "hetbench/train/numpy_frontend/run.py": ["_check", "_step_lines"],
     # the bench's verdicts and the figures they judge (the ratio tools' timing loops are mechanism, checked by
     # make bench, and live in other modules)
     "hetbench/bench/verdict.py": ["judged"],

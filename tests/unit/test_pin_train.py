@@ -265,6 +265,10 @@ def test_the_parameter_figures_are_the_largest_layers_relative_differences(monke
     assert second["max_tensor_norm_relative_difference"] == pytest.approx(0.05, rel=1e-6)
     assert second["max_param_norm_relative_difference"] == pytest.approx(0.05 / 1.25**0.5, rel=1e-6)
     assert second["max_param_relative_difference"] == pytest.approx(0.0625, rel=1e-6) and second["ok"] is False
+    # the whole vector below 1 in norm too (layer 0 alone): ||(0, 0.1, 0)|| / ||(0.3, -0.4, 0)|| = 0.2
+    monkeypatch.setattr(run, "reference", lambda *a, **kw: (list(ref_losses), ref_params[:1]))
+    small = run._check(_cfg(steps=3), MODEL, list(ref_losses), got[:1])
+    assert small["max_param_norm_relative_difference"] == pytest.approx(0.2, rel=1e-6)
 
 
 def test_a_step_of_no_measurable_time_or_a_final_loss_of_zero_gives_no_rate():
