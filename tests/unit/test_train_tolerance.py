@@ -179,3 +179,60 @@ def test_the_smallest_domain_values_are_taken():
     delta = outcome.UNIT_ROUNDOFF["fp32"] * 2  # u(fp32) + u(fp32) * sqrt(1)
     assert outcome.perturbation("fp32", 1) == delta
     assert outcome.param_tolerance(1, "fp32", "adamw", 1) == pytest.approx(outcome.PARAM_GROWTH["fp32"] * delta)
+
+
+def test_each_limit_is_inclusive_and_the_next_float_past_it_fails():
+    """The check's four limits take their edge: a loss exactly at its step's tolerance, parameters exactly at
+    param_tolerance, as many run-only skips as allowed, a final mean exactly MIXED_FINAL_BAND off (fp16) all pass;
+    just past any of them fails."""
+    tol = loss_tolerance(0, "fp32", "adamw", 64)  # 72 * 2**-24: 1 + tol is exact, so the difference is tol itself
+    at = _check("fp32", [1.0 + tol], [1.0])
+    assert at["loss_over_tolerance"] == 1.0 and at["ok"] is True
+    assert _check("fp32", [1.0 + tol * (1 + 2.0**-30)], [1.0])["ok"] is False
+    ref = _curve(3)
+    ptol = param_tolerance(3, "fp32", "adamw", 64)
+    assert _check("fp32", list(ref), ref, norm=ptol)["ok"] is True
+    assert _check("fp32", list(ref), ref, norm=ptol * (1 + 2.0**-40))["ok"] is False
+    # 3 steps allow one step skipped by the run alone (verdict_differences_allowed(3) == 1), not two
+    one = _check("fp16", list(ref), ref, skipped=[True, False, False])
+    assert one["run_only_skips"] == 1 == one["verdict_differences_allowed"] and one["ok"] is True
+    assert _check("fp16", list(ref), ref, skipped=[True, True, False])["ok"] is False
+    # the final means 3 against 2: exactly 0.5 off; the step rule widened (a huge reduction) so the band decides
+    band = compare_with_reference("fp16", "adamw", 3, 0, [3.0] * 3, [2.0] * 3, [False] * 3, [False] * 3, 0.0, 0.0,
+                                  0.0, True, 10**40)
+    assert band["final_loss_relative_difference"] == 0.5 and band["ok"] is True
+    past = compare_with_reference("fp16", "adamw", 3, 0, [3.0 + 2.0**-40] * 3, [2.0] * 3, [False] * 3, [False] * 3,
+                                  0.0, 0.0, 0.0, True, 10**40)
+    assert past["ok"] is False
+
+
+def test_the_figures_are_relative_to_a_reference_below_one_and_name_the_first_and_last_steps_tolerances():
+    """A reference loss below 1 divides the differences as it is (0.05 off 0.2 is 0.25, the final mean's too); the
+    tolerances shown for the first and last compared steps are those of their global steps."""
+    c = compare_with_reference("fp32", "adamw", 7, 4, [0.25] * 3, [0.2] * 3, [False] * 3, [False] * 3, 0.0, 0.0, 0.0,
+                               True, 10**40)
+    assert c["final_loss_relative_difference"] == pytest.approx(0.25, rel=1e-12)
+    assert c["max_loss_relative_difference_all_steps"] == pytest.approx(0.25, rel=1e-12)
+    assert c["rtol_first"] == loss_tolerance(4, "fp32", "adamw", 10**40)
+    assert c["rtol_last"] == loss_tolerance(6, "fp32", "adamw", 10**40)
+
+
+def test_a_solo_run_between_steps_is_two_steps_and_times_the_second(monkeypatch):
+    """--solo-between-steps (outcome.SOLO_STEPS, docs/train.md): each solo run trains two steps from the step's
+    data on the rank alone, the first warming its fresh state, and hands back the second's seconds."""
+    from types import SimpleNamespace
+
+    from hetbench.dtypes import get_dtype
+    from hetbench.train.numpy_frontend import run
+
+    calls = []
+
+    def train(world, ops, model, optimizer, lr, steps, weights, **options):
+        calls.append((steps, options["start_step"], weights))
+        return SimpleNamespace(logs=[SimpleNamespace(step_seconds=10.0 + i) for i in range(steps)])
+
+    monkeypatch.setattr(run, "World", lambda comm: SimpleNamespace(comm=comm, rank=0, size=1))
+    cfg = SimpleNamespace(optimizer="adamw", lr=1e-3, path="host", micro_batches=4, dtype=get_dtype("fp32"))
+    alone = run._alone(cfg, SimpleNamespace(ops=None), None, SimpleNamespace(applier=lambda: train))
+    assert alone(5) == 11.0
+    assert calls == [(2, 5, [1.0])]
