@@ -1081,8 +1081,9 @@ def _finish_model(device, rank):
     def streamed(splitter, i):
         gemm_s = _gemm_seconds(splitter, device.rate)
         exposed = EXPOSED_S[rank] * FINISH_JITTER[i % len(FINISH_JITTER)] if splitter.part else 0.0
+        # measured: the device's real time (device_wall, here twice its GEMM timer's) is no part of the finish
         return run.Phases(distribute=0.0, collect=COLLECT_S, gemm=gemm_s,
-                          wall=gemm_s + exposed + COLLECT_S, device_wall=gemm_s)
+                          wall=gemm_s + exposed + COLLECT_S, device_wall=2 * gemm_s)
 
     device.streamed = streamed
     device.solo = lambda splitter: _gemm_seconds(splitter, device.rate)
@@ -1120,6 +1121,11 @@ def test_auto_weights_streamed_balance_the_parts_by_each_ranks_finish(monkeypatc
     assert out[0].splits == [("weighted", "rows", parts, out[0].splits[0][3])]
     chunks_made = [c for r, _, c, _ in net.streamed if r == 0]
     assert chunks_made == [2] * 3  # the two finish steps and the timed split, nothing measured (--chunks 2)
+    # one rank alone working (rank 1's memory holds no slice): nothing to balance, no finish step
+    devices[1].free = 1
+    rows, s, out, steps, net = streamed_measured(cfg, devices, monkeypatch)
+    assert out[0].splits[0][2] == [MM, 0] and len(out[0].chosen["refined"]) == 3
+    assert [c for r, _, c, _ in net.streamed if r == 0] == [2]
 
 
 def test_zero_copy_when_every_rank_is_on_the_roots_node_and_computes_in_host_memory(monkeypatch):
