@@ -133,4 +133,14 @@ EQUIVALENTS: list[Equivalent] = [
     Equivalent('hetbench/train/outcome.py', 'compare_with_reference', 'same_length = len(losses) == len(ref_losses) and len(losses) > 0',
                ('Gt -> GtE',),
                'no losses leave `ratios` empty, which `ok` refuses as well'),
+    Equivalent('hetbench/pytorch/fsdp.py', 'ShardedModule._start_next',
+               'if self.progress.threaded and self._gather_comm is not None and self.device.type == "cpu":',
+               ('Eq -> NotEq',),
+               "which thread makes the prefetched gather's buffers and call (the engine's, or the computing one's) "
+               "changes no value: the same buffers, the same Iallgatherv, only where its time falls"),
+    Equivalent('hetbench/pytorch/fsdp.py', 'ShardedModule._start_next.begin',
+               'pending[1:4], pending[5] = [full, recv, send], copy',
+               ('5 -> 6',),
+               "on this CPU-only branch the shard's host copy takes no time (_host gives 0.0), which pending[5] "
+               "holds already; pending[6] is the launch's handle, set right after"),
 ]
