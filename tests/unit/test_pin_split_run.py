@@ -1005,6 +1005,7 @@ def _chunk_model(device):
         nth = seen[splitter.chunks]
         if i == 0:
             seen[splitter.chunks] += 1
+        device.iterations.append((splitter.chunks, i))
         walls = CHUNK_WALLS_MS.get(splitter.chunks, ())
         wall = (walls[nth] if nth < len(walls) else TIMED_WALL_MS) * MS_
         if splitter.world.rank == 1:
@@ -1013,6 +1014,7 @@ def _chunk_model(device):
 
     device.streamed = streamed
     device.solo = lambda splitter: _gemm_seconds(splitter, device.rate)
+    device.iterations = []  # (chunks, iteration of its splitter)
     return device
 
 
@@ -1037,6 +1039,8 @@ def test_chunks_auto_runs_each_count_twice_and_keeps_the_fewest_within_the_margi
     assert s["chunks_tried"] == root.chosen["chunks_tried"]
     # the splitters made on rank 0: one iteration at each count there and back, then the timed split at 2
     assert [c for r, _, c, _ in net.streamed if r == 0] == [1, 2, 4, 8, 8, 4, 2, 1, 2]
+    # one iteration a run (untimed: no solo run after it), then the timed split's 2
+    assert devices[0].iterations == [(c, 0) for c in (1, 2, 4, 8, 8, 4, 2, 1)] + [(2, 0), (2, 1)]
     assert {(tuple(p), z) for _, p, _, z in net.streamed} == {((6, 6), False)}
     # the prediction is the streamed model's at the auto count before the measurement: min(8, 2048 // 256) = 8
     assert root.chosen["predictions"]["rows"] == plan.predict(
@@ -1179,3 +1183,53 @@ def test_a_streamed_iterations_job_time_is_the_slowest_ranks_own_or_with_a_model
     assert run.job_end_to_end([a, b], [True, False]) == pytest.approx(0.019, rel=1e-12)
     # a phased iteration (no wall at the root): None
     assert run.job_end_to_end([run.Phases(0.1), b], [True, False]) is None
+
+
+def test_chunks_auto_measures_nothing_where_only_the_root_works_and_one_chunk_below_the_narrowest(monkeypatch):
+    devices = [_chunk_model(FakeDevice(1e9, timing=TIMING_MEASURED)),
+               _chunk_model(FakeDevice(1e9, timing=TIMING_MEASURED))]
+    cfg = _cfg(n=WIDE_N, overlap=True, zero_copy=False, weights=plan.parse_weights("1,0", 2), compare_even=False,
+               warmup=0, repeat=1)
+    rows, s, out, steps, net = streamed_measured(cfg, devices, monkeypatch)
+    # no rank beside the root works: nothing streamed to time; the auto count, min(8, 2048 // 256) = 8
+    assert out[0].chosen["chunks"] == 8 and out[0].chosen["chunks_tried"] == []
+    assert devices[0].iterations == [(8, 0)]
+    # 8 columns, narrower than AUTO_CHUNK_MIN_COLUMNS: one chunk is the only candidate, run there and back
+    for d in devices:
+        d.iterations.clear()
+    cfg = _cfg(overlap=True, zero_copy=False, weights=plan.parse_weights("1,1", 2), compare_even=False, warmup=0,
+               repeat=1)
+    rows, s, out, steps, net = streamed_measured(cfg, devices, monkeypatch)
+    assert [t["chunks"] for t in out[0].chosen["chunks_tried"]] == [1] and out[0].chosen["chunks"] == 1
+    assert devices[0].iterations == [(1, 0), (1, 0), (1, 0)]
+
+
+class MappingDevice(FakeDevice):
+    """A FakeDevice whose memory is the host's (its buffers map to host views) and whose backend copies (sim's
+    capabilities: it does not compute on host arrays)."""
+
+    def info(self) -> DeviceInfo:
+        return DeviceInfo("sim", 0, "FakeVendor", f"fake {self.rate:g}", "gpu", self.free, ("fp32", "fp64"), "fake")
+
+    def can_map_to_host(self):
+        return True
+
+
+def test_the_copy_rate_is_probed_where_a_rank_copies_and_not_where_the_streamed_split_maps(monkeypatch):
+    def flat(device):
+        device.streamed = lambda splitter, i: run.Phases(distribute=0.0, collect=0.0, gemm=1e-6, wall=2e-6,
+                                                         device_wall=1e-6)
+        device.solo = lambda splitter: 1e-6
+        return device
+
+    devices = [flat(MappingDevice(1e9, copy_rate=2e9, timing=TIMING_MEASURED)),
+               flat(MappingDevice(1e9, copy_rate=4e9, timing=TIMING_MEASURED))]
+    base = dict(weights=plan.parse_weights("1,1", 2), compare_even=False, warmup=0, repeat=1, zero_copy=False)
+    # streamed: the root copies its inputs and result (its copies timed: 2 x 16 MiB over 2 x 16 MiB / 2e9), the
+    # rank beside it receives into its mapped buffers (no copy rate)
+    rows, s, out, steps, net = streamed_measured(_cfg(overlap=True, chunks=1, **base), devices, monkeypatch)
+    assert out[0].chosen["copies"] == [pytest.approx(2e9, rel=1e-12), None]
+    assert s["copies_gbps"] == [pytest.approx(2.0, rel=1e-12), None]
+    # phased: every rank copies
+    rows, s, out, steps, net = measured(_cfg(overlap=False, **base), devices, monkeypatch)
+    assert out[0].chosen["copies"] == [pytest.approx(2e9, rel=1e-12), pytest.approx(4e9, rel=1e-12)]
