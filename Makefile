@@ -174,10 +174,9 @@ bench: env
 	[ -z "$$parts" ] || $(MAKE) -k --no-print-directory $$parts
 
 # Issue 15's torch bench: the hetbench torch.distributed backend's 16 MiB allreduce vs a bare mpi4py loop, and DDP
-# and FSDP2 training steps over it vs over Gloo, on the same model and ranks (hetbench/bench/torch_front.py); run as
-# `-m hetbench.overhead torch` (the same part) while docs/pytorch.md's example and its test name that command
+# and FSDP2 training steps over it vs over Gloo, on the same model and ranks (hetbench/bench/torch_front.py)
 bench-torch: env
-	$(MPIEXEC) -n 2 $(PY) -m hetbench.overhead torch
+	$(MPIEXEC) -n 2 $(PY) -m hetbench.bench torch
 
 # Issues 9 and 20's split bench: two ranks with a real speed gap, host BLAS on one thread beside PoCL on one thread,
 # one GEMM split by auto weights and streamed (split --overlap, the default), three rounds at each of 1024, 2048 and

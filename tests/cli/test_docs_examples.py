@@ -558,9 +558,9 @@ PARSED: dict[str, str] = {
         "Slurm and two GPU nodes; the arguments the script hands hetbench are parsed (and the script is bash)",
     "sbatch hostfiles/slurm-nvidia-amd.sbatch collectives --op allreduce --max-bytes 256M":
         "the same Slurm script, a collectives sweep",
-    ".venv/bin/mpiexec -n 2 .venv/bin/python -m hetbench.overhead torch":
+    ".venv/bin/mpiexec -n 2 .venv/bin/python -m hetbench.bench torch":
         "the torch bench: 33 s of measuring here; it is exactly `make bench-torch`'s command (checked in its dry "
-        "run), and `torch` is a part hetbench.overhead accepts",
+        "run), and `torch` is a part hetbench.bench accepts",
 }
 
 # templates with placeholders, or setup that changes the machine: nothing to run; what is checked is said
@@ -697,10 +697,10 @@ def test_cupy_example_stops_only_for_want_of_cupy(tmp_path):
 
 
 def test_the_torch_bench_example_is_make_bench_torch():
-    example = ".venv/bin/mpiexec -n 2 .venv/bin/python -m hetbench.overhead torch"
+    example = ".venv/bin/mpiexec -n 2 .venv/bin/python -m hetbench.bench torch"
     assert example in PARSED
     assert _make_dry_run("bench-torch").strip() == example
-    unknown = run_python(["-m", "hetbench.overhead", "nonesuch"])
+    unknown = run_python(["-m", "hetbench.bench", "nonesuch"])
     assert unknown.returncode == 2
     accepted = unknown.stderr.split("accepted:")[1].strip()
     assert "torch" in [part.strip() for part in accepted.split(",")]

@@ -1,5 +1,5 @@
 """fsdp's prefetch (the next layer's gather started while this one computes) and what it reports as hidden; auto
-weights' rebalancing of the batch shares in the first steps; and `make bench-train`'s figures (hetbench/overhead.py
+weights' rebalancing of the batch shares in the first steps; and `make bench-train`'s figures (hetbench/bench/train_goals.py
 train) read from the runs it made."""
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def test_auto_weights_rebalance_the_batch_in_the_first_steps(launched, strategy)
 
 
 def _overhead_train(tmp_path, folder="bench", what="train"):
-    return run_python(["-m", "hetbench.overhead", what, folder], cwd=tmp_path, timeout=60)
+    return run_python(["-m", "hetbench.bench", what, folder], cwd=tmp_path, timeout=60)
 
 
 @needs_mpi
