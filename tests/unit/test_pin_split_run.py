@@ -1202,6 +1202,12 @@ def test_chunks_auto_measures_nothing_where_only_the_root_works_and_one_chunk_be
     rows, s, out, steps, net = streamed_measured(cfg, devices, monkeypatch)
     assert [t["chunks"] for t in out[0].chosen["chunks_tried"]] == [1] and out[0].chosen["chunks"] == 1
     assert devices[0].iterations == [(1, 0), (1, 0), (1, 0)]
+    # 512 columns: 1 and 2 chunks (512 // 2 = 256 wide), not 4 (128); 2 within the margin of the faster
+    devices = [_chunk_model(FakeDevice(1e9, timing=TIMING_MEASURED)),
+               _chunk_model(FakeDevice(1e9, timing=TIMING_MEASURED))]
+    rows, s, out, steps, net = streamed_measured(replace(cfg, n=512), devices, monkeypatch)
+    assert [t["chunks"] for t in out[0].chosen["chunks_tried"]] == [1, 2] and out[0].chosen["chunks"] == 2
+    assert devices[0].iterations == [(1, 0), (2, 0), (2, 0), (1, 0), (2, 0)]
 
 
 class MappingDevice(FakeDevice):
