@@ -24,8 +24,8 @@ US = 1e-6
 NBYTES = 2**20  # --link-bytes 1M
 # Each peer's link: one message of b bytes takes latency + b / bandwidth each way; every round trip a little
 # more (the noise of a real machine). The large message: the untimed first one 1 ms, then the five timed ones as
-# listed. The small one: its first STARTUP round trips 8 ms more each (start-up: a timed series among them, as
-# calibrate had, read 4 ms), then the five listed over and over
+# listed. The small one: its first STARTUP round trips 8 ms more each (a start-up transient), then the five listed
+# over and over
 PEERS = {1: (2 * US, 1e9, [1000, 0, 4, 1, 9, 2]),   # 2 us, 1 GB/s
          2: (10 * US, 4e9, [1000, 3, 0, 5, 1, 2])}  # 10 us, 4 GB/s
 STARTUP = 8
@@ -101,10 +101,10 @@ class PeerComm:
 # The expected figures, by hand. The small message's warm-up: 10 round trips (the 8 slow ones among them; 10 ms
 # passed after the second), then 50 timed ones: the listed five ten times each. Peer 1: the 8-byte message's half
 # round trip is 2 us + 8 B / 1 GB/s = 2.008 us plus half the extra: 2.008, 4.008, 2.508, 6.508, 3.008 us, ten of each;
-# median 3.008 us, the latency (a median of five of the first six, as calibrate took it, is 4002.008 us). The 1 MiB
-# message's half
-# round trip is 2 us + 1048.576 us plus half the extra: its median (extras 0, 4, 1, 9, 2 us: the 2) 1051.576 us; the
-# bandwidth is the message over its half round trip less the latency (one way, one message): 1 MiB / 1048.568 us.
+# median 3.008 us, the latency (five timed round trips right after one untimed one would have read 4002.008 us).
+# The 1 MiB message's half round trip is 2 us + 1048.576 us plus half the extra: its median (extras 0, 4, 1, 9, 2
+# us: the 2) 1051.576 us; the bandwidth is the message over its half round trip less the latency (one way, one
+# message): 1 MiB / 1048.568 us.
 # (The median of the rates is the rate of the median half, the rate falling as the half grows.)
 PEER1 = (NBYTES / ((1050.576 + 1.0 - 3.008) * US), 3.008 * US)
 # Peer 2: halves 10.002 us + 3/2, 0, 5/2, 1/2, 1 us: median 11.002 us; the large one 10 + 262.144 us + the same:
@@ -310,8 +310,8 @@ class TransientComm(RootComm):
 
 @pytest.mark.parametrize("transient, warmup", [
     # 30 round trips of 8 ms: the warm-up's 10 round trips (10 ms passed after the second) leave 20 of them among
-    # the 50 timed, fewer than half; a warm-up of 10 ms alone (2 round trips) would leave 28, and calibrate's old
-    # series (one untimed, five timed) had only slow ones
+    # the 50 timed, fewer than half; a warm-up of 10 ms alone (2 round trips) would leave 28, and a series of
+    # one untimed and five timed round trips would hold only slow ones
     ({"slow_us": 4000.0, "slow_trips": 30}, 10),
     # 8 ms of 104 us round trips (77, to 8.008 ms): the warm-up lasts 10 ms, past them (then 200 round trips of 10
     # us, to 10.008 ms; the 278th says it is the last); one of 10 round trips (1.04 ms) would leave 67 of them, all

@@ -242,7 +242,8 @@ def test_the_rank_count_in_the_message_and_the_rows_ranks_checked_against_it(tmp
 def test_without_world_size_the_rank_count_is_the_highest_rank_plus_one(tmp_path):
     path = _write(tmp_path / "p.json", [_row(0), _row(1)], {})
     got = load_profile(path, 2, "fp32", "rows", None)
-    assert got.rates == (1e9, 1e9) and got.links[1].bytes_per_s == 2e9 and got.links[1].latency_s == pytest.approx(5e-6, rel=1e-12)
+    assert got.rates == (1e9, 1e9) and got.links[1].bytes_per_s == 2e9
+    assert got.links[1].latency_s == pytest.approx(5e-6, rel=1e-12)
 
 
 def test_the_least_values_a_row_may_hold_are_read(tmp_path):
@@ -258,8 +259,8 @@ def test_the_least_values_a_row_may_hold_are_read(tmp_path):
     ({"gemm_gflops": 0}, "profile {name}: row 1 has 0 for gemm_gflops; a calibration row holds a rate > 0 and at most "
                          "1e+12 (GFLOP/s)"),
     # the most: beyond it a rate becomes inf when weights are formed (1e308 GFLOP/s * 1e9)
-    ({"gemm_gflops": 1.0000001e12}, "profile {name}: row 1 has 1000000100000.0 for gemm_gflops; a calibration row holds "
-                                    "a rate > 0 and at most 1e+12 (GFLOP/s)"),
+    ({"gemm_gflops": 1.0000001e12}, "profile {name}: row 1 has 1000000100000.0 for gemm_gflops; a calibration row "
+                                    "holds a rate > 0 and at most 1e+12 (GFLOP/s)"),
     ({"link_latency_us": 3.7e9}, "profile {name}: row 1 (rank 1) has 3700000000.0 for link_latency_us; a rank other "
                                  "than the root (0) holds its link's latency, >= 0 and at most 3.6e+09 (us)"),
     ({"free_memory_bytes": -1},

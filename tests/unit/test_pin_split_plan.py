@@ -10,6 +10,7 @@ from contextlib import contextmanager
 
 import pytest
 
+from hetbench.backends.sim import gemm_model_seconds, get_model
 from hetbench.harness import split_plan as sp
 from hetbench.harness.split_plan import Link, PlacementError
 
@@ -186,8 +187,6 @@ def test_balanced_parts_more_ranks_than_units_and_nothing_to_place():
 
 
 def test_sim_rate_clamps_a_part_of_zero_to_one():
-    from hetbench.backends.sim import gemm_model_seconds, get_model
-
     # a 1 x 64 x 64 GEMM: 2 * 64 * 64 flops over the model's seconds for that shape
     seconds = gemm_model_seconds(get_model("h100"), 1, 64, 64, "fp32")
     assert sp.sim_rate("h100", "rows", 64, 64, 64, "fp32", 0) == 2 * 64 * 64 / seconds
