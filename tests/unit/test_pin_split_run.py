@@ -701,6 +701,12 @@ def test_the_root_refuses_a_size_whose_a_b_c_and_buffers_exceed_its_memory_share
     assert errors[0].count("2.4 KiB") == 2 and errors[0].endswith("use a smaller size")
     share.__defaults__[1][0] = None  # unknown: no check
     assert run.prepare(cfg, SimpleNamespace(rank=0), opened(d))[1] == []
+    # streamed, the root also holds B's packed column chunks: k x n more, (2432 + 80 * 4) = 2752 bytes
+    streamed = replace(cfg, overlap=True)
+    share.__defaults__[1][0] = need + MK * MN * 4
+    assert run.prepare(streamed, SimpleNamespace(rank=0), opened(d))[1] == []
+    share.__defaults__[1][0] = need + MK * MN * 4 - 1
+    assert run.prepare(streamed, SimpleNamespace(rank=0), opened(d))[1] != []
 
 
 def _checked(cfg, devices, profile=None, monkeypatch=None, loads=None):
