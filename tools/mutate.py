@@ -48,6 +48,8 @@ TARGETS: dict[str, list[str]] = {
     "hetbench/harness/stats.py": ["tests/unit/test_pin_stats.py"],
     "hetbench/train/numpy_frontend/run.py": ["tests/unit/test_pin_train.py", "tests/unit/test_pin_train_run.py"],
     "hetbench/train/summary.py": ["tests/unit/test_pin_train.py", "tests/unit/test_pin_train_run.py"],
+    "hetbench/train/torch_frontend/parallel.py": ["tests/unit/test_pin_torch_strategies.py"],
+    "hetbench/train/torch_frontend/run.py": ["tests/unit/test_pin_torch_strategies.py"],
     "hetbench/train/outcome.py": ["tests/unit/test_pin_train.py", "tests/unit/test_pin_train_run.py",
                                   "tests/unit/test_train_tolerance.py"],
     "hetbench/benchmarks/collectives/run.py": ["tests/unit/test_pin_collectives.py", "tests/unit/test_pin_collectives_plan.py"],
@@ -85,6 +87,11 @@ SCOPES: dict[str, list[str]] = {
     # the numpy front end's run on a rank is mechanism (the strategy's loop, the solo runs, the saver: pinned by the
     # MPI tests' train runs); its figures are the check against one process and the step lines
     "hetbench/train/numpy_frontend/run.py": ["_check", "_step_lines"],
+    # the torch front end's figures: hetbench fsdp's sharded state and hidden gathers, the steps' collectives, the
+    # check's parameter figures (its step loop is mechanism, pinned by the MPI train runs)
+    "hetbench/train/torch_frontend/parallel.py": ["UnevenSharded.summary", "UnevenSharded.details",
+                                                  "UnevenSharded.finish_lines"],
+    "hetbench/train/torch_frontend/run.py": ["check_against_one_process", "_steps_collectives"],
     # the bench's verdicts and the figures they judge (the ratio tools' timing loops are mechanism, checked by
     # make bench, and live in other modules)
     "hetbench/bench/verdict.py": ["judged"],

@@ -51,6 +51,7 @@ from hetbench.train.outcome import (
 )
 from hetbench.train.precision import LossScaler
 from hetbench.train.run import history, log_text, resolve_weights, saver, solo_runner, warmup_errors
+from hetbench.train.summary import reduction
 from hetbench.train.torch_frontend.checkpoint import TorchCheckpoint, task_facts
 from hetbench.train.torch_frontend.models import TaskConfig, build_model, describe, make_batch, row_losses, units
 from hetbench.train.torch_frontend.parallel import ApplyContext, Parallel
@@ -553,10 +554,9 @@ def check_against_one_process(cfg: Any, task: TaskConfig, losses: list[float],
             tensor_diff = max(tensor_diff, float(d.norm()) / max(float(want.double().norm()), 1e-30))
             param_diff = max(param_diff, float(d.abs().max()) / max(float(want.abs().max()), 1e-30))
         norm_diff = diff_sq ** 0.5 / max(want_sq ** 0.5, 1e-30)
-    rows = task.batch * (task.seq_len if task.task == "gpt" else 1)
     out = compare_with_reference(cfg.dtype.name, cfg.optimizer, cfg.steps, start, losses, ref_losses[start:],
                                  skipped, ref_own[start:], norm_diff, tensor_diff, param_diff,
-                                 params is not None and not missing, int(max(rows, task.hidden)))
+                                 params is not None and not missing, reduction(cfg))
     return {**out, "params_missing": missing, "reference": "torch, one process, CPU"}
 
 
