@@ -44,7 +44,8 @@ class World:
         MPI = watchdog.init_mpi()  # MPI_Init itself watched, where the watchdog is armed
 
         self.MPI = MPI
-        # the communicator as MPI made it, for figures that must not carry even the watchdog's note (hetbench/bench/allreduce.py)
+        # the communicator as MPI made it, for figures that must not carry even the watchdog's note
+        # (hetbench/bench/allreduce.py)
         self.raw_comm = comm if comm is not None else MPI.COMM_WORLD
         self.comm = watchdog.watched(self.raw_comm) if watchdog.armed() else self.raw_comm
         self.rank: int = self.comm.Get_rank()

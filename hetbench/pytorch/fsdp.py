@@ -3,8 +3,9 @@
 torch's FSDP2 shards every parameter evenly (torch.chunk; `shard_placement_fn` picks only the dimension), so a slow
 or small device holds as much as a fast one. Here each wrapped unit's parameters are flattened into one float32
 vector of P elements and rank r owns the slice shares(weights, P)[r] of it (hetbench.harness.split_plan.shares:
-largest remainder; a weight of 0 owns nothing; memory caps bound a share), taken from rank 0's values, and only that slice's gradient and
-optimizer state: any torch optimizer over model.parameters() (the ranks' flat shards) updates only its part.
+largest remainder; a weight of 0 owns nothing; memory caps bound a share), taken from rank 0's values, and only
+that slice's gradient and optimizer state: any torch optimizer over model.parameters() (the ranks' flat shards)
+updates only its part.
 
     import hetbench.pytorch as hb
     hb.init()
@@ -215,7 +216,8 @@ class _Gather(torch.autograd.Function):
     """full = the unit's gathered flat vector (forward); its gradient reduce-scattered to the owners (backward)."""
 
     @staticmethod
-    def forward(ctx: Any, shard: torch.Tensor, engine: "ShardedModule", index: int) -> torch.Tensor:  # type: ignore[override]
+    def forward(  # type: ignore[override]
+            ctx: Any, shard: torch.Tensor, engine: "ShardedModule", index: int) -> torch.Tensor:
         ctx.engine, ctx.index = engine, index
         return engine._acquire(engine.units[index])
 

@@ -7,8 +7,8 @@ scatter or all_to_all. algbw = bytes / seconds (GB/s, 1e9 bytes/s), busbw = algb
 2(n-1)/n for allreduce, (n-1)/n for allgather, reduce_scatter, all_to_all, gather and scatter, 1 for broadcast,
 reduce, send and recv (the same factors as `hetbench collectives`). Where the group splits idle time off
 (HetbenchProcessGroup.split_idle), each call first waits in a barrier, timed as idle_seconds, so that seconds
-is the data movement once every rank has arrived, as `hetbench train` counts comm and idle. Over several calls of one op in a step,
-algbw is the op's bytes over its seconds, summed.
+is the data movement once every rank has arrived, as `hetbench train` counts comm and idle. Over several calls of
+one op in a step, algbw is the op's bytes over its seconds, summed.
 """
 
 from __future__ import annotations

@@ -56,8 +56,8 @@ RESIDENT_ENV = "HETBENCH_TRAIN_RESIDENT"
 
 
 def prepare(cfg: Any, world: World, opened: OpenDevice) -> tuple[TrainState, list[str]]:
-    resident = (True if os.environ.get(RESIDENT_ENV) == "1" and capabilities(opened.backend.name).computes_on_host_arrays
-                else None)
+    stand_in = os.environ.get(RESIDENT_ENV) == "1" and capabilities(opened.backend.name).computes_on_host_arrays
+    resident = True if stand_in else None
     return TrainState(opened, Ops(opened.backend, cfg.dtype, resident=resident)), []
 
 

@@ -17,9 +17,9 @@ its initial W, b from hetbench.train.model.init_params (an nn.Linear's weight is
 hetbench.train.model.make_batch, row loss 0.5 * ||h_L - y||^2.
 
 Task "gpt": a small decoder-only transformer language model, character-level, over the text shipped in
-hetbench/train/torch_frontend/data/text.txt (Shakespeare's Sonnets I-LXVI; data/README.md): token embedding + learned position
-embedding, `layers` pre-LayerNorm blocks (causal multi-head self-attention written as explicit matmuls
-q @ k^T, mask, softmax, @ v, not F.scaled_dot_product_attention; an MLP of 4 x hidden with GELU), a final
+data/text.txt (Shakespeare's Sonnets I-LXVI; data/README.md): token embedding + learned position embedding,
+`layers` pre-LayerNorm blocks (causal multi-head self-attention written as explicit matmuls q @ k^T, mask,
+softmax, @ v, not F.scaled_dot_product_attention; an MLP of 4 x hidden with GELU), a final
 LayerNorm and a linear head (no weight tying). The vocabulary is the sorted set of the text's characters. A batch
 row is seq_len + 1 characters from a position drawn, for the whole global batch at once, by
 numpy.random.default_rng([seed, 2, step]); x the first seq_len of them, y the next characters. Row loss: the mean
@@ -363,7 +363,8 @@ def _main() -> None:
     losses = train_curve(cfg, args.steps, args.lr)
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     print(asdict(cfg), f"lr {args.lr}, torch threads {torch.get_num_threads()}")
-    print(f"{args.steps} steps in {seconds:.1f} s ({cpu:.1f} s of CPU time); ln(vocab {len(vocab())}) = {math.log(len(vocab())):.3f}")
+    print(f"{args.steps} steps in {seconds:.1f} s ({cpu:.1f} s of CPU time); "
+          f"ln(vocab {len(vocab())}) = {math.log(len(vocab())):.3f}")
     for step in sorted({0, *range(0, args.steps, max(1, args.steps // 6)), args.steps - 1}):
         print(f"step {step:5d}  loss {losses[step]:.4f}")
 
