@@ -1,5 +1,5 @@
 """The shape issue 34 asks of hetbench's code: no function over 80 lines (a def to its last line, nested ones
-counted on their own), and each import of a hetbench module inside a function says why it is there (a comment on
+counted on their own), no line over 120 columns, and each import of a hetbench module inside a function says why it is there (a comment on
 its line or the line above: the module must not load at the command's start)."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import ast
 from helpers import REPO
 
 MAX_FUNCTION_LINES = 80
+MAX_COLUMNS = 120
 
 
 def _trees():
@@ -39,6 +40,11 @@ def unexplained_imports(lines: list[str], tree: ast.AST) -> list[int]:
 
 def test_no_function_over_80_lines():
     found = [f"{path}:{line} {name} ({n} lines)" for path, _, tree in _trees() for name, line, n in long_functions(tree)]
+    assert not found, found
+
+
+def test_no_line_over_120_columns():
+    found = [f"{path}:{i + 1}" for path, lines, _ in _trees() for i, line in enumerate(lines) if len(line) > MAX_COLUMNS]
     assert not found, found
 
 
