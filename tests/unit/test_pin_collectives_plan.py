@@ -242,3 +242,139 @@ def test_the_sweep_reports_each_step_and_no_copies_on_the_host(mpi):
     assert steps[0][2] == "allreduce host 1024 B" and steps[-1][2] == "bcast host 2048 B"
     assert [r["copy_timing"] for r in rows] == ["none"] * 4
     assert all(r["d2h_us_median"] == r["h2d_us_median"] == 0 for r in rows)
+
+
+# --- the staging's layout, chunk and plan --------------------------------------------------------------------------
+
+
+def test_the_staging_layout_cuts_each_buffer_into_parts():
+    from hetbench.comm.staging import Layout
+
+    # alltoall, 4 ranks, S = 64 MiB in all: a part is S / 4 = 16 MiB = 4 Mi fp32 elements; both buffers hold S,
+    # four parts each
+    assert harness.stage_layout(ops.OPS["alltoall"], 64 * MiB, 4, 0, 4, 0) == Layout(4 * MiB, 4, 4, True, True)
+    # allgather: one part out, four back
+    assert harness.stage_layout(ops.OPS["allgather"], 64 * MiB, 4, 2, 4, 0) == Layout(4 * MiB, 1, 4, True, True)
+    # bcast on a receiving rank: S per rank is its part, one segment each way; only the root's buffer sends
+    assert harness.stage_layout(ops.OPS["bcast"], 64 * MiB, 4, 1, 4, 0) == Layout(16 * MiB, 1, 1, False, True)
+    # 8 bytes over 4 ranks: a part of no element, one (empty) segment each way
+    assert harness.stage_layout(ops.OPS["allgather"], 8, 4, 0, 4, 0) == Layout(0, 1, 1, True, True)
+
+
+def test_a_chunk_is_the_given_bytes_or_the_largest_auto_one_whole_elements_and_never_more_than_the_part():
+    from hetbench.comm.staging import Layout
+
+    part = Layout(4 * MiB)  # 4 Mi elements, 16 MiB of fp32
+    assert harness.stage_chunk_elements(part, 4, None) == MiB  # MAX_AUTO_STAGE_CHUNK_BYTES, 4 MiB: 1 Mi elements
+    assert harness.stage_chunk_elements(part, 4, 8) == 2
+    assert harness.stage_chunk_elements(part, 4, 2) == 1  # under one element: one
+    assert harness.stage_chunk_elements(part, 4, 64 * MiB) == 4 * MiB  # the part
+    assert harness.stage_chunk_elements(Layout(3), 8, None) == 3
+
+
+IN_PLACE_POINTS = [
+    # alltoall, 4 ranks, S = 64 MiB, the host path on the host's own arrays: s = r = 64 MiB, no MPI temporaries;
+    # the ring: 1 Mi-element chunks of a 4 Mi-element part (4 chunks: 3 slots) of 4 + 4 segments, 3 x 8 x 4 MiB
+    # = 96 MiB: 224 MiB running; the check 2r + 1 MiB = 129 MiB
+    (("alltoall", "host"), 224 * MiB),
+    # the device path stages nothing: running s + r = 128 MiB, the check's 129 MiB
+    (("alltoall", "device"), 129 * MiB),
+    # allgather: s = 16, r = 64 MiB; the host path's ring skips the one-segment send side used in place:
+    # 3 x 4 x 4 MiB = 48 MiB, running 128 MiB; the check 129 MiB
+    (("allgather", "host"), 129 * MiB),
+    (("allgather", "device"), 129 * MiB),
+]
+
+
+@pytest.mark.parametrize("point, want", IN_PLACE_POINTS, ids=[f"{p[0]}-{p[1]}" for p, _ in IN_PLACE_POINTS])
+def test_a_points_host_memory_on_the_hosts_own_arrays(point, want):
+    name, path = point
+    assert harness.point_host_bytes(ops.OPS[name], 64 * MiB, 4, 0, 4, 0, path, False, True) == want
+
+
+def test_a_points_host_memory_on_the_hosts_own_arrays_counts_mpis_temporaries():
+    # allreduce, 2 ranks, S = 64 MiB: s = r = 64 MiB and MPI's own S (its fraction 1.0): 192 MiB, one segment each
+    # way used in place (no ring); the check 2r + 1 MiB = 129 MiB
+    assert harness.point_host_bytes(ops.OPS["allreduce"], 64 * MiB, 4, 0, 2, 0, "host", False, True) == 192 * MiB
+
+
+class _PlanWorld:
+    """One rank of two for _stage_plan: allgather answers this rank's value and its peer's (`peer(value)`)."""
+
+    rank, size = 0, 2
+
+    def __init__(self, peer) -> None:
+        self.peer, self.barriers = peer, 0
+
+    def allgather(self, value):
+        return [value, self.peer(value)]
+
+    def barrier(self) -> None:
+        self.barriers += 1
+
+
+def _plan_of(cfg, world, prepared, size, times=None, op="allreduce"):
+    """_stage_plan for `op` at `size`; each trial's call returns times[(chunk, method)] seconds; the trials made."""
+    from hetbench.comm import staging
+
+    made = []
+
+    def trial(chunk, method):
+        made.append((chunk, method))
+        return lambda: staging.StageTimes(times[(chunk, method)], 0.0, 0.0, 0.0, 1)
+
+    return harness._stage_plan(cfg, world, prepared, ops.OPS[op], size, trial), made
+
+
+def test_the_stage_plan_given_measured_cached_and_one_chunk():
+    from hetbench.comm import staging
+
+    copy_only = SimpleNamespace(backend=SimpleNamespace(can_map_to_host=lambda: False), stage_plans={})
+    no_map = _PlanWorld(lambda v: False if isinstance(v, bool) else v)
+    # --stage-chunk-bytes 8K --stage-method copy: given, nothing measured
+    plan, made = _plan_of(_cfg(stage_chunk_bytes=8192, stage_method="copy"), no_map, copy_only, 4096)
+    assert plan == staging.StagePlan(8192, "copy", "given") and made == []
+    # auto method, a given chunk, no rank maps: the copy alone at that chunk
+    plan, made = _plan_of(_cfg(stage_chunk_bytes=8192), no_map, copy_only, 4096)
+    assert plan == staging.StagePlan(8192, "copy", "given") and made == []
+    # auto chunk: 4 KiB of allreduce is a 1 Ki-element part of 4 KiB, below every candidate: one chunk, the part
+    plan, made = _plan_of(_cfg(), no_map, copy_only, 4096)
+    assert plan == staging.StagePlan(4096, "copy", "one chunk") and made == []
+    # allgather over 2 ranks: a part of S / 2
+    plan, made = _plan_of(_cfg(), no_map, copy_only, 8192, op="allgather")
+    assert plan.chunk_bytes == 4096
+    # the peer's device maps: copy and map tried at the given chunk; each rank's median, the slower rank's per
+    # option (copy 1 s here and 5 s on the peer, map 2 s and 3 s): the map, 3 s, wins
+    maps = SimpleNamespace(backend=SimpleNamespace(can_map_to_host=lambda: False), stage_plans={})
+    peer = _PlanWorld(lambda v: True if isinstance(v, bool) else [5.0 * (x == 1.0) + 3.0 * (x == 2.0) for x in v])
+    times = {(8192, "copy"): 1.0, (8192, "map"): 2.0}
+    cfg = _cfg(stage_chunk_bytes=8192)
+    plan, made = _plan_of(cfg, peer, maps, 4096, times)
+    assert made == [(8192, "copy"), (8192, "map")]
+    assert plan == staging.StagePlan(8192, "map", "measured", ((8192, "copy", 5.0), (8192, "map", 3.0)))
+    # measured once per device, op, size, dtype and what was asked: the same plan again, nothing run
+    again, made = _plan_of(cfg, peer, maps, 4096, times)
+    assert again is plan and made == []
+    assert list(maps.stage_plans) == [("allreduce", 4096, "fp32", "auto", 8192)]
+    other, made = _plan_of(cfg, peer, maps, 8192, {(8192, "copy"): 1.0, (8192, "map"): 2.0})
+    assert other is not plan and len(made) == 2
+
+
+def test_the_sweep_tells_each_point_whether_the_job_stages_and_its_rows_whether_copies_are_modelled(monkeypatch):
+    calls = []
+
+    def point(cfg, world, prepared, op, size, path, staged_job=None):
+        calls.append((op.name, size, path, staged_job))
+        return {"in_place": False, "d2h_seconds": [1e-6], "op_seconds": [2e-6], "h2d_seconds": [1e-6], "wrong": 0}
+
+    monkeypatch.setattr(harness, "_run_point", point)
+    world = World()
+    cfg = _cfg(("allreduce",), min_bytes=1024, max_bytes=1024, warmup=0, iters=1)
+    for backend, timing, staged, copy_timing in (("sim", "modelled", True, "modelled"),
+                                                 ("sim", "measured", True, "measured"),
+                                                 ("host", "measured", False, "measured")):
+        calls.clear()
+        prepared = SimpleNamespace(backend=SimpleNamespace(timing=timing), info=SimpleNamespace(backend=backend))
+        rows = harness.run_sweep(dataclasses.replace(cfg, paths=("host", "device")), world, prepared)
+        assert calls == [("allreduce", 1024, "host", staged), ("allreduce", 1024, "device", staged)]
+        assert [r["copy_timing"] for r in rows] == [copy_timing, "none"]
