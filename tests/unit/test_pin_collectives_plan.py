@@ -286,6 +286,12 @@ IN_PLACE_POINTS = [
 ]
 
 
+def test_a_two_segment_side_on_the_hosts_own_arrays_is_staged():
+    # alltoall, 2 ranks, S = 64 MiB: s = r = 64 MiB, two 32 MiB parts each: 8 chunks of 1 Mi elements, 3 slots, of
+    # 2 + 2 segments (only a one-segment side is used in place): 3 x 4 x 4 MiB = 48 MiB; running 176 MiB
+    assert harness.point_host_bytes(ops.OPS["alltoall"], 64 * MiB, 4, 0, 2, 0, "host", False, True) == 176 * MiB
+
+
 @pytest.mark.parametrize("point, want", IN_PLACE_POINTS, ids=[f"{p[0]}-{p[1]}" for p, _ in IN_PLACE_POINTS])
 def test_a_points_host_memory_on_the_hosts_own_arrays(point, want):
     name, path = point
@@ -378,3 +384,18 @@ def test_the_sweep_tells_each_point_whether_the_job_stages_and_its_rows_whether_
         rows = harness.run_sweep(dataclasses.replace(cfg, paths=("host", "device")), world, prepared)
         assert calls == [("allreduce", 1024, "host", staged), ("allreduce", 1024, "device", staged)]
         assert [r["copy_timing"] for r in rows] == [copy_timing, "none"]
+
+
+@pytest.mark.parametrize("chunk_bytes, chunks", [(1024, 4), (4, 1024)])
+def test_the_staged_op_runs_in_chunks_of_the_planned_bytes(monkeypatch, mpi, chunk_bytes, chunks):
+    """--stage-chunk-bytes cuts the 4 KiB allreduce (1 Ki fp32 elements) into chunks of that many bytes: 1 KiB is
+    256 elements, 4 chunks; 4 bytes one element, 1024 chunks; each chunk copied out and back once a call."""
+    clock = _Clock()
+    monkeypatch.setattr(harness, "time", SimpleNamespace(perf_counter=clock.perf_counter))
+    op = dataclasses.replace(ops.OPS["allreduce"], call=lambda *a: None, icall=None)
+    backend = _TimedHost(clock)
+    device = SimpleNamespace(backend=backend, info=SimpleNamespace(backend="sim"))
+    cfg = _cfg(warmup=0, iters=1, check=False, stage_chunk_bytes=chunk_bytes, stage_method="copy")
+    got = harness._run_point(cfg, _World(mpi), device, op, 4096, "host")
+    assert got["stage"]["chunks"] == chunks and got["stage"]["chunk_bytes"] == chunk_bytes
+    assert backend.copies.count("out") == backend.copies.count("back") == chunks
