@@ -176,7 +176,7 @@ def on_ranks(size: int, body, local_size: int | None = None):
 
 @pytest.fixture(autouse=True)
 def fake_clock(monkeypatch):
-    """split.py's clock (time.perf_counter) is the calling rank's clock on the fake net."""
+    """split/run.py's clock (time.perf_counter) is the calling rank's clock on the fake net."""
 
     def perf_counter():
         world = _CURRENT.world

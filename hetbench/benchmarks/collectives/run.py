@@ -3,7 +3,7 @@ the copies of the host-staged path timed on their own, an exactness check, and t
 
 Figures follow nccl-tests: a collective is as slow as its slowest rank, so each iteration counts the maximum over
 ranks of that iteration's time; algbw = S / t (GB/s, 1e9 bytes) with t the median of those maxima; busbw = algbw
-times the op's factor (see benchmarks/collectives.py).
+times the op's factor (ops.py).
 """
 
 from __future__ import annotations
