@@ -38,7 +38,7 @@ from torch.distributed import ReduceOp
 from hetbench.comm.vcollectives import displacements as _displs
 from hetbench.pytorch.metrics import CollectiveMetrics
 from hetbench.comm import watchdog
-from hetbench.comm.gpu import HOW_TO_GET_GPU_AWARE_MPI, gpu_support
+from hetbench.comm import gpu
 from hetbench.comm.world import World
 
 BACKEND_NAME = "hetbench"
@@ -953,13 +953,13 @@ def device_path_problem(world_comm: Any) -> str | None:
     if fake_device() or not torch.cuda.is_available():
         return None  # host memory (or the test hook's stand-in for device memory): every MPI takes it
     kind = "hip" if getattr(torch.version, "hip", None) else "cuda"
-    answer = gpu_support().get(kind)
+    answer = gpu.gpu_support().get(kind)
     if answer:
         return None
     said = "reports no" if answer is False else "has no query for"
     library = World(world_comm).mpi_library()
     return (f"path device hands {kind.upper()} tensors to MPI directly, but this MPI library ({library}) {said} "
-            f"{kind.upper()} support; {HOW_TO_GET_GPU_AWARE_MPI}")
+            f"{kind.upper()} support; {gpu.HOW_TO_GET_GPU_AWARE_MPI}")
 
 
 _groups: list[HetbenchProcessGroup] = []
