@@ -1189,6 +1189,9 @@ def test_a_streamed_iterations_job_time_is_the_slowest_ranks_own_or_with_a_model
     assert run.job_end_to_end([a, b], [True, False]) == pytest.approx(0.019, rel=1e-12)
     # a phased iteration (no wall at the root): None
     assert run.job_end_to_end([run.Phases(0.1), b], [True, False]) is None
+    # a phased iteration's ready time: its distribute and device phases, 2 + (1 + 10 + 3) ms
+    phased = run.Phases(distribute=0.002, collect=0.005, h2d=0.001, gemm=0.010, d2h=0.003)
+    assert phased.ready(False) == pytest.approx(0.016, rel=1e-12) and phased.end_to_end(True) is None
 
 
 def test_chunks_auto_measures_nothing_where_only_the_root_works_and_one_chunk_below_the_narrowest(monkeypatch):
