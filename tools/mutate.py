@@ -54,6 +54,7 @@ TARGETS: dict[str, list[str]] = {
                                   "tests/unit/test_train_tolerance.py"],
     "hetbench/benchmarks/collectives/run.py": ["tests/unit/test_pin_collectives.py", "tests/unit/test_pin_collectives_plan.py"],
     "hetbench/benchmarks/split/run.py": ["tests/unit/test_pin_split.py", "tests/unit/test_pin_split_run.py"],
+    "hetbench/benchmarks/split/phases.py": ["tests/unit/test_pin_split.py", "tests/unit/test_pin_split_run.py"],
     "hetbench/harness/probe.py": ["tests/unit/test_pin_calibrate.py"],
     "hetbench/report/compare.py": ["tests/unit/test_pin_compare.py", "tests/cli/test_compare.py"],
     "hetbench/report/significance.py": ["tests/unit/test_pin_significance.py", "tests/unit/test_pin_compare.py", "tests/cli/test_compare.py"],
