@@ -19,7 +19,7 @@ from hetbench.comm.world import World
 from hetbench.harness.devices import open_rank_device
 from hetbench.harness.metadata import job_metadata, rank_description
 from hetbench.results import check_writable, make_document
-from hetbench.options import common_options, parse_backends
+from hetbench.options import common_options
 from hetbench.outputs import (agree_or_exit, check_distinct_outputs, emit, output_path_errors, overwritten_inputs,
                               resolve_outputs, utc_stamp)
 

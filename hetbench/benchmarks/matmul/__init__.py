@@ -7,7 +7,6 @@ hetbench/benchmarks/matmul/run.py, the inputs hetbench/harness/gemm.py.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Sequence
 
 import click

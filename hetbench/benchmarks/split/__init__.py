@@ -8,7 +8,6 @@ shares hetbench/harness/split_plan.py, the probes hetbench/harness/probe.py.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Sequence
 
 import click
