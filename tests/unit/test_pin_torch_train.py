@@ -250,3 +250,21 @@ def test_one_process_without_torch_distributed(clock: Clock) -> None:
     with log.step(samples=4):
         clock.now += 2.0
     assert log.lines[-1]["samples_per_second"] == 2.0
+
+
+def test_a_log_rank_0_cannot_write_fails_every_rank_alike(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 0 alone opens the --log file; with two ranks or more its trouble reaches the others (broadcast), so
+    that every rank raises the same line rather than wait for rank 0 in the first step."""
+    problem = "StepLogger: cannot write the log 'x': Is a directory"
+
+    class Troubled(FakeDist):
+        def broadcast_object_list(self, box: list, src: int = 0, group: Any = None) -> None:
+            if self.rank != src:
+                box[:] = [problem]
+
+    monkeypatch.setattr(lg, "dist", Troubled(1, 2, [_other(0.5, 0.5)]))
+    with pytest.raises(ValueError, match="cannot write the log 'x'"):
+        lg.StepLogger(tmp_path / "rank1.jsonl", global_batch=4)
+    monkeypatch.setattr(lg, "dist", Troubled(0, 2, [_other(0.5, 0.5)]))
+    with pytest.raises(ValueError, match="cannot write the log"):
+        lg.StepLogger(tmp_path, global_batch=4)  # a folder: rank 0's own open fails
