@@ -566,14 +566,11 @@ def _saver(cfg: Any, world: World, state: TorchTrainState, run: _Run, skips: lis
     (hetbench fsdp: its units' layout and the optimizer's step count)."""
     if cfg.checkpoint is None:
         return None
-    offloaded = state.ops is not None
-    facts = {"host": world.host, "backend": state.opened.spec,
-             "vendor": state.opened.info.vendor if offloaded else state.device.vendor,
-             "device": state.opened.info.name if offloaded else state.device.name,
-             "torch_device": state.device.torch_device}
+    every = _facts(cfg, world, state)
+    facts = {k: every[k] for k in ("host", "backend", "vendor", "device", "torch_device")}
     manifest = {"frontend": "torch", "model": task_facts(cfg), "optimizer": cfg.optimizer, "lr": cfg.lr,
                 "dtype": cfg.dtype.name, "master_dtype": "fp32", "strategy": cfg.strategy,
-                "weights": list(run.weights), "shares": list(run.balance.counts), "shares_of": "samples",
+                "weights": list(run.weights), "shares": list(run.balance.counts), "shares_of": _strategy(cfg).shares_of,
                 "first_step": run.start, "history": history(state.resume, lambda ranks: ranks),
                 "torch_version": str(torch.__version__), **run.parallel.manifest()}
 
