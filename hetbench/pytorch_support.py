@@ -8,6 +8,10 @@ import re
 # torch.distributed's Python ProcessGroup trampoline forwards what this front end needs from 2.11 on; 2.14 renamed
 # some of the forwarded methods (the backend answers to both names, hetbench/pytorch/backend.py)
 SUPPORTED = ((2, 11), (2, 14))
+# the pipeline's schedules and group-backend choices (hetbench.pytorch.pipeline), named here so that `--help` needs
+# no torch
+PIPELINE_SCHEDULES = ("gpipe", "1f1b")
+GROUP_BACKENDS = ("auto", "hetbench")
 INSTALL = "pip install 'hetbench[torch]' (on a machine without a GPU, install torch's CPU build first)"
 
 

@@ -66,6 +66,7 @@ def rows(cfg: Any, gathered: list[RankOutcome]) -> list[dict[str, Any]]:
             "grad_bytes": max((log.grad_bytes for log in logs), default=0),
             "optimizer_bytes": max((log.optimizer_bytes for log in logs), default=0),
             **_solo_row(cfg, logs),
+            **({"stage_layers": outcome.details["stage_layers"]} if "stage_layers" in outcome.details else {}),
         })
     return out
 

@@ -26,7 +26,7 @@ from hetbench.benchmarks.base import (
 )
 from hetbench.benchmarks.train.config import TrainConfig
 from hetbench.config import OutputConfig, parse_dtype
-from hetbench.pytorch_support import torch_problem
+from hetbench.pytorch_support import GROUP_BACKENDS, PIPELINE_SCHEDULES, torch_problem
 from hetbench.options import MAX_SEED, FolderPath, float_range, int_range, output_file, parse_backends
 from hetbench.backends.host import host_memory_share_bytes
 from hetbench.train import frontend as frontends
@@ -139,6 +139,7 @@ class Train:
             checkpoint=params["checkpoint"], checkpoint_every=params["checkpoint_every"], resume=params["resume"],
             backends=parse_backends(world, ctx.params["backend"]), output=output,
             frontend=params["frontend"], model=params["model"], seq_len=params["seq_len"], heads=params["heads"],
+            pp=params["pp"], schedule=params["schedule"], group_backend=params["group_backend"],
         )
 
     def output_paths(self, cfg: TrainConfig) -> dict[str, tuple[Any, int]]:
@@ -185,8 +186,18 @@ def _run_options() -> list[click.Parameter]:
                           "then rebalance the batch by each rank's measured step in the first 4 steps; --frontend "
                           "torch: each rank's samples/s through the model, rebalanced the same way); a profile "
                           "from `hetbench calibrate`; or one weight >= 0 per rank."),
-        click.Option(["--micro-batches"], type=int_range(1, MAX_BATCH), default=4, show_default=True,
-                     help="--strategy pipeline (numpy) only: micro-batches per step."),
+        click.Option(["--micro-batches", "--microbatches", "micro_batches"], type=int_range(1, MAX_BATCH), default=4,
+                     show_default=True, help="--strategy pipeline (numpy), --pp (torch): micro-batches per step."),
+        click.Option(["--pp"], type=int_range(1, MAX_LAYERS), default=1, show_default=True,
+                     help="--frontend torch: pipeline stages, each a contiguous share of the model's blocks cut by "
+                          "the weights (auto: each rank's measured time per block) and the ranks' memory; with more "
+                          "ranks than stages the rest is data parallel by --strategy (a pp x dp mesh)."),
+        click.Option(["--schedule"], type=click.Choice(PIPELINE_SCHEDULES), default="1f1b", show_default=True,
+                     help="--pp: the pipeline's schedule (torch.distributed.pipelining's GPipe or 1F1B)."),
+        click.Option(["--group-backend"], type=click.Choice(GROUP_BACKENDS), default="auto", show_default=True,
+                     help="--pp: auto puts each pipeline or data-parallel group whose ranks are of one kind on "
+                          "torch's native backend for it (gloo for CPU tensors, nccl for one vendor's GPUs), and "
+                          "only a group that spans kinds on hetbench's; hetbench: every group on hetbench's."),
         click.Option(["--path"], type=click.Choice(["host", "device"]), default="host", show_default=True,
                      help="How a GPU rank's parameters, gradients and activations reach MPI: through host copies "
                           "(host), or as GPU memory (device: needs a GPU-aware MPI). Ranks whose training "

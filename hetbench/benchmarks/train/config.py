@@ -40,6 +40,9 @@ class TrainConfig:
     model: str = "mlp"  # torch: mlp (the residual MLP teacher task) | gpt (a char-level decoder-only transformer)
     seq_len: int = 64  # gpt: tokens per sequence
     heads: int = 4  # gpt: attention heads
+    pp: int = 1  # torch: pipeline stages (the rest of the ranks data parallel by the strategy)
+    schedule: str = "1f1b"  # torch with pp > 1: gpipe | 1f1b
+    group_backend: str = "auto"  # torch with pp > 1: each group on its native backend where one serves it
     output: OutputConfig = field(default_factory=OutputConfig)
 
     def to_dict(self) -> dict[str, Any]:

@@ -274,7 +274,40 @@ def units(model: nn.Module) -> list[nn.Module]:
         return list(model.layers)
     if isinstance(model, CharGPT):
         return list(model.blocks)
+    if hasattr(model, "block_indices"):  # a pipeline's stage (hetbench.pytorch.pipeline.StageModule): its blocks
+        return list(model.blocks)
     raise TypeError(f"{type(model).__name__} is not a model of hetbench.train.torch_frontend.models")
+
+
+class Embedding(nn.Module):
+    """The gpt's token + position embedding, the part before its blocks (a pipeline's first stage holds it)."""
+
+    def __init__(self, model: CharGPT) -> None:
+        super().__init__()
+        self.tok, self.pos = model.tok, model.pos
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+
+
+class Head(nn.Module):
+    """The gpt's final LayerNorm and head, the part after its blocks."""
+
+    def __init__(self, model: CharGPT) -> None:
+        super().__init__()
+        self.ln_f, self.head = model.ln_f, model.head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.ln_f(x))
+
+
+def pipeline_parts(model: nn.Module) -> tuple[list[nn.Module], nn.Module | None, nn.Module | None]:
+    """(blocks, what runs before them, what runs after) of a task's model: the mlp is its residual layers alone;
+    the gpt its blocks between the embedding and the final LayerNorm + head. Running them in order is the model's
+    forward."""
+    if isinstance(model, CharGPT):
+        return list(model.blocks), Embedding(model), Head(model)
+    return units(model), None, None
 
 
 def _check_rows(cfg: TaskConfig, start: int, stop: int) -> None:
@@ -301,7 +334,11 @@ def row_losses(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tens
     """One loss per row, shape (rows,), through model(x) (so a DDP / FSDP2 wrapper's forward runs). A float y is
     the mlp's target (0.5 * ||h_L - y||^2), an integer y the gpt's next characters (mean cross-entropy over the
     row's positions)."""
-    out = model(x)
+    return output_row_losses(model(x), y)
+
+
+def output_row_losses(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """row_losses from the model's output (a pipeline's last stage has the output, not the model)."""
     if y.dtype.is_floating_point:
         return 0.5 * (out - y).square().sum(dim=-1)
     rows, T = y.shape

@@ -8,7 +8,7 @@ and registers a Strategy naming it (hetbench/train/strategies.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -16,7 +16,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 from hetbench.pytorch.fsdp import STATE_BYTES_PER_ELEMENT, ShardedModule
 from hetbench.pytorch.logger import hetbench_group
-from hetbench.pytorch.uneven import exact_ddp, exact_fully_shard
+from hetbench.pytorch.uneven import exact_ddp, exact_fully_shard, rank_mesh
 from hetbench.train.outcome import ROOT, RankOutcome
 from hetbench.train.torch_frontend.checkpoint import full_state, shard_pieces, writer
 from hetbench.train.torch_frontend.models import units
@@ -30,6 +30,7 @@ class ApplyContext:
     world: Any
     state: Any  # run.TorchTrainState
     weights: list[float]
+    group: Any = None  # the data-parallel group (None: the world); a pipeline's stage has its own
 
 
 class Parallel:
@@ -47,6 +48,35 @@ class Parallel:
 
     def attach(self, logger: Any) -> None:
         """Hook the strategy's own step figures into the step logger."""
+
+    @staticmethod
+    def state_share(ranks: int) -> float:
+        """The share of the model's training state one of `ranks` data-parallel ranks holds (whole: 1)."""
+        return 1.0
+
+    @staticmethod
+    def group_backends() -> tuple[str, ...] | None:
+        """The torch backends its data-parallel group can run on (None: any)."""
+        return None
+
+    def group_state(self) -> dict[str, torch.Tensor] | None:
+        """Collective over its group: the module's parameters whole (CPU), under the plain module's names, where
+        the strategy shards them; None where every rank holds them whole."""
+        return None
+
+    def shares(self, counts: list[int]) -> list[int]:
+        """Each rank's rows of the batch, for its row and the summary."""
+        return list(counts)
+
+    def rows(self, counts: list[int], rank: int) -> tuple[int, int]:
+        """This rank's rows [start, stop) of the step's batch, from every rank's count."""
+        start = sum(counts[:rank])
+        return start, start + counts[rank]
+
+    def step(self, one_step: Callable[..., Any], x: torch.Tensor, y: torch.Tensor) -> Any:
+        """One training step on this rank's rows: `one_step(module, x, y)` (forward, backward, the update) for a
+        strategy whose module runs the whole model; a pipeline runs its schedule instead."""
+        return one_step(self.module, x, y)
 
     def resume(self, checkpoint: Any, optimizer: torch.optim.Optimizer) -> None:
         """Collective: load the checkpoint's state into the model and optimizer."""
@@ -92,7 +122,7 @@ class Replicated(Parallel):
     """ddp: torch's DistributedDataParallel, gradients summed so that uneven batch shares are exact."""
 
     def __init__(self, model: torch.nn.Module, ctx: ApplyContext) -> None:
-        super().__init__(exact_ddp(model), ctx)
+        super().__init__(exact_ddp(model, process_group=ctx.group), ctx)
 
     def full_state(self) -> dict[str, torch.Tensor] | None:
         if dist.get_rank() != ROOT:
@@ -104,8 +134,16 @@ class FullyShard(Parallel):
     """fsdp2: torch's fully_shard over each unit, then the root, gradients summed."""
 
     def __init__(self, model: torch.nn.Module, ctx: ApplyContext) -> None:
-        exact_fully_shard(model, units(model))
+        exact_fully_shard(model, units(model), mesh=rank_mesh(model, ctx.group))
         super().__init__(model, ctx)
+
+    @staticmethod
+    def state_share(ranks: int) -> float:
+        return 1.0 / ranks
+
+    def group_state(self) -> dict[str, torch.Tensor] | None:
+        full = get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=False))
+        return {k: v.detach().cpu().clone() for k, v in full.items()}
 
     def full_state(self) -> dict[str, torch.Tensor] | None:
         full = get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -118,13 +156,17 @@ class UnevenSharded(Parallel):
 
     def __init__(self, model: torch.nn.Module, ctx: ApplyContext) -> None:
         super().__init__(model, ctx)
-        pg = hetbench_group()
+        pg = hetbench_group(ctx.group)
         cfg, state = ctx.cfg, ctx.state
         self.engine = ShardedModule(model, units(model), ctx.weights, pg.comm, pg.metrics, prefetch=cfg.prefetch,
                                     memory_bytes=state.memory_bytes, optimizer=cfg.optimizer, pg=pg)
         if state.ops is not None:
             state.ops.poll = self.engine.poll  # the started gathers are tested after every device GEMM too
         self.blocking: list[float] | None = None
+
+    @staticmethod
+    def state_share(ranks: int) -> float:
+        return 1.0 / ranks
 
     @staticmethod
     def check(cfg: Any, world: Any, state: Any, layouts: list[Any]) -> list[str]:
@@ -168,6 +210,13 @@ class UnevenSharded(Parallel):
         self.engine.close()  # its progress engine's thread: no gather is started after the last step
 
     def full_state(self) -> dict[str, torch.Tensor] | None:
+        return self.engine.full_state_dict()
+
+    @staticmethod
+    def group_backends() -> tuple[str, ...] | None:
+        return ("hetbench",)  # its gathers and reduce-scatters are MPI calls on the hetbench group's communicator
+
+    def group_state(self) -> dict[str, torch.Tensor] | None:
         return self.engine.full_state_dict()
 
     def details(self, optimizer: torch.optim.Optimizer, logs: list[Any], mine: list[dict[str, Any]]) -> dict[str, Any]:

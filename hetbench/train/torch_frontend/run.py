@@ -55,6 +55,7 @@ from hetbench.train.summary import reduction
 from hetbench.train.torch_frontend.checkpoint import TorchCheckpoint, task_facts
 from hetbench.train.torch_frontend.models import TaskConfig, build_model, describe, make_batch, row_losses, units
 from hetbench.train.torch_frontend.parallel import ApplyContext, Parallel
+from hetbench.train.torch_frontend.pipeline import Pipelined
 
 
 @dataclass
@@ -68,6 +69,7 @@ class TorchTrainState:
     world_size: int = 1
     owns_group: bool = False
     memory_bytes: Any = None  # fsdp: every rank's free memory where its state lives (None: unknown), capping shares
+    plan: Any = None  # --pp: the pipeline's plan (cut, rows, weights), made by its check alike on every rank
 
 
 def task_config(cfg: Any) -> TaskConfig:
@@ -172,11 +174,17 @@ def _model_errors(cfg: Any, world: World, state: TorchTrainState) -> list[str]:
         problem = state.resume.layout_mismatch(layouts)
         if problem:
             errors.append(problem)
-    return errors + _strategy(cfg).applier().check(cfg, world, state, layouts)
+    return errors + _parallel_class(cfg).check(cfg, world, state, layouts)
 
 
 def _strategy(cfg: Any) -> strategies.Strategy:
     return strategies.get("torch", cfg.strategy)
+
+
+def _parallel_class(cfg: Any) -> Any:
+    """What makes the model parallel: a pipeline of --pp stages (its data-parallel dimension by the strategy),
+    else the strategy's own class."""
+    return Pipelined if cfg.pp > 1 else _strategy(cfg).applier()
 
 
 def _weights(cfg: Any, world: World, state: TorchTrainState) -> list[float]:
@@ -277,13 +285,14 @@ def _start(cfg: Any, world: World, state: TorchTrainState) -> _Run:
     """Collective: the weights, the batch shares (auto weights: they follow each rank's measured samples/s over the
     first steps, the numpy trainer's BatchShares; fsdp's parameter shards stay as the first weights set them), the
     model made parallel by the strategy, the optimizer, the resume, the loss scaler, the saver and the logger."""
-    weights = _weights(cfg, world, state)
-    balance = BatchShares(world.comm, weights, cfg.batch, AUTO_REBALANCE_STEPS if cfg.weights.kind == "auto" else 0)
+    weights = state.plan.weights if state.plan is not None else _weights(cfg, world, state)
+    rebalance = AUTO_REBALANCE_STEPS if cfg.weights.kind == "auto" and state.plan is None else 0
+    balance = BatchShares(world.comm, weights, cfg.batch, rebalance)
     torch.manual_seed(cfg.seed)
     model = build_model(state.task).to(state.device.device)
     if state.ops is not None:  # torch cannot drive this rank's device: its products run there through hetbench
         offload_linears(model, state.ops)
-    parallel = _strategy(cfg).applier()(model, ApplyContext(cfg, world, state, weights))
+    parallel = _parallel_class(cfg)(model, ApplyContext(cfg, world, state, weights))
     opt = _optimizer(cfg, parallel.module.parameters())
     start = optimizer_steps = 0
     if state.resume is not None:
@@ -307,13 +316,15 @@ def _step(cfg: Any, world: World, state: TorchTrainState, run: _Run, step: int) 
     """Collective: one training step on this rank's rows of the batch, logged; then the shares' rebalancing and,
     after a timed step, the solo runs."""
     device = state.device.device
-    start_row = sum(run.balance.counts[:world.rank])
-    stop_row = start_row + run.balance.counts[world.rank]
+    start_row, stop_row = run.parallel.rows(run.balance.counts, world.rank)
     x, y = make_batch(state.task, step, start_row, stop_row)
     x, y = x.to(device), y.to(device)
+
+    def stepper(module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, **kw: Any) -> Any:
+        return one_step(cfg, module, run.opt, run.scaler, x, y, distributed=True, **kw)
+
     with run.logger.step(samples=stop_row - start_row) as rec:
-        rec.loss, rec.loss_scale, rec.step_skipped = one_step(cfg, run.parallel.module, run.opt, run.scaler, x, y,
-                                                              distributed=True)
+        rec.loss, rec.loss_scale, rec.step_skipped = run.parallel.step(stepper, x, y)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
     run.steps_taken[0] += 0 if rec.step_skipped else 1
@@ -361,7 +372,7 @@ def _outcome(cfg: Any, world: World, state: TorchTrainState, run: _Run, full: An
     details = {"strategy": cfg.strategy, "frontend": "torch", "collectives": _steps_collectives(mine, world.size),
                "torch_version": str(torch.__version__), "note": _note(state), **run.balance.details(),
                **run.parallel.details(run.opt, logs, mine)}
-    result = RankOutcome(logs, _facts(cfg, world, state), list(run.weights), list(run.balance.counts),
+    result = RankOutcome(logs, _facts(cfg, world, state), list(run.weights), run.parallel.shares(run.balance.counts),
                          details=details, start_step=run.start,
                          resumed_from=str(state.resume.folder) if state.resume is not None else None,
                          checkpoints=list(run.saver.saved) if run.saver is not None else [])
@@ -451,15 +462,21 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def one_step(cfg: Any, model: torch.nn.Module, opt: torch.optim.Optimizer, scaler: LossScaler, x: torch.Tensor,
-             y: torch.Tensor, distributed: bool) -> tuple[torch.Tensor, float, bool]:
+             y: torch.Tensor, distributed: bool,
+             backward: Callable[[float], torch.Tensor] | None = None) -> tuple[torch.Tensor, float, bool]:
     """One training step, the same in the distributed run and the one-process reference: this part of the global
     mean loss, backward (fp16: at the loss scale), and, under mixed precision, the verdict on non-finite gradients
     agreed over the ranks (each FSDP2 rank sees only its shards) before the update is taken or skipped, as the
-    numpy trainer's LossScaler does (hetbench/train/precision.py). Returns (loss, the scale used, skipped)."""
+    numpy trainer's LossScaler does (hetbench/train/precision.py). `backward(scale)` replaces the forward and
+    backward where a pipeline's schedule runs them (it returns the rank's part of the loss). Returns (loss, the
+    scale used, skipped)."""
     scale = scaler.scale
-    with _autocast(cfg, x.device):
-        loss = row_losses(model, x, y).float().sum() / cfg.batch
-    (loss * scale if scale != 1.0 else loss).backward()
+    if backward is not None:
+        loss = backward(scale)
+    else:
+        with _autocast(cfg, x.device):
+            loss = row_losses(model, x, y).float().sum() / cfg.batch
+        (loss * scale if scale != 1.0 else loss).backward()
     skipped = False
     if scaler.checks:
         bad = any(not bool(torch.isfinite(_local(p.grad)).all()) for p in model.parameters() if p.grad is not None)
@@ -593,7 +610,7 @@ def summary_extra(cfg: Any, gathered: list[RankOutcome]) -> dict[str, Any]:
         "torch_devices": [g.facts.get("torch_device") for g in gathered],
         "torch_notes": [g.details.get("note", "") for g in gathered],
         "collectives_per_rank": [g.details.get("collectives", {}) for g in gathered],
-        **_strategy(cfg).applier().summary(gathered),
+        **_parallel_class(cfg).summary(gathered),
     }
 
 

@@ -1,0 +1,520 @@
+"""Pipeline parallelism for a user's torch model, its stages cut by each device's speed and memory, over
+torch.distributed.pipelining's stages and schedules (GPipe, 1F1B), composed with data parallelism on a 2-D mesh
+(pp x dp, torchtitan's layout: rank = stage * dp + replica), each group on the fastest backend it can use.
+
+A model is given as its parts: what runs before the blocks (`pre`, an embedding), the blocks (a transformers
+decoder's layers), what runs after (`post`, the final norm and head) and `loss_fn(output, target)`. A stage holds
+contiguous blocks (the first also `pre`, the last `post`). `cut_stages` chooses the cut that minimises the slowest
+stage's time from each stage's cost of each block (measured, or a block's matmul parameters over the stage's
+speed), each stage's parameter, gradient, optimizer and in-flight activation bytes held within its ranks' memory.
+
+Exactness: with `loss_fn` returning a micro-batch's part of the global batch's mean loss and the schedule's
+gradient scaling off (`scale_grads=False`), the micro-batches' gradients sum to the whole batch's, as one process
+computes them (only the order of the sums differs).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hetbench.pytorch_support import GROUP_BACKENDS, PIPELINE_SCHEDULES
+
+# the bytes of training state per parameter byte beside the parameter itself: its gradient, and the optimizer's
+# moments (AdamW: 2, SGD without momentum: 0)
+STATE_FACTOR = {"adamw": 3, "sgd": 1}
+
+
+class PipelineError(ValueError):
+    """A pipeline that cannot be built as asked (said in one line, the same on every rank)."""
+
+
+@dataclass
+class Parts:
+    """A model as a pipeline sees it: `pre`, then `blocks` in order, then `post` (either may be None), and the
+    names its parameters have in the whole model (a prefix for each part) so that a stage's state reads as the
+    model's."""
+
+    blocks: list[nn.Module]
+    pre: nn.Module | None = None
+    post: nn.Module | None = None
+    block_names: list[str] = field(default_factory=list)  # "blocks.3": the prefix of block i's parameters
+    pre_names: dict[str, str] = field(default_factory=dict)  # pre's parameter name -> the model's
+    post_names: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.block_names:
+            self.block_names = [f"blocks.{i}" for i in range(len(self.blocks))]
+
+
+def parts_of(model: nn.Module, blocks: Sequence[nn.Module], pre: nn.Module | None = None,
+             post: nn.Module | None = None) -> Parts:
+    """Parts whose names are `model`'s own (each block found among model's submodules by identity; pre and post
+    may be modules of the caller's that hold model's submodules). Raises PipelineError naming a block that is not
+    one of model's modules, or one given twice."""
+    where = {id(m): name for name, m in model.named_modules()}
+    names = {id(p): name for name, p in model.named_parameters()}
+    block_names = []
+    for i, b in enumerate(blocks):
+        if id(b) not in where:
+            raise PipelineError(f"block {i} ({type(b).__name__}) is not a module of the model: give the model's own "
+                                "blocks (for a transformers decoder, model.model.layers)")
+        block_names.append(where[id(b)])
+    if len(set(block_names)) != len(block_names):
+        raise PipelineError("a block is given twice: each of the model's blocks goes to one stage")
+
+    def own(part: nn.Module | None, what: str) -> dict[str, str]:
+        out = {}
+        for n, p in (part.named_parameters() if part is not None else ()):
+            if id(p) not in names:
+                raise PipelineError(f"{what}'s parameter {n} is not one of the model's: its state could not be "
+                                    "checked or saved as the model's")
+            out[n] = names[id(p)]
+        return out
+
+    return Parts(list(blocks), pre, post, block_names, own(pre, "pre"), own(post, "post"))
+
+
+# -- the cut ---------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Cut:
+    """Stage s holds blocks [bounds[s], bounds[s + 1])."""
+
+    bounds: tuple[int, ...]
+    stage_seconds: tuple[float, ...]  # each stage's cost of a micro-batch's forward + backward, as planned
+    stage_bytes: tuple[int, ...]  # each stage's planned bytes held (state + activations in flight)
+
+    def blocks(self, stage: int) -> range:
+        return range(self.bounds[stage], self.bounds[stage + 1])
+
+    @property
+    def counts(self) -> list[int]:
+        return [self.bounds[s + 1] - self.bounds[s] for s in range(len(self.bounds) - 1)]
+
+
+def in_flight(schedule: str, stage: int, stages: int, microbatches: int) -> int:
+    """The micro-batches whose activations a stage holds at once: GPipe all of them; 1F1B at most the stages after
+    it, itself included."""
+    return microbatches if schedule == "gpipe" else min(microbatches, stages - stage)
+
+
+def even_cut(blocks: int, stages: int) -> tuple[int, ...]:
+    """Blocks as even as whole blocks allow, the first stages taking one more (what a user cuts by hand)."""
+    base, extra = divmod(blocks, stages)
+    bounds = [0]
+    for s in range(stages):
+        bounds.append(bounds[-1] + base + (1 if s < extra else 0))
+    return tuple(bounds)
+
+
+def cut_stages(costs: Sequence[Sequence[float]], fixed: Sequence[float] = (), block_bytes: Sequence[int] = (),
+               act_bytes: Sequence[int] = (), fixed_bytes: Sequence[int] = (),
+               caps: Sequence[int | None] = (), flights: Sequence[int] = ()) -> Cut:
+    """The contiguous cut of the blocks into len(costs) stages (each holding at least one) that minimises the
+    slowest stage's time, stage s's time the sum of costs[s][b] over its blocks plus fixed[s] (pre on the first,
+    post on the last), among the cuts whose every stage holds its blocks' state bytes + their activations of one
+    micro-batch times flights[s], plus fixed_bytes[s], within caps[s] (None: no cap). Ties go to the cut with
+    more blocks early. Raises PipelineError where no cut fits."""
+    stages, blocks = len(costs), len(costs[0]) if costs else 0
+    if stages < 1 or blocks < stages:
+        raise PipelineError(f"{stages} stages need at least {stages} blocks, the model has {blocks}")
+    fixed = list(fixed) or [0.0] * stages
+    block_bytes = list(block_bytes) or [0] * blocks
+    act_bytes = list(act_bytes) or [0] * blocks
+    fixed_bytes = list(fixed_bytes) or [0] * stages
+    caps = list(caps) or [None] * stages
+    flights = list(flights) or [1] * stages
+    prefix = [[0.0] * (blocks + 1) for _ in range(stages)]
+    for s in range(stages):
+        for b in range(blocks):
+            prefix[s][b + 1] = prefix[s][b] + float(costs[s][b])
+
+    def seconds(s: int, a: int, b: int) -> float:
+        return prefix[s][b] - prefix[s][a] + fixed[s]
+
+    def held(s: int, a: int, b: int) -> int:
+        return sum(block_bytes[a:b]) + sum(act_bytes[a:b]) * flights[s] + fixed_bytes[s]
+
+    def fits(s: int, a: int, b: int) -> bool:
+        return caps[s] is None or held(s, a, b) <= caps[s]
+
+    # best[s][b]: the least slowest-stage time of stages 0..s holding blocks [0, b)
+    best = [[math.inf] * (blocks + 1) for _ in range(stages)]
+    back = [[0] * (blocks + 1) for _ in range(stages)]
+    for b in range(1, blocks - stages + 2):
+        if fits(0, 0, b):
+            best[0][b] = seconds(0, 0, b)
+    for s in range(1, stages):
+        for b in range(s + 1, blocks - (stages - 1 - s) + 1):
+            for a in range(b - 1, s - 1, -1):
+                if best[s - 1][a] == math.inf or not fits(s, a, b):
+                    continue
+                t = max(best[s - 1][a], seconds(s, a, b))
+                if t < best[s][b] - 1e-15:
+                    best[s][b], back[s][b] = t, a
+    if best[stages - 1][blocks] == math.inf:
+        raise PipelineError(f"no cut of the {blocks} blocks into {stages} stages fits the ranks' memory "
+                            f"({', '.join(_cap_text(c) for c in caps)})")
+    bounds = [blocks]
+    for s in range(stages - 1, 0, -1):
+        bounds.append(back[s][bounds[-1]])
+    bounds = tuple([0] + bounds[::-1])
+    return Cut(bounds, tuple(seconds(s, bounds[s], bounds[s + 1]) for s in range(stages)),
+               tuple(held(s, bounds[s], bounds[s + 1]) for s in range(stages)))
+
+
+def _cap_text(cap: int | None) -> str:
+    return "unknown" if cap is None else f"{cap} bytes"
+
+
+def fixed_cut(bounds: Sequence[int], costs: Sequence[Sequence[float]], fixed: Sequence[float] = ()) -> Cut:
+    """A given cut (the even one) with its planned stage times."""
+    fixed = list(fixed) or [0.0] * len(costs)
+    secs = tuple(sum(costs[s][b] for b in range(bounds[s], bounds[s + 1])) + fixed[s] for s in range(len(costs)))
+    return Cut(tuple(bounds), secs, tuple(0 for _ in costs))
+
+
+# -- the schedule's time, modelled ------------------------------------------------------------------------------------
+
+def schedule_order(schedule: str, stage: int, stages: int, microbatches: int) -> list[tuple[str, int]]:
+    """The order a stage runs its micro-batches' forwards ("F") and backwards ("B") in."""
+    if schedule == "gpipe":
+        return [("F", i) for i in range(microbatches)] + [("B", i) for i in range(microbatches)]
+    warm = min(microbatches, stages - stage - 1)
+    order = [("F", i) for i in range(warm)]
+    f, b = warm, 0
+    while b < microbatches:
+        if f < microbatches:
+            order.append(("F", f))
+            f += 1
+        order.append(("B", b))
+        b += 1
+    return order
+
+
+def modelled_step_seconds(schedule: str, forward: Sequence[float], backward: Sequence[float],
+                          microbatches: int) -> tuple[float, list[float]]:
+    """The step's time when stage s takes forward[s] and backward[s] seconds per micro-batch and messages cost
+    nothing: each action starts when its stage is free and its input has come (a forward after the previous
+    stage's forward of it, a backward after the next stage's backward of it). Returns (the step's seconds, each
+    stage's idle share of it)."""
+    stages = len(forward)
+    orders = [schedule_order(schedule, s, stages, microbatches) for s in range(stages)]
+    done: dict[tuple[str, int, int], float] = {}
+    free = [0.0] * stages
+    pos = [0] * stages
+    while any(pos[s] < len(orders[s]) for s in range(stages)):
+        moved = False
+        for s in range(stages):
+            if pos[s] >= len(orders[s]):
+                continue
+            kind, i = orders[s][pos[s]]
+            need = (("F", s - 1, i) if s > 0 else None) if kind == "F" else \
+                (("B", s + 1, i) if s < stages - 1 else ("F", s, i))
+            if need is not None and need not in done:
+                continue
+            start = max(free[s], done[need] if need is not None else 0.0)
+            free[s] = done[(kind, s, i)] = start + (forward[s] if kind == "F" else backward[s])
+            pos[s] += 1
+            moved = True
+        if not moved:  # pragma: no cover - the orders above always move
+            raise RuntimeError("the modelled schedule is stuck")
+    step = max(free)
+    busy = [microbatches * (forward[s] + backward[s]) for s in range(stages)]
+    return step, [1.0 - b / step if step > 0 else 0.0 for b in busy]
+
+
+def theoretical_bubble(stages: int, microbatches: int) -> float:
+    """GPipe's and 1F1B's idle share of a step with equal stages: (p - 1) / (m + p - 1)."""
+    return (stages - 1) / (microbatches + stages - 1)
+
+
+# -- what each block costs -------------------------------------------------------------------------------------------
+
+def matmul_parameters(module: nn.Module | None) -> int:
+    """A part's cost proxy where none is measured: the elements of its nn.Linear (and transformers Conv1D)
+    weights, which a row's forward and backward multiply by (embeddings, norms and biases cost next to nothing)."""
+    if module is None:
+        return 0
+    total = 0
+    for m in module.modules():
+        if isinstance(m, nn.Linear) or type(m).__name__ == "Conv1D":
+            total += m.weight.numel()
+    return total
+
+
+def parameter_bytes(module: nn.Module | None) -> int:
+    return 0 if module is None else sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+def saved_bytes(fn: Callable[[], torch.Tensor]) -> int:
+    """The bytes autograd saves for backward while `fn()` runs (its activations), counted by saved-tensor hooks."""
+    total = [0]
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        total[0] += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return total[0]
+
+
+def measure_parts(parts: Parts, x: torch.Tensor, repeats: int = 2,
+                  clock: Callable[[Callable[[], Any]], float] | None = None) -> tuple[list[float], list[int]]:
+    """Forward + backward seconds of one micro-batch `x` through each part on this rank ([pre, *blocks, post],
+    0 for a part that is None), the best of `repeats` after one warm-up, and each part's saved activation bytes.
+    `clock(fn)` times fn (default: wall time, the caller's device synchronised by fn)."""
+    import time
+
+    def wall(fn: Callable[[], Any]) -> float:
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+
+    clock = clock or wall
+    modules = [parts.pre, *parts.blocks, parts.post]
+    seconds, acts = [], []
+    h = x
+    for m in modules:
+        if m is None:
+            seconds.append(0.0)
+            acts.append(0)
+            continue
+        inp = h.detach().requires_grad_(h.is_floating_point())
+
+        def once() -> torch.Tensor:
+            out = m(inp)
+            out.float().sum().backward()
+            return out
+
+        best = math.inf
+        for i in range(repeats + 1):
+            t = clock(once)
+            if i:
+                best = min(best, t)
+        acts.append(saved_bytes(lambda: m(inp)))
+        m.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            h = m(inp)
+        seconds.append(best)
+    return seconds, acts
+
+
+# -- the mesh and its groups ------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Mesh:
+    """pp x dp ranks, torchtitan's layout: rank r is stage r // dp, replica r % dp."""
+
+    pp: int
+    dp: int
+
+    def stage_of(self, rank: int) -> int:
+        return rank // self.dp
+
+    def replica_of(self, rank: int) -> int:
+        return rank % self.dp
+
+    def pp_ranks(self, replica: int) -> list[int]:
+        return [s * self.dp + replica for s in range(self.pp)]
+
+    def dp_ranks(self, stage: int) -> list[int]:
+        return [stage * self.dp + j for j in range(self.dp)]
+
+
+def mesh_for(world_size: int, pp: int) -> Mesh:
+    if pp < 1 or world_size % pp:
+        raise PipelineError(f"--pp {pp} does not divide the {world_size} ranks (accepted: a divisor of "
+                            f"{world_size}: {', '.join(str(d) for d in range(1, world_size + 1) if world_size % d == 0)})")
+    return Mesh(pp, world_size // pp)
+
+
+def native_backend(kinds: Sequence[tuple[str, str]]) -> str | None:
+    """The torch backend that serves a group whose ranks are of `kinds` ((device kind, torch device type) each),
+    or None: one kind on the CPU (host ranks, or ranks of one simulated or OpenCL model whose tensors torch keeps
+    on the CPU) is Gloo's, one GPU vendor's CUDA (or ROCm) devices NCCL's (RCCL's); two kinds are no native
+    backend's (as two vendors' GPUs would be)."""
+    if len(set(kinds)) != 1:
+        return None
+    kind, device_type = kinds[0]
+    if device_type == "cpu" and dist.is_gloo_available():
+        return "gloo"
+    if device_type == "cuda" and dist.is_nccl_available():
+        return "nccl"
+    return None
+
+
+@dataclass
+class GroupInfo:
+    name: str  # "pp 0" (replica 0's pipeline), "dp 1" (stage 1's replicas)
+    ranks: list[int]
+    backend: str
+    group: Any = None
+
+
+def make_groups(mesh: Mesh, kinds: Sequence[tuple[str, str]], choice: str = "auto",
+                hetbench_only: Sequence[str] = ()) -> list[GroupInfo]:
+    """Collective over the world: every pipeline's group (a replica's stages) and every stage's data-parallel
+    group (its replicas), made in the same order on every rank, each on its native backend where one serves it
+    (choice "auto") and the hetbench backend otherwise (or always with choice "hetbench"; for dims named in
+    `hetbench_only`, "pp" or "dp", whose strategy needs the hetbench backend). A group of one rank is made too."""
+    if choice not in GROUP_BACKENDS:
+        raise PipelineError(f"--group-backend {choice!r} is not one of {', '.join(GROUP_BACKENDS)}")
+    out = []
+    specs = [(f"pp {j}", "pp", mesh.pp_ranks(j)) for j in range(mesh.dp)]
+    specs += [(f"dp {s}", "dp", mesh.dp_ranks(s)) for s in range(mesh.pp)]
+    for name, dim, ranks in specs:
+        native = native_backend([tuple(kinds[r]) for r in ranks]) if choice == "auto" else None
+        backend = native if native is not None and dim not in hetbench_only else "hetbench"
+        info = GroupInfo(name, ranks, backend)
+        info.group = dist.new_group(ranks, backend=backend)
+        out.append(info)
+    return out
+
+
+# -- a stage and its schedule -----------------------------------------------------------------------------------------
+
+class StageModule(nn.Module):
+    """One stage: pre (first stage), its blocks, post (last stage), run in order. `model_names` maps each of its
+    parameter names to the whole model's."""
+
+    def __init__(self, parts: Parts, blocks: range, first: bool, last: bool) -> None:
+        super().__init__()
+        self.pre = parts.pre if first else None
+        self.blocks = nn.ModuleList(parts.blocks[b] for b in blocks)
+        self.post = parts.post if last else None
+        self.block_indices = list(blocks)
+        names: dict[str, str] = {}
+        if self.pre is not None:
+            names.update({f"pre.{k}": v for k, v in parts.pre_names.items()})
+        for i, b in enumerate(blocks):
+            for n, _ in parts.blocks[b].named_parameters():
+                names[f"blocks.{i}.{n}"] = f"{parts.block_names[b]}.{n}"
+        if self.post is not None:
+            names.update({f"post.{k}": v for k, v in parts.post_names.items()})
+        self.model_names = names
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.pre is not None:
+            x = self.pre(x)
+        for block in self.blocks:
+            x = block(x)
+        if self.post is not None:
+            x = self.post(x)
+        return x
+
+
+def _schedule_class(schedule: str) -> Any:
+    from torch.distributed import pipelining  # torch's pipelining loads only where a pipeline is built
+
+    classes = dict(zip(PIPELINE_SCHEDULES, (pipelining.ScheduleGPipe, pipelining.Schedule1F1B)))
+    if schedule not in classes:
+        raise PipelineError(f"--schedule {schedule!r} is not one of {', '.join(classes)}")
+    return classes[schedule]
+
+
+class StageTimes:
+    """Each micro-batch's forward and backward seconds on this stage, this step (the schedule's compute: its
+    waits for messages are not in them)."""
+
+    def __init__(self) -> None:
+        self.forward: list[float] = []
+        self.backward: list[float] = []
+
+    def take(self) -> tuple[list[float], list[float]]:
+        out = (list(self.forward), list(self.backward))
+        self.forward.clear()  # cleared in place: the timed calls append to these lists
+        self.backward.clear()
+        return out
+
+
+def _timed(fn: Callable[..., Any], into: list[float], clock: Callable[[], float]) -> Callable[..., Any]:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        t0 = clock()
+        out = fn(*args, **kwargs)
+        into.append(clock() - t0)
+        return out
+
+    return wrapper
+
+
+class Pipeline:
+    """This rank's stage of a pipeline and its schedule. `module` is the stage (wrapped by `wrap(module)` for data
+    parallelism where given); `step(x, y)` runs one step's micro-batches (x given on the first stage, y on the
+    last) and returns the micro-batches' losses on the last stage ([] elsewhere), gradients accumulated."""
+
+    def __init__(self, parts: Parts, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], cut: Cut,
+                 stage: int, group: Any, device: torch.device, schedule: str = "1f1b", microbatches: int = 4,
+                 wrap: Callable[[nn.Module], nn.Module] | None = None,
+                 clock: Callable[[], float] | None = None, group_name: str = "pp") -> None:
+        from torch.distributed.pipelining import PipelineStage
+
+        import time
+
+        stages = len(cut.bounds) - 1
+        if schedule == "1f1b" and microbatches < stages:
+            raise PipelineError(f"--microbatches {microbatches} is below the {stages} stages: 1F1B needs at least "
+                                "one micro-batch per stage (or use --schedule gpipe)")
+        self.stage, self.stages, self.cut = stage, stages, cut
+        self.schedule_name, self.microbatches = schedule, microbatches
+        self.inner = StageModule(parts, cut.blocks(stage), stage == 0, stage == stages - 1).to(device)
+        self.module = wrap(self.inner) if wrap is not None else self.inner
+        self.times = StageTimes()
+        self._stage = PipelineStage(self.module, stage, stages, device, group=group)
+        clock = clock or time.perf_counter
+        self._stage.forward_one_chunk = _timed(self._stage.forward_one_chunk, self.times.forward, clock)
+        self._stage.backward_one_chunk = _timed(self._stage.backward_one_chunk, self.times.backward, clock)
+        self.sent_bytes: dict[str, int] = {}  # P2P bytes this rank sent, by group name ("pp 0")
+        self.group_name = group_name
+        for getter in ("get_fwd_send_ops", "get_bwd_send_ops"):
+            setattr(self._stage, getter, self._counted(getattr(self._stage, getter)))
+        self.loss_scale = 1.0
+        self._loss_fn = loss_fn
+        self._schedule = _schedule_class(schedule)(self._stage, n_microbatches=microbatches, loss_fn=self._loss,
+                                                   scale_grads=False)
+
+    def _counted(self, get_ops: Callable[[int], list[Any]]) -> Callable[[int], list[Any]]:
+        def counted(chunk: int) -> list[Any]:
+            ops = get_ops(chunk)
+            sent = sum(op.tensor.numel() * op.tensor.element_size() for op in ops)
+            self.sent_bytes[self.group_name] = self.sent_bytes.get(self.group_name, 0) + sent
+            return ops
+
+        return counted
+
+    @property
+    def is_first(self) -> bool:
+        return self.stage == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.stage == self.stages - 1
+
+    def _loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = self._loss_fn(out, y)
+        return loss * self.loss_scale if self.loss_scale != 1.0 else loss
+
+    def step(self, x: torch.Tensor | None, y: torch.Tensor | None) -> list[torch.Tensor]:
+        """One step: the schedule over this rank's micro-batches. Rows must split into equal micro-batches (torch's
+        stages receive into buffers of the first micro-batch's shape)."""
+        for name, t in (("x", x), ("y", y)):
+            if t is not None and t.shape[0] % self.microbatches:
+                raise PipelineError(f"{t.shape[0]} rows of {name} do not split into {self.microbatches} equal "
+                                    "micro-batches")
+        losses: list[torch.Tensor] = []
+        args = (x,) if self.is_first else ()
+        self._schedule.step(*args, target=y if self.is_last else None, losses=losses if self.is_last else None,
+                            return_outputs=False)
+        return [loss.detach() / self.loss_scale if self.loss_scale != 1.0 else loss.detach() for loss in losses]
+
+    def model_state(self) -> dict[str, torch.Tensor]:
+        """This stage's parameters under the whole model's names (the inner module's; a data-parallel wrapper
+        that shards them must gather them first)."""
+        return {self.inner.model_names[n]: p for n, p in self.inner.named_parameters()}

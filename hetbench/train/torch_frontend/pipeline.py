@@ -1,0 +1,383 @@
+"""`hetbench train --frontend torch --pp N`: the model's blocks cut into N pipeline stages by the weights (auto:
+each rank's measured forward + backward time per block) and the ranks' memory, run by torch's GPipe or 1F1B
+schedule (hetbench/pytorch/pipeline.py), with the rest of the ranks data parallel by --strategy on a pp x dp mesh,
+each group on its native backend where one serves it.
+
+Every replica (a pipeline) takes its rows of the batch in whole micro-batches, rows shared by each replica's
+speed through its stages; the loss of a micro-batch is its rows' part of the global batch's mean, so the step is
+exact against one process."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from hetbench.harness.split_plan import shares
+from hetbench.pytorch import pipeline as pp
+from hetbench.train.outcome import ROOT, RankOutcome
+from hetbench.train.run import resolve_weights
+from hetbench.train.torch_frontend.checkpoint import writer
+from hetbench.train.torch_frontend.models import build_model, make_batch, output_row_losses, pipeline_parts
+from hetbench.train.torch_frontend.parallel import ApplyContext, Parallel, state_memory_bytes
+
+# bytes of training state per parameter, beside its 4 (fp32): its gradient, AdamW's two moments
+STATE_BYTES = {"adamw": 16, "sgd": 8}
+
+
+@dataclass
+class Plan:
+    """What every rank decides alike before the process group: the mesh, the cut, each replica's rows."""
+
+    mesh: pp.Mesh
+    cut: pp.Cut
+    weights: list[float]
+    kinds: list[tuple[str, str]]  # each rank's (device kind, torch device type)
+    replica_rows: list[int]
+    block_seconds: list[list[float]] | None = None  # auto: each rank's measured seconds per part (pre, blocks, post)
+    block_param_bytes: list[int] = field(default_factory=list)
+    activation_bytes: list[int] = field(default_factory=list)  # per part, one micro-batch
+    caps: list[int | None] = field(default_factory=list)
+
+
+def _rank_kind(state: Any) -> tuple[str, str]:
+    """The rank's kind for the groups' backends: its device (backend and model: two simulated models are two
+    vendors, as two real ones) and where torch keeps its tensors."""
+    opened = state.opened
+    return f"{opened.backend.name}:{opened.info.vendor}:{opened.info.name}", state.device.device.type
+
+
+def _micro_rows(cfg: Any, dp: int) -> int:
+    return max(1, cfg.batch // (cfg.micro_batches * dp))
+
+
+def _measure(cfg: Any, state: Any, rows: int) -> tuple[list[float], list[int], list[int]]:
+    """This rank's forward + backward seconds per part of the task's model on one micro-batch (on a throwaway copy
+    placed as the run places it), the parts' parameter bytes and saved activation bytes."""
+    from hetbench.pytorch.offload import offload_linears, step_seconds  # the offload is the run's, not the plan's
+
+    model = build_model(state.task).to(state.device.device)
+    if state.ops is not None:
+        offload_linears(model, state.ops)
+    blocks, pre, post = pipeline_parts(model)
+    parts = pp.Parts(blocks, pre, post)
+    x, _ = make_batch(state.task, 0, 0, rows)
+
+    def clock(fn: Callable[[], Any]) -> float:
+        import time
+
+        if state.ops is not None:
+            state.ops.reset()
+        t0 = time.perf_counter()
+        fn()
+        return step_seconds(state.ops, time.perf_counter() - t0)
+
+    seconds, acts = pp.measure_parts(parts, x.to(state.device.device), clock=clock)
+    if state.ops is not None:
+        state.ops.reset()
+    sizes = [pp.parameter_bytes(m) for m in (pre, *blocks, post)]
+    return seconds, sizes, acts
+
+
+def _costs(plan_weights: list[float], mesh: pp.Mesh, parts_cost: list[list[float]]) -> list[list[float]]:
+    """Each stage's cost of each part: with measured seconds per rank, the stage's ranks' rates added; with a
+    proxy cost per part (one list), that over the stage's weights added."""
+    out = []
+    for s in range(mesh.pp):
+        ranks = mesh.dp_ranks(s)
+        if len(parts_cost) == 1:
+            speed = sum(plan_weights[r] for r in ranks)
+            out.append([c / speed for c in parts_cost[0]])
+        else:
+            out.append([1.0 / sum(1.0 / max(parts_cost[r][i], 1e-12) for r in ranks)
+                        for i in range(len(parts_cost[0]))])
+    return out
+
+
+def make_plan(cfg: Any, world: Any, state: Any, share: float) -> Plan:
+    """Collective (mpi4py world): the cut and the replicas' rows. Raises PipelineError where none fits."""
+    mesh = pp.mesh_for(world.size, cfg.pp)
+    seconds, sizes, acts = _measure(cfg, state, _micro_rows(cfg, mesh.dp))
+    every = world.allgather(seconds if cfg.weights.kind == "auto" else None)
+    if cfg.weights.kind == "auto":
+        weights = [1.0 / max(sum(s), 1e-12) for s in every]
+        parts_cost = every
+    else:
+        weights = resolve_weights(cfg, world, state.profile, lambda: 1.0)
+        with torch.device("meta"):
+            blocks, pre, post = pipeline_parts(build_model(state.task))
+        parts_cost = [[float(pp.matmul_parameters(m)) for m in (pre, *blocks, post)]]
+    if any(w <= 0 for w in weights):
+        raise pp.PipelineError(f"--pp: every rank holds a stage and computes its rows, and the weights "
+                               f"{weights} give rank {min(r for r, w in enumerate(weights) if w <= 0)} none")
+    costs = _costs(weights, mesh, parts_cost)
+    blocks = len(sizes) - 2
+    memory = world.allgather(state_memory_bytes(state))
+    caps = [None if any(memory[r] is None for r in mesh.dp_ranks(s)) else min(memory[r] for r in mesh.dp_ranks(s))
+            for s in range(mesh.pp)]
+    per = STATE_BYTES.get(cfg.optimizer, 16) / 4.0 * share
+    block_bytes = [int(b * per) for b in sizes[1:-1]]
+    fixed = [costs[s][0] * (s == 0) + costs[s][-1] * (s == mesh.pp - 1) for s in range(mesh.pp)]
+    fixed_bytes = [int(sizes[0] * per) * (s == 0) + int(sizes[-1] * per) * (s == mesh.pp - 1)
+                   + (acts[0] if s == 0 else 0) + (acts[-1] if s == mesh.pp - 1 else 0) for s in range(mesh.pp)]
+    flights = [pp.in_flight(cfg.schedule, s, mesh.pp, cfg.micro_batches) for s in range(mesh.pp)]
+    block_costs = [c[1:-1] for c in costs]
+    if cfg.weights.kind == "even":
+        cut = pp.fixed_cut(pp.even_cut(blocks, mesh.pp), block_costs, fixed)
+    else:
+        cut = pp.cut_stages(block_costs, fixed, block_bytes, acts[1:-1], fixed_bytes, caps, flights)
+    rows = _replica_rows(cfg, mesh, cut, weights, parts_cost)
+    kinds = [tuple(k) for k in world.allgather(_rank_kind(state))]
+    return Plan(mesh, cut, weights, kinds, rows, every if cfg.weights.kind == "auto" else None, sizes, acts, caps)
+
+
+def _replica_rows(cfg: Any, mesh: pp.Mesh, cut: pp.Cut, weights: list[float],
+                  parts_cost: list[list[float]]) -> list[int]:
+    """Each replica's rows, whole micro-batches of equal size: shared by its speed, the inverse of its slowest
+    stage's time per row (each of its ranks computing its stage's parts)."""
+    if mesh.dp == 1:
+        return [cfg.batch]
+    speeds = []
+    for j in range(mesh.dp):
+        slowest = 0.0
+        for s, rank in enumerate(mesh.pp_ranks(j)):
+            idx = [0] * (s == 0) + [1 + b for b in cut.blocks(s)] + [len(parts_cost[0]) - 1] * (s == mesh.pp - 1)
+            cost = parts_cost[rank] if len(parts_cost) > 1 else [c / weights[rank] for c in parts_cost[0]]
+            slowest = max(slowest, sum(cost[i] for i in idx))
+        speeds.append(1.0 / max(slowest, 1e-12))
+    units = cfg.batch // cfg.micro_batches
+    counts = shares(speeds, units - mesh.dp)  # every replica at least one row per micro-batch
+    return [(c + 1) * cfg.micro_batches for c in counts]
+
+
+class Pipelined(Parallel):
+    """--pp: this rank's stage of its replica's pipeline, data parallel with the stage's other replicas by the
+    strategy (ddp, fsdp2, fsdp) over the stage's group."""
+
+    def __init__(self, model: torch.nn.Module, ctx: ApplyContext) -> None:
+        from hetbench.train.strategies import get as strategy  # the data-parallel dimension's own class
+
+        cfg, plan = ctx.cfg, ctx.state.plan
+        mesh, rank = plan.mesh, dist.get_rank()
+        self.dp_class = strategy("torch", cfg.strategy).applier()
+        needs_hetbench = ("dp",) if _needs_hetbench(self.dp_class) else ()
+        self.groups = pp.make_groups(mesh, plan.kinds, cfg.group_backend, needs_hetbench)
+        self.stage, self.replica = mesh.stage_of(rank), mesh.replica_of(rank)
+        self.pp_group = self.groups[self.replica].group
+        self.dp_group = self.groups[mesh.dp + self.stage].group
+        blocks, pre, post = pipeline_parts(model)
+        parts = pp.parts_of(model, blocks, pre, post)
+        self.inner_parallel: Parallel | None = None
+
+        def wrap(stage_module: torch.nn.Module) -> torch.nn.Module:
+            dp_weights = [plan.weights[r] for r in mesh.dp_ranks(self.stage)]
+            self.inner_parallel = self.dp_class(stage_module, ApplyContext(cfg, ctx.world, ctx.state, dp_weights,
+                                                                           group=self.dp_group))
+            return self.inner_parallel.module
+
+        batch = cfg.batch
+
+        def loss_fn(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return output_row_losses(out, y).float().sum() / batch
+
+        self.pipe = pp.Pipeline(parts, loss_fn, plan.cut, self.stage, self.pp_group, ctx.state.device.device,
+                                cfg.schedule, cfg.micro_batches, wrap=wrap if mesh.dp > 1 else None,
+                                clock=_device_clock(ctx.state.ops),
+                                group_name=self.groups[self.replica].name)
+        super().__init__(self.pipe.module, ctx)
+        self.plan = plan
+        self.step_times: list[tuple[list[float], list[float]]] = []
+
+    @staticmethod
+    def check(cfg: Any, world: Any, state: Any, layouts: list[Any]) -> list[str]:
+        """Collective: the plan (the cut, every replica's rows), made alike on every rank; its refusal in one
+        line."""
+        from hetbench.train.strategies import get as strategy
+
+        dp_class = strategy("torch", cfg.strategy).applier()
+        try:
+            state.plan = make_plan(cfg, world, state, dp_class.state_share(world.size // max(cfg.pp, 1)))
+        except pp.PipelineError as e:
+            return [str(e)]
+        return []
+
+    def rows(self, counts: list[int], rank: int) -> tuple[int, int]:
+        rows = self.plan.replica_rows
+        start = sum(rows[:self.replica])
+        return start, start + rows[self.replica]
+
+    def step(self, one_step: Callable[..., Any], x: torch.Tensor, y: torch.Tensor) -> Any:
+        def backward(scale: float) -> torch.Tensor:
+            self.pipe.loss_scale = scale
+            losses = self.pipe.step(x if self.pipe.is_first else None, y if self.pipe.is_last else None)
+            return torch.stack(losses).sum() if losses else torch.zeros(())
+
+        return one_step(self.module, x, y, backward=backward)
+
+    def attach(self, logger: Any) -> None:
+        self.pipe.times.take()
+        logger.rank_figures = self._step_figures
+
+    def _step_figures(self) -> dict[str, Any]:
+        forward, backward = self.pipe.times.take()
+        return {"stage": self.stage, "stage_forward_seconds": sum(forward), "stage_backward_seconds": sum(backward),
+                "microbatch_forward_seconds": forward, "microbatch_backward_seconds": backward}
+
+    def _stage_state(self) -> dict[str, torch.Tensor]:
+        """Collective over the stage's group: its parameters, whole, under the model's names (CPU)."""
+        inner = self.pipe.inner
+        full = self.inner_parallel.group_state() if self.inner_parallel is not None else None
+        if full is not None:
+            return {inner.model_names[k]: v for k, v in full.items()}
+        return {inner.model_names[n]: p.detach().cpu().clone() for n, p in inner.named_parameters()}
+
+    def full_state(self) -> dict[str, torch.Tensor] | None:
+        """Collective: every stage's parameters (replica 0's) gathered at rank 0 under the model's names."""
+        mine = self._stage_state()
+        every = [None] * dist.get_world_size()
+        dist.all_gather_object(every, mine if self.replica == 0 else None)
+        if dist.get_rank() != ROOT:
+            return None
+        out: dict[str, torch.Tensor] = {}
+        for part in every:
+            out.update(part or {})
+        return out
+
+
+    def shares(self, counts: list[int]) -> list[int]:
+        """Each rank's rows: its replica's."""
+        return [self.plan.replica_rows[self.plan.mesh.replica_of(r)] for r in range(len(counts))]
+
+    def manifest(self) -> dict[str, Any]:
+        return {"pp": self.plan.mesh.pp, "dp": self.plan.mesh.dp, "schedule": self.pipe.schedule_name,
+                "micro_batches": self.pipe.microbatches, "stage_bounds": list(self.plan.cut.bounds)}
+
+    def save(self, saver: Any, steps_done: int, optimizer: torch.optim.Optimizer) -> None:
+        """Collective: the whole model and optimizer state (every stage's, replica 0's) written at rank 0 as one
+        state.pt, the form a ddp or fsdp2 run saves, so that any strategy and any cut resumes it."""
+        model, state = _stage_optimizer_state(self.module, optimizer, self.pipe.inner.model_names)
+        every = [None] * dist.get_world_size()
+        dist.all_gather_object(every, (model, state) if self.replica == 0 else None)
+        full = None
+        if dist.get_rank() == ROOT:
+            full = {"model": {}, "optim": {"state": {}, "param_groups": None}}
+            for part in every:
+                if part is not None:
+                    full["model"].update(part[0])
+                    full["optim"]["state"].update(part[1])
+        saver.save(steps_done, [], root_files=writer(full) if full is not None else None)
+
+    def resume(self, checkpoint: Any, optimizer: torch.optim.Optimizer) -> None:
+        """Collective: each stage takes its parameters and their optimizer state from the whole model's."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        full = checkpoint._full()
+        names = self.pipe.inner.model_names
+        model = {k: full["model"][v] for k, v in names.items()}
+        state = {k: full["optim"]["state"][v] for k, v in names.items() if v in full["optim"]["state"]}
+        optim = {"state": state, "param_groups": [{**{k: v for k, v in g.items() if k != "params"},
+                                                   "params": list(names)} for g in optimizer.param_groups]}
+        set_state_dict(self.module, optimizer, model_state_dict=model, optim_state_dict=optim,
+                       options=StateDictOptions(full_state_dict=True))
+        checkpoint._state = None
+
+    def details(self, optimizer: torch.optim.Optimizer, logs: list[Any], mine: list[dict[str, Any]]) -> dict[str, Any]:
+        """The rank's stage: its blocks, its parameter bytes, its compute per micro-batch over the timed steps."""
+        inner, cut, mbs = self.pipe.inner, self.plan.cut, self.pipe.microbatches
+        skip = min(int(self.ctx.cfg.warmup_steps), max(len(mine) - 1, 0))
+        per_mb = [(m["stage_forward_seconds"] + m["stage_backward_seconds"]) / mbs for m in mine]
+        return {"stage": self.stage, "replica": self.replica, "stage_layers": len(inner.block_indices),
+                "stage_blocks": [inner.block_indices[0], inner.block_indices[-1] + 1],
+                "stage_param_bytes": sum(self.plan.block_param_bytes[i] for i in self._part_indices()),
+                "microbatch_compute_seconds": per_mb[skip:],
+                "microbatch_forward_seconds": [m["stage_forward_seconds"] / mbs for m in mine][skip:],
+                "microbatch_backward_seconds": [m["stage_backward_seconds"] / mbs for m in mine][skip:],
+                "step_seconds": [log.step_seconds for log in logs][skip:],
+                "pipeline": {"pp": self.plan.mesh.pp, "dp": self.plan.mesh.dp, "schedule": self.pipe.schedule_name,
+                             "micro_batches": self.pipe.microbatches, "bounds": list(cut.bounds),
+                             "planned_stage_cost": list(cut.stage_seconds), "replica_rows": self.plan.replica_rows,
+                             "auto_part_seconds": self.plan.block_seconds,
+                             "groups": [{"name": g.name, "ranks": g.ranks, "backend": g.backend}
+                                        for g in self.groups]},
+                "group_bytes": self._group_bytes()}
+
+    def _part_indices(self) -> list[int]:
+        """The plan's part indices (0: pre, 1 + b: block b, last: post) this stage holds."""
+        last = len(self.plan.block_param_bytes) - 1
+        return ([0] if self.pipe.is_first else []) + [1 + b for b in self.pipe.inner.block_indices] + \
+            ([last] if self.pipe.is_last else [])
+
+    def _group_bytes(self) -> dict[str, int]:
+        return dict(self.pipe.sent_bytes)
+
+    @staticmethod
+    def summary(gathered: Sequence[RankOutcome]) -> dict[str, Any]:
+        return {"pipeline": pipeline_summary(gathered)}
+
+
+def _device_clock(ops: Any) -> Callable[[], float]:
+    """The stage's clock: wall time, except that on a simulated device the modelled GEMM and copy time replaces the
+    host's emulating them (offload.step_seconds, read as a running clock)."""
+    import time
+
+    if ops is None or not ops.modelled:
+        return time.perf_counter
+    return lambda: time.perf_counter() - ops.wall_seconds + ops.compute_seconds + ops.copy_seconds
+
+
+def _needs_hetbench(dp_class: Any) -> bool:
+    """Whether the data-parallel strategy runs on the hetbench backend alone (hetbench's fsdp: MPI underneath)."""
+    return dp_class.group_backends() == ("hetbench",)
+
+
+def _stage_optimizer_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                           names: dict[str, str]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Collective over the stage's group: its parameters and optimizer state whole (CPU), under the model's
+    names."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    model_sd, optim_sd = get_state_dict(module, optimizer,
+                                        options=StateDictOptions(full_state_dict=True, cpu_offload=False))
+    model = {names[k]: v.detach().cpu().clone() for k, v in model_sd.items()}
+    state = {names[k]: {n: (t.detach().cpu().clone() if isinstance(t, torch.Tensor) else t) for n, t in v.items()}
+             for k, v in optim_sd.get("state", {}).items()}
+    return model, state
+
+
+def _median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
+def pipeline_summary(gathered: Sequence[RankOutcome]) -> dict[str, Any]:
+    """Per stage: its ranks, blocks, parameter bytes, compute per micro-batch (the median over the timed steps,
+    the slowest of its ranks), its measured idle share of the step (1 - its busy seconds over the job's step),
+    beside the schedule's theory for equal stages, and the step modelled from the stages' measured times against
+    the step measured; the groups, their ranks, backends and bytes."""
+    d = [g.details for g in gathered]
+    info = d[ROOT]["pipeline"]
+    stages, mbs = info["pp"], info["micro_batches"]
+    step = _median([max(v) for v in zip(*(x["step_seconds"] for x in d))]) if d[ROOT]["step_seconds"] else 0.0
+    per_stage, forward, backward = [], [], []
+    for s in range(stages):
+        mine = [x for x in d if x["stage"] == s]
+        f = max(_median(x["microbatch_forward_seconds"]) for x in mine)
+        b = max(_median(x["microbatch_backward_seconds"]) for x in mine)
+        forward.append(f)
+        backward.append(b)
+        busy = mbs * (f + b)
+        per_stage.append({"stage": s, "ranks": [r for r, x in enumerate(d) if x["stage"] == s],
+                          "layers": mine[0]["stage_layers"], "blocks": mine[0]["stage_blocks"],
+                          "param_bytes": mine[0]["stage_param_bytes"],
+                          "microbatch_compute_seconds": f + b,
+                          "bubble_measured_fraction": 1.0 - busy / step if step > 0 else 0.0})
+    modelled, _ = pp.modelled_step_seconds(info["schedule"], forward, backward, mbs)
+    theory = pp.theoretical_bubble(stages, mbs)
+    measured = statistics.mean(x["bubble_measured_fraction"] for x in per_stage)
+    return {"pp": stages, "dp": info["dp"], "schedule": info["schedule"], "micro_batches": mbs,
+            "stages": per_stage, "replica_rows": info["replica_rows"],
+            "bubble_theory_fraction": theory, "bubble_measured_fraction_mean": measured,
+            "step_seconds_modelled": modelled, "step_seconds_measured": step,
+            "groups": [{**g, "bytes": sum(x["group_bytes"].get(g["name"], 0) for x in d)} for g in info["groups"]]}
