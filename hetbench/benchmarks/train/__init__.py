@@ -122,7 +122,10 @@ class Train:
             weights = plan.parse_weights(params["weights"], world.size)
         except plan.WeightsError as e:
             raise click.BadParameter(str(e), param_hint="'--weights'") from None
-        _check_work_for_every_rank(params, weights, world.size)
+        if params["frontend"] == "torch" and params["pp"] > 1:
+            _check_pipeline(params, weights, world.size)
+        else:
+            _check_work_for_every_rank(params, weights, world.size)
         if params["solo_between_steps"] and world.size < 2:
             raise click.BadParameter("sets each rank alone against the others' job; with 1 rank the run itself is "
                                      "the solo run (leave it out, or run 2 ranks or more)",
@@ -280,6 +283,34 @@ def _check_work_for_every_rank(params: dict[str, Any], weights: Any, ranks: int)
                                  f"{params['batch']}", param_hint="'--micro-batches'")
 
 
+def _check_pipeline(params: dict[str, Any], weights: Any, ranks: int) -> None:
+    """--pp N: N divides the ranks, every stage a block, 1F1B a micro-batch per stage, every replica whole
+    micro-batches of at least one row, every rank a weight (each holds a stage), fp32."""
+    stages, mbs, batch = params["pp"], params["micro_batches"], params["batch"]
+    if ranks % stages:
+        divisors = ", ".join(str(d) for d in range(1, ranks + 1) if ranks % d == 0)
+        raise click.BadParameter(f"{stages} does not divide the {ranks} ranks (accepted: {divisors})",
+                                 param_hint="'--pp'")
+    if stages > params["layers"]:
+        raise click.BadParameter(f"{stages} stages are more than the model's {params['layers']} blocks (--layers): "
+                                 "each stage holds at least one", param_hint="'--pp'")
+    if params["schedule"] == "1f1b" and mbs < stages:
+        raise click.BadParameter(f"{mbs} is below the {stages} stages: 1F1B needs at least one micro-batch per "
+                                 "stage (or --schedule gpipe)", param_hint="'--micro-batches'")
+    replicas = ranks // stages
+    if batch % mbs or batch // mbs < replicas:
+        raise click.BadParameter(f"{batch} rows do not split into {mbs} equal micro-batches of at least one row for "
+                                 f"each of the {replicas} pipelines (accepted: a multiple of {mbs * replicas})",
+                                 param_hint="'--batch'")
+    if weights.kind == "list" and min(weights.values) <= 0:
+        rank = min(r for r, w in enumerate(weights.values) if w <= 0)
+        raise click.BadParameter(f"rank {rank}'s weight {weights.values[rank]} leaves it nothing, and with --pp "
+                                 "every rank holds a stage (give each a weight > 0)", param_hint="'--weights'")
+    if params["dtype"] != "fp32":
+        raise click.BadParameter(f"{params['dtype']} with --pp: the pipeline trains in fp32 for now (accepted: fp32)",
+                                 param_hint="'--dtype'")
+
+
 def _given(name: str) -> bool:
     """Whether the user gave option `name` (on the command line): one left at its default is not given."""
     from click.core import ParameterSource
@@ -301,7 +332,15 @@ def _refuse_options_that_do_not_apply(params: dict[str, Any]) -> None:
                 raise click.UsageError(f"{flag} {params[option]} does not apply: it sets {what} ({where}), and the "
                                        f"model here is {model}; leave it out")
     record = strategies.REGISTRY.get((frontend, strategy))
-    if not (record and "micro_batches" in record.options) and _given("micro_batches"):
+    piped = frontend == "torch" and params["pp"] > 1
+    if params["pp"] > 1 and frontend != "torch":
+        raise click.UsageError(f"--pp {params['pp']} does not apply: it cuts a PyTorch model into pipeline stages "
+                               "(--frontend torch); the numpy trainer's pipeline is --strategy pipeline")
+    for option, flag in (("schedule", "--schedule"), ("group_backend", "--group-backend")):
+        if not piped and _given(option):
+            raise click.UsageError(f"{flag} {params[option]} does not apply: it sets the pipeline of --frontend "
+                                   "torch --pp N (N > 1), and there is none here; leave it out")
+    if not (record and "micro_batches" in record.options) and not piped and _given("micro_batches"):
         takers = [s for s in strategies.REGISTRY.values() if "micro_batches" in s.options]
         where = ", ".join(f"--strategy {s.name} (--frontend {s.frontend})" for s in takers)
         why = (f"--frontend {frontend} has no such strategy (its strategies: {', '.join(strategies.names(frontend))})"

@@ -174,8 +174,8 @@ class Pipelined(Parallel):
 
         def wrap(stage_module: torch.nn.Module) -> torch.nn.Module:
             dp_weights = [plan.weights[r] for r in mesh.dp_ranks(self.stage)]
-            self.inner_parallel = self.dp_class(stage_module, ApplyContext(cfg, ctx.world, ctx.state, dp_weights,
-                                                                           group=self.dp_group))
+            self.inner_parallel = self.dp_class.for_stage(stage_module, ApplyContext(cfg, ctx.world, ctx.state,
+                                                                                     dp_weights, group=self.dp_group))
             return self.inner_parallel.module
 
         batch = cfg.batch
@@ -198,6 +198,8 @@ class Pipelined(Parallel):
         from hetbench.train.strategies import get as strategy
 
         dp_class = strategy("torch", cfg.strategy).applier()
+        if world.size > cfg.pp and dp_class.stage_problem():
+            return [dp_class.stage_problem()]
         try:
             state.plan = make_plan(cfg, world, state, dp_class.state_share(world.size // max(cfg.pp, 1)))
         except pp.PipelineError as e:
@@ -213,6 +215,8 @@ class Pipelined(Parallel):
         def backward(scale: float) -> torch.Tensor:
             self.pipe.loss_scale = scale
             losses = self.pipe.step(x if self.pipe.is_first else None, y if self.pipe.is_last else None)
+            if self.inner_parallel is not None:
+                self.inner_parallel.finish_backward()
             return torch.stack(losses).sum() if losses else torch.zeros(())
 
         return one_step(self.module, x, y, backward=backward)
