@@ -19,6 +19,7 @@ from hetbench.pytorch.backend import BACKEND_NAME, BackendError, HetbenchProcess
 from hetbench.pytorch.device import RankDevice, rank_device  # noqa: E402
 from hetbench.pytorch.fsdp import ShardedModule, WrapError, shard_module, sharded  # noqa: E402
 from hetbench.pytorch.logger import StepLogger, hetbench_group  # noqa: E402
+from hetbench.pytorch.pipeline import PipelineError, PipelinedModel, pipeline  # noqa: E402
 from hetbench.pytorch.uneven import (  # noqa: E402
     batch_rows,
     exact_ddp,

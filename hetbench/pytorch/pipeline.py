@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hetbench.harness.split_plan import shares
 from hetbench.pytorch_support import GROUP_BACKENDS, PIPELINE_SCHEDULES
 
 # the bytes of training state per parameter byte beside the parameter itself: its gradient, and the optimizer's
@@ -518,3 +519,127 @@ class Pipeline:
         """This stage's parameters under the whole model's names (the inner module's; a data-parallel wrapper
         that shards them must gather them first)."""
         return {self.inner.model_names[n]: p for n, p in self.inner.named_parameters()}
+
+
+# -- the library call -------------------------------------------------------------------------------------------------
+
+def _all(value: Any, group: Any = None) -> list[Any]:
+    out: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, value, group=group)
+    return out
+
+
+class PipelinedModel:
+    """A user's model pipelined over the world (hb.pipeline): `step(x, y)` runs a step's micro-batches (x and y
+    the rows of this rank's pipeline; only the first stage reads x, the last y) and sums each gradient over the
+    stage's replicas; `parameters()` are this rank's stage's, for its optimizer; `state_dict()` its stage's under
+    the model's names; `full_state_dict()` (collective) the whole model's at rank 0."""
+
+    def __init__(self, pipe: Pipeline, mesh: Mesh, groups: list[GroupInfo], rows: list[int]) -> None:
+        self.pipe, self.mesh, self.groups, self.replica_rows = pipe, mesh, groups, rows
+        rank = dist.get_rank()
+        self.stage, self.replica = mesh.stage_of(rank), mesh.replica_of(rank)
+        self.dp_group = groups[mesh.dp + self.stage].group
+
+    def parameters(self) -> Any:
+        return self.pipe.inner.parameters()
+
+    def rows(self) -> tuple[int, int]:
+        """This rank's rows [start, stop) of the global batch: its pipeline's."""
+        start = sum(self.replica_rows[:self.replica])
+        return start, start + self.replica_rows[self.replica]
+
+    def step(self, x: torch.Tensor | None, y: torch.Tensor | None) -> torch.Tensor:
+        """Collective: forward and backward of the rows' micro-batches; returns this rank's part of the loss (the
+        sum of its micro-batches' losses on a last stage, 0 elsewhere)."""
+        losses = self.pipe.step(x if self.pipe.is_first else None, y if self.pipe.is_last else None)
+        if self.mesh.dp > 1:
+            grads = [p.grad for p in self.pipe.inner.parameters() if p.grad is not None]
+            if grads:
+                flat = torch.cat([g.reshape(-1) for g in grads])
+                dist.all_reduce(flat, group=self.dp_group)
+                offset = 0
+                for g in grads:
+                    g.copy_(flat[offset:offset + g.numel()].view_as(g))
+                    offset += g.numel()
+        return torch.stack(losses).sum() if losses else torch.zeros(())
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach() for k, v in self.pipe.model_state().items()}
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        every = _all({k: v.cpu() for k, v in self.state_dict().items()} if self.replica == 0 else None)
+        if dist.get_rank() != 0:
+            return None
+        out: dict[str, torch.Tensor] = {}
+        for part in every:
+            out.update(part or {})
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        """The cut (each stage's blocks), the groups and their backends."""
+        return {"bounds": list(self.pipe.cut.bounds), "blocks_per_stage": self.pipe.cut.counts,
+                "replica_rows": list(self.replica_rows),
+                "groups": [{"name": g.name, "ranks": g.ranks, "backend": g.backend} for g in self.groups]}
+
+
+def pipeline(model: nn.Module, blocks: Sequence[nn.Module], loss_fn: Callable[[torch.Tensor, torch.Tensor], Any],
+             example: torch.Tensor, pre: nn.Module | None = None, post: nn.Module | None = None,
+             weights: str | Sequence[float] = "even", pp: int | None = None, schedule: str = "1f1b",
+             microbatches: int = 4, batch: int | None = None, device: torch.device | str = "cpu",
+             group_backend: str = "auto", kind: str | None = None) -> PipelinedModel:
+    """Collective: `model` (its `blocks`, with `pre` before and `post` after them) pipelined over the world's ranks
+    in `pp` stages (default: every rank a stage), the rest data parallel (gradients summed). The stages are cut
+    by `weights`: "even" (equal block counts), a list of one relative speed per rank, or "auto" (each rank's
+    forward + backward seconds per part on `example`, one micro-batch of input). `loss_fn(output, target)` must
+    return the micro-batch's part of the global batch's loss (its rows' sum over the global batch size) for the
+    step to be exact. `batch` (default: microbatches x example rows x replicas): the global batch, shared among
+    the pipelines by their speed in whole micro-batches. `kind`: this rank's device kind for the groups' backends
+    (default: its torch device type; give e.g. "nvidia" or "amd" where ranks of two vendors share a type)."""
+    if not dist.is_initialized():
+        raise PipelineError("hetbench.pytorch.pipeline needs a process group: call hetbench.pytorch.init() first")
+    world, rank = dist.get_world_size(), dist.get_rank()
+    device = torch.device(device)
+    mesh = mesh_for(world, pp or world)
+    parts = parts_of(model, blocks, pre, post)
+    modules = [parts.pre, *parts.blocks, parts.post]
+    if weights == "auto":
+        seconds, _ = measure_parts(parts, example.to(device))
+        every = _all(seconds)
+        speeds = [1.0 / max(sum(s), 1e-12) for s in every]
+    else:
+        speeds = [1.0] * world if weights == "even" else [float(w) for w in weights]
+        if len(speeds) != world or min(speeds) <= 0:
+            raise PipelineError(f"weights {list(weights)!r}: give one speed > 0 per rank ({world}), 'even' or 'auto'")
+        every = [[float(matmul_parameters(m)) / speeds[r] for m in modules] for r in range(world)]
+    costs = [[1.0 / sum(1.0 / max(every[r][i], 1e-12) for r in mesh.dp_ranks(s)) for i in range(len(modules))]
+             for s in range(mesh.pp)]
+    fixed = [costs[s][0] * (s == 0) + costs[s][-1] * (s == mesh.pp - 1) for s in range(mesh.pp)]
+    block_costs = [c[1:-1] for c in costs]
+    cut = fixed_cut(even_cut(len(parts.blocks), mesh.pp), block_costs, fixed) if weights == "even" else \
+        cut_stages(block_costs, fixed)
+    kinds = _all((kind or device.type, device.type))
+    groups = make_groups(mesh, [tuple(k) for k in kinds], group_backend)
+    rows = _pipeline_rows(mesh, cut, every, microbatches, batch or microbatches * example.shape[0] * mesh.dp)
+    stage = mesh.stage_of(rank)
+    pipe = Pipeline(parts, loss_fn, cut, stage, groups[mesh.replica_of(rank)].group, device, schedule,
+                    microbatches, group_name=groups[mesh.replica_of(rank)].name)
+    return PipelinedModel(pipe, mesh, groups, rows)
+
+
+def _pipeline_rows(mesh: Mesh, cut: Cut, every: list[list[float]], microbatches: int, batch: int) -> list[int]:
+    """Each pipeline's rows in whole micro-batches, by the inverse of its slowest stage's time per row."""
+    if batch % microbatches or batch // microbatches < mesh.dp:
+        raise PipelineError(f"a batch of {batch} rows does not split into {microbatches} equal micro-batches for "
+                            f"each of {mesh.dp} pipelines")
+    if mesh.dp == 1:
+        return [batch]
+    last = len(every[0]) - 1
+    speeds = []
+    for j in range(mesh.dp):
+        slowest = max(sum(every[r][i] for i in ([0] * (s == 0) + [1 + b for b in cut.blocks(s)]
+                                                 + [last] * (s == mesh.pp - 1)))
+                      for s, r in enumerate(mesh.pp_ranks(j)))
+        speeds.append(1.0 / max(slowest, 1e-12))
+    counts = shares(speeds, batch // microbatches - mesh.dp)
+    return [(c + 1) * microbatches for c in counts]

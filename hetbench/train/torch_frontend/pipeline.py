@@ -16,7 +16,6 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from hetbench.harness.split_plan import shares
 from hetbench.pytorch import pipeline as pp
 from hetbench.train.outcome import ROOT, RankOutcome
 from hetbench.train.run import resolve_weights
@@ -149,7 +148,7 @@ def _replica_rows(cfg: Any, mesh: pp.Mesh, cut: pp.Cut, weights: list[float],
             slowest = max(slowest, sum(cost[i] for i in idx))
         speeds.append(1.0 / max(slowest, 1e-12))
     units = cfg.batch // cfg.micro_batches
-    counts = shares(speeds, units - mesh.dp)  # every replica at least one row per micro-batch
+    counts = pp.shares(speeds, units - mesh.dp)  # every replica at least one row per micro-batch
     return [(c + 1) * cfg.micro_batches for c in counts]
 
 
