@@ -11,7 +11,7 @@ SUPPORTED = ((2, 11), (2, 14))
 # the pipeline's schedules and group-backend choices (hetbench.pytorch.pipeline), named here so that `--help` needs
 # no torch
 PIPELINE_SCHEDULES = ("gpipe", "1f1b")
-GROUP_BACKENDS = ("auto", "hetbench")
+GROUP_BACKENDS = ("auto", "hetbench", "gloo", "nccl")
 INSTALL = "pip install 'hetbench[torch]' (on a machine without a GPU, install torch's CPU build first)"
 
 

@@ -4,6 +4,11 @@ OpenCL or simulated device, or the CPU), which NCCL and RCCL cannot.
 
 Every collective is one blocking MPI call (the Work it returns is complete, its future set), on a communicator of
 the group's own (a sub-group or DeviceMesh dimension gets its own, made from the world's by MPI_Comm_create_group).
+Point-to-point operations do not block: send and recv start MPI_Isend / MPI_Irecv on the caller's thread (so the
+messages of one peer and tag go in the order of the calls) and return a Work that wait() completes, because pipeline
+schedules post a send and a receive together and two stages may send to each other at once, which blocking sends
+beyond MPI's eager limit turn into a deadlock. The group's progress engine (hetbench/comm/progress.py) moves the
+sends while the rank computes.
 A tensor reaches MPI by one of two paths, chosen per job (HETBENCH_TORCH_PATH or hetbench.pytorch.set_path):
   host:   a GPU tensor is copied to host memory, MPI runs there, the result is copied back (CPU forwarding, the
           path every MPI can take; the copies are timed). A CPU tensor is handed over as it is.
@@ -28,6 +33,7 @@ import os
 import re
 import time
 import zlib
+from collections import deque
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -36,6 +42,7 @@ import torch.distributed as dist
 from torch.distributed import ReduceOp
 
 from hetbench.comm.vcollectives import displacements as _displs
+from hetbench.comm.progress import Progress
 from hetbench.pytorch.metrics import CollectiveMetrics
 from hetbench.comm import watchdog
 from hetbench.comm import gpu
@@ -137,6 +144,95 @@ class _RecvAnyWork(_DoneWork):
         return self._source
 
     sourceRank = _source_rank
+
+
+class _P2PWork(dist.distributed_c10d.Work):
+    """One send or recv call's messages in flight. wait() completes them (HetbenchProcessGroup._complete): the sends
+    taken back from the group's progress engine, each receive waited for and copied back where it was staged, then
+    the future set to the call's tensors (torch's schedules only wait(); get_future()'s future is complete once wait()
+    or an is_completed() that found the messages there has run). Until then it holds what MPI reads and writes."""
+
+    def __init__(self, pg: "HetbenchProcessGroup", name: str, tensors: list[torch.Tensor]) -> None:
+        super().__init__()
+        self.pg, self.name, self.tensors = pg, name, tensors
+        self.engine: Progress | None = None  # the engine holding the sends' requests (`flight`), if it holds any
+        self.flight: Any = None
+        self.held: list[_Staged] = []  # the sends' buffers, alive until the sends complete
+        self.receives: list[tuple[Any, _Staged]] = []  # each receive's request and staging
+        self.own: list[_OwnReceive] = []  # receives from this rank itself (its mailbox, not MPI)
+        self.done = False
+        self.error: BackendError | None = None  # what completing the messages raised (every wait() raises it)
+        self._future: torch.futures.Future = torch.futures.Future()
+
+    def wait(self, timeout: Any = None) -> bool:
+        """Complete the messages (the watchdog, not `timeout`, bounds the wait where a command armed it)."""
+        if not self.done:
+            self.pg._complete(self)
+        if self.error is not None:
+            raise self.error
+        return True
+
+    def is_completed(self) -> bool:
+        if not self.done and self.pg._arrived(self):
+            self.pg._complete(self)
+        return self.done
+
+    def is_success(self) -> bool:
+        return self.done and self.error is None
+
+    def get_future(self) -> torch.futures.Future:
+        return self._future
+
+
+class _CoalescedWork(dist.distributed_c10d.Work):
+    """The point-to-point operations started inside a coalescing block (start_coalescing .. end_coalescing), done
+    when every one is; each op's own Work stays valid beside it."""
+
+    def __init__(self, works: list[_P2PWork]) -> None:
+        super().__init__()
+        self.works = works
+        self._future: torch.futures.Future = torch.futures.Future()
+        if not works:
+            self._future.set_result([])
+
+    def wait(self, timeout: Any = None) -> bool:
+        for w in self.works:
+            w.wait()
+        if not self._future.done():
+            self._future.set_result([t for w in self.works for t in w.tensors])
+        return True
+
+    def is_completed(self) -> bool:
+        return all(w.is_completed() for w in self.works)
+
+    def is_success(self) -> bool:
+        return all(w.is_success() for w in self.works)
+
+    def get_future(self) -> torch.futures.Future:
+        return self._future
+
+
+class _OwnReceive:
+    """A receive from this rank itself: filled by the copy of a message this rank sent itself (the group's mailbox;
+    MPI's send to itself would not complete before its receive is posted)."""
+
+    def __init__(self, tensor: torch.Tensor, tag: int) -> None:
+        self.tensor, self.tag = tensor, tag
+        self.filled = False
+        self.problem: str | None = None
+
+    def fill(self, message: torch.Tensor) -> None:
+        n = message.numel()
+        if n > self.tensor.numel():  # as MPI refuses a message longer than the receive buffer
+            self.problem = (f"a message of {n} elements from this rank itself (tag {self.tag}) is longer than the "
+                            f"receiving tensor's {self.tensor.numel()}: truncated")
+        elif n == self.tensor.numel():
+            self.tensor.detach().copy_(message.reshape(self.tensor.shape))
+        else:  # a shorter message fills the first elements, as MPI fills the start of the buffer
+            flat = self.tensor.detach().reshape(-1).clone()
+            flat[:n].copy_(message.reshape(-1))
+            self.tensor.detach().copy_(flat.reshape(self.tensor.shape))
+        self.filled = True
 
 
 class _DeviceBuffer:
@@ -356,6 +452,11 @@ class HetbenchProcessGroup(dist.ProcessGroup):
         self.copy_seconds = 0.0
         # wait for every rank in a barrier before each collective, timed apart as idle (metrics.py)
         self.split_idle = os.environ.get(SPLIT_IDLE_ENV) == "1"
+        self._progress: Progress | None = None  # moves the sends in flight; made on the first that needs it
+        self._coalesced: list[_P2PWork] | None = None  # the p2p Works of an open coalescing block
+        # this rank's messages to itself by tag: sent and not yet received, and receives waiting for one
+        self._own_messages: dict[int, deque[torch.Tensor]] = {}
+        self._own_receives: dict[int, deque[_OwnReceive]] = {}
         self._group_name = ""
         self._group_desc = ""
 
@@ -387,6 +488,14 @@ class HetbenchProcessGroup(dist.ProcessGroup):
 
     def abort(self) -> None:
         self.comm.Abort(1)
+
+    def shutdown(self) -> None:
+        """torch's destroy_process_group: the progress engine's thread ends (a send still in flight is its
+        wait()'s to complete, on the caller's thread)."""
+        if self._progress is not None:
+            self._progress.close()
+            self._progress = None
+        super().shutdown()
 
     def __repr__(self) -> str:
         return f"HetbenchProcessGroup(rank={self.comm.Get_rank()}, size={self.comm.Get_size()}, path={self.path})"
@@ -841,45 +950,126 @@ class HetbenchProcessGroup(dist.ProcessGroup):
         if problem:
             raise BackendError(f"hetbench backend: {problem}")
 
-    def _waiting(self, src: int, tag: int, seconds: float = 0.01) -> bool:
-        """Whether a message from `src` with `tag` is waiting: probed for a moment (MPICH's first probe of a
-        message a rank sent itself may say no; its next, after progress, says yes)."""
-        deadline = time.perf_counter() + seconds
-        while not self.comm.Iprobe(source=src, tag=tag):
-            if time.perf_counter() > deadline:
-                return False
-        return True
-
-    def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> _DoneWork:
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> _P2PWork:
+        """Start sending each tensor to `dst` (MPI_Isend; to this rank itself, a copy into its mailbox)."""
         self._check_peer("send: destination rank", dst)
         self._check_dtype("send", tensors)
+        work = _P2PWork(self, "send", tensors)
 
-        def body() -> list[torch.Tensor]:
+        def post() -> None:
+            if dst == self.comm.Get_rank():
+                self._send_own(tensors, tag)
+                return
+            requests = []
             for t in tensors:
                 s = _Staged(self, t, reduce=False)
-                self.comm.Send(s.buf, dest=dst, tag=tag)
-            return tensors
+                work.held.append(s)
+                requests.append(self.comm.Isend(s.buf, dest=dst, tag=tag))
+            if self.MPI.Request.Testall(requests):  # gone already (MPI's eager sends): nothing for the engine
+                work.held = []
+            else:
+                work.engine = self._engine()
+                work.flight = work.engine.start(requests)
 
-        return self._run("send", sum(t.numel() * t.element_size() for t in tensors), body)
+        return self._started(work, post)
 
-    def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> _DoneWork:
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> _P2PWork:
+        """Start receiving each tensor from `src` (MPI_Irecv; from this rank itself, out of its mailbox)."""
         self._check_peer("recv: source rank", src)
-        if src == self.comm.Get_rank() and not self._waiting(src, tag):
-            # this backend's sends complete before they return: a message from this rank that is not waiting now
-            # never comes, and the receive would wait for ever
-            raise BackendError(f"hetbench backend: recv: source rank {src} is this rank itself, and no message of "
-                               f"tag {tag} from it is waiting (sends complete before they return): the receive would "
-                               "never end")
         self._check_dtype("recv", tensors)
+        work = _P2PWork(self, "recv", tensors)
 
-        def body() -> list[torch.Tensor]:
+        def post() -> None:
             for t in tensors:
-                s = _Staged(self, t, reduce=False)
-                self.comm.Recv(s.buf, source=src, tag=tag)
-                s.finish()
-            return tensors
+                if src == self.comm.Get_rank():
+                    work.own.append(self._recv_own(t, tag))
+                else:
+                    s = _Staged(self, t, reduce=False)
+                    work.receives.append((self.comm.Irecv(s.buf, source=src, tag=tag), s))
 
-        return self._run("recv", sum(t.numel() * t.element_size() for t in tensors), body)
+        return self._started(work, post)
+
+    def _engine(self) -> Progress:
+        if self._progress is None:
+            self._progress = Progress()
+        return self._progress
+
+    def _started(self, work: _P2PWork, post: Callable[[], None]) -> _P2PWork:
+        """`post()` (the operation's start), timed into the metrics with the operation's bytes. No idle barrier
+        first, as the collectives have where split_idle is set: ranks make different point-to-point calls."""
+        copied, start = self.copy_seconds, time.perf_counter()
+        try:
+            post()
+        except self.MPI.Exception as e:
+            raise BackendError(f"hetbench backend: {work.name}: {mpi_error_line(e)}") from None
+        # a p2p op's seconds are the caller's: starting it here and waiting in wait() (its exposed time), not the
+        # transfer's, which the progress engine overlaps with the caller's computation
+        nbytes = sum(t.numel() * t.element_size() for t in work.tensors)
+        self.metrics.add(work.name, nbytes, time.perf_counter() - start, self.copy_seconds - copied)
+        if self._coalesced is not None:
+            self._coalesced.append(work)
+        return work
+
+    def _arrived(self, work: _P2PWork) -> bool:
+        """Whether every message of `work` is complete, asked without waiting (an MPI error raised here is kept
+        for wait(): the request is gone once it has been tested)."""
+        try:
+            sent = work.flight is None or work.engine.test(work.flight)
+            return sent and all(r.Test() for r, _ in work.receives) and all(o.filled for o in work.own)
+        except self.MPI.Exception as e:
+            work.error = BackendError(f"hetbench backend: {work.name}: {mpi_error_line(e)}")
+            return True
+
+    def _complete(self, work: _P2PWork) -> None:
+        """wait(): every message of `work` completed on this thread (watched where the watchdog is armed: the
+        engine's wait, and each receive's request, made by a watched communicator), the staged receives copied
+        back, the future set; the time it took added to the op's seconds."""
+        copied, start = self.copy_seconds, time.perf_counter()
+        try:
+            if work.flight is not None:
+                work.engine.wait(work.flight)
+            for request, staged in work.receives:
+                request.Wait()  # one by one: MPI's error (a truncation) in its own words, not Waitall's
+                staged.finish()
+        except self.MPI.Exception as e:
+            work.error = work.error or BackendError(f"hetbench backend: {work.name}: {mpi_error_line(e)}")
+        problems = [o.problem or self._never_comes(o) for o in work.own if o.problem or not o.filled]
+        if problems and work.error is None:
+            work.error = BackendError(f"hetbench backend: recv: {problems[0]}")
+        work.held, work.receives, work.done = [], [], True
+        self.metrics.add_seconds(work.name, time.perf_counter() - start, self.copy_seconds - copied)
+        if work.error is None:
+            work._future.set_result(work.tensors)
+        else:
+            work._future.set_exception(work.error)
+
+    def _send_own(self, tensors: list[torch.Tensor], tag: int) -> None:
+        """Messages to this rank itself, copied at once: into the oldest receive of the tag waiting for one (MPI's
+        matching order), else into the mailbox."""
+        for t in tensors:
+            waiting = self._own_receives.get(tag)
+            if waiting:
+                waiting.popleft().fill(t.detach())
+            else:
+                self._own_messages.setdefault(tag, deque()).append(t.detach().clone())
+
+    def _recv_own(self, t: torch.Tensor, tag: int) -> _OwnReceive:
+        """A receive from this rank itself: the oldest message of the tag in the mailbox, else waiting for one."""
+        receive = _OwnReceive(t, tag)
+        messages = self._own_messages.get(tag)
+        if messages:
+            receive.fill(messages.popleft())
+        else:
+            self._own_receives.setdefault(tag, deque()).append(receive)
+        return receive
+
+    def _never_comes(self, receive: _OwnReceive) -> str:
+        """Why a receive from this rank itself, unfilled when it is waited for, never ends: only this thread sends
+        to this rank, and it waits. The receive is withdrawn (a later send must not fill it)."""
+        self._own_receives[receive.tag].remove(receive)
+        me = self.comm.Get_rank()
+        return (f"source rank {me} is this rank itself, and no message of tag {receive.tag} from it is waiting "
+                "(sends complete before they return): the receive would never end")
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> _DoneWork:
         status = self.MPI.Status()
@@ -905,12 +1095,14 @@ class HetbenchProcessGroup(dist.ProcessGroup):
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
         self.comm.Barrier()
 
-    # coalescing: every collective above has completed when it returns, so a coalesced block is complete too
+    # coalescing (torch's _coalescing_manager with a device): the block's Work completes every point-to-point op
+    # started inside it; its collectives have completed when they returned
     def start_coalescing(self, device: Any = None) -> None:
-        return None
+        self._coalesced = []
 
-    def end_coalescing(self, device: Any = None) -> _DoneWork:
-        return _DoneWork(None)
+    def end_coalescing(self, device: Any = None) -> _CoalescedWork:
+        works, self._coalesced = self._coalesced or [], None
+        return _CoalescedWork(works)
 
     _start_coalescing = start_coalescing
     _end_coalescing = end_coalescing

@@ -8,7 +8,9 @@ scatter or all_to_all. algbw = bytes / seconds (GB/s, 1e9 bytes/s), busbw = algb
 reduce, send and recv (the same factors as `hetbench collectives`). Where the group splits idle time off
 (HetbenchProcessGroup.split_idle), each call first waits in a barrier, timed as idle_seconds, so that seconds
 is the data movement once every rank has arrived, as `hetbench train` counts comm and idle. Over several calls of
-one op in a step, algbw is the op's bytes over its seconds, summed.
+one op in a step, algbw is the op's bytes over its seconds, summed. A send or recv does not block: its bytes are
+counted when it starts, its seconds are the caller's (starting it, then waiting for it in wait(), added then), the
+time the transfer was exposed, not how long it took.
 """
 
 from __future__ import annotations
@@ -59,6 +61,13 @@ class CollectiveMetrics:
             t.seconds += seconds
             t.copy_seconds += copy_seconds
             t.idle_seconds += idle_seconds
+
+    def add_seconds(self, op: str, seconds: float, copy_seconds: float) -> None:
+        """More seconds of a call already counted (a send or recv's wait)."""
+        for table in (self._ops, self._all):
+            t = table.setdefault(op, OpTotals())
+            t.seconds += seconds
+            t.copy_seconds += copy_seconds
 
     def take(self) -> dict[str, dict[str, Any]]:
         """The figures since the last take, per op; then zero."""

@@ -352,6 +352,22 @@ def native_backend(kinds: Sequence[tuple[str, str]]) -> str | None:
     return None
 
 
+def group_backend_problem(choice: str, kinds: Sequence[tuple[str, str]]) -> str | None:
+    """Why every group cannot run on `choice` (a torch backend named outright), or None: auto and hetbench always
+    can; gloo where this torch has it; nccl where it has it and every rank's tensors are CUDA's."""
+    if choice not in GROUP_BACKENDS:
+        return f"--group-backend {choice!r} is not one of {', '.join(GROUP_BACKENDS)}"
+    available = {"gloo": dist.is_gloo_available(), "nccl": dist.is_nccl_available()}
+    if choice in available and not available[choice]:
+        return f"--group-backend {choice}: this torch ({torch.__version__}) has no {choice} backend"
+    if choice == "nccl":
+        cpu = [r for r, (_, device_type) in enumerate(kinds) if device_type != "cuda"]
+        if cpu:
+            return (f"--group-backend nccl carries GPU tensors, and rank {cpu[0]}'s are on the "
+                    f"{kinds[cpu[0]][1]} (accepted here: auto, hetbench, gloo)")
+    return None
+
+
 @dataclass
 class GroupInfo:
     name: str  # "pp 0" (replica 0's pipeline), "dp 1" (stage 1's replicas)
@@ -366,14 +382,17 @@ def make_groups(mesh: Mesh, kinds: Sequence[tuple[str, str]], choice: str = "aut
     group (its replicas), made in the same order on every rank, each on its native backend where one serves it
     (choice "auto") and the hetbench backend otherwise (or always with choice "hetbench"; for dims named in
     `hetbench_only`, "pp" or "dp", whose strategy needs the hetbench backend). A group of one rank is made too."""
-    if choice not in GROUP_BACKENDS:
-        raise PipelineError(f"--group-backend {choice!r} is not one of {', '.join(GROUP_BACKENDS)}")
+    problem = group_backend_problem(choice, kinds)
+    if problem:
+        raise PipelineError(problem)
     out = []
     specs = [(f"pp {j}", "pp", mesh.pp_ranks(j)) for j in range(mesh.dp)]
     specs += [(f"dp {s}", "dp", mesh.dp_ranks(s)) for s in range(mesh.pp)]
     for name, dim, ranks in specs:
         native = native_backend([tuple(kinds[r]) for r in ranks]) if choice == "auto" else None
         backend = native if native is not None and dim not in hetbench_only else "hetbench"
+        if choice not in ("auto", "hetbench") and dim not in hetbench_only:
+            backend = choice
         info = GroupInfo(name, ranks, backend)
         info.group = dist.new_group(ranks, backend=backend)
         out.append(info)

@@ -200,7 +200,8 @@ def _run_options() -> list[click.Parameter]:
         click.Option(["--group-backend"], type=click.Choice(GROUP_BACKENDS), default="auto", show_default=True,
                      help="--pp: auto puts each pipeline or data-parallel group whose ranks are of one kind on "
                           "torch's native backend for it (gloo for CPU tensors, nccl for one vendor's GPUs), and "
-                          "only a group that spans kinds on hetbench's; hetbench: every group on hetbench's."),
+                          "only a group that spans kinds on hetbench's; hetbench, gloo, nccl: every group on that "
+                          "one (hetbench's fsdp's groups stay on hetbench's)."),
         click.Option(["--path"], type=click.Choice(["host", "device"]), default="host", show_default=True,
                      help="How a GPU rank's parameters, gradients and activations reach MPI: through host copies "
                           "(host), or as GPU memory (device: needs a GPU-aware MPI). Ranks whose training "

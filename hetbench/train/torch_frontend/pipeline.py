@@ -9,6 +9,7 @@ exact against one process."""
 
 from __future__ import annotations
 
+import importlib
 import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -16,7 +17,8 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from hetbench.pytorch import pipeline as pp
+# the module, not hetbench.pytorch.pipeline the library call of the same name
+pp = importlib.import_module("hetbench.pytorch.pipeline")
 from hetbench.train.outcome import ROOT, RankOutcome
 from hetbench.train.run import resolve_weights
 from hetbench.train.torch_frontend.checkpoint import writer
@@ -130,6 +132,9 @@ def make_plan(cfg: Any, world: Any, state: Any, share: float) -> Plan:
         cut = pp.cut_stages(block_costs, fixed, block_bytes, acts[1:-1], fixed_bytes, caps, flights)
     rows = _replica_rows(cfg, mesh, cut, weights, parts_cost)
     kinds = [tuple(k) for k in world.allgather(_rank_kind(state))]
+    problem = pp.group_backend_problem(cfg.group_backend, kinds)
+    if problem:
+        raise pp.PipelineError(problem)
     return Plan(mesh, cut, weights, kinds, rows, every if cfg.weights.kind == "auto" else None, sizes, acts, caps)
 
 
