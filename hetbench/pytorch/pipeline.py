@@ -332,8 +332,8 @@ class Mesh:
 
 def mesh_for(world_size: int, pp: int) -> Mesh:
     if pp < 1 or world_size % pp:
-        raise PipelineError(f"--pp {pp} does not divide the {world_size} ranks (accepted: a divisor of "
-                            f"{world_size}: {', '.join(str(d) for d in range(1, world_size + 1) if world_size % d == 0)})")
+        divisors = ", ".join(str(d) for d in range(1, world_size + 1) if world_size % d == 0)
+        raise PipelineError(f"--pp {pp} does not divide the {world_size} ranks (accepted: {divisors})")
     return Mesh(pp, world_size // pp)
 
 

@@ -21,6 +21,7 @@ import torch.distributed as dist
 pp = importlib.import_module("hetbench.pytorch.pipeline")
 from hetbench.train.outcome import ROOT, RankOutcome
 from hetbench.train.run import resolve_weights
+from hetbench.train.strategies import get as strategy
 from hetbench.train.torch_frontend.checkpoint import writer
 from hetbench.train.torch_frontend.models import build_model, make_batch, output_row_losses, pipeline_parts
 from hetbench.train.torch_frontend.parallel import ApplyContext, Parallel, state_memory_bytes
@@ -162,8 +163,6 @@ class Pipelined(Parallel):
     strategy (ddp, fsdp2, fsdp) over the stage's group."""
 
     def __init__(self, model: torch.nn.Module, ctx: ApplyContext) -> None:
-        from hetbench.train.strategies import get as strategy  # the data-parallel dimension's own class
-
         cfg, plan = ctx.cfg, ctx.state.plan
         mesh, rank = plan.mesh, dist.get_rank()
         self.dp_class = strategy("torch", cfg.strategy).applier()
@@ -199,8 +198,6 @@ class Pipelined(Parallel):
     def check(cfg: Any, world: Any, state: Any, layouts: list[Any]) -> list[str]:
         """Collective: the plan (the cut, every replica's rows), made alike on every rank; its refusal in one
         line."""
-        from hetbench.train.strategies import get as strategy
-
         dp_class = strategy("torch", cfg.strategy).applier()
         if world.size > cfg.pp and dp_class.stage_problem():
             return [dp_class.stage_problem()]
@@ -381,11 +378,22 @@ def pipeline_summary(gathered: Sequence[RankOutcome]) -> dict[str, Any]:
                           "param_bytes": mine[0]["stage_param_bytes"],
                           "microbatch_compute_seconds": f + b,
                           "bubble_measured_fraction": 1.0 - busy / step if step > 0 else 0.0})
-    modelled, _ = pp.modelled_step_seconds(info["schedule"], forward, backward, mbs)
-    theory = pp.theoretical_bubble(stages, mbs)
-    measured = statistics.mean(x["bubble_measured_fraction"] for x in per_stage)
+    modelled, idle = pp.modelled_step_seconds(info["schedule"], forward, backward, mbs)
+    slowest = max(range(stages), key=lambda s: forward[s] + backward[s])
+    planned = info["planned_stage_cost"] if info.get("auto_part_seconds") else None
+    predicted = (pp.modelled_step_seconds(info["schedule"], [c / 3 for c in planned], [2 * c / 3 for c in planned],
+                                          mbs)[0] if planned else None)
+    for x, i, c in zip(per_stage, idle, planned or [None] * stages):
+        x["bubble_modelled_fraction"] = i
+        x["planned_microbatch_seconds"] = c
     return {"pp": stages, "dp": info["dp"], "schedule": info["schedule"], "micro_batches": mbs,
             "stages": per_stage, "replica_rows": info["replica_rows"],
-            "bubble_theory_fraction": theory, "bubble_measured_fraction_mean": measured,
-            "step_seconds_modelled": modelled, "step_seconds_measured": step,
+            # the pipeline's bubble: the idle share of its slowest stage (the others idle for the imbalance too),
+            # beside the schedule's at the stages' measured times, and the textbook's for equal stages
+            "bubble_measured_fraction": per_stage[slowest]["bubble_measured_fraction"],
+            "bubble_modelled_fraction": idle[slowest],
+            "bubble_theory_fraction": pp.theoretical_bubble(stages, mbs),
+            "idle_measured_fraction_mean": statistics.mean(x["bubble_measured_fraction"] for x in per_stage),
+            "step_seconds_predicted": predicted, "step_seconds_modelled": modelled, "step_seconds_measured": step,
+            "auto_part_seconds": info.get("auto_part_seconds"),
             "groups": [{**g, "bytes": sum(x["group_bytes"].get(g["name"], 0) for x in d)} for g in info["groups"]]}
