@@ -89,6 +89,9 @@ class StepLogger:
         # called at each step's end when set: this rank's own extra figures for the step line (hetbench fsdp's
         # prefetched gathers)
         self.rank_figures: Any = None
+        # other hetbench groups this rank's step uses ({name: group}: a pipeline's and its stage's): their seconds
+        # count as the step's communication and idle time too, their figures go under "group_collectives"
+        self.groups: dict[str, Any] = {}
         self.lines: list[dict[str, Any]] = []  # rank 0: every step's line
         self.mine: list[dict[str, Any]] = []  # this rank's own figures, step by step
         self.path = Path(path) if path is not None else None
@@ -152,9 +155,14 @@ class StepLogger:
             device = {"device_gemm_seconds": d.compute_seconds, "device_copy_seconds": d.copy_seconds,
                       "device_gemms": d.gemms, "device_timing": "modelled" if modelled else "measured"}
         ops = self.pg.metrics.take() if self.pg is not None else {}
-        comm = sum(o["seconds"] for o in ops.values()) if self.pg is not None else None
-        idle = sum(o["idle_seconds"] for o in ops.values()) if self.pg is not None else None
-        copies = sum(o["copy_seconds"] for o in ops.values()) if self.pg is not None else None
+        grouped = {name: g.metrics.take() for name, g in self.groups.items()}
+        every_op = [*ops.values(), *(o for g in grouped.values() for o in g.values())]
+        measured = self.pg is not None or bool(self.groups)
+        comm = sum(o["seconds"] for o in every_op) if measured else None
+        idle = sum(o["idle_seconds"] for o in every_op) if measured else None
+        copies = sum(o["copy_seconds"] for o in every_op) if measured else None
+        if grouped:
+            device["group_collectives"] = grouped
         loss = rec.loss
         loss = float(loss.detach().float().sum().item()) if isinstance(loss, torch.Tensor) else float(loss or 0.0)
         params, grads, state = held_bytes(self.model, self.optimizer)

@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 # the module, not hetbench.pytorch.pipeline the library call of the same name
 pp = importlib.import_module("hetbench.pytorch.pipeline")
+from hetbench.pytorch.logger import hetbench_group
 from hetbench.train.outcome import ROOT, RankOutcome
 from hetbench.train.run import resolve_weights
 from hetbench.train.strategies import get as strategy
@@ -225,6 +226,13 @@ class Pipelined(Parallel):
     def attach(self, logger: Any) -> None:
         self.pipe.times.take()
         logger.rank_figures = self._step_figures
+        mine = (self.groups[self.replica], self.groups[self.plan.mesh.dp + self.stage])
+        for info in mine:
+            pg = hetbench_group(info.group)
+            if pg is not None and len(info.ranks) > 1:
+                pg.split_idle = True  # its collectives' idle time apart from their transfers, as the world's
+                pg.metrics.take()
+                logger.groups[info.name] = pg
 
     def _step_figures(self) -> dict[str, Any]:
         forward, backward = self.pipe.times.take()
@@ -291,6 +299,7 @@ class Pipelined(Parallel):
 
     def details(self, optimizer: torch.optim.Optimizer, logs: list[Any], mine: list[dict[str, Any]]) -> dict[str, Any]:
         """The rank's stage: its blocks, its parameter bytes, its compute per micro-batch over the timed steps."""
+        self._mine = mine
         inner, cut, mbs = self.pipe.inner, self.plan.cut, self.pipe.microbatches
         skip = min(int(self.ctx.cfg.warmup_steps), max(len(mine) - 1, 0))
         per_mb = [(m["stage_forward_seconds"] + m["stage_backward_seconds"]) / mbs for m in mine]
@@ -316,7 +325,14 @@ class Pipelined(Parallel):
             ([last] if self.pipe.is_last else [])
 
     def _group_bytes(self) -> dict[str, int]:
-        return dict(self.pipe.sent_bytes)
+        """The bytes this rank sent over each of its groups in the steps: the pipeline's P2P (counted by the
+        stage), and its stage's collectives where the hetbench backend carried them (Gloo keeps no figures)."""
+        out = dict(self.pipe.sent_bytes)
+        name = self.groups[self.plan.mesh.dp + self.stage].name
+        steps = [m.get("group_collectives", {}).get(name, {}) for m in self._mine]
+        if any(steps):
+            out[name] = sum(o["bytes"] for step in steps for o in step.values())
+        return out
 
     @staticmethod
     def summary(gathered: Sequence[RankOutcome]) -> dict[str, Any]:
