@@ -496,6 +496,36 @@ def _uneven_fsdp(r, tmp):
     has_lines(r[0].stdout, "step   0  loss 0.513506", "rows [48, 16]")
 
 
+@runs("mpiexec -n 2 hetbench train --frontend torch --model gpt --layers 4 --pp 2 --weights auto --steps 20 "
+      "--backend 0=host,1=sim:mi300x --out pp.json", marks=[needs_torch])
+def _pipeline_two(r, tmp):
+    has_lines(r[0].stdout, "4 layers x 64, batch 32, 20 steps, adamw lr 0.003, weights auto", "(samples [32, 32])",
+              "result: all checks passed")
+    piped = json.loads((tmp / "pp.json").read_text())["summary"]["pipeline"]
+    assert (piped["pp"], piped["dp"], piped["bubble_theory_fraction"]) == (2, 1, 0.2)
+    assert [g["backend"] for g in piped["groups"]] == ["hetbench", "gloo", "gloo"]
+    assert piped["groups"][0]["bytes"] == 20 * 2 * 32 * 64 * 64 * 4  # the cut's activations and gradients
+    assert sum(s["layers"] for s in piped["stages"]) == 4  # auto: the cut depends on the machine's load
+
+
+@runs("mpiexec -n 4 hetbench train --frontend torch --model gpt --layers 4 --pp 2 --strategy ddp --weights auto "
+      "--steps 10 --backend 0=host,1=sim:mi300x,2=host,3=sim:mi300x --out pp4.json", marks=[needs_torch])
+def _pipeline_four(r, tmp):
+    has_lines(r[0].stdout, "4 layers x 64, batch 32, 10 steps, adamw lr 0.003, weights auto",
+              "result: all checks passed")  # the replicas' rows follow the speeds auto measures
+    groups = json.loads((tmp / "pp4.json").read_text())["summary"]["pipeline"]["groups"]
+    assert [(g["name"], g["ranks"], g["backend"]) for g in groups] == [
+        ("pp 0", [0, 2], "gloo"), ("pp 1", [1, 3], "gloo"), ("dp 0", [0, 1], "hetbench"), ("dp 1", [2, 3], "hetbench")]
+    assert all(g["bytes"] > 0 for g in groups)  # the pipelines' activations, the stages' gradients (hetbench's figures)
+
+
+@runs(".venv/bin/mpiexec -n 2 .venv/bin/python examples/pipeline_own_model.py --weights 3,1", marks=[needs_torch])
+def _pipeline_example(r, tmp):
+    has_lines(r[0].stdout, "step 0  loss 4.715329", "step 3  loss 4.738175",
+              "cut: [3, 1] layers per stage (bounds [0, 3, 4]), rows per pipeline [16]",
+              "group pp 0: ranks [0, 1] on gloo", "matches one process: losses within")
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # too heavy as written on this 2-core CPU: run here smaller (what changes, and why), and parsed as written
 
@@ -568,6 +598,10 @@ NOT_RUN: dict[str, str] = {
     "mpiexec -n 1 -host nv venv-cuda/bin/python -m mpi4py train.py : -n 1 -host amd venv-rocm/bin/python -m mpi4py "
     "train.py": "a template (the doc says it was not run): two nodes, a CUDA and a ROCm build, your train.py; the "
                 "same MPMD form with one build is run above",
+    "mpiexec -n 1 -host nv venv-cuda/bin/hetbench train --frontend torch --model gpt --pp 2 --weights auto --backend "
+    "0=cupy,1=cupy : -n 1 -host amd venv-rocm/bin/hetbench train --frontend torch --model gpt --pp 2 --weights auto "
+    "--backend 0=cupy,1=cupy": "a template (the doc says it was not run): two GPU nodes of two vendors, a CUDA and a "
+                               "ROCm build; --pp on 2 ranks is run above on the host and a simulated MI300X",
     "sudo apt-get install openmpi-bin": "installs a system package",
     "git clone <hetbench> /opt/hetbench && cd /opt/hetbench": "a template: the repository's address to fill in",
     "python3 -m venv .venv-openmpi": "makes a virtualenv (as `make env-openmpi` does)",
