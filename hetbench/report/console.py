@@ -758,16 +758,47 @@ def _size(n: int) -> str:
     return f"{n} bytes"
 
 
+def _train_title(summary: dict[str, Any], config: dict[str, Any]) -> str:
+    """The run in a line: its strategy (a pipeline's stages, and the strategy over its replicas), model, batch,
+    optimizer, weights."""
+    piped = summary.get("pipeline")
+    strategy = summary["strategy"] if not piped else (
+        f"pipeline of {piped['pp']} stages" + (f" x {summary['strategy']} over {piped['dp']} replicas"
+                                                if piped["dp"] > 1 else ""))
+    return (f"hetbench train: {strategy}, {config['layers']} layers x {config['hidden']}, batch "
+            f"{config['batch']}, {summary['steps']} steps, {config['optimizer']} lr {config['lr']:g}, weights "
+            f"{summary['weights_kind']} ({summary['shares_of']} {summary['shares']})")
+
+
+def _pipeline_lines(out: Any, p: dict[str, Any]) -> None:
+    """--pp: each stage's ranks, layers, parameters and compute per micro-batch; the bubble against the schedule's
+    theory; the step modelled from the stages' times against the step measured; the groups and their backends."""
+    stages = "; ".join(f"stage {s['stage']} rank{'s' if len(s['ranks']) > 1 else ''} "
+                       f"{', '.join(map(str, s['ranks']))}: {s['layers']} layers [{s['blocks'][0]}, {s['blocks'][1]}), "
+                       f"{_size(s['param_bytes'])}, {fmt(s['microbatch_compute_seconds'], scale=1e3)} ms a "
+                       "micro-batch" for s in p["stages"])
+    out.print(f"pipeline ({p['schedule']}, {p['micro_batches']} micro-batches): {stages}", markup=False)
+    predicted = ("" if p.get("step_seconds_predicted") is None else
+                 f", predicted by the plan {fmt(p['step_seconds_predicted'], scale=1e3)} ms")
+    out.print(f"bubble: {fmt(p['bubble_measured_fraction'])} of the step idle at the slowest stage (the schedule's "
+              f"theory {fmt(p['bubble_theory_fraction'])} for equal stages, {fmt(p['bubble_modelled_fraction'])} "
+              f"at these stages' times); step modelled {fmt(p['step_seconds_modelled'], scale=1e3)} ms, measured "
+              f"{fmt(p['step_seconds_measured'], scale=1e3)} ms{predicted}", markup=False)
+    groups = "; ".join(f"{g['name']} ranks {', '.join(map(str, g['ranks']))} on {g['backend']}"
+                       + (f", {_size(g['bytes'])}" if g.get("bytes") else "")
+                       for g in p["groups"] if len(g["ranks"]) > 1)
+    if groups:
+        out.print(f"groups: {groups}", markup=False)
+
+
 def train_report(rows: list[dict[str, Any]], summary: dict[str, Any], config: dict[str, Any],
                  wide: bool = False) -> None:
     """`hetbench train`: one row per rank (share, step, compute, communication and idle times), then the loss
     curve's ends, the throughput and the check against one process."""
     out = console()
-    title = (f"hetbench train: {summary['strategy']}, {config['layers']} layers x {config['hidden']}, batch "
-             f"{config['batch']}, {summary['steps']} steps, {config['optimizer']} lr {config['lr']:g}, weights "
-             f"{summary['weights_kind']} ({summary['shares_of']} {summary['shares']})")
+    piped = summary.get("pipeline")
     columns = [c for c in columns_of("train") if c.shown(wide)]
-    print_table(out, columns_table(title, columns, rows, wide, _modelled_caption(rows)), wide)
+    print_table(out, columns_table(_train_title(summary, config), columns, rows, wide, _modelled_caption(rows)), wide)
     fell = summary.get("loss_fell_by")
     first = summary.get("first_step") or 0
     if summary.get("resumed_from"):
@@ -809,6 +840,8 @@ def train_report(rows: list[dict[str, Any]], summary: dict[str, Any], config: di
                 out.print(f"rank {r} holds no element of {len(empty)} unit(s) ({', '.join(empty[:4])}"
                           f"{', ...' if len(empty) > 4 else ''}): its weight's share rounds to zero there",
                           markup=False)
+    if piped:
+        _pipeline_lines(out, piped)
     check = summary.get("check")
     if check is None:
         out.print("loss curve not checked (--no-check)")

@@ -68,13 +68,45 @@ def run_figures(document: dict[str, Any]) -> list[RunFigure]:
                   if isinstance(shares, list) else "-", note=f"weights {summary.get('weights_kind')}"),
         RunFigure("comm_hidden_percent", "comm hidden", shown(summary.get("comm_hidden_percent")), "%",
                   note="fsdp's prefetch: the share of the layer gathers' time hidden behind compute"),
+        *_pipeline_figures(summary.get("pipeline")),
         RunFigure("verified", "checks", "not checked" if check is None else "passed" if check.get("ok") else "FAILED",
                   headline=False),
     ]
 
 
+# --pp: one row per pipeline stage (summary["pipeline"]["stages"])
+STAGE_COLUMNS: tuple[Column, ...] = (
+    Column("stage", "stage", text=True),
+    Column("ranks_text", "ranks", text=True, derived=True),
+    Column("layers", "layers", text=True),
+    Column("param_bytes", "parameters", "bytes", digits=4),
+    Column("microbatch_compute_seconds", "compute a micro-batch", "ms", 1e3, better="lower"),
+    Column("bubble_measured_fraction", "idle share of the step", better="lower"),
+)
+
+
+def _pipeline_figures(p: dict[str, Any] | None) -> list[RunFigure]:
+    """--pp: the stages' layers, the bubble against the schedule's theory, the step modelled against measured."""
+    if not p:
+        return []
+    return [
+        RunFigure("pipeline_layers", "stage layers", ", ".join(str(s["layers"]) for s in p["stages"]),
+                  note=f"{p['pp']} stages x {p['dp']} replicas"),
+        RunFigure("pipeline_bubble", "pipeline bubble", shown(p.get("bubble_measured_fraction")),
+                  note=f"the slowest stage's idle share; the schedule's theory {p.get('bubble_theory_fraction'):.3g}"),
+        RunFigure("pipeline_step_modelled", "step modelled", shown(p.get("step_seconds_modelled")), "s",
+                  note="the schedule at the stages' measured times, messages free", headline=False),
+    ]
+
+
 def tables(document: dict[str, Any]) -> list[Table]:
-    return [Table("rows", "per rank", rank_columns(), document["rows"])]
+    out = [Table("rows", "per rank", rank_columns(), document["rows"])]
+    piped = (document.get("summary") or {}).get("pipeline")
+    if piped:
+        rows = [{**s, "ranks_text": ", ".join(map(str, s["ranks"]))} for s in piped["stages"]]
+        out.append(Table("stages", f"per pipeline stage ({piped['schedule']}, {piped['micro_batches']} "
+                                   "micro-batches)", STAGE_COLUMNS, rows))
+    return out
 
 
 PLOTS = (
