@@ -1,16 +1,17 @@
 """`make bench-pipeline-torch`'s goals, judged on the `hetbench train --frontend torch --pp 2` runs its recipe made
 in one folder, every figure measured in that bench: FOLDER/round-N/ holds the pair with auto stages (pp-auto.json),
-with even stages (pp-even.json), with auto stages on Gloo (pp-auto-gloo.json), and each rank alone on the whole
-model (solo-*.json).
+with even stages (pp-even.json), with the auto run's stages on Gloo (pp-auto-gloo.json), and each rank alone on
+the whole model (solo-*.json).
 
 Goals, each judged on the rounds (verdict.judged):
 - auto's speedup over even >= 0.90 of the ideal speedup over even at the rates the even run measured (its stages'
   compute per micro-batch t_s: the even cut's bottleneck is max(t), a perfect cut's p / sum(1 / t_s), as split's
   bench states it): ideal = max(t) x sum(1 / t) / p;
-- the pipeline's bubble (its slowest stage's idle share of the step) within 20 % above the schedule's theory for
-  equal stages, (p - 1) / (m + p - 1): theory / measured >= 1 / 1.2 (a bubble below theory, where the cut left the
-  slowest stage less idle than an equal cut would, is printed, not failed);
-- the step on hetbench's backend no slower than the same schedule and cut on Gloo: Gloo's step / hetbench's >= 1.
+- the pipeline's bubble (its slowest stage's idle share of the schedule's span) within 20 % above the schedule's
+  theory for equal stages, (p - 1) / (m + p - 1): theory / measured >= 1 / 1.2 (a bubble below theory, where the
+  cut left the slowest stage less idle than an equal cut would, is printed, not failed);
+- the step on hetbench's backend no slower than the same schedule and cut on Gloo (the Gloo run's weights are the
+  auto run's layer counts, which cut the mlp's equal blocks the same way): Gloo's step / hetbench's >= 1.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def _round(folder: Path) -> dict[str, Any]:
     """One round's lines and figures."""
     auto, even, gloo = (load_results(folder / name) for name in RUNS)
     failed = any(_show(d, label) for d, label in ((auto, "auto stages"), (even, "even stages"),
-                                                  (gloo, "auto stages, on Gloo")))
+                                                  (gloo, "auto's stages, on Gloo")))
     solos = [load_results(p) for p in sorted(folder.glob("solo-*.json"))]
     failed |= any(_show(d, f"{d['rows'][0]['backend']} alone") for d in solos)
     speedup = even["summary"]["step_seconds_median"] / auto["summary"]["step_seconds_median"]
@@ -64,9 +65,10 @@ def _round(folder: Path) -> dict[str, Any]:
     solo_sum = sum(d["summary"]["samples_per_second"] for d in solos)
     print(f"  auto over even {speedup:.3f}x, ideal {ideal:.3f}x at the even run's stage rates: "
           f"{speedup / ideal:.3f} of the ideal")
-    print(f"  bubble (the slowest stage's idle share): {bubble:.3f}, the schedule's theory {theory:.3f} "
-          f"(modelled at the run's stage times {p['bubble_modelled_fraction']:.3f}); step modelled "
-          f"{1e3 * p['step_seconds_modelled']:.1f} ms, measured {1e3 * p['step_seconds_measured']:.1f} ms")
+    print(f"  bubble (the slowest stage's idle share of the schedule): {bubble:.3f}, the schedule's theory "
+          f"{theory:.3f} (modelled at the run's stage times {p['bubble_modelled_fraction']:.3f}); the schedule "
+          f"modelled {1e3 * p['step_seconds_modelled']:.1f} ms, measured {1e3 * p['schedule_seconds_measured']:.1f} "
+          f"ms, the step {1e3 * p['step_seconds_measured']:.1f} ms")
     print(f"  Gloo's step over hetbench's: {backend:.3f}"
           + (f"; auto / sum of the ranks alone ({solo_sum:.0f} samples/s): "
              f"{auto['summary']['samples_per_second'] / solo_sum:.3f}" if solo_sum else ""))
@@ -110,5 +112,17 @@ def pipeline_figures(paths: list[str]) -> int:
     return 0 if ok_share and ok_bubble and ok_backend and not failed else 1
 
 
+def stage_layers(paths: list[str]) -> int:
+    """Prints a --pp run's cut as weights (its stages' layer counts, "13,3"): the recipe's Gloo run takes the auto
+    run's cut, so that the backends are compared on the same stages."""
+    if len(paths) != 1:
+        print("pipeline-cut: give one `hetbench train --pp` results file", file=sys.stderr)
+        return 2
+    print(",".join(str(s["layers"]) for s in load_results(Path(paths[0]))["summary"]["pipeline"]["stages"]))
+    return 0
+
+
 register(Part("pipeline", "make bench-pipeline-torch's goals, judged on the `hetbench train --pp` runs in the "
               "folder named", False, pipeline_figures))
+register(Part("pipeline-cut", "a --pp run's stages' layer counts, as weights that cut the same stages", False,
+              stage_layers))

@@ -15,7 +15,9 @@ computes them (only the order of the sums differs).
 
 from __future__ import annotations
 
+import contextlib
 import math
+import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -267,7 +269,7 @@ def saved_bytes(fn: Callable[[], torch.Tensor]) -> int:
     return total[0]
 
 
-def measure_parts(parts: Parts, x: torch.Tensor, repeats: int = 2,
+def measure_parts(parts: Parts, x: torch.Tensor, repeats: int = 4,
                   clock: Callable[[Callable[[], Any]], float] | None = None) -> tuple[list[float], list[int]]:
     """Forward + backward seconds of one micro-batch `x` through each part on this rank ([pre, *blocks, post],
     0 for a part that is None), the best of `repeats` after one warm-up, and each part's saved activation bytes.
@@ -281,31 +283,35 @@ def measure_parts(parts: Parts, x: torch.Tensor, repeats: int = 2,
 
     clock = clock or wall
     modules = [parts.pre, *parts.blocks, parts.post]
-    seconds, acts = [], []
+    inputs, acts = [], []
     h = x
-    for m in modules:
-        if m is None:
-            seconds.append(0.0)
-            acts.append(0)
-            continue
+    for m in modules:  # each part's input: the chain's activation before it
         inp = h.detach().requires_grad_(h.is_floating_point())
+        inputs.append(inp)
+        acts.append(saved_bytes(lambda: m(inp)) if m is not None else 0)
+        if m is not None:
+            with torch.no_grad():
+                h = m(inp)
+    rounds: list[list[float]] = [[] for _ in modules]
+    for r in range(repeats + 1):  # round by round over the chain: a drift of the machine touches every part alike
+        for i, (m, inp) in enumerate(zip(modules, inputs)):
+            if m is not None:
+                t = clock(lambda: _forward_backward(m, inp))
+                if r:
+                    rounds[i].append(t)
+    for m in modules:
+        if m is not None:
+            m.zero_grad(set_to_none=True)
+    return [statistics.median(t) if t else 0.0 for t in rounds], acts
 
-        def once() -> torch.Tensor:
-            out = m(inp)
-            out.float().sum().backward()
-            return out
 
-        best = math.inf
-        for i in range(repeats + 1):
-            t = clock(once)
-            if i:
-                best = min(best, t)
-        acts.append(saved_bytes(lambda: m(inp)))
-        m.zero_grad(set_to_none=True)
-        with torch.no_grad():
-            h = m(inp)
-        seconds.append(best)
-    return seconds, acts
+def _forward_backward(m: nn.Module, inp: torch.Tensor) -> None:
+    out = m(inp)
+    # a dense gradient, as a next stage sends (sum()'s is a stride-0 view, which some paths copy first)
+    if out.is_floating_point():
+        out.backward(torch.ones(out.shape, dtype=out.dtype, device=out.device))
+    else:
+        out.float().sum().backward()
 
 
 # -- the mesh and its groups ------------------------------------------------------------------------------------------
@@ -421,7 +427,15 @@ class StageModule(nn.Module):
             names.update({f"post.{k}": v for k, v in parts.post_names.items()})
         self.model_names = names
 
+    autocast: Callable[[], Any] | None = None  # mixed precision: the context each forward runs in
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.autocast is not None:
+            with self.autocast():
+                return self._forward(x)
+        return self._forward(x)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.pre is not None:
             x = self.pre(x)
         for block in self.blocks:
@@ -447,11 +461,12 @@ class StageTimes:
     def __init__(self) -> None:
         self.forward: list[float] = []
         self.backward: list[float] = []
+        self.schedule: list[float] = []  # each step's whole schedule on this rank, its waits included
 
-    def take(self) -> tuple[list[float], list[float]]:
-        out = (list(self.forward), list(self.backward))
-        self.forward.clear()  # cleared in place: the timed calls append to these lists
-        self.backward.clear()
+    def take(self) -> tuple[list[float], list[float], list[float]]:
+        out = (list(self.forward), list(self.backward), list(self.schedule))
+        for times in (self.forward, self.backward, self.schedule):
+            times.clear()  # cleared in place: the timed calls append to these lists
         return out
 
 
@@ -473,7 +488,8 @@ class Pipeline:
     def __init__(self, parts: Parts, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], cut: Cut,
                  stage: int, group: Any, device: torch.device, schedule: str = "1f1b", microbatches: int = 4,
                  wrap: Callable[[nn.Module], nn.Module] | None = None,
-                 clock: Callable[[], float] | None = None, group_name: str = "pp") -> None:
+                 clock: Callable[[], float] | None = None, group_name: str = "pp",
+                 autocast: Callable[[], Any] | None = None) -> None:
         from torch.distributed.pipelining import PipelineStage
 
         import time
@@ -488,7 +504,8 @@ class Pipeline:
         self.module = wrap(self.inner) if wrap is not None else self.inner
         self.times = StageTimes()
         self._stage = PipelineStage(self.module, stage, stages, device, group=group)
-        clock = clock or time.perf_counter
+        clock = self._clock = clock or time.perf_counter
+        self.inner.autocast = autocast
         self._stage.forward_one_chunk = _timed(self._stage.forward_one_chunk, self.times.forward, clock)
         self._stage.backward_one_chunk = _timed(self._stage.backward_one_chunk, self.times.backward, clock)
         self.sent_bytes: dict[str, int] = {}  # P2P bytes this rank sent, by group name ("pp 0")
@@ -518,7 +535,8 @@ class Pipeline:
         return self.stage == self.stages - 1
 
     def _loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        loss = self._loss_fn(out, y)
+        with self.inner.autocast() if self.inner.autocast is not None else contextlib.nullcontext():
+            loss = self._loss_fn(out, y)
         return loss * self.loss_scale if self.loss_scale != 1.0 else loss
 
     def step(self, x: torch.Tensor | None, y: torch.Tensor | None) -> list[torch.Tensor]:
@@ -530,8 +548,10 @@ class Pipeline:
                                     "micro-batches")
         losses: list[torch.Tensor] = []
         args = (x,) if self.is_first else ()
+        start = self._clock()
         self._schedule.step(*args, target=y if self.is_last else None, losses=losses if self.is_last else None,
                             return_outputs=False)
+        self.times.schedule.append(self._clock() - start)
         return [loss.detach() / self.loss_scale if self.loss_scale != 1.0 else loss.detach() for loss in losses]
 
     def model_state(self) -> dict[str, torch.Tensor]:

@@ -780,10 +780,12 @@ def _pipeline_lines(out: Any, p: dict[str, Any]) -> None:
     out.print(f"pipeline ({p['schedule']}, {p['micro_batches']} micro-batches): {stages}", markup=False)
     predicted = ("" if p.get("step_seconds_predicted") is None else
                  f", predicted by the plan {fmt(p['step_seconds_predicted'], scale=1e3)} ms")
-    out.print(f"bubble: {fmt(p['bubble_measured_fraction'])} of the step idle at the slowest stage (the schedule's "
-              f"theory {fmt(p['bubble_theory_fraction'])} for equal stages, {fmt(p['bubble_modelled_fraction'])} "
-              f"at these stages' times); step modelled {fmt(p['step_seconds_modelled'], scale=1e3)} ms, measured "
-              f"{fmt(p['step_seconds_measured'], scale=1e3)} ms{predicted}", markup=False)
+    out.print(f"bubble: {fmt(p['bubble_measured_fraction'])} of the schedule idle at the slowest stage (the "
+              f"schedule's theory {fmt(p['bubble_theory_fraction'])} for equal stages, "
+              f"{fmt(p['bubble_modelled_fraction'])} at these stages' times); the schedule modelled "
+              f"{fmt(p['step_seconds_modelled'], scale=1e3)} ms, measured "
+              f"{fmt(p.get('schedule_seconds_measured'), scale=1e3)} ms (the step "
+              f"{fmt(p['step_seconds_measured'], scale=1e3)} ms){predicted}", markup=False)
     groups = "; ".join(f"{g['name']} ranks {', '.join(map(str, g['ranks']))} on {g['backend']}"
                        + (f", {_size(g['bytes'])}" if g.get("bytes") else "")
                        for g in p["groups"] if len(g["ranks"]) > 1)

@@ -286,7 +286,7 @@ def _check_work_for_every_rank(params: dict[str, Any], weights: Any, ranks: int)
 
 def _check_pipeline(params: dict[str, Any], weights: Any, ranks: int) -> None:
     """--pp N: N divides the ranks, every stage a block, 1F1B a micro-batch per stage, every replica whole
-    micro-batches of at least one row, every rank a weight (each holds a stage), fp32."""
+    micro-batches of at least one row, every rank a weight (each holds a stage)."""
     stages, mbs, batch = params["pp"], params["micro_batches"], params["batch"]
     if ranks % stages:
         divisors = ", ".join(str(d) for d in range(1, ranks + 1) if ranks % d == 0)
@@ -307,9 +307,6 @@ def _check_pipeline(params: dict[str, Any], weights: Any, ranks: int) -> None:
         rank = min(r for r, w in enumerate(weights.values) if w <= 0)
         raise click.BadParameter(f"rank {rank}'s weight {weights.values[rank]} leaves it nothing, and with --pp "
                                  "every rank holds a stage (give each a weight > 0)", param_hint="'--weights'")
-    if params["dtype"] != "fp32":
-        raise click.BadParameter(f"{params['dtype']} with --pp: the pipeline trains in fp32 for now (accepted: fp32)",
-                                 param_hint="'--dtype'")
 
 
 def _given(name: str) -> bool:

@@ -189,7 +189,7 @@ class Pipelined(Parallel):
 
         self.pipe = pp.Pipeline(parts, loss_fn, plan.cut, self.stage, self.pp_group, ctx.state.device.device,
                                 cfg.schedule, cfg.micro_batches, wrap=wrap if mesh.dp > 1 else None,
-                                clock=_device_clock(ctx.state.ops),
+                                clock=_device_clock(ctx.state.ops), autocast=_autocast(cfg, ctx.state.device.device),
                                 group_name=self.groups[self.replica].name)
         super().__init__(self.pipe.module, ctx)
         self.plan = plan
@@ -235,8 +235,9 @@ class Pipelined(Parallel):
                 logger.groups[info.name] = pg
 
     def _step_figures(self) -> dict[str, Any]:
-        forward, backward = self.pipe.times.take()
+        forward, backward, schedule = self.pipe.times.take()
         return {"stage": self.stage, "stage_forward_seconds": sum(forward), "stage_backward_seconds": sum(backward),
+                "schedule_seconds": sum(schedule),
                 "microbatch_forward_seconds": forward, "microbatch_backward_seconds": backward}
 
     def _stage_state(self) -> dict[str, torch.Tensor]:
@@ -310,6 +311,7 @@ class Pipelined(Parallel):
                 "microbatch_forward_seconds": [m["stage_forward_seconds"] / mbs for m in mine][skip:],
                 "microbatch_backward_seconds": [m["stage_backward_seconds"] / mbs for m in mine][skip:],
                 "step_seconds": [log.step_seconds for log in logs][skip:],
+                "schedule_seconds": [m["schedule_seconds"] for m in mine][skip:],
                 "pipeline": {"pp": self.plan.mesh.pp, "dp": self.plan.mesh.dp, "schedule": self.pipe.schedule_name,
                              "micro_batches": self.pipe.microbatches, "bounds": list(cut.bounds),
                              "planned_stage_cost": list(cut.stage_seconds), "replica_rows": self.plan.replica_rows,
@@ -337,6 +339,15 @@ class Pipelined(Parallel):
     @staticmethod
     def summary(gathered: Sequence[RankOutcome]) -> dict[str, Any]:
         return {"pipeline": pipeline_summary(gathered)}
+
+
+def _autocast(cfg: Any, device: torch.device) -> Callable[[], Any] | None:
+    """Mixed precision (--dtype fp16/bf16): each stage's forward and the loss under torch's autocast, as the
+    one-process reference runs the whole model's (run._autocast); fp32: None."""
+    if cfg.dtype.name == "fp32":
+        return None
+    dtype = torch.float16 if cfg.dtype.name == "fp16" else torch.bfloat16
+    return lambda: torch.autocast(device_type=device.type, dtype=dtype)
 
 
 def _device_clock(ops: Any) -> Callable[[], float]:
@@ -374,13 +385,15 @@ def _median(values: Sequence[float]) -> float:
 
 def pipeline_summary(gathered: Sequence[RankOutcome]) -> dict[str, Any]:
     """Per stage: its ranks, blocks, parameter bytes, compute per micro-batch (the median over the timed steps,
-    the slowest of its ranks), its measured idle share of the step (1 - its busy seconds over the job's step),
-    beside the schedule's theory for equal stages, and the step modelled from the stages' measured times against
-    the step measured; the groups, their ranks, backends and bytes."""
+    the slowest of its ranks), its measured idle share of the schedule (1 - its busy seconds over the schedule's
+    span), beside the schedule's theory for equal stages, and the schedule modelled from the stages' measured
+    times against the schedule and the step measured; the groups, their ranks, backends and bytes."""
     d = [g.details for g in gathered]
     info = d[ROOT]["pipeline"]
     stages, mbs = info["pp"], info["micro_batches"]
     step = _median([max(v) for v in zip(*(x["step_seconds"] for x in d))]) if d[ROOT]["step_seconds"] else 0.0
+    # the schedule's span, each step's slowest rank's: the bubble is the schedule's (the optimizer's step is not)
+    span = _median([max(v) for v in zip(*(x["schedule_seconds"] for x in d))]) if d[ROOT]["schedule_seconds"] else 0.0
     per_stage, forward, backward = [], [], []
     for s in range(stages):
         mine = [x for x in d if x["stage"] == s]
@@ -393,7 +406,7 @@ def pipeline_summary(gathered: Sequence[RankOutcome]) -> dict[str, Any]:
                           "layers": mine[0]["stage_layers"], "blocks": mine[0]["stage_blocks"],
                           "param_bytes": mine[0]["stage_param_bytes"],
                           "microbatch_compute_seconds": f + b,
-                          "bubble_measured_fraction": 1.0 - busy / step if step > 0 else 0.0})
+                          "bubble_measured_fraction": 1.0 - busy / span if span > 0 else 0.0})
     modelled, idle = pp.modelled_step_seconds(info["schedule"], forward, backward, mbs)
     slowest = max(range(stages), key=lambda s: forward[s] + backward[s])
     planned = info["planned_stage_cost"] if info.get("auto_part_seconds") else None
@@ -410,6 +423,13 @@ def pipeline_summary(gathered: Sequence[RankOutcome]) -> dict[str, Any]:
             "bubble_modelled_fraction": idle[slowest],
             "bubble_theory_fraction": pp.theoretical_bubble(stages, mbs),
             "idle_measured_fraction_mean": statistics.mean(x["bubble_measured_fraction"] for x in per_stage),
-            "step_seconds_predicted": predicted, "step_seconds_modelled": modelled, "step_seconds_measured": step,
+            "step_seconds_predicted": predicted, "step_seconds_modelled": modelled,
+            "schedule_seconds_measured": span, "step_seconds_measured": step,
             "auto_part_seconds": info.get("auto_part_seconds"),
-            "groups": [{**g, "bytes": sum(x["group_bytes"].get(g["name"], 0) for x in d)} for g in info["groups"]]}
+            "groups": [{**g, "bytes": _group_bytes(d, g["name"])} for g in info["groups"]]}
+
+
+def _group_bytes(details: list[dict[str, Any]], name: str) -> int | None:
+    """The bytes a group's ranks sent in the steps, None where none was measured (Gloo keeps no figures)."""
+    sent = [x["group_bytes"][name] for x in details if name in x["group_bytes"]]
+    return sum(sent) if sent else None
