@@ -250,7 +250,7 @@ bench-train-torch: env
 # parameter differences beyond fp32's tolerance (the check failed)
 BENCH_PIPELINE_DIR ?= results/bench-pipeline-$(STAMP)
 BENCH_PIPELINE_ARGS ?= --frontend torch --pp 2 --model mlp --layers 20 --hidden 448 --batch 1024 --micro-batches 8 \
-	--steps 8 --warmup-steps 3 --lr 1e-3
+	--steps 10 --warmup-steps 5 --lr 1e-3
 BENCH_PIPELINE_SOLO_ARGS ?= --frontend torch --model mlp --layers 20 --hidden 448 --batch 1024 --steps 8 \
 	--warmup-steps 3 --lr 1e-3
 BENCH_PIPELINE_ROUNDS ?= 3

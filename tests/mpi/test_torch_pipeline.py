@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import Batches, assert_usage_error, needs_mpi, needs_opencl
+from helpers import REPO, Batches, assert_solo_figures, assert_usage_error, needs_mpi, needs_opencl, run_python
 
 torch = pytest.importorskip("torch")
 
@@ -39,7 +39,8 @@ def train_args(folder: Path, task: dict, *args: str) -> list[str]:
 
 # (name, task, ranks, arguments): the runs that must pass; the runs of one rank count share a launch
 RUNS = {
-    2: [("mlp-gpipe", MLP, ["--pp", "2", "--schedule", "gpipe", "--weights", "3,1", "--steps", str(STEPS)]),
+    2: [("mlp-gpipe", MLP, ["--pp", "2", "--schedule", "gpipe", "--weights", "3,1", "--steps", str(STEPS),
+                            "--solo-between-steps", "--warmup-steps", "1"]),
         ("gpt-auto", GPT, ["--pp", "2", "--weights", "auto", "--backend", "0=host,1=sim:mi300x", "--steps",
                            str(STEPS)])],
     3: [("gpt-three", GPT6, ["--pp", "3", "--weights", "0.5,0.3,0.2", "--backend", "0=host,1=opencl,2=sim:mi300x",
@@ -195,6 +196,25 @@ def test_two_ranks_gpipe_cut_by_list_weights(batches):
     layers = assert_cut(doc, MLP, 2, 1)
     assert layers == best_cut_by_weights(MLP, [3, 1]) == [3, 1]
     assert_figures(doc, MLP, STEPS)
+    # each rank alone between the steps: the whole model on the whole batch, the efficiency against their sum
+    assert_solo_figures(doc, doc["steps"], MLP["batch"], 1)
+
+
+@needs_mpi
+def test_auto_stages_are_cut_again_from_the_measured_stage_times(tmp_path):
+    # the probe told that rank 1 is 8 times slower than it is (tests/torch_workers/recut.py): its first cut leaves
+    # rank 1 one block of 8; the stages' measured times in the first steps move blocks to it, the curve unchanged
+    out = tmp_path / "t.json"
+    run = run_python([str(REPO / "tests" / "torch_workers" / "recut.py"), str(out)], nprocs=2, timeout=180)
+    assert run.returncode == 0, run.stdout + run.stderr
+    doc = json.loads(out.read_text())
+    p = doc["summary"]["pipeline"]
+    assert doc["summary"]["verified"] is True
+    assert p["first_layers"] == [7, 1] and p["recuts"], p
+    assert all(1 <= r["after_step"] < doc["summary"]["steps"] and sum(r["layers"]) == 8 for r in p["recuts"])
+    final = [st["layers"] for st in p["stages"]]
+    assert final == p["recuts"][-1]["layers"] and final[1] > 1
+    assert [r["stage_layers"] for r in doc["rows"]] == final
 
 
 @needs_mpi

@@ -69,6 +69,11 @@ class Parallel:
         """The strategy over a pipeline stage's replicas (ctx.group): by default as over a whole model."""
         return cls(module, ctx)
 
+    def after_step(self, step: int, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer | None:
+        """Collective, after each step: a new optimizer where the strategy made its module again (a pipeline's
+        re-cut), else None."""
+        return None
+
     def finish_backward(self) -> None:
         """Collective over its group, after a pipeline step's last micro-batch: what its backward left to do."""
 

@@ -10,6 +10,7 @@ exact against one process."""
 from __future__ import annotations
 
 import importlib
+import inspect
 import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -24,11 +25,16 @@ from hetbench.train.outcome import ROOT, RankOutcome
 from hetbench.train.run import resolve_weights
 from hetbench.train.strategies import get as strategy
 from hetbench.train.torch_frontend.checkpoint import writer
+from hetbench.pytorch.offload import offload_linears, step_seconds
 from hetbench.train.torch_frontend.models import build_model, make_batch, output_row_losses, pipeline_parts
 from hetbench.train.torch_frontend.parallel import ApplyContext, Parallel, state_memory_bytes
 
 # bytes of training state per parameter, beside its 4 (fp32): its gradient, AdamW's two moments
 STATE_BYTES = {"adamw": 16, "sgd": 8}
+# auto: the steps after which the cut is made again from the stages' measured times, and the least gain in the
+# slowest stage's time a new cut must promise (below it, the measurement's noise would move layers to and fro)
+RECUT_STEPS = 2
+RECUT_GAIN = 0.03
 
 
 @dataclass
@@ -44,6 +50,15 @@ class Plan:
     block_param_bytes: list[int] = field(default_factory=list)
     activation_bytes: list[int] = field(default_factory=list)  # per part, one micro-batch
     caps: list[int | None] = field(default_factory=list)
+    limits: dict[str, Any] = field(default_factory=dict)  # cut_stages's memory arguments, for a re-cut
+
+    def cut_for(self, parts_cost: list[list[float]]) -> tuple[pp.Cut, pp.Cut]:
+        """(the best cut for per-rank part costs, the current cut at those costs)."""
+        costs = _costs(self.weights, self.mesh, parts_cost)
+        fixed = [costs[s][0] * (s == 0) + costs[s][-1] * (s == self.mesh.pp - 1) for s in range(self.mesh.pp)]
+        block_costs = [c[1:-1] for c in costs]
+        return (pp.cut_stages(block_costs, fixed, **self.limits),
+                pp.fixed_cut(self.cut.bounds, block_costs, fixed))
 
 
 def _rank_kind(state: Any) -> tuple[str, str]:
@@ -60,7 +75,6 @@ def _micro_rows(cfg: Any, dp: int) -> int:
 def _measure(cfg: Any, state: Any, rows: int) -> tuple[list[float], list[int], list[int]]:
     """This rank's forward + backward seconds per part of the task's model on one micro-batch (on a throwaway copy
     placed as the run places it), the parts' parameter bytes and saved activation bytes."""
-    from hetbench.pytorch.offload import offload_linears, step_seconds  # the offload is the run's, not the plan's
 
     model = build_model(state.task).to(state.device.device)
     if state.ops is not None:
@@ -128,16 +142,19 @@ def make_plan(cfg: Any, world: Any, state: Any, share: float) -> Plan:
                    + (acts[0] if s == 0 else 0) + (acts[-1] if s == mesh.pp - 1 else 0) for s in range(mesh.pp)]
     flights = [pp.in_flight(cfg.schedule, s, mesh.pp, cfg.micro_batches) for s in range(mesh.pp)]
     block_costs = [c[1:-1] for c in costs]
+    limits = {"block_bytes": block_bytes, "act_bytes": acts[1:-1], "fixed_bytes": fixed_bytes, "caps": caps,
+              "flights": flights}
     if cfg.weights.kind == "even":
         cut = pp.fixed_cut(pp.even_cut(blocks, mesh.pp), block_costs, fixed)
     else:
-        cut = pp.cut_stages(block_costs, fixed, block_bytes, acts[1:-1], fixed_bytes, caps, flights)
+        cut = pp.cut_stages(block_costs, fixed, **limits)
     rows = _replica_rows(cfg, mesh, cut, weights, parts_cost)
     kinds = [tuple(k) for k in world.allgather(_rank_kind(state))]
     problem = pp.group_backend_problem(cfg.group_backend, kinds)
     if problem:
         raise pp.PipelineError(problem)
-    return Plan(mesh, cut, weights, kinds, rows, every if cfg.weights.kind == "auto" else None, sizes, acts, caps)
+    return Plan(mesh, cut, weights, kinds, rows, every if cfg.weights.kind == "auto" else None, sizes, acts, caps,
+                limits)
 
 
 def _replica_rows(cfg: Any, mesh: pp.Mesh, cut: pp.Cut, weights: list[float],
@@ -166,18 +183,32 @@ class Pipelined(Parallel):
     def __init__(self, model: torch.nn.Module, ctx: ApplyContext) -> None:
         cfg, plan = ctx.cfg, ctx.state.plan
         mesh, rank = plan.mesh, dist.get_rank()
+        self.ctx, self.plan = ctx, plan
         self.dp_class = strategy("torch", cfg.strategy).applier()
         needs_hetbench = ("dp",) if _needs_hetbench(self.dp_class) else ()
         self.groups = pp.make_groups(mesh, plan.kinds, cfg.group_backend, needs_hetbench)
         self.stage, self.replica = mesh.stage_of(rank), mesh.replica_of(rank)
         self.pp_group = self.groups[self.replica].group
         self.dp_group = self.groups[mesh.dp + self.stage].group
+        # auto: the cut made again from the stages' measured times after each of the first steps (the probe before
+        # the run measured each part alone; the machine's speed moves between it and the run)
+        self.recuts_left = RECUT_STEPS if plan.block_seconds is not None else 0
+        self.recuts: list[dict[str, Any]] = []
+        self.first_layers = plan.cut.counts
+        self._last: tuple[float, ...] = ()  # this rank's last step: its compute per micro-batch
+        self._skip_next = True
+        self._build(model)
+        super().__init__(self.pipe.module, ctx)
+
+    def _build(self, model: torch.nn.Module) -> None:
+        """This rank's stage of the plan's cut, taken from `model` (the whole task model, freshly made)."""
+        cfg, ctx, mesh = self.ctx.cfg, self.ctx, self.plan.mesh
         blocks, pre, post = pipeline_parts(model)
         parts = pp.parts_of(model, blocks, pre, post)
         self.inner_parallel: Parallel | None = None
 
         def wrap(stage_module: torch.nn.Module) -> torch.nn.Module:
-            dp_weights = [plan.weights[r] for r in mesh.dp_ranks(self.stage)]
+            dp_weights = [self.plan.weights[r] for r in mesh.dp_ranks(self.stage)]
             self.inner_parallel = self.dp_class.for_stage(stage_module, ApplyContext(cfg, ctx.world, ctx.state,
                                                                                      dp_weights, group=self.dp_group))
             return self.inner_parallel.module
@@ -187,13 +218,56 @@ class Pipelined(Parallel):
         def loss_fn(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             return output_row_losses(out, y).float().sum() / batch
 
-        self.pipe = pp.Pipeline(parts, loss_fn, plan.cut, self.stage, self.pp_group, ctx.state.device.device,
+        self.pipe = pp.Pipeline(parts, loss_fn, self.plan.cut, self.stage, self.pp_group, ctx.state.device.device,
                                 cfg.schedule, cfg.micro_batches, wrap=wrap if mesh.dp > 1 else None,
                                 clock=_device_clock(ctx.state.ops), autocast=_autocast(cfg, ctx.state.device.device),
                                 group_name=self.groups[self.replica].name)
-        super().__init__(self.pipe.module, ctx)
-        self.plan = plan
-        self.step_times: list[tuple[list[float], list[float]]] = []
+        self.module = self.pipe.module
+
+    def after_step(self, step: int, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer | None:
+        """Collective, auto weights, after each of the run's first steps but the first (torch's stages infer their
+        messages' shapes in it): every rank's part costs scaled by its stage's measured compute over the planned,
+        the best cut for them; where it beats the current one by RECUT_GAIN, the stages are made again on it, the
+        state moved (every stage's gathered on every rank), and the new optimizer returned."""
+        if self.recuts_left <= 0:
+            return None
+        if self._skip_next:  # the stages' first step: torch's shape inference is in its times
+            self._skip_next = False
+            return None
+        self.recuts_left -= 1
+        measured = [None] * dist.get_world_size()
+        dist.all_gather_object(measured, self._last)
+        scaled = []
+        for r, row in enumerate(self.plan.block_seconds):
+            planned = sum(row[i] for i in _stage_parts(self.plan, self.plan.mesh.stage_of(r)))
+            scaled.append([c * measured[r][0] / planned for c in row] if measured[r] and planned > 0 else row)
+        best, current = self.plan.cut_for(scaled)
+        if best.bounds == current.bounds or max(best.stage_seconds) > max(current.stage_seconds) * (1 - RECUT_GAIN):
+            return None
+        full = self._everything(optimizer)
+        self.plan.cut, self.plan.block_seconds = best, scaled
+        self.recuts.append({"after_step": step, "layers": best.counts})
+        model = build_model(self.ctx.state.task).to(self.ctx.state.device.device)
+        if self.ctx.state.ops is not None:
+            offload_linears(model, self.ctx.state.ops)
+        self._build(model)
+        self._skip_next = True
+        new = _same_optimizer(optimizer, self.module.parameters())
+        self.resume(_Held(full), new)
+        return new
+
+    def _everything(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """Collective: the whole model's parameters and optimizer state (every stage's, replica 0's) on every rank,
+        in state.pt's form."""
+        model, state = _stage_optimizer_state(self.module, optimizer, self.pipe.inner.model_names)
+        every = [None] * dist.get_world_size()
+        dist.all_gather_object(every, (model, state) if self.replica == 0 else None)
+        full: dict[str, Any] = {"model": {}, "optim": {"state": {}, "param_groups": None}}
+        for part in every:
+            if part is not None:
+                full["model"].update(part[0])
+                full["optim"]["state"].update(part[1])
+        return full
 
     @staticmethod
     def check(cfg: Any, world: Any, state: Any, layouts: list[Any]) -> list[str]:
@@ -236,6 +310,7 @@ class Pipelined(Parallel):
 
     def _step_figures(self) -> dict[str, Any]:
         forward, backward, schedule = self.pipe.times.take()
+        self._last = ((sum(forward) + sum(backward)) / self.pipe.microbatches,)
         return {"stage": self.stage, "stage_forward_seconds": sum(forward), "stage_backward_seconds": sum(backward),
                 "schedule_seconds": sum(schedule),
                 "microbatch_forward_seconds": forward, "microbatch_backward_seconds": backward}
@@ -306,12 +381,13 @@ class Pipelined(Parallel):
         per_mb = [(m["stage_forward_seconds"] + m["stage_backward_seconds"]) / mbs for m in mine]
         return {"stage": self.stage, "replica": self.replica, "stage_layers": len(inner.block_indices),
                 "stage_blocks": [inner.block_indices[0], inner.block_indices[-1] + 1],
-                "stage_param_bytes": sum(self.plan.block_param_bytes[i] for i in self._part_indices()),
+                "stage_param_bytes": sum(self.plan.block_param_bytes[i] for i in _stage_parts(self.plan, self.stage)),
                 "microbatch_compute_seconds": per_mb[skip:],
                 "microbatch_forward_seconds": [m["stage_forward_seconds"] / mbs for m in mine][skip:],
                 "microbatch_backward_seconds": [m["stage_backward_seconds"] / mbs for m in mine][skip:],
                 "step_seconds": [log.step_seconds for log in logs][skip:],
                 "schedule_seconds": [m["schedule_seconds"] for m in mine][skip:],
+                "recuts": self.recuts, "first_layers": self.first_layers,
                 "pipeline": {"pp": self.plan.mesh.pp, "dp": self.plan.mesh.dp, "schedule": self.pipe.schedule_name,
                              "micro_batches": self.pipe.microbatches, "bounds": list(cut.bounds),
                              "planned_stage_cost": list(cut.stage_seconds), "replica_rows": self.plan.replica_rows,
@@ -319,12 +395,6 @@ class Pipelined(Parallel):
                              "groups": [{"name": g.name, "ranks": g.ranks, "backend": g.backend}
                                         for g in self.groups]},
                 "group_bytes": self._group_bytes()}
-
-    def _part_indices(self) -> list[int]:
-        """The plan's part indices (0: pre, 1 + b: block b, last: post) this stage holds."""
-        last = len(self.plan.block_param_bytes) - 1
-        return ([0] if self.pipe.is_first else []) + [1 + b for b in self.pipe.inner.block_indices] + \
-            ([last] if self.pipe.is_last else [])
 
     def _group_bytes(self) -> dict[str, int]:
         """The bytes this rank sent over each of its groups in the steps: the pipeline's P2P (counted by the
@@ -358,6 +428,30 @@ def _device_clock(ops: Any) -> Callable[[], float]:
     if ops is None or not ops.modelled:
         return time.perf_counter
     return lambda: time.perf_counter() - ops.wall_seconds + ops.compute_seconds + ops.copy_seconds
+
+
+def _same_optimizer(optimizer: torch.optim.Optimizer, params: Any) -> torch.optim.Optimizer:
+    """An optimizer of `optimizer`'s kind and settings over `params` (its defaults that its constructor takes:
+    AdamW keeps one in them that it does not)."""
+    accepted = inspect.signature(type(optimizer)).parameters
+    return type(optimizer)(params, **{k: v for k, v in optimizer.defaults.items() if k in accepted})
+
+
+class _Held:
+    """A whole state at hand, read as a checkpoint is (Pipelined.resume)."""
+
+    def __init__(self, full: dict[str, Any]) -> None:
+        self.full, self._state = full, None
+
+    def _full(self) -> dict[str, Any]:
+        return self.full
+
+
+def _stage_parts(plan: Plan, stage: int) -> list[int]:
+    """The part indices (0: pre, 1 + b: block b, last: post) stage `stage` holds under the plan's cut."""
+    last = len(plan.block_param_bytes) - 1
+    return ([0] if stage == 0 else []) + [1 + b for b in plan.cut.blocks(stage)] + \
+        ([last] if stage == plan.mesh.pp - 1 else [])
 
 
 def _needs_hetbench(dp_class: Any) -> bool:
@@ -417,6 +511,8 @@ def pipeline_summary(gathered: Sequence[RankOutcome]) -> dict[str, Any]:
         x["planned_microbatch_seconds"] = c
     return {"pp": stages, "dp": info["dp"], "schedule": info["schedule"], "micro_batches": mbs,
             "stages": per_stage, "replica_rows": info["replica_rows"],
+            # auto: the probe's cut, and each re-cut from the stages' measured times (the step after which)
+            "first_layers": d[ROOT]["first_layers"], "recuts": d[ROOT]["recuts"],
             # the pipeline's bubble: the idle share of its slowest stage (the others idle for the imbalance too),
             # beside the schedule's at the stages' measured times, and the textbook's for equal stages
             "bubble_measured_fraction": per_stage[slowest]["bubble_measured_fraction"],

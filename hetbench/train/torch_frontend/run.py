@@ -329,6 +329,10 @@ def _step(cfg: Any, world: World, state: TorchTrainState, run: _Run, step: int) 
             torch.cuda.synchronize(device)
     run.steps_taken[0] += 0 if rec.step_skipped else 1
     run.balance.after_step(stop_row - start_row, run.logger.mine[-1]["compute_seconds"])
+    optimizer = run.parallel.after_step(step, run.opt)
+    if optimizer is not None:  # the strategy made its module again: the step loop takes its new pieces
+        run.opt = optimizer
+        run.logger.model, run.logger.optimizer = run.parallel.module, optimizer
     if run.solo is not None and step - run.start >= cfg.warmup_steps:
         run.solo_seconds[step] = run.solo(step)
 
