@@ -48,7 +48,7 @@ RUNS = {
     4: [(f"mesh-{strategy}-{groups}", MLP, ["--pp", "2", "--strategy", strategy, "--group-backend", groups,
                                             "--backend", "0=host,1=sim:mi300x,2=host,3=sim:mi300x",
                                             "--steps", str(STEPS)])
-        for strategy, groups in (("ddp", "auto"), ("fsdp2", "auto"), ("ddp", "hetbench"))],
+        for strategy, groups in (("ddp", "auto"), ("fsdp2", "auto"), ("fsdp", "auto"), ("ddp", "hetbench"))],
 }
 # (name, ranks, arguments, what the one line names): each refused with exit 2
 BAD = [
@@ -61,8 +61,8 @@ BAD = [
     ("zero-weight", 2, ["--frontend", "torch", "--pp", "2", "--weights", "1,0"], ["--weights", "rank 1", "0.0"]),
     ("gpipe-alone", 2, ["--frontend", "torch", "--schedule", "gpipe"], ["--schedule gpipe"]),
     ("numpy-pp", 2, ["--frontend", "numpy", "--pp", "2"], ["--pp 2", "--frontend torch"]),
-    ("fsdp-mesh", 4, ["--frontend", "torch", "--pp", "2", "--strategy", "fsdp"],
-     ["--strategy fsdp", "ddp, fsdp2"]),
+    ("fsdp-mesh-checkpoint", 4, ["--frontend", "torch", "--pp", "2", "--strategy", "fsdp", "--checkpoint",
+                                 "{root}/ck-fsdp-mesh"], ["--checkpoint with --pp and --strategy fsdp", "ddp, fsdp2"]),
 ]
 # a pipelined run saved, resumed by fsdp without --pp, then by --pp 2 again: each checks against one process from
 # step 0, so passing means the curve continued across both changes of layout
@@ -76,7 +76,8 @@ def _commands(nprocs: int, root: Path) -> list[tuple[str, list[str], dict[str, s
     """This file's commands for NPROCS ranks, in one launch (helpers.Batches): the runs, the bad input (a usage
     error ends no job), then the resume chain, whose steps read what the one before wrote."""
     out = [(name, train_args(root / name, task, *args), {}) for name, task, args in RUNS.get(nprocs, [])]
-    out += [(name, ["train", *model_args(MLP), "--steps", "2", "--out", str(root / name / "t.json"), *args], {})
+    out += [(name, ["train", *model_args(MLP), "--steps", "2", "--out", str(root / name / "t.json"),
+                    *(a.format(root=root) for a in args)], {})
             for name, n, args, _ in BAD if n == nprocs]
     if nprocs == 2:
         out += [(name, train_args(root / name, MLP, *(a.format(root=root) for a in args)), {})
@@ -280,3 +281,4 @@ def test_bad_input_is_one_line_and_exit_2(batches, name, nprocs, needles):
     # ranks' stderr together, nothing on stdout, no results file)
     assert_usage_error(run, folder, *needles)
     assert not (folder / "t.json").exists()
+    assert not (folder.parent / "ck-fsdp-mesh").exists(), "the refused run made its checkpoint folder"

@@ -7,6 +7,7 @@ and registers a Strategy naming it (hetbench/train/strategies.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -62,6 +63,11 @@ class Parallel:
     @staticmethod
     def stage_problem() -> str | None:
         """Why the strategy cannot run over a pipeline stage's replicas, or None."""
+        return None
+
+    @staticmethod
+    def stage_state_problem() -> str | None:
+        """Why a pipeline cannot save, resume or re-cut the strategy's state over a stage's replicas, or None."""
         return None
 
     @classmethod
@@ -254,16 +260,26 @@ class UnevenSharded(Parallel):
 
     @staticmethod
     def stage_problem() -> str | None:
-        return ("--strategy fsdp (hetbench's uneven FSDP) over a pipeline stage's replicas is not supported yet: "
-                "its flat shards rename the stage's parameters; accepted with --pp and more ranks than stages: ddp, "
-                "fsdp2")
+        return None
+
+    @staticmethod
+    def stage_state_problem() -> str | None:
+        return ("hetbench's fsdp over a pipeline stage's replicas keeps its state in flat shards that a pipeline's "
+                "checkpoint and re-cut do not read yet")
+
+    @classmethod
+    def for_stage(cls, module: torch.nn.Module, ctx: ApplyContext) -> Parallel:
+        """A stage's replicas: no prefetch (its order of gathers follows one forward and one backward a step, a
+        schedule runs several of each)."""
+        return cls(module, ApplyContext(dataclasses.replace(ctx.cfg, prefetch=False), ctx.world, ctx.state,
+                                        ctx.weights, group=ctx.group))
 
     @staticmethod
     def group_backends() -> tuple[str, ...] | None:
         return ("hetbench",)  # its gathers and reduce-scatters are MPI calls on the hetbench group's communicator
 
     def group_state(self) -> dict[str, torch.Tensor] | None:
-        return self.engine.full_state_dict()
+        return self.engine.full_state_dict() or {}  # whole at the group's first rank, nothing elsewhere
 
     def details(self, optimizer: torch.optim.Optimizer, logs: list[Any], mine: list[dict[str, Any]]) -> dict[str, Any]:
         """The shards, the units left empty, the bytes of sharded state held, the prefetch and its yardstick

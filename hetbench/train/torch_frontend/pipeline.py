@@ -192,7 +192,8 @@ class Pipelined(Parallel):
         self.dp_group = self.groups[mesh.dp + self.stage].group
         # auto: the cut made again from the stages' measured times after each of the first steps (the probe before
         # the run measured each part alone; the machine's speed moves between it and the run)
-        self.recuts_left = RECUT_STEPS if plan.block_seconds is not None else 0
+        movable = mesh.dp == 1 or not self.dp_class.stage_state_problem()
+        self.recuts_left = RECUT_STEPS if plan.block_seconds is not None and movable else 0
         self.recuts: list[dict[str, Any]] = []
         self.first_layers = plan.cut.counts
         self._last: tuple[float, ...] = ()  # this rank's last step: its compute per micro-batch
@@ -276,6 +277,11 @@ class Pipelined(Parallel):
         dp_class = strategy("torch", cfg.strategy).applier()
         if world.size > cfg.pp and dp_class.stage_problem():
             return [dp_class.stage_problem()]
+        kept = dp_class.stage_state_problem() if world.size > cfg.pp else None
+        if kept and (cfg.checkpoint is not None or cfg.resume is not None):
+            flag = "--checkpoint" if cfg.checkpoint is not None else "--resume"
+            return [f"{flag} with --pp and --strategy {cfg.strategy}: {kept} (accepted with --pp and more ranks "
+                    "than stages: ddp, fsdp2)"]
         try:
             state.plan = make_plan(cfg, world, state, dp_class.state_share(world.size // max(cfg.pp, 1)))
         except pp.PipelineError as e:
