@@ -38,6 +38,16 @@ def ideal_speedup(even: dict[str, Any]) -> float:
     return max(t) * sum(1.0 / x for x in t) / len(t)
 
 
+def balance(doc: dict[str, Any]) -> float:
+    """A run's cut against a perfect one at the run's own stage rates (no drift between runs in it): the perfect
+    cut's bottleneck p / sum(1 / t_s) x (its blocks over each stage's) over the cut's max(t); t_s a stage's compute
+    per micro-batch, its rate layers_s / t_s per layer."""
+    stages = doc["summary"]["pipeline"]["stages"]
+    rates = [s["layers"] / s["microbatch_compute_seconds"] for s in stages]
+    perfect = sum(s["layers"] for s in stages) / sum(rates)
+    return perfect / max(s["microbatch_compute_seconds"] for s in stages)
+
+
 def _show(doc: dict[str, Any], label: str) -> bool:
     """A run's line; True where its check failed."""
     s = doc["summary"]
@@ -64,7 +74,8 @@ def _round(folder: Path) -> dict[str, Any]:
     backend = gloo["summary"]["step_seconds_median"] / auto["summary"]["step_seconds_median"]
     solo_sum = sum(d["summary"]["samples_per_second"] for d in solos)
     print(f"  auto over even {speedup:.3f}x, ideal {ideal:.3f}x at the even run's stage rates: "
-          f"{speedup / ideal:.3f} of the ideal")
+          f"{speedup / ideal:.3f} of the ideal; auto's own cut at its stages' rates: {balance(auto):.3f} of a "
+          "perfect cut's")
     print(f"  bubble (the slowest stage's idle share of the schedule): {bubble:.3f}, the schedule's theory "
           f"{theory:.3f} (modelled at the run's stage times {p['bubble_modelled_fraction']:.3f}); the schedule "
           f"modelled {1e3 * p['step_seconds_modelled']:.1f} ms, measured {1e3 * p['schedule_seconds_measured']:.1f} "
