@@ -593,14 +593,7 @@ class PipelinedModel:
         sum of its micro-batches' losses on a last stage, 0 elsewhere)."""
         losses = self.pipe.step(x if self.pipe.is_first else None, y if self.pipe.is_last else None)
         if self.mesh.dp > 1:
-            grads = [p.grad for p in self.pipe.inner.parameters() if p.grad is not None]
-            if grads:
-                flat = torch.cat([g.reshape(-1) for g in grads])
-                dist.all_reduce(flat, group=self.dp_group)
-                offset = 0
-                for g in grads:
-                    g.copy_(flat[offset:offset + g.numel()].view_as(g))
-                    offset += g.numel()
+            sum_gradients_over(self.pipe.inner.parameters(), self.dp_group)
         return torch.stack(losses).sum() if losses else torch.zeros(())
 
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -620,6 +613,21 @@ class PipelinedModel:
         return {"bounds": list(self.pipe.cut.bounds), "blocks_per_stage": self.pipe.cut.counts,
                 "replica_rows": list(self.replica_rows),
                 "groups": [{"name": g.name, "ranks": g.ranks, "backend": g.backend} for g in self.groups]}
+
+
+def sum_gradients_over(params: Any, group: Any) -> int:
+    """Collective over `group`: every gradient of `params` summed over its ranks in one flat all-reduce (a stage's
+    replicas after a schedule's micro-batches); returns the bytes reduced."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return 0
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=group)
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+    return flat.numel() * flat.element_size()
 
 
 def pipeline(model: nn.Module, blocks: Sequence[nn.Module], loss_fn: Callable[[torch.Tensor, torch.Tensor], Any],

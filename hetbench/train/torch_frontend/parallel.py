@@ -17,6 +17,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 from hetbench.pytorch.fsdp import STATE_BYTES_PER_ELEMENT, ShardedModule
 from hetbench.pytorch.logger import hetbench_group
+from hetbench.pytorch.pipeline import sum_gradients_over
 from hetbench.pytorch.uneven import exact_ddp, exact_fully_shard, rank_mesh
 from hetbench.train.outcome import ROOT, RankOutcome
 from hetbench.train.torch_frontend.checkpoint import full_state, shard_pieces, writer
@@ -165,15 +166,7 @@ class SummedReplica(Parallel):
     """ddp over a pipeline stage's replicas: every gradient summed over the group in one flat all-reduce."""
 
     def finish_backward(self) -> None:
-        grads = [p.grad for p in self.module.parameters() if p.grad is not None]
-        if not grads:
-            return
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, group=self.ctx.group)
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset:offset + g.numel()].view_as(g))
-            offset += g.numel()
+        sum_gradients_over(self.module.parameters(), self.ctx.group)
 
 
 class FullyShard(Parallel):

@@ -353,17 +353,8 @@ class Pipelined(Parallel):
     def save(self, saver: Any, steps_done: int, optimizer: torch.optim.Optimizer) -> None:
         """Collective: the whole model and optimizer state (every stage's, replica 0's) written at rank 0 as one
         state.pt, the form a ddp or fsdp2 run saves, so that any strategy and any cut resumes it."""
-        model, state = _stage_optimizer_state(self.module, optimizer, self.pipe.inner.model_names)
-        every = [None] * dist.get_world_size()
-        dist.all_gather_object(every, (model, state) if self.replica == 0 else None)
-        full = None
-        if dist.get_rank() == ROOT:
-            full = {"model": {}, "optim": {"state": {}, "param_groups": None}}
-            for part in every:
-                if part is not None:
-                    full["model"].update(part[0])
-                    full["optim"]["state"].update(part[1])
-        saver.save(steps_done, [], root_files=writer(full) if full is not None else None)
+        full = self._everything(optimizer)
+        saver.save(steps_done, [], root_files=writer(full) if dist.get_rank() == ROOT else None)
 
     def resume(self, checkpoint: Any, optimizer: torch.optim.Optimizer) -> None:
         """Collective: each stage takes its parameters and their optimizer state from the whole model's."""
