@@ -19,7 +19,8 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="no make")
 
 # the usage line an unknown part gets, the same from either module, exit 2 (as hetbench/overhead.py's string chain
 # printed it before the registry)
-UNKNOWN = "unknown benchmark 'nonesuch'; accepted: gemm, allreduce, opencl, torch, split, train, train-torch\n"
+UNKNOWN = ("unknown benchmark 'nonesuch'; accepted: gemm, allreduce, opencl, torch, split, train, train-torch, "
+           "pipeline, pipeline-cut\n")
 
 
 def _make_n_bench() -> str:
@@ -44,7 +45,9 @@ def test_bench_target_runs_parts_the_registry_holds():
     # their second rank
     have_torch = importlib.util.find_spec("torch") is not None
     assert [part for _, part in calls] == ["gemm", "allreduce", "opencl"] + (["torch"] if have_torch else []) + (
-        ["split", "train"] if HAVE_OPENCL else []) + (["train-torch"] if HAVE_OPENCL and have_torch else [])
+        ["split", "train"] if HAVE_OPENCL else []) + (
+        # the pipeline bench: its Gloo run's weights are the auto run's cut (pipeline-cut), then its goals
+        ["train-torch", "pipeline-cut", "pipeline"] if HAVE_OPENCL and have_torch else [])
     # bench-torch keeps `-m hetbench.overhead torch`: docs/pytorch.md's example is that command
     assert {module for module, part in calls if part != "torch"} == {"hetbench.bench"}
 

@@ -203,7 +203,7 @@ def test_two_ranks_gpipe_cut_by_list_weights(batches):
 
 @needs_mpi
 def test_auto_stages_are_cut_again_from_the_measured_stage_times(tmp_path):
-    # the probe told that rank 1 is 8 times slower than it is (tests/torch_workers/recut.py): its first cut leaves
+    # the probe told that rank 1 is 16 times slower than it is (tests/torch_workers/recut.py): its first cut leaves
     # rank 1 one block of 8; the stages' measured times in the first steps move blocks to it, the curve unchanged
     out = tmp_path / "t.json"
     run = run_python([str(REPO / "tests" / "torch_workers" / "recut.py"), str(out)], nprocs=2, timeout=180)

@@ -11,7 +11,7 @@ import sys
 
 import hetbench.train.torch_frontend.pipeline as piped
 
-RECUT_SLOWDOWN = 8.0
+RECUT_SLOWDOWN = 16.0
 _measure = piped._measure
 
 
