@@ -41,6 +41,8 @@ def test_two_ranks_cut_by_the_weights():
     assert groups_of(run.stdout)["pp 0"] == ("[0, 1]", "gloo")
 
 
+# three ranks' launch is the slowest of the file; make test runs 2 and 4 ranks, make test-slow and CI this one too
+@pytest.mark.slow
 @needs_mpi
 def test_three_ranks_auto():
     cut = cut_of(run_example(3).stdout)  # each rank's measured time: the cut depends on the machine's load
