@@ -215,6 +215,9 @@ def test_auto_stages_are_cut_again_from_the_measured_stage_times(tmp_path):
     assert all(1 <= r["after_step"] < doc["summary"]["steps"] and sum(r["layers"]) == 8 for r in p["recuts"])
     final = [st["layers"] for st in p["stages"]]
     assert final == p["recuts"][-1]["layers"] and final[1] > 1
+    # every step's activations forward and gradients back (256 rows x 256 wide, fp32), before and after the re-cuts
+    steps = doc["summary"]["steps"]
+    assert {g["name"]: g["bytes"] for g in p["groups"]}["pp 0"] == 2 * steps * 256 * 256 * 4
     assert [r["stage_layers"] for r in doc["rows"]] == final
 
 

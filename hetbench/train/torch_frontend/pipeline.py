@@ -251,7 +251,9 @@ class Pipelined(Parallel):
         model = build_model(self.ctx.state.task).to(self.ctx.state.device.device)
         if self.ctx.state.ops is not None:
             offload_linears(model, self.ctx.state.ops)
+        sent = self.pipe.sent_bytes
         self._build(model)
+        self.pipe.sent_bytes.update(sent)  # the new stage's count goes on from the old one's
         self._skip_next = True
         new = _same_optimizer(optimizer, self.module.parameters())
         self.resume(_Held(full), new)
