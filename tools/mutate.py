@@ -70,6 +70,10 @@ TARGETS: dict[str, list[str]] = {
     "hetbench/bench/verdict.py": _BENCH_GOAL_TESTS,
     "hetbench/bench/split_goals.py": _BENCH_GOAL_TESTS,
     "hetbench/bench/train_goals.py": _BENCH_GOAL_TESTS,
+    # --pp: the cut, the schedule's model, the mesh and the replicas' rows; the run's pipeline summary; its bench
+    "hetbench/pytorch/pipeline.py": ["tests/unit/test_pin_pipeline.py", "tests/unit/test_pipeline_plan.py"],
+    "hetbench/train/torch_frontend/pipeline.py": ["tests/unit/test_pin_pipeline.py"],
+    "hetbench/bench/pipeline_goals.py": ["tests/unit/test_pin_pipeline_goals.py"],
 }
 
 # Where a module is mostly mechanism, only the functions that compute its figures are mutated (a class's methods
@@ -99,6 +103,20 @@ SCOPES: dict[str, list[str]] = {
     "hetbench/bench/split_goals.py": ["split_figures", "_print_run", "_print_below_goal_n", "_judge_size",
                                       "_judge_goal", "_judge_model"],
     "hetbench/bench/train_goals.py": ["train_figures", "_complete_rounds", "_show", "_round", "_judge_rounds"],
+    # the pipeline's library is mostly mechanism (torch's stages and schedules, the groups, the library call: pinned
+    # by the MPI torch runs); its figures are the cut, the schedule's modelled time, the bytes counted, the probe's
+    # medians, the mesh, the groups' backends and the replicas' rows
+    "hetbench/pytorch/pipeline.py": ["Cut.blocks", "Cut.counts", "in_flight", "even_cut", "cut_stages", "fixed_cut",
+                                     "schedule_order", "modelled_step_seconds", "theoretical_bubble",
+                                     "matmul_parameters", "parameter_bytes", "saved_bytes", "measure_parts",
+                                     "Mesh.stage_of", "Mesh.replica_of", "Mesh.pp_ranks", "Mesh.dp_ranks",
+                                     "mesh_for", "native_backend", "group_backend_problem", "_pipeline_rows"],
+    # --pp's run on a rank is mechanism (the stages, the re-cut's state moved: pinned by the MPI torch runs); its
+    # figures are the plan's costs and rows, the stage's parts and the summary of the ranks' details
+    "hetbench/train/torch_frontend/pipeline.py": ["Plan.cut_for", "_costs", "_replica_rows", "_stage_parts",
+                                                  "_median", "pipeline_summary", "_group_bytes"],
+    "hetbench/bench/pipeline_goals.py": ["ideal_speedup", "balance", "_show", "_round", "pipeline_figures",
+                                        "stage_layers"],
 }
 
 _BINOPS = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.FloorDiv: ast.Mult,

@@ -143,4 +143,45 @@ EQUIVALENTS: list[Equivalent] = [
                ('5 -> 6',),
                "on this CPU-only branch the shard's host copy takes no time (_host gives 0.0), which pending[5] "
                "holds already; pending[6] is the launch's handle, set right after"),
+    Equivalent('hetbench/pytorch/pipeline.py', '_pipeline_rows', 'speeds.append(1.0 / max(slowest, 1e-12))',
+               ('1.0 -> 2.0',),
+               "every replica's speed doubled, exactly (a float's 2 / x is 2 x (1 / x)): split_plan.shares splits by "
+               "the weights' exact ratios, which do not change"),
+    Equivalent('hetbench/train/torch_frontend/pipeline.py', '_replica_rows', 'speeds.append(1.0 / max(slowest, 1e-12))',
+               ('1.0 -> 2.0',),
+               "every replica's speed doubled, exactly (a float's 2 / x is 2 x (1 / x)): split_plan.shares splits by "
+               "the weights' exact ratios, which do not change"),
+    Equivalent('hetbench/pytorch/pipeline.py', 'cut_stages', 'prefix = [[0.0] * (blocks + 1) for _ in range(stages)]',
+               ('1 -> 2',),
+               'a column more that nothing reads: the prefix sums are read at indices 0 to blocks'),
+    Equivalent('hetbench/pytorch/pipeline.py', 'cut_stages',
+               'best = [[math.inf] * (blocks + 1) for _ in range(stages)]',
+               ('1 -> 2',),
+               'a column more that nothing reads or writes: b runs to blocks at most'),
+    Equivalent('hetbench/pytorch/pipeline.py', 'cut_stages', 'back = [[0] * (blocks + 1) for _ in range(stages)]',
+               ('1 -> 2',),
+               'a column more that nothing reads or writes: b runs to blocks at most'),
+    Equivalent('hetbench/pytorch/pipeline.py', 'cut_stages', 'for b in range(s + 1, blocks - (stages - 1 - s) + 1):',
+               ('Add -> Sub',),
+               "s + 1 made s - 1 adds b = s - 1 and s, whose range of a (b - 1 down to s) is empty: nothing changes. "
+               "(The line's other Add, the end's + 1, made - 1 never reaches blocks on the last stage, so every cut "
+               "is refused: killed by every test, in the runs before this entry.)"),
+    Equivalent('hetbench/pytorch/pipeline.py', 'cut_stages', 'for a in range(b - 1, s - 1, -1):',
+               ('1 -> 2',),
+               "s - 1 made s - 2 adds a = s - 1, where best[s - 1][s - 1] is inf (s stages cannot hold s - 1 blocks), "
+               "which the loop skips. (The line's other 1s, b - 1 and the step -1, made 2 drop candidate cuts: killed "
+               "by the cut's brute-force tests, in the runs before this entry.)"),
+    Equivalent('hetbench/pytorch/pipeline.py', 'modelled_step_seconds',
+               'free[s] = done[(kind, s, i)] = start + (forward[s] if kind == "F" else backward[s])',
+               ('Eq -> NotEq',),
+               "every forward taking backward's time and every backward forward's: the step is the longest path of "
+               "the actions' graph (each starts when its stage and its input are done), the same with every edge "
+               "reversed, and GPipe's and 1F1B's reversed graph is the same schedule with each stage's forwards and "
+               "backwards exchanged (micro-batch i for m - 1 - i); each stage's busy time m (f + b) is symmetric"),
+    Equivalent('hetbench/pytorch/pipeline.py', 'mesh_for',
+               'divisors = ", ".join(str(d) for d in range(1, world_size + 1) if world_size % d == 0)',
+               ('1 -> 2',),
+               "world_size + 2 adds d = world_size + 1, which never divides world_size (>= 1): the same list. (The "
+               "line's other 1, the range's start, made 2 drops the divisor 1 from the message: killed by "
+               "test_mesh_for_refuses_a_pp_that_does_not_divide, in the runs before this entry.)"),
 ]
