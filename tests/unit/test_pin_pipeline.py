@@ -344,9 +344,10 @@ def test_pipeline_summary_from_the_ranks_details():
     assert s["idle_measured_fraction_mean"] == pytest.approx((measured[0] + measured[1]) / 2, rel=1e-12)
     assert s["schedule_seconds_measured"] == span
     assert s["step_seconds_measured"] == 0.265  # the median of each step's slowest: 252, 265, 280 ms
-    # the probe's planned 36 ms a stage, a third forward and two backward, equal stages: (4 + 2 - 1) x 36 ms
-    assert [x["planned_microbatch_seconds"] for x in s["stages"]] == [0.036, 0.036]
-    assert s["step_seconds_predicted"] == pytest.approx(5 * 0.036, rel=1e-12)
+    # the probe's planned 36 ms a stage for its 2 replicas together (rates added): 72 ms a rank's micro-batch; a
+    # third forward and two backward, equal stages: (4 + 2 - 1) x 72 ms
+    assert [x["planned_microbatch_seconds"] for x in s["stages"]] == pytest.approx([0.072, 0.072], rel=1e-12)
+    assert s["step_seconds_predicted"] == pytest.approx(5 * 0.072, rel=1e-12)
     assert (s["pp"], s["dp"], s["schedule"], s["micro_batches"]) == (2, 2, "gpipe", 4)
     assert s["replica_rows"] == [40, 24] and s["first_layers"] == [10, 10]
     assert s["recuts"] == [{"after_step": 2, "layers": [13, 7]}]
@@ -354,6 +355,16 @@ def test_pipeline_summary_from_the_ranks_details():
     assert s["groups"] == [{**GROUPS[0], "bytes": 2 * 12 * 16 * 448 * 4}, {**GROUPS[1], "bytes": 2 * 12 * 8 * 448 * 4},
                            {**GROUPS[2], "bytes": None}, {**GROUPS[3], "bytes": 2_000_000}]
     assert tp.Pipelined.summary(_ranks()) == {"pipeline": s}
+
+
+def test_a_stage_s_times_are_its_slowest_rank_s_own():
+    # rank 0 the slower forward (20 ms), rank 1 the slower backward (40 ms) but the slower sum (10 + 40 against
+    # 20 + 25): stage 0's figures are rank 1's, not 20 + 40
+    ranks = _ranks()
+    ranks[0].details["microbatch_forward_seconds"] = [0.020] * 3
+    ranks[1].details["microbatch_backward_seconds"] = [0.040] * 3
+    s = tp.pipeline_summary(ranks)
+    assert s["stages"][0]["microbatch_compute_seconds"] == pytest.approx(0.010 + 0.040, rel=1e-12)
 
 
 def test_pipeline_summary_without_auto_weights_predicts_nothing():

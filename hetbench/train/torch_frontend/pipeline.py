@@ -490,8 +490,9 @@ def pipeline_summary(gathered: Sequence[RankOutcome]) -> dict[str, Any]:
     per_stage, forward, backward = [], [], []
     for s in range(stages):
         mine = [x for x in d if x["stage"] == s]
-        f = max(_median(x["microbatch_forward_seconds"]) for x in mine)
-        b = max(_median(x["microbatch_backward_seconds"]) for x in mine)
+        # the stage's slowest rank, by its forward + backward (both its own: its replicas wait for none of them)
+        f, b = max(((_median(x["microbatch_forward_seconds"]), _median(x["microbatch_backward_seconds"]))
+                    for x in mine), key=sum)
         forward.append(f)
         backward.append(b)
         busy = mbs * (f + b)
@@ -502,7 +503,9 @@ def pipeline_summary(gathered: Sequence[RankOutcome]) -> dict[str, Any]:
                           "bubble_measured_fraction": 1.0 - busy / span if span > 0 else 0.0})
     modelled, idle = pp.modelled_step_seconds(info["schedule"], forward, backward, mbs)
     slowest = max(range(stages), key=lambda s: forward[s] + backward[s])
-    planned = info["planned_stage_cost"] if info.get("auto_part_seconds") else None
+    # the plan's stage cost adds its replicas' rates (the stage's throughput); a rank takes its own micro-batch, its
+    # replica's rows shared by speed, so a rank's planned time a micro-batch is dp times that
+    planned = [c * info["dp"] for c in info["planned_stage_cost"]] if info.get("auto_part_seconds") else None
     predicted = (pp.modelled_step_seconds(info["schedule"], [c / 3 for c in planned], [2 * c / 3 for c in planned],
                                           mbs)[0] if planned else None)
     for x, i, c in zip(per_stage, idle, planned or [None] * stages):
