@@ -41,7 +41,7 @@ def test_two_ranks_cut_by_the_weights():
     assert groups_of(run.stdout)["pp 0"] == ("[0, 1]", "gloo")
 
 
-# three ranks' launch is the slowest of the file; make test runs 2 and 4 ranks, make test-slow and CI this one too
+# three ranks' launch: make test runs 2 ranks, make test-slow and CI this one too
 @pytest.mark.slow
 @needs_mpi
 def test_three_ranks_auto():
@@ -49,6 +49,8 @@ def test_three_ranks_auto():
     assert len(cut) == 3 and sum(cut) == 4 and min(cut) >= 1
 
 
+# the file's slowest launch (19 s of make test): the CLI's pp x dp runs keep the mesh in make test (test_torch_pipeline)
+@pytest.mark.slow
 @needs_mpi
 def test_four_ranks_two_stages_two_replicas_mixed_kinds():
     run = run_example(4, "--pp", "2", "--weights", "even", "--kinds", "cpu,amd,cpu,amd")
