@@ -143,11 +143,7 @@ EQUIVALENTS: list[Equivalent] = [
                ('5 -> 6',),
                "on this CPU-only branch the shard's host copy takes no time (_host gives 0.0), which pending[5] "
                "holds already; pending[6] is the launch's handle, set right after"),
-    Equivalent('hetbench/pytorch/pipeline.py', '_pipeline_rows', 'speeds.append(1.0 / max(slowest, 1e-12))',
-               ('1.0 -> 2.0',),
-               "every replica's speed doubled, exactly (a float's 2 / x is 2 x (1 / x)): split_plan.shares splits by "
-               "the weights' exact ratios, which do not change"),
-    Equivalent('hetbench/train/torch_frontend/pipeline.py', '_replica_rows', 'speeds.append(1.0 / max(slowest, 1e-12))',
+    Equivalent('hetbench/pytorch/pipeline.py', 'pipeline_rows', 'speeds.append(1.0 / max(slowest, 1e-12))',
                ('1.0 -> 2.0',),
                "every replica's speed doubled, exactly (a float's 2 / x is 2 x (1 / x)): split_plan.shares splits by "
                "the weights' exact ratios, which do not change"),

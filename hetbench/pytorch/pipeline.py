@@ -667,26 +667,31 @@ def pipeline(model: nn.Module, blocks: Sequence[nn.Module], loss_fn: Callable[[t
         cut_stages(block_costs, fixed)
     kinds = _all((kind or device.type, device.type))
     groups = make_groups(mesh, [tuple(k) for k in kinds], group_backend)
-    rows = _pipeline_rows(mesh, cut, every, microbatches, batch or microbatches * example.shape[0] * mesh.dp)
+    rows = pipeline_rows(mesh, cut, every, microbatches, batch or microbatches * example.shape[0] * mesh.dp)
     stage = mesh.stage_of(rank)
     pipe = Pipeline(parts, loss_fn, cut, stage, groups[mesh.replica_of(rank)].group, device, schedule,
                     microbatches, group_name=groups[mesh.replica_of(rank)].name)
     return PipelinedModel(pipe, mesh, groups, rows)
 
 
-def _pipeline_rows(mesh: Mesh, cut: Cut, every: list[list[float]], microbatches: int, batch: int) -> list[int]:
-    """Each pipeline's rows in whole micro-batches, by the inverse of its slowest stage's time per row."""
+def stage_parts(cut: Cut, stage: int) -> list[int]:
+    """The part indices stage `stage` holds under `cut` (0: pre, on the first stage; 1 + b: block b; the last,
+    post, on the last stage)."""
+    stages = len(cut.bounds) - 1
+    return [0] * (stage == 0) + [1 + b for b in cut.blocks(stage)] + [cut.bounds[-1] + 1] * (stage == stages - 1)
+
+
+def pipeline_rows(mesh: Mesh, cut: Cut, every: list[list[float]], microbatches: int, batch: int) -> list[int]:
+    """Each pipeline's rows in whole micro-batches, by the inverse of its slowest stage's time per row (`every`:
+    each rank's cost of each part)."""
     if batch % microbatches or batch // microbatches < mesh.dp:
         raise PipelineError(f"a batch of {batch} rows does not split into {microbatches} equal micro-batches for "
                             f"each of {mesh.dp} pipelines")
     if mesh.dp == 1:
         return [batch]
-    last = len(every[0]) - 1
     speeds = []
     for j in range(mesh.dp):
-        slowest = max(sum(every[r][i] for i in ([0] * (s == 0) + [1 + b for b in cut.blocks(s)]
-                                                 + [last] * (s == mesh.pp - 1)))
-                      for s, r in enumerate(mesh.pp_ranks(j)))
+        slowest = max(sum(every[r][i] for i in stage_parts(cut, s)) for s, r in enumerate(mesh.pp_ranks(j)))
         speeds.append(1.0 / max(slowest, 1e-12))
     counts = shares(speeds, batch // microbatches - mesh.dp)
     return [(c + 1) * microbatches for c in counts]

@@ -215,18 +215,18 @@ CUT = pp.Cut((0, 1, 4), (0.0, 0.0), (0, 0))
 def test_pipeline_rows_by_each_replicas_slowest_stage():
     """Speeds 1 / 0.3 and 1 / 0.1: of 10 micro-batch rows, one each and the other 8 shared 1 : 3, so 2 x (1 + 2) and
     2 x (1 + 6) rows."""
-    assert pp._pipeline_rows(pp.Mesh(2, 2), CUT, SECONDS, 2, 20) == [6, 14]
+    assert pp.pipeline_rows(pp.Mesh(2, 2), CUT, SECONDS, 2, 20) == [6, 14]
     # the least batch: one row per micro-batch per replica
-    assert pp._pipeline_rows(pp.Mesh(2, 2), CUT, SECONDS, 2, 4) == [2, 2]
-    assert pp._pipeline_rows(pp.Mesh(2, 1), CUT, SECONDS[::2], 2, 20) == [20]
+    assert pp.pipeline_rows(pp.Mesh(2, 2), CUT, SECONDS, 2, 4) == [2, 2]
+    assert pp.pipeline_rows(pp.Mesh(2, 1), CUT, SECONDS[::2], 2, 20) == [20]
     for batch in (3, 2):
         with pytest.raises(pp.PipelineError, match=f"a batch of {batch} rows does not split into 2 equal"):
-            pp._pipeline_rows(pp.Mesh(2, 2), CUT, SECONDS, 2, batch)
+            pp.pipeline_rows(pp.Mesh(2, 2), CUT, SECONDS, 2, batch)
 
 
 def test_replica_rows_measured_and_proxy_costs():
     cfg = SimpleNamespace(batch=20, micro_batches=2)
-    # measured seconds per rank: as _pipeline_rows
+    # measured seconds per rank: as pipeline_rows
     assert tp._replica_rows(cfg, pp.Mesh(2, 2), CUT, [1.0] * 4, SECONDS) == [6, 14]
     # one proxy cost per part over each rank's weight: pre + block 0 = 300 on stage 0, blocks 1-2 + post = 700 on
     # stage 1; weights 1, 3 (stage 0) and 2, 6 (stage 1): replica 0's slowest max(300, 350) = 350, replica 1's
@@ -238,7 +238,7 @@ def test_replica_rows_measured_and_proxy_costs():
     cfg = SimpleNamespace(batch=16, micro_batches=2)
     two = [[0.01, 0.02, 0.03, 0.04], [0.02, 0.04, 0.06, 0.08]]
     assert tp._replica_rows(cfg, pp.Mesh(1, 2), pp.Cut((0, 2), (0,), (0,)), [1.0, 1.0], two) == [10, 6]
-    assert pp._pipeline_rows(pp.Mesh(1, 2), pp.Cut((0, 2), (0,), (0,)), two, 2, 16) == [10, 6]
+    assert pp.pipeline_rows(pp.Mesh(1, 2), pp.Cut((0, 2), (0,), (0,)), two, 2, 16) == [10, 6]
     # one replica: the whole batch
     assert tp._replica_rows(SimpleNamespace(batch=32, micro_batches=4), pp.Mesh(2, 1), CUT, [1.0, 1.0],
                             SECONDS[::2]) == [32]

@@ -159,21 +159,10 @@ def make_plan(cfg: Any, world: Any, state: Any, share: float) -> Plan:
 
 def _replica_rows(cfg: Any, mesh: pp.Mesh, cut: pp.Cut, weights: list[float],
                   parts_cost: list[list[float]]) -> list[int]:
-    """Each replica's rows, whole micro-batches of equal size: shared by its speed, the inverse of its slowest
-    stage's time per row (each of its ranks computing its stage's parts)."""
-    if mesh.dp == 1:
-        return [cfg.batch]
-    speeds = []
-    for j in range(mesh.dp):
-        slowest = 0.0
-        for s, rank in enumerate(mesh.pp_ranks(j)):
-            idx = [0] * (s == 0) + [1 + b for b in cut.blocks(s)] + [len(parts_cost[0]) - 1] * (s == mesh.pp - 1)
-            cost = parts_cost[rank] if len(parts_cost) > 1 else [c / weights[rank] for c in parts_cost[0]]
-            slowest = max(slowest, sum(cost[i] for i in idx))
-        speeds.append(1.0 / max(slowest, 1e-12))
-    units = cfg.batch // cfg.micro_batches
-    counts = pp.shares(speeds, units - mesh.dp)  # every replica at least one row per micro-batch
-    return [(c + 1) * cfg.micro_batches for c in counts]
+    """Each replica's rows, whole micro-batches of equal size, shared by its speed (pp.pipeline_rows); a proxy cost
+    per part (one list) is each rank's over its weight."""
+    every = parts_cost if len(parts_cost) > 1 else [[c / w for c in parts_cost[0]] for w in weights]
+    return pp.pipeline_rows(mesh, cut, every, cfg.micro_batches, cfg.batch)
 
 
 class Pipelined(Parallel):
@@ -447,10 +436,8 @@ class _Held:
 
 
 def _stage_parts(plan: Plan, stage: int) -> list[int]:
-    """The part indices (0: pre, 1 + b: block b, last: post) stage `stage` holds under the plan's cut."""
-    last = len(plan.block_param_bytes) - 1
-    return ([0] if stage == 0 else []) + [1 + b for b in plan.cut.blocks(stage)] + \
-        ([last] if stage == plan.mesh.pp - 1 else [])
+    """The part indices stage `stage` holds under the plan's cut."""
+    return pp.stage_parts(plan.cut, stage)
 
 
 def _needs_hetbench(dp_class: Any) -> bool:
