@@ -775,8 +775,10 @@ def _pipeline_lines(out: Any, p: dict[str, Any]) -> None:
     theory; the step modelled from the stages' times against the step measured; the groups and their backends."""
     stages = "; ".join(f"stage {s['stage']} rank{'s' if len(s['ranks']) > 1 else ''} "
                        f"{', '.join(map(str, s['ranks']))}: {s['layers']} layers [{s['blocks'][0]}, {s['blocks'][1]}), "
-                       f"{_size(s['param_bytes'])}, {fmt(s['microbatch_compute_seconds'], scale=1e3)} ms a "
-                       "micro-batch" for s in p["stages"])
+                       f"{_size(s['param_bytes'])}, {'~' if s.get('timing') == 'modelled' else ''}"
+                       f"{fmt(s['microbatch_compute_seconds'], scale=1e3)} ms a micro-batch" for s in p["stages"])
+    if any(s.get("timing") == "modelled" for s in p["stages"]):
+        stages += " (~ modelled: a simulated rank's GEMM and copy time)"
     out.print(f"pipeline ({p['schedule']}, {p['micro_batches']} micro-batches): {stages}", markup=False)
     predicted = ("" if p.get("step_seconds_predicted") is None else
                  f", predicted by the plan {fmt(p['step_seconds_predicted'], scale=1e3)} ms")

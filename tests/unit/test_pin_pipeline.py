@@ -367,6 +367,12 @@ def test_a_stage_s_times_are_its_slowest_rank_s_own():
     assert s["stages"][0]["microbatch_compute_seconds"] == pytest.approx(0.010 + 0.040, rel=1e-12)
 
 
+def test_a_stage_with_a_simulated_rank_is_modelled():
+    ranks = _ranks()
+    ranks[3].facts["device_timing"] = "modelled"  # stage 1's second replica: a simulated GPU
+    assert [x["timing"] for x in tp.pipeline_summary(ranks)["stages"]] == ["measured", "modelled"]
+
+
 def test_pipeline_summary_without_auto_weights_predicts_nothing():
     s = tp.pipeline_summary(_ranks(auto=False))
     assert s["step_seconds_predicted"] is None and s["auto_part_seconds"] is None

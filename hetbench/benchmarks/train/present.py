@@ -80,7 +80,7 @@ STAGE_COLUMNS: tuple[Column, ...] = (
     Column("ranks_text", "ranks", text=True, derived=True),
     Column("layers", "layers", text=True),
     Column("param_bytes", "parameters", "bytes", digits=4),
-    Column("microbatch_compute_seconds", "compute a micro-batch", "ms", 1e3, better="lower"),
+    Column("microbatch_compute_seconds", "compute a micro-batch", "ms", 1e3, modelled="timing", better="lower"),
     Column("bubble_measured_fraction", "idle share of the step", better="lower"),
 )
 

@@ -487,6 +487,9 @@ def pipeline_summary(gathered: Sequence[RankOutcome]) -> dict[str, Any]:
                           "layers": mine[0]["stage_layers"], "blocks": mine[0]["stage_blocks"],
                           "param_bytes": mine[0]["stage_param_bytes"],
                           "microbatch_compute_seconds": f + b,
+                          # a simulated rank's compute is its modelled GEMM and copy time
+                          "timing": "modelled" if any(gathered[r].facts.get("device_timing") == "modelled"
+                                                      for r, x in enumerate(d) if x["stage"] == s) else "measured",
                           "bubble_measured_fraction": 1.0 - busy / span if span > 0 else 0.0})
     modelled, idle = pp.modelled_step_seconds(info["schedule"], forward, backward, mbs)
     slowest = max(range(stages), key=lambda s: forward[s] + backward[s])
