@@ -111,7 +111,7 @@ SCOPES: dict[str, list[str]] = {
                                      "matmul_parameters", "parameter_bytes", "saved_bytes", "measure_parts",
                                      "Mesh.stage_of", "Mesh.replica_of", "Mesh.pp_ranks", "Mesh.dp_ranks",
                                      "mesh_for", "native_backend", "group_backend_problem", "pipeline_rows",
-                                     "stage_parts"],
+                                     "stage_costs", "split_costs", "stage_parts"],
     # --pp's run on a rank is mechanism (the stages, the re-cut's state moved: pinned by the MPI torch runs); its
     # figures are the plan's costs and rows, the stage's parts and the summary of the ranks' details
     "hetbench/train/torch_frontend/pipeline.py": ["Plan.cut_for", "_costs", "_replica_rows", "_stage_parts",

@@ -659,10 +659,7 @@ def pipeline(model: nn.Module, blocks: Sequence[nn.Module], loss_fn: Callable[[t
         if len(speeds) != world or min(speeds) <= 0:
             raise PipelineError(f"weights {list(weights)!r}: give one speed > 0 per rank ({world}), 'even' or 'auto'")
         every = [[float(matmul_parameters(m)) / speeds[r] for m in modules] for r in range(world)]
-    costs = [[1.0 / sum(1.0 / max(every[r][i], 1e-12) for r in mesh.dp_ranks(s)) for i in range(len(modules))]
-             for s in range(mesh.pp)]
-    fixed = [costs[s][0] * (s == 0) + costs[s][-1] * (s == mesh.pp - 1) for s in range(mesh.pp)]
-    block_costs = [c[1:-1] for c in costs]
+    block_costs, fixed = split_costs(stage_costs(mesh, every))
     cut = fixed_cut(even_cut(len(parts.blocks), mesh.pp), block_costs, fixed) if weights == "even" else \
         cut_stages(block_costs, fixed)
     kinds = _all((kind or device.type, device.type))
@@ -672,6 +669,21 @@ def pipeline(model: nn.Module, blocks: Sequence[nn.Module], loss_fn: Callable[[t
     pipe = Pipeline(parts, loss_fn, cut, stage, groups[mesh.replica_of(rank)].group, device, schedule,
                     microbatches, group_name=groups[mesh.replica_of(rank)].name)
     return PipelinedModel(pipe, mesh, groups, rows)
+
+
+def stage_costs(mesh: Mesh, every: Sequence[Sequence[float]]) -> list[list[float]]:
+    """Each stage's cost of each part from each rank's (`every[r][i]`): its replicas' rates added (a part of no
+    time counts 1e-12 s)."""
+    parts = len(every[0])
+    return [[1.0 / sum(1.0 / max(every[r][i], 1e-12) for r in mesh.dp_ranks(s)) for i in range(parts)]
+            for s in range(mesh.pp)]
+
+
+def split_costs(costs: Sequence[Sequence[float]]) -> tuple[list[list[float]], list[float]]:
+    """(each stage's cost of each block, each stage's fixed cost: pre on the first stage, post on the last), from
+    each stage's cost of each part [pre, *blocks, post]: cut_stages's arguments."""
+    last = len(costs) - 1
+    return [list(c[1:-1]) for c in costs], [c[0] * (s == 0) + c[-1] * (s == last) for s, c in enumerate(costs)]
 
 
 def stage_parts(cut: Cut, stage: int) -> list[int]:

@@ -54,9 +54,7 @@ class Plan:
 
     def cut_for(self, parts_cost: list[list[float]]) -> tuple[pp.Cut, pp.Cut]:
         """(the best cut for per-rank part costs, the current cut at those costs)."""
-        costs = _costs(self.weights, self.mesh, parts_cost)
-        fixed = [costs[s][0] * (s == 0) + costs[s][-1] * (s == self.mesh.pp - 1) for s in range(self.mesh.pp)]
-        block_costs = [c[1:-1] for c in costs]
+        block_costs, fixed = pp.split_costs(_costs(self.weights, self.mesh, parts_cost))
         return (pp.cut_stages(block_costs, fixed, **self.limits),
                 pp.fixed_cut(self.cut.bounds, block_costs, fixed))
 
@@ -102,16 +100,9 @@ def _measure(cfg: Any, state: Any, rows: int) -> tuple[list[float], list[int], l
 def _costs(plan_weights: list[float], mesh: pp.Mesh, parts_cost: list[list[float]]) -> list[list[float]]:
     """Each stage's cost of each part: with measured seconds per rank, the stage's ranks' rates added; with a
     proxy cost per part (one list), that over the stage's weights added."""
-    out = []
-    for s in range(mesh.pp):
-        ranks = mesh.dp_ranks(s)
-        if len(parts_cost) == 1:
-            speed = sum(plan_weights[r] for r in ranks)
-            out.append([c / speed for c in parts_cost[0]])
-        else:
-            out.append([1.0 / sum(1.0 / max(parts_cost[r][i], 1e-12) for r in ranks)
-                        for i in range(len(parts_cost[0]))])
-    return out
+    if len(parts_cost) > 1:
+        return pp.stage_costs(mesh, parts_cost)
+    return [[c / sum(plan_weights[r] for r in mesh.dp_ranks(s)) for c in parts_cost[0]] for s in range(mesh.pp)]
 
 
 def make_plan(cfg: Any, world: Any, state: Any, share: float) -> Plan:
@@ -130,18 +121,16 @@ def make_plan(cfg: Any, world: Any, state: Any, share: float) -> Plan:
     if any(w <= 0 for w in weights):
         raise pp.PipelineError(f"--pp: every rank holds a stage and computes its rows, and the weights "
                                f"{weights} give rank {min(r for r, w in enumerate(weights) if w <= 0)} none")
-    costs = _costs(weights, mesh, parts_cost)
+    block_costs, fixed = pp.split_costs(_costs(weights, mesh, parts_cost))
     blocks = len(sizes) - 2
     memory = world.allgather(state_memory_bytes(state))
     caps = [None if any(memory[r] is None for r in mesh.dp_ranks(s)) else min(memory[r] for r in mesh.dp_ranks(s))
             for s in range(mesh.pp)]
     per = STATE_BYTES.get(cfg.optimizer, 16) / 4.0 * share
     block_bytes = [int(b * per) for b in sizes[1:-1]]
-    fixed = [costs[s][0] * (s == 0) + costs[s][-1] * (s == mesh.pp - 1) for s in range(mesh.pp)]
     fixed_bytes = [int(sizes[0] * per) * (s == 0) + int(sizes[-1] * per) * (s == mesh.pp - 1)
                    + (acts[0] if s == 0 else 0) + (acts[-1] if s == mesh.pp - 1 else 0) for s in range(mesh.pp)]
     flights = [pp.in_flight(cfg.schedule, s, mesh.pp, cfg.micro_batches) for s in range(mesh.pp)]
-    block_costs = [c[1:-1] for c in costs]
     limits = {"block_bytes": block_bytes, "act_bytes": acts[1:-1], "fixed_bytes": fixed_bytes, "caps": caps,
               "flights": flights}
     if cfg.weights.kind == "even":
