@@ -111,7 +111,10 @@ def test_a_signal_to_a_stub_reaches_its_rank(server, tmp_path):
     stubs = [pid for pid in descendants(proc.pid) if _is_stub(pid)]
     assert len(stubs) == 2
     for stub in stubs:
-        os.kill(stub, signal.SIGTERM)
+        try:
+            os.kill(stub, signal.SIGTERM)
+        except ProcessLookupError:  # mpiexec ended the job, this stub too, after the first stub's end
+            pass
     try:
         _, err = proc.communicate(timeout=30)
     finally:
