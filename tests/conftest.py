@@ -17,9 +17,7 @@ ORPHAN_GRACE_SECONDS = 15.0
 def pytest_configure(config):
     """The tuned OpenCL GEMM's winners go to a cache of the test session's own (HETBENCH_CACHE_DIR), never to the
     user's ~/.cache/hetbench; the commands the tests launch inherit it."""
-    import tempfile
-
-    os.environ["HETBENCH_CACHE_DIR"] = tempfile.mkdtemp(prefix="hetbench-test-cache-")
+    os.environ["HETBENCH_CACHE_DIR"] = _session_folder("hetbench-test-cache-")
     # The interpreters the tests launch (hundreds: every rank of every mpiexec job) read hetbench's modules from
     # their __pycache__ (gitignored), as Python does by default: where the environment sets PYTHONDONTWRITEBYTECODE
     # none is ever written, and every one of them compiled hetbench from source again (0.15 s of each start-up for
@@ -41,6 +39,17 @@ def pytest_configure(config):
             pass
 
 
+def _session_folder(prefix: str) -> str:
+    """A temporary folder of this process's, removed when it exits (every test session made two and left them)."""
+    import atexit
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
+
+
 def _preload_yield_backoff(config) -> None:
     """Every process the session launches gets tests/spin/yield_backoff.c preloaded (built here with cc into the
     session's temporary folder): waiting MPI ranks back off from spinning (the file says how). Where there is no C
@@ -52,7 +61,7 @@ def _preload_yield_backoff(config) -> None:
     from helpers import TESTS
 
     compiler = shutil.which("cc") or shutil.which("gcc")
-    library = Path(tempfile.mkdtemp(prefix="hetbench-test-spin-")) / "libyield_backoff.so"
+    library = Path(_session_folder("hetbench-test-spin-")) / "libyield_backoff.so"
     built = compiler is not None and subprocess.run(
         [compiler, "-O2", "-shared", "-fPIC", "-o", str(library), str(TESTS / "spin" / "yield_backoff.c")],
         capture_output=True, timeout=60).returncode == 0
