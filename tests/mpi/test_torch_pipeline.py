@@ -204,7 +204,8 @@ def test_two_ranks_gpipe_cut_by_list_weights(batches):
 @needs_mpi
 def test_auto_stages_are_cut_again_from_the_measured_stage_times(tmp_path):
     # the probe told that rank 1 is 16 times slower than it is (tests/torch_workers/recut.py): its first cut leaves
-    # rank 1 one block of 8; the stages' measured times in the first steps move blocks to it, the curve unchanged
+    # rank 1 one block of 8; the stages' measured times in the first steps move blocks to it, the curve unchanged.
+    # 512 wide: at 256 a stage's fixed overhead outweighed its blocks on a loaded CI machine and no re-cut was made
     out = tmp_path / "t.json"
     run = run_python([str(REPO / "tests" / "torch_workers" / "recut.py"), str(out)], nprocs=2, timeout=180)
     assert run.returncode == 0, run.stdout + run.stderr
@@ -215,9 +216,9 @@ def test_auto_stages_are_cut_again_from_the_measured_stage_times(tmp_path):
     assert all(1 <= r["after_step"] < doc["summary"]["steps"] and sum(r["layers"]) == 8 for r in p["recuts"])
     final = [st["layers"] for st in p["stages"]]
     assert final == p["recuts"][-1]["layers"] and final[1] > 1
-    # every step's activations forward and gradients back (256 rows x 256 wide, fp32), before and after the re-cuts
+    # every step's activations forward and gradients back (512 rows x 512 wide, fp32), before and after the re-cuts
     steps = doc["summary"]["steps"]
-    assert {g["name"]: g["bytes"] for g in p["groups"]}["pp 0"] == 2 * steps * 256 * 256 * 4
+    assert {g["name"]: g["bytes"] for g in p["groups"]}["pp 0"] == 2 * steps * 512 * 512 * 4
     assert [r["stage_layers"] for r in doc["rows"]] == final
 
 

@@ -26,7 +26,7 @@ def _wrong(cfg, state, rows):  # type: ignore[no-untyped-def]
 
 piped._measure = _wrong
 sys.argv = ["hetbench", "train", "--frontend", "torch", "--pp", "2", "--weights", "auto", "--model", "mlp",
-            "--layers", "8", "--hidden", "256", "--batch", "256", "--steps", "6", "--out", sys.argv[1]]
+            "--layers", "8", "--hidden", "512", "--batch", "512", "--steps", "6", "--out", sys.argv[1]]
 from hetbench.__main__ import run  # noqa: E402
 
 run()
