@@ -209,7 +209,9 @@ def offload_linears(model: nn.Module, ops: Any) -> int:
             def forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
                 return device_linear(x, self.weight, self.bias, ops, getattr(self, "weight_key", None))
 
-            module.forward = types.MethodType(forward, module)  # type: ignore[method-assign]
+            module.offload_ops = ops  # a tensor-parallel row Linear's own forward reads it (pytorch/tensor.py)
+            if not getattr(module, "row_parallel", False):
+                module.forward = types.MethodType(forward, module)  # type: ignore[method-assign]
             count += 1
         if hasattr(module, "matmul"):
             module.matmul = lambda a, b: device_matmul(a, b, ops)

@@ -35,6 +35,7 @@ import hashlib
 import math
 from dataclasses import asdict, dataclass
 from functools import lru_cache
+from typing import Any
 from importlib import resources
 
 import numpy as np
@@ -163,24 +164,26 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, hidden: int, heads: int) -> None:
         super().__init__()
         self.heads = heads
+        self.head_dim = hidden // heads
         self.qkv = nn.Linear(hidden, 3 * hidden)
         self.proj = nn.Linear(hidden, hidden)
         # attention's two products; hetbench.pytorch.offload puts them on a hetbench device
         self.matmul = torch.matmul
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, C = x.shape
-        H = self.heads
-        q, k, v = self.qkv(x).split(C, dim=2)
-        q = q.view(B, T, H, C // H).transpose(1, 2)  # (B, H, T, D)
-        k = k.view(B, T, H, C // H).transpose(1, 2)
-        v = v.view(B, T, H, C // H).transpose(1, 2)
-        att = self.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(C // H))  # (B, H, T, T)
+        B, T, _ = x.shape
+        H = self.heads  # under tensor parallelism, this rank's heads (hetbench/pytorch/tensor.py)
+        q, k, v = self.qkv(x).chunk(3, dim=2)
+        D = self.head_dim
+        q = q.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+        k = k.view(B, T, H, D).transpose(1, 2)
+        v = v.view(B, T, H, D).transpose(1, 2)
+        att = self.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(D))  # (B, H, T, T)
         causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
         att = att.masked_fill(~causal, float("-inf"))
         att = torch.softmax(att, dim=-1)
         y = self.matmul(att, v)  # (B, H, T, D)
-        y = y.transpose(1, 2).reshape(B, T, C)
+        y = y.transpose(1, 2).reshape(B, T, H * D)
         return self.proj(y)
 
 
@@ -276,6 +279,22 @@ def units(model: nn.Module) -> list[nn.Module]:
         return list(model.blocks)
     if hasattr(model, "block_indices"):  # a pipeline's stage (hetbench.pytorch.pipeline.StageModule): its blocks
         return list(model.blocks)
+    raise TypeError(f"{type(model).__name__} is not a model of hetbench.train.torch_frontend.models")
+
+
+def tensor_plan(model: nn.Module) -> dict[str, Any]:
+    """The task's tensor-parallel plan (hetbench.pytorch.tensor): the mlp's residual layers each a column-parallel
+    Linear gathered whole (the residual needs every column); the gpt's attention by whole heads (its fused
+    q/k/v, the head count it reads) and its MLP's fc/proj a column/row pair. The gpt's embeddings, LayerNorms and
+    head stay whole on every rank."""
+    from hetbench.pytorch.tensor import Gathered, heads, pair
+
+    if isinstance(model, ResidualMLP):
+        return {"layers.*.linear": Gathered()}
+    if isinstance(model, CharGPT):
+        h = model.blocks[0].attn.heads if len(model.blocks) else 1
+        return {"blocks.*.attn": heads("qkv", "proj", heads=h, attributes={"heads": 1}),
+                "blocks.*.mlp": pair("fc", "proj")}
     raise TypeError(f"{type(model).__name__} is not a model of hetbench.train.torch_frontend.models")
 
 
