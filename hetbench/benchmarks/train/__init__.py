@@ -124,6 +124,8 @@ class Train:
             raise click.BadParameter(str(e), param_hint="'--weights'") from None
         if params["frontend"] == "torch" and params["pp"] > 1:
             _check_pipeline(params, weights, world.size)
+        elif params["frontend"] == "torch" and params["tp"] > 1:
+            _check_tensor(params, weights, world.size)
         else:
             _check_work_for_every_rank(params, weights, world.size)
         if params["solo_between_steps"] and world.size < 2:
@@ -142,7 +144,7 @@ class Train:
             checkpoint=params["checkpoint"], checkpoint_every=params["checkpoint_every"], resume=params["resume"],
             backends=parse_backends(world, ctx.params["backend"]), output=output,
             frontend=params["frontend"], model=params["model"], seq_len=params["seq_len"], heads=params["heads"],
-            pp=params["pp"], schedule=params["schedule"], group_backend=params["group_backend"],
+            pp=params["pp"], schedule=params["schedule"], group_backend=params["group_backend"], tp=params["tp"],
         )
 
     def output_paths(self, cfg: TrainConfig) -> dict[str, tuple[Any, int]]:
@@ -195,10 +197,14 @@ def _run_options() -> list[click.Parameter]:
                      help="--frontend torch: pipeline stages, each a contiguous share of the model's blocks cut by "
                           "the weights (auto: each rank's measured time per block) and the ranks' memory; with more "
                           "ranks than stages the rest is data parallel by --strategy (a pp x dp mesh)."),
+        click.Option(["--tp"], type=int_range(1, MAX_HIDDEN), default=1, show_default=True,
+                     help="--frontend torch: tensor-parallel degree: each layer's columns, rows and attention heads "
+                          "cut over groups of N ranks by the weights (Megatron's column/row pairs; uneven); with "
+                          "more ranks than N the groups are data parallel by --strategy (a tp x dp mesh)."),
         click.Option(["--schedule"], type=click.Choice(PIPELINE_SCHEDULES), default="1f1b", show_default=True,
                      help="--pp: the pipeline's schedule (torch.distributed.pipelining's GPipe or 1F1B)."),
         click.Option(["--group-backend"], type=click.Choice(GROUP_BACKENDS), default="auto", show_default=True,
-                     help="--pp: auto puts each pipeline or data-parallel group whose ranks are of one kind on "
+                     help="--pp, --tp: auto puts each pipeline, tensor or data-parallel group whose ranks are of one kind on "
                           "torch's native backend for it (gloo for CPU tensors, nccl for one vendor's GPUs), and "
                           "only a group that spans kinds on hetbench's; hetbench, gloo, nccl: every group on that "
                           "one (hetbench's fsdp's groups stay on hetbench's)."),
@@ -309,6 +315,29 @@ def _check_pipeline(params: dict[str, Any], weights: Any, ranks: int) -> None:
                                  "every rank holds a stage (give each a weight > 0)", param_hint="'--weights'")
 
 
+def _check_tensor(params: dict[str, Any], weights: Any, ranks: int) -> None:
+    """--tp N: N divides the ranks, every replica a row, no pipeline beside it (yet), a head per tensor rank."""
+    tp = params["tp"]
+    if ranks % tp:
+        divisors = ", ".join(str(d) for d in range(1, ranks + 1) if ranks % d == 0)
+        raise click.BadParameter(f"{tp} does not divide the {ranks} ranks (accepted: {divisors})", param_hint="'--tp'")
+    if params["pp"] > 1:
+        raise click.BadParameter(f"{tp} with --pp {params['pp']}: tensor parallelism inside pipeline stages is not "
+                                 "built yet (accepted: --tp with --pp 1)", param_hint="'--tp'")
+    if params["model"] == "gpt" and params["heads"] < tp:
+        raise click.BadParameter(f"{tp} is more than the gpt's {params['heads']} attention heads (--heads): each "
+                                 f"tensor rank needs a whole head (accepted: --tp {params['heads']} or less)",
+                                 param_hint="'--tp'")
+    if params["batch"] < ranks // tp:
+        raise click.BadParameter(f"{params['batch']} is smaller than the {ranks // tp} tensor-parallel groups: each "
+                                 "needs at least one row", param_hint="'--batch'")
+    if weights.kind == "list":
+        for j in range(ranks // tp):
+            if sum(weights.values[j * tp:(j + 1) * tp]) <= 0:
+                raise click.BadParameter(f"ranks {j * tp}-{(j + 1) * tp - 1} (tensor-parallel group {j}) all have "
+                                         "weight 0: a group needs one rank that computes", param_hint="'--weights'")
+
+
 def _given(name: str) -> bool:
     """Whether the user gave option `name` (on the command line): one left at its default is not given."""
     from click.core import ParameterSource
@@ -334,7 +363,13 @@ def _refuse_options_that_do_not_apply(params: dict[str, Any]) -> None:
     if params["pp"] > 1 and frontend != "torch":
         raise click.UsageError(f"--pp {params['pp']} does not apply: it cuts a PyTorch model into pipeline stages "
                                "(--frontend torch); the numpy trainer's pipeline is --strategy pipeline")
-    for option, flag in (("schedule", "--schedule"), ("group_backend", "--group-backend")):
+    if params["tp"] > 1 and frontend != "torch":
+        raise click.UsageError(f"--tp {params['tp']} does not apply: it cuts a PyTorch model's layers across ranks "
+                               "(--frontend torch)")
+    if not piped and not (frontend == "torch" and params["tp"] > 1) and _given("group_backend"):
+        raise click.UsageError(f"--group-backend {params['group_backend']} does not apply: it sets the groups of "
+                               "--frontend torch --pp N or --tp N (N > 1), and there are none here; leave it out")
+    for option, flag in (("schedule", "--schedule"),):
         if not piped and _given(option):
             raise click.UsageError(f"{flag} {params[option]} does not apply: it sets the pipeline of --frontend "
                                    "torch --pp N (N > 1), and there is none here; leave it out")

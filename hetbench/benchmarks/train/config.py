@@ -42,7 +42,8 @@ class TrainConfig:
     heads: int = 4  # gpt: attention heads
     pp: int = 1  # torch: pipeline stages (the rest of the ranks data parallel by the strategy)
     schedule: str = "1f1b"  # torch with pp > 1: gpipe | 1f1b
-    group_backend: str = "auto"  # torch with pp > 1: each group on its native backend where one serves it
+    group_backend: str = "auto"  # torch with pp > 1 or tp > 1: each group on its native backend where one serves it
+    tp: int = 1  # torch: tensor-parallel degree (each layer's columns, rows, heads cut over tp ranks by the weights)
     output: OutputConfig = field(default_factory=OutputConfig)
 
     def to_dict(self) -> dict[str, Any]:

@@ -182,9 +182,15 @@ def _strategy(cfg: Any) -> strategies.Strategy:
 
 
 def _parallel_class(cfg: Any) -> Any:
-    """What makes the model parallel: a pipeline of --pp stages (its data-parallel dimension by the strategy),
-    else the strategy's own class."""
-    return Pipelined if cfg.pp > 1 else _strategy(cfg).applier()
+    """What makes the model parallel: a pipeline of --pp stages or tensor-parallel groups of --tp ranks (their
+    data-parallel dimension by the strategy), else the strategy's own class."""
+    if cfg.pp > 1:
+        return Pipelined
+    if cfg.tp > 1:
+        from hetbench.train.torch_frontend.tensor import TensorParallel
+
+        return TensorParallel
+    return _strategy(cfg).applier()
 
 
 def _weights(cfg: Any, world: World, state: TorchTrainState) -> list[float]:

@@ -1,0 +1,292 @@
+"""`hetbench train --frontend torch --tp N`: the task model tensor parallel over groups of N ranks, each rank's
+columns, rows and heads of every cut layer by its weight (hetbench/pytorch/tensor.py), the groups data parallel
+with each other by --strategy (a tp x dp mesh, tp innermost as torchtitan lays it out: rank r is replica r // tp,
+tensor rank r % tp). Every rank of a tensor-parallel group takes its replica's rows; the replicas share the batch by
+their ranks' summed weights.
+
+The rest of train is as for any strategy: the step lines (with each rank's seconds in tp's collectives), the check
+against one process, the checkpoint (the whole model and optimizer state at rank 0 as state.pt, the form ddp and
+fsdp2 save, so that any strategy and any tp weights resume it) and the resume.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from hetbench.harness.split_plan import shares as split_shares
+from hetbench.pytorch.pipeline import GroupInfo, group_backend_problem, native_backend
+from hetbench.pytorch import tensor as tpl
+from hetbench.train.outcome import ROOT, RankOutcome
+from hetbench.train.strategies import get as strategy
+from hetbench.train.torch_frontend.checkpoint import writer
+from hetbench.train.torch_frontend.models import build_model, tensor_plan
+from hetbench.train.torch_frontend.parallel import ApplyContext, Parallel
+from hetbench.train.torch_frontend.pipeline import _rank_kind
+
+
+@dataclass(frozen=True)
+class TPMesh:
+    """tp x dp ranks, tp innermost: rank r is replica r // tp, tensor rank r % tp."""
+
+    tp: int
+    dp: int
+
+    def replica_of(self, rank: int) -> int:
+        return rank // self.tp
+
+    def tp_index(self, rank: int) -> int:
+        return rank % self.tp
+
+    def tp_ranks(self, replica: int) -> list[int]:
+        return [replica * self.tp + t for t in range(self.tp)]
+
+    def dp_ranks(self, t: int) -> list[int]:
+        return [j * self.tp + t for j in range(self.dp)]
+
+
+def make_tp_groups(mesh: TPMesh, kinds: Sequence[tuple[str, str]], choice: str = "auto",
+                   hetbench_only: Sequence[str] = ()) -> list[GroupInfo]:
+    """Collective over the world: every replica's tensor-parallel group ("tp j") and every tensor rank's
+    data-parallel group ("dp t"), alike on every rank, each on its native backend where one serves all its ranks
+    (auto), else hetbench's (pipeline.make_groups's rule)."""
+    problem = group_backend_problem(choice, kinds)
+    if problem:
+        raise tpl.TensorParallelError(problem)
+    specs = [(f"tp {j}", "tp", mesh.tp_ranks(j)) for j in range(mesh.dp)]
+    specs += [(f"dp {t}", "dp", mesh.dp_ranks(t)) for t in range(mesh.tp)]
+    out = []
+    for name, dim, ranks in specs:
+        native = native_backend([tuple(kinds[r]) for r in ranks]) if choice == "auto" else None
+        backend = native if native is not None and dim not in hetbench_only else "hetbench"
+        if choice not in ("auto", "hetbench") and dim not in hetbench_only:
+            backend = choice
+        info = GroupInfo(name, ranks, backend)
+        info.group = dist.new_group(ranks, backend=backend)
+        out.append(info)
+    return out
+
+
+def replica_rows(mesh: TPMesh, weights: Sequence[float], batch: int) -> list[int]:
+    """Each replica's rows: the batch by its ranks' summed weights (a tensor-parallel group computes at their
+    summed speed where its layers are cut by them), at least one row each."""
+    if mesh.dp == 1:
+        return [batch]
+    speeds = [sum(weights[r] for r in mesh.tp_ranks(j)) for j in range(mesh.dp)]
+    return [c + 1 for c in split_shares(speeds, batch - mesh.dp)]
+
+
+def _kinds(state: Any) -> list[tuple[str, str]]:
+    """Every rank's (device kind, torch device type), gathered: what decides a group's native backend."""
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, _rank_kind(state))
+    return [tuple(k) for k in every]
+
+
+class TensorParallel(Parallel):
+    """--tp: this rank's slices of the task model's layers in its replica's tensor-parallel group, data parallel
+    with the other replicas' same tensor rank by the strategy (ddp, fsdp2, fsdp) over their group."""
+
+    def __init__(self, model: torch.nn.Module, ctx: ApplyContext) -> None:
+        cfg = ctx.cfg
+        rank, world = dist.get_rank(), dist.get_world_size()
+        self.mesh = mesh = TPMesh(cfg.tp, world // cfg.tp)
+        self.dp_class = strategy("torch", cfg.strategy).applier()
+        needs_hetbench = ("dp",) if self.dp_class.group_backends() == ("hetbench",) else ()
+        self.groups = make_tp_groups(mesh, _kinds(ctx.state), cfg.group_backend, needs_hetbench)
+        self.replica, self.t = mesh.replica_of(rank), mesh.tp_index(rank)
+        self.tp_info, self.dp_info = self.groups[self.replica], self.groups[mesh.dp + self.t]
+        self.tp_weights = [ctx.weights[r] for r in mesh.tp_ranks(self.replica)]
+        self.replica_rows = replica_rows(mesh, ctx.weights, cfg.batch)
+        self.cut = tpl.tensor_parallel(model, tensor_plan(model), self.tp_info.group, self.tp_weights)
+        self.inner: Parallel | None = None
+        module = model
+        if mesh.dp > 1:
+            dp_weights = [ctx.weights[r] for r in mesh.dp_ranks(self.t)]
+            self.inner = self.dp_class.for_stage(model, ApplyContext(cfg, ctx.world, ctx.state, dp_weights,
+                                                                     group=self.dp_info.group))
+            module = self.inner.module
+        super().__init__(module, ctx)
+        self.plain = model  # the cut model under its own names (a dp wrapper's inner module)
+
+    @staticmethod
+    def check(cfg: Any, world: Any, state: Any, layouts: list[Any]) -> list[str]:
+        """Collective: the plan cuts the task model over --tp ranks (a head count below the tp degree refused);
+        the data-parallel strategy can run over the replicas."""
+        with torch.device("meta"):
+            meta = build_model(state.task)
+        problems = tpl.plan_problems(meta, tensor_plan(meta), cfg.tp)
+        if problems:
+            return [f"--tp {cfg.tp}: {problems[0]}"]
+        dp_class = strategy("torch", cfg.strategy).applier()
+        if world.size > cfg.tp:
+            if dp_class.stage_problem():
+                return [dp_class.stage_problem()]
+            kept = dp_class.stage_state_problem()
+            if kept and (cfg.checkpoint is not None or cfg.resume is not None):
+                flag = "--checkpoint" if cfg.checkpoint is not None else "--resume"
+                return [f"{flag} with --tp and --strategy {cfg.strategy}: "
+                        f"{kept.replace('a pipeline stage', 'a tensor rank')} (accepted with --tp and more ranks "
+                        "than --tp: ddp, fsdp2)"]
+        return []
+
+    def rows(self, counts: list[int], rank: int) -> tuple[int, int]:
+        start = sum(self.replica_rows[:self.replica])
+        return start, start + self.replica_rows[self.replica]
+
+    def shares(self, counts: list[int]) -> list[int]:
+        """Each rank's rows: its replica's."""
+        return [self.replica_rows[self.mesh.replica_of(r)] for r in range(len(counts))]
+
+    def step(self, one_step: Callable[..., Any], x: torch.Tensor, y: torch.Tensor) -> Any:
+        """One step on the replica's rows: every tensor rank computes the replica's loss (the same number); its
+        first rank reports it (the step line sums the ranks' parts), the replicas' gradients summed by the
+        strategy."""
+
+        def backward(scale: float) -> torch.Tensor:
+            from hetbench.train.torch_frontend.models import row_losses
+
+            with _autocast(self.ctx.cfg, x.device):
+                loss = row_losses(self.module, x, y).float().sum() / self.ctx.cfg.batch
+            (loss * scale if scale != 1.0 else loss).backward()
+            if self.inner is not None:
+                self.inner.finish_backward()
+            return loss
+
+        loss, scale, skipped = one_step(self.module, x, y, backward=backward)
+        return (loss if self.t == 0 else torch.zeros_like(loss)), scale, skipped
+
+    def attach(self, logger: Any) -> None:
+        self.cut.take_figures()
+        logger.rank_figures = self._step_figures
+
+    def _step_figures(self) -> dict[str, Any]:
+        f = self.cut.take_figures()
+        return {"tp_comm_seconds": f.seconds, "tp_comm_bytes": f.bytes, "tp_comm_calls": f.calls}
+
+    # -- state ---------------------------------------------------------------------------------------------------
+
+    def _dp_whole(self) -> dict[str, torch.Tensor]:
+        """Collective over the dp group: this tensor rank's parameters whole over the replicas (CPU)."""
+        full = self.inner.group_state() if self.inner is not None else None
+        if full is not None:
+            return full
+        return {n: p.detach().cpu() for n, p in self.plain.named_parameters()}
+
+    def full_state(self) -> dict[str, torch.Tensor] | None:
+        """Collective: the whole model's parameters at rank 0 (replica 0's tensor-parallel group gathers them)."""
+        mine = self._dp_whole()
+        if self.replica != 0:
+            return None
+        whole = {k: self.cut.whole(k, v).clone() for k, v in mine.items()} if mine else {}
+        return whole if dist.get_rank() == ROOT else None
+
+    def _everything(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """Collective: the whole model's parameters and optimizer state at rank 0 (replica 0's), state.pt's form."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+        model_sd, optim_sd = get_state_dict(self.module, optimizer,
+                                            options=StateDictOptions(full_state_dict=True, cpu_offload=False))
+        if self.replica != 0:
+            return {}
+        model = {k: self.cut.whole(k, v.detach().cpu()).clone() for k, v in model_sd.items()}
+        states = {}
+        for name, st in optim_sd.get("state", {}).items():
+            states[name] = {k: (self.cut.whole(name, v.detach().cpu()).clone()
+                                if isinstance(v, torch.Tensor) and v.dim() > 0 else v) for k, v in st.items()}
+        return {"model": model, "optim": {"state": states, "param_groups": None}}
+
+    def save(self, saver: Any, steps_done: int, optimizer: torch.optim.Optimizer) -> None:
+        """Collective: the whole model and optimizer state written at rank 0 as one state.pt."""
+        full = self._everything(optimizer)
+        saver.save(steps_done, [], root_files=writer(full) if dist.get_rank() == ROOT else None)
+
+    def resume(self, checkpoint: Any, optimizer: torch.optim.Optimizer) -> None:
+        """Collective: each rank takes its slices of the whole model's parameters and optimizer state."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        full = checkpoint._full()
+        names = [n for n, _ in self.plain.named_parameters()]
+        model = self.cut.local_state({k: full["model"][k] for k in names})
+        state = {k: {n: (self.cut.local_state({k: v})[k] if isinstance(v, torch.Tensor) else v)
+                     for n, v in full["optim"]["state"][k].items()}
+                 for k in names if k in full["optim"]["state"]}
+        optim = {"state": state, "param_groups": [{**{k: v for k, v in g.items() if k != "params"},
+                                                   "params": list(names)} for g in optimizer.param_groups]}
+        set_state_dict(self.module, optimizer, model_state_dict=model, optim_state_dict=optim,
+                       options=StateDictOptions(full_state_dict=True))
+        checkpoint._state = None
+
+    def manifest(self) -> dict[str, Any]:
+        return {"tp": self.mesh.tp, "dp": self.mesh.dp,
+                "tp_units": {x.name: x.counts for x in self.cut.layers}}
+
+    # -- figures -------------------------------------------------------------------------------------------------
+
+    def details(self, optimizer: torch.optim.Optimizer, logs: list[Any], mine: list[dict[str, Any]]) -> dict[str, Any]:
+        """The rank's slices: its units of each layer, the parameter bytes it holds of the cut layers and in all,
+        its seconds in tp's collectives each timed step beside the step's."""
+        skip = min(int(self.ctx.cfg.warmup_steps), max(len(mine) - 1, 0))
+        cut_bytes = sum(p.numel() * p.element_size() for n, p in self.plain.named_parameters()
+                        if n in self.cut.specs)
+        return {"tp_index": self.t, "replica": self.replica,
+                "tp_units": [x.counts[self.t] for x in self.cut.layers],
+                "tp_cut_param_bytes": cut_bytes,
+                "tp_param_bytes": sum(p.numel() * p.element_size() for p in self.plain.parameters()),
+                "tp_comm_seconds": [m.get("tp_comm_seconds", 0.0) for m in mine][skip:],
+                "tp_comm_bytes": [m.get("tp_comm_bytes", 0) for m in mine][skip:],
+                "step_seconds": [log.step_seconds for log in logs][skip:],
+                "tensor": {"tp": self.mesh.tp, "dp": self.mesh.dp, "replica_rows": self.replica_rows,
+                           "layers": self.cut.summary()["layers"] if self.replica == 0 else None,
+                           "groups": [{"name": g.name, "ranks": g.ranks, "backend": g.backend}
+                                      for g in self.groups]}}
+
+    @staticmethod
+    def summary(gathered: Sequence[RankOutcome]) -> dict[str, Any]:
+        return {"tensor": tensor_summary(gathered)}
+
+
+def _autocast(cfg: Any, device: torch.device) -> Any:
+    from hetbench.train.torch_frontend.run import _autocast as autocast
+
+    return autocast(cfg, device)
+
+
+def _median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
+def tensor_summary(gathered: Sequence[RankOutcome]) -> dict[str, Any]:
+    """The mesh and its groups; each cut layer's units per rank (replica 0's group; every replica's tensor rank t
+    holds the same share where the weights agree); per rank the cut layers' parameter bytes beside its weight's
+    share, and its share of the step in tp's collectives (the median over the timed steps of its collectives'
+    seconds over the step's)."""
+    d = [g.details for g in gathered]
+    info = d[ROOT]["tensor"]
+    tp = info["tp"]
+    cut = [x["tp_cut_param_bytes"] for x in d]
+    weights = gathered[ROOT].weights
+    per_rank = []
+    for r, x in enumerate(d):
+        group = [q for q in range(len(d)) if q // tp == r // tp]
+        total_w = sum(weights[q] for q in group)
+        total_b = sum(cut[q] for q in group)
+        share = [c / s for c, s in zip(x["tp_comm_seconds"], x["step_seconds"]) if s > 0]
+        per_rank.append({"rank": r, "replica": x["replica"], "tp_index": x["tp_index"], "units": x["tp_units"],
+                         "cut_param_bytes": cut[r],
+                         "cut_param_percent": 100.0 * cut[r] / total_b if total_b else 0.0,
+                         "weight_percent": 100.0 * weights[r] / total_w if total_w else 0.0,
+                         "param_bytes": x["tp_param_bytes"],
+                         "tp_comm_seconds_median": _median(x["tp_comm_seconds"]),
+                         "tp_comm_bytes_per_step": x["tp_comm_bytes"][-1] if x["tp_comm_bytes"] else 0,
+                         "tp_comm_step_fraction": _median(share)})
+    layers = info["layers"] or []
+    return {"tp": tp, "dp": info["dp"], "replica_rows": info["replica_rows"], "groups": info["groups"],
+            "layers": layers, "ranks": per_rank,
+            # a rank whose weight rounds to no unit of a layer holds none of it
+            "empty_layers_per_rank": [[x["name"] for x in layers if x["counts"][t] == 0] for t in range(tp)],
+            "tp_comm_step_fraction_max": max((x["tp_comm_step_fraction"] for x in per_rank), default=0.0)}
