@@ -71,12 +71,27 @@ def make_tp_groups(mesh: TPMesh, kinds: Sequence[tuple[str, str]], choice: str =
     return out
 
 
+def tensor_weights(mesh: TPMesh, weights: Sequence[float]) -> list[float]:
+    """Each tensor rank's weight for the cut, the same in every replica (the replicas' slices must match for data
+    parallelism over them): tensor rank t's weights summed over the replicas."""
+    return [sum(weights[r] for r in mesh.dp_ranks(t)) for t in range(mesh.tp)]
+
+
 def replica_rows(mesh: TPMesh, weights: Sequence[float], batch: int) -> list[int]:
-    """Each replica's rows: the batch by its ranks' summed weights (a tensor-parallel group computes at their
-    summed speed where its layers are cut by them), at least one row each."""
+    """Each replica's rows, by its speed under the common cut: a layer takes the replica as long as its slowest
+    rank's share over its weight, so its speed is the least of its ranks' weight over their tensor rank's share;
+    at least one row each."""
     if mesh.dp == 1:
         return [batch]
-    speeds = [sum(weights[r] for r in mesh.tp_ranks(j)) for j in range(mesh.dp)]
+    cut = tensor_weights(mesh, weights)
+    total = sum(cut)
+    speeds = []
+    for j in range(mesh.dp):
+        ranks = mesh.tp_ranks(j)
+        speeds.append(min((weights[r] / (cut[t] / total) for t, r in enumerate(ranks) if cut[t] > 0),
+                          default=0.0))
+    if sum(speeds) <= 0:
+        speeds = [1.0] * mesh.dp
     return [c + 1 for c in split_shares(speeds, batch - mesh.dp)]
 
 
@@ -100,7 +115,7 @@ class TensorParallel(Parallel):
         self.groups = make_tp_groups(mesh, _kinds(ctx.state), cfg.group_backend, needs_hetbench)
         self.replica, self.t = mesh.replica_of(rank), mesh.tp_index(rank)
         self.tp_info, self.dp_info = self.groups[self.replica], self.groups[mesh.dp + self.t]
-        self.tp_weights = [ctx.weights[r] for r in mesh.tp_ranks(self.replica)]
+        self.tp_weights = tensor_weights(mesh, ctx.weights)
         self.replica_rows = replica_rows(mesh, ctx.weights, cfg.batch)
         self.cut = tpl.tensor_parallel(model, tensor_plan(model), self.tp_info.group, self.tp_weights)
         self.inner: Parallel | None = None
@@ -241,6 +256,7 @@ class TensorParallel(Parallel):
                 "tp_comm_bytes": [m.get("tp_comm_bytes", 0) for m in mine][skip:],
                 "step_seconds": [log.step_seconds for log in logs][skip:],
                 "tensor": {"tp": self.mesh.tp, "dp": self.mesh.dp, "replica_rows": self.replica_rows,
+                           "tensor_weights": self.tp_weights,
                            "layers": self.cut.summary()["layers"] if self.replica == 0 else None,
                            "groups": [{"name": g.name, "ranks": g.ranks, "backend": g.backend}
                                       for g in self.groups]}}
@@ -271,22 +287,24 @@ def tensor_summary(gathered: Sequence[RankOutcome]) -> dict[str, Any]:
     cut = [x["tp_cut_param_bytes"] for x in d]
     weights = gathered[ROOT].weights
     per_rank = []
+    cut_weights = info.get("tensor_weights") or weights[:tp]
     for r, x in enumerate(d):
         group = [q for q in range(len(d)) if q // tp == r // tp]
-        total_w = sum(weights[q] for q in group)
+        total_w = sum(cut_weights)
         total_b = sum(cut[q] for q in group)
         share = [c / s for c, s in zip(x["tp_comm_seconds"], x["step_seconds"]) if s > 0]
         per_rank.append({"rank": r, "replica": x["replica"], "tp_index": x["tp_index"], "units": x["tp_units"],
                          "cut_param_bytes": cut[r],
                          "cut_param_percent": 100.0 * cut[r] / total_b if total_b else 0.0,
-                         "weight_percent": 100.0 * weights[r] / total_w if total_w else 0.0,
+                         # the cut's weight for this tensor rank (its weights over the replicas summed)
+                         "weight_percent": 100.0 * cut_weights[r % tp] / total_w if total_w else 0.0,
                          "param_bytes": x["tp_param_bytes"],
                          "tp_comm_seconds_median": _median(x["tp_comm_seconds"]),
                          "tp_comm_bytes_per_step": x["tp_comm_bytes"][-1] if x["tp_comm_bytes"] else 0,
                          "tp_comm_step_fraction": _median(share)})
     layers = info["layers"] or []
     return {"tp": tp, "dp": info["dp"], "replica_rows": info["replica_rows"], "groups": info["groups"],
-            "layers": layers, "ranks": per_rank,
+            "tensor_weights": info.get("tensor_weights"), "layers": layers, "ranks": per_rank,
             # a rank whose weight rounds to no unit of a layer holds none of it
             "empty_layers_per_rank": [[x["name"] for x in layers if x["counts"][t] == 0] for t in range(tp)],
             "tp_comm_step_fraction_max": max((x["tp_comm_step_fraction"] for x in per_rank), default=0.0)}
