@@ -761,10 +761,13 @@ def _size(n: int) -> str:
 def _train_title(summary: dict[str, Any], config: dict[str, Any]) -> str:
     """The run in a line: its strategy (a pipeline's stages, and the strategy over its replicas), model, batch,
     optimizer, weights."""
-    piped = summary.get("pipeline")
+    piped, tensor = summary.get("pipeline"), summary.get("tensor")
     strategy = summary["strategy"] if not piped else (
         f"pipeline of {piped['pp']} stages" + (f" x {summary['strategy']} over {piped['dp']} replicas"
                                                 if piped["dp"] > 1 else ""))
+    if tensor:
+        strategy = f"tensor parallel over {tensor['tp']} ranks" + (
+            f" x {summary['strategy']} over {tensor['dp']} replicas" if tensor["dp"] > 1 else "")
     return (f"hetbench train: {strategy}, {config['layers']} layers x {config['hidden']}, batch "
             f"{config['batch']}, {summary['steps']} steps, {config['optimizer']} lr {config['lr']:g}, weights "
             f"{summary['weights_kind']} ({summary['shares_of']} {summary['shares']})")
@@ -791,6 +794,29 @@ def _pipeline_lines(out: Any, p: dict[str, Any]) -> None:
     groups = "; ".join(f"{g['name']} ranks {', '.join(map(str, g['ranks']))} on {g['backend']}"
                        + (f", {_size(g['bytes'])}" if g.get("bytes") else "")
                        for g in p["groups"] if len(g["ranks"]) > 1)
+    if groups:
+        out.print(f"groups: {groups}", markup=False)
+
+
+def _tensor_lines(out: Any, t: dict[str, Any]) -> None:
+    """--tp: each cut layer kind's units per tensor rank; per rank the cut layers' bytes against its weight's
+    share and its share of the step in tp's collectives; the layers a rank holds none of; the groups."""
+    kinds: dict[str, list[int]] = {}
+    for layer in t["layers"]:
+        kinds.setdefault(f"{layer['what']} of {layer['units']}", layer["counts"])
+    cut = "; ".join(f"{what}: {', '.join(map(str, counts))}" for what, counts in kinds.items())
+    out.print(f"tensor parallel ({t['tp']} ranks a group, {t['dp']} group{'s' if t['dp'] > 1 else ''}), each "
+              f"tensor rank's share of a layer: {cut}", markup=False)
+    ranks = ", ".join(f"rank {r['rank']} {_size(r['cut_param_bytes'])} ({fmt(r['cut_param_percent'])} %, weight "
+                      f"{fmt(r['weight_percent'])} %), {fmt(100 * r['tp_comm_step_fraction'])} % of its step in tp's "
+                      "collectives" for r in t["ranks"])
+    out.print(f"cut layers' parameters held and time in tp's collectives: {ranks}", markup=False)
+    for tr, empty in enumerate(t.get("empty_layers_per_rank") or []):
+        if empty:
+            out.print(f"tensor rank {tr} holds nothing of {len(empty)} layer(s) ({', '.join(empty[:4])}"
+                      f"{', ...' if len(empty) > 4 else ''}): its weight's share rounds to zero there", markup=False)
+    groups = "; ".join(f"{g['name']} ranks {', '.join(map(str, g['ranks']))} on {g['backend']}"
+                       for g in t["groups"] if len(g["ranks"]) > 1)
     if groups:
         out.print(f"groups: {groups}", markup=False)
 
@@ -846,6 +872,8 @@ def train_report(rows: list[dict[str, Any]], summary: dict[str, Any], config: di
                           markup=False)
     if piped:
         _pipeline_lines(out, piped)
+    if summary.get("tensor"):
+        _tensor_lines(out, summary["tensor"])
     check = summary.get("check")
     if check is None:
         out.print("loss curve not checked (--no-check)")

@@ -69,6 +69,7 @@ def run_figures(document: dict[str, Any]) -> list[RunFigure]:
         RunFigure("comm_hidden_percent", "comm hidden", shown(summary.get("comm_hidden_percent")), "%",
                   note="fsdp's prefetch: the share of the layer gathers' time hidden behind compute"),
         *_pipeline_figures(summary.get("pipeline")),
+        *_tensor_figures(summary.get("tensor")),
         RunFigure("verified", "checks", "not checked" if check is None else "passed" if check.get("ok") else "FAILED",
                   headline=False),
     ]
@@ -99,6 +100,30 @@ def _pipeline_figures(p: dict[str, Any] | None) -> list[RunFigure]:
     ]
 
 
+def _tensor_figures(t: dict[str, Any] | None) -> list[RunFigure]:
+    """--tp: each rank's share of the cut layers, the largest share of a step spent in tp's collectives."""
+    if not t:
+        return []
+    return [
+        RunFigure("tensor_cut_percent", "tp cut", ", ".join(f"{r['cut_param_percent']:.3g}" for r in t["ranks"]),
+                  "%", note=f"each rank's share of the cut layers' parameters; {t['tp']} ranks x {t['dp']} groups"),
+        RunFigure("tensor_comm_step_fraction", "tp collectives", shown(t.get("tp_comm_step_fraction_max")),
+                  note="the largest share of a rank's step spent in tp's collectives (median over timed steps)"),
+    ]
+
+
+# --tp: one row per rank (summary["tensor"]["ranks"])
+TENSOR_COLUMNS: tuple[Column, ...] = (
+    Column("rank", "rank", text=True),
+    Column("tp_index", "tensor rank", text=True),
+    Column("cut_param_bytes", "cut parameters", "bytes", digits=4),
+    Column("cut_param_percent", "cut share", "%", digits=3),
+    Column("weight_percent", "weight share", "%", digits=3),
+    Column("tp_comm_seconds_median", "tp collectives", "ms", 1e3, better="lower"),
+    Column("tp_comm_step_fraction", "share of the step in tp collectives", better="lower"),
+)
+
+
 def tables(document: dict[str, Any]) -> list[Table]:
     out = [Table("rows", "per rank", rank_columns(), document["rows"])]
     piped = (document.get("summary") or {}).get("pipeline")
@@ -106,6 +131,10 @@ def tables(document: dict[str, Any]) -> list[Table]:
         rows = [{**s, "ranks_text": ", ".join(map(str, s["ranks"]))} for s in piped["stages"]]
         out.append(Table("stages", f"per pipeline stage ({piped['schedule']}, {piped['micro_batches']} "
                                    "micro-batches)", STAGE_COLUMNS, rows))
+    tensor = (document.get("summary") or {}).get("tensor")
+    if tensor:
+        out.append(Table("tensor", f"per rank, tensor parallel over {tensor['tp']} ranks a group", TENSOR_COLUMNS,
+                         tensor["ranks"]))
     return out
 
 
