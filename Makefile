@@ -44,7 +44,7 @@ OPENMPI_MPIRUN ?= /usr/bin/mpirun
 # hetbench and the test files again (5 s of CPU a pytest process on a clean clone)
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: demo test test-slow test-openmpi bench bench-torch bench-split bench-train bench-train-torch mutate env env-openmpi \
+.PHONY: demo test test-slow test-openmpi bench bench-torch bench-split bench-train bench-train-torch bench-pipeline-torch bench-tensor-torch mutate env env-openmpi \
 	system-deps clean
 
 # the system packages pip cannot install (PoCL, the OpenCL headers, CLBlast's library, Open MPI): installed with apt
@@ -169,7 +169,7 @@ bench: env
 	@parts=; if $(HAVE_TORCH); then parts=bench-torch; else \
 		echo "torch front end: no torch (pip install 'hetbench[torch]'): nothing measured"; fi; \
 	if $(HAVE_OPENCL_DEVICE); then parts="$$parts bench-split bench-train"; \
-		if $(HAVE_TORCH); then parts="$$parts bench-train-torch bench-pipeline-torch"; fi; else \
+		if $(HAVE_TORCH); then parts="$$parts bench-train-torch bench-pipeline-torch bench-tensor-torch"; fi; else \
 		echo "split, train: no OpenCL device (apt-get install pocl-opencl-icd): nothing measured"; fi; \
 	[ -z "$$parts" ] || $(MAKE) -k --no-print-directory $$parts
 
@@ -265,6 +265,27 @@ bench-pipeline-torch: env
 		for b in host opencl; do $(BENCH_SPLIT_ENV) $(HETBENCH) train $(BENCH_PIPELINE_SOLO_ARGS) --backend $$b \
 			--out $$d/solo-$$b.json >/dev/null || exit 1; done; done
 	$(PY) -m hetbench.bench pipeline $(BENCH_PIPELINE_DIR)
+
+# Issue 36's tensor-parallel bench: the torch mlp's layers cut over the same pair (rank 0 the host, rank 1 PoCL, one
+# thread each), in rounds: hetbench's uneven cut by auto weights, torch's own even tensor parallelism
+# (parallelize_module) over the hetbench backend, and each rank alone on the whole model. Goal
+# (hetbench/bench/tensor_goals.py): uneven >= 0.90 of the ideal speedup over torch's even at the even run's rates,
+# the step's share in tp's collectives printed beside it
+BENCH_TENSOR_DIR ?= results/bench-tensor-$(STAMP)
+BENCH_TENSOR_ARGS ?= --frontend torch --tp 2 --model mlp --layers 8 --hidden 1024 --batch 512 --steps 8 \
+	--warmup-steps 3 --lr 1e-3
+BENCH_TENSOR_SOLO_ARGS ?= --frontend torch --model mlp --layers 8 --hidden 1024 --batch 512 --steps 6 \
+	--warmup-steps 3 --lr 1e-3
+BENCH_TENSOR_ROUNDS ?= 3
+bench-tensor-torch: env
+	for r in $$(seq 1 $(BENCH_TENSOR_ROUNDS)); do d=$(BENCH_TENSOR_DIR)/round-$$r; mkdir -p $$d; \
+		$(BENCH_SPLIT_ENV) $(MPIEXEC) $(BENCH_TRAIN_BIND) -n 2 $(HETBENCH) train $(BENCH_TENSOR_ARGS) \
+			--backend 0=host,1=opencl --weights auto --out $$d/tp-auto.json >/dev/null || exit 1; \
+		$(BENCH_SPLIT_ENV) $(MPIEXEC) $(BENCH_TRAIN_BIND) -n 2 $(HETBENCH) train $(BENCH_TENSOR_ARGS) \
+			--backend 0=host,1=opencl --tp-impl torch --out $$d/tp-torch.json >/dev/null || exit 1; \
+		for b in host opencl; do $(BENCH_SPLIT_ENV) $(HETBENCH) train $(BENCH_TENSOR_SOLO_ARGS) --backend $$b \
+			--out $$d/solo-$$b.json >/dev/null || exit 1; done; done
+	$(PY) -m hetbench.bench tensor $(BENCH_TENSOR_DIR)
 
 # Issue 17's mutation run (tools/mutate.py): every figure module's mutants against the tests that pin it; lists the
 # survivors and exits 1 if any (long: minutes per module). MUTATE_FILES picks modules (default: all of them)

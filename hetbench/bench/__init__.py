@@ -19,6 +19,7 @@ bands):
     python -m hetbench.bench train FOLDER            train_goals.py
     python -m hetbench.bench train-torch FOLDER      train_goals.py, and auto over even >= 2
     python -m hetbench.bench pipeline FOLDER         pipeline_goals.py
+    python -m hetbench.bench tensor FOLDER           tensor_goals.py
 
 `python -m hetbench.overhead PART` is the same command, kept for scripts and docs that name it.
 """
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 # each part module registers its part(s) as it loads: this order is the order the usage message lists them in
 from hetbench.bench import gemm, allreduce, opencl, torch_part, split_goals, train_goals, pipeline_goals  # noqa: F401
+from hetbench.bench import tensor_goals  # noqa: F401,E402
 from hetbench.bench.registry import PARTS, Part, main, register
 
 __all__ = ["PARTS", "Part", "main", "register"]

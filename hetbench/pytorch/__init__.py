@@ -1,8 +1,8 @@
 """hetbench's PyTorch front end: `import hetbench.pytorch` registers the torch.distributed backend "hetbench" (MPI
 underneath, so one job can span NVIDIA, AMD, OpenCL, simulated and CPU ranks), and gives a user's own script what
 it needs to train across unequal devices: the rank's device, batch rows by weights, DDP and FSDP2 made exact under
-uneven batch shares, hetbench's own FSDP with shards sized by the weights (shard_module), and a per-step metrics
-logger. Needs torch (the `torch` extra); hetbench without it works.
+uneven batch shares, hetbench's own FSDP with shards sized by the weights (shard_module), pipeline stages and
+tensor-parallel slices cut by the weights (pipeline, tensor_parallel), and a per-step metrics logger. Needs torch (the `torch` extra); hetbench without it works.
 """
 
 from __future__ import annotations
@@ -20,6 +20,15 @@ from hetbench.pytorch.device import RankDevice, rank_device  # noqa: E402
 from hetbench.pytorch.fsdp import ShardedModule, WrapError, shard_module, sharded  # noqa: E402
 from hetbench.pytorch.logger import StepLogger, hetbench_group  # noqa: E402
 from hetbench.pytorch.pipeline import PipelineError, PipelinedModel, pipeline  # noqa: E402
+from hetbench.pytorch.tensor import (  # noqa: E402
+    Gathered,
+    Pair,
+    TensorParallel,
+    TensorParallelError,
+    heads,
+    pair,
+    tensor_parallel,
+)
 from hetbench.pytorch.uneven import (  # noqa: E402
     batch_rows,
     exact_ddp,
@@ -65,8 +74,9 @@ def collective_metrics(group: object = None) -> dict:
 
 
 __all__ = [
-    "BACKEND_NAME", "BackendError", "HetbenchProcessGroup", "RankDevice", "ShardedModule", "StepLogger", "WrapError",
-    "all_ranks", "batch_rows", "collective_metrics", "exact_ddp", "exact_fully_shard", "hetbench_group", "init",
-    "matmul_rate", "part_of_mean", "rank_device", "resolve_weights", "row_range", "set_path", "shard_module",
-    "sharded", "sum_gradients",
+    "BACKEND_NAME", "BackendError", "Gathered", "HetbenchProcessGroup", "Pair", "PipelineError", "PipelinedModel",
+    "RankDevice", "ShardedModule", "StepLogger", "TensorParallel", "TensorParallelError", "WrapError", "all_ranks",
+    "batch_rows", "collective_metrics", "exact_ddp", "exact_fully_shard", "heads", "hetbench_group", "init",
+    "matmul_rate", "pair", "part_of_mean", "pipeline", "rank_device", "resolve_weights", "row_range", "set_path",
+    "shard_module", "sharded", "sum_gradients", "tensor_parallel",
 ]
