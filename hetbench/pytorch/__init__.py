@@ -2,7 +2,8 @@
 underneath, so one job can span NVIDIA, AMD, OpenCL, simulated and CPU ranks), and gives a user's own script what
 it needs to train across unequal devices: the rank's device, batch rows by weights, DDP and FSDP2 made exact under
 uneven batch shares, hetbench's own FSDP with shards sized by the weights (shard_module), pipeline stages and
-tensor-parallel slices cut by the weights (pipeline, tensor_parallel), and a per-step metrics logger. Needs torch (the `torch` extra); hetbench without it works.
+tensor-parallel slices cut by the weights (pipeline, tensor_parallel), and a per-step metrics logger. Needs torch
+(the `torch` extra); hetbench without it works.
 """
 
 from __future__ import annotations
