@@ -4,8 +4,8 @@ auto weights (tp-auto.json), torch's own even tensor parallelism over the hetben
 rank alone on the whole model (solo-*.json).
 
 Goal, judged on the rounds (verdict.judged): uneven's speedup over torch's even >= 0.90 of the ideal speedup over
-even at the rates the even run measured. A rank's compute in a step is its step less its seconds in tp's
-collectives (a faster rank waits for the slower one inside them); with even shares the step is bound by the slower
+even at the rates the even run measured. A rank's compute in a step is its step less its seconds in collectives
+(tp's included: a faster rank waits for the slower one inside them); with even shares the step is bound by the slower
 rank, max(t), and a perfect cut's by p / sum(1 / t): ideal = max(t) x sum(1 / t) / p, as split's and the pipeline's
 benches state it. Beside it each run's share of the step in tp's collectives is printed (large by nature: every
 layer's forward and backward meet in a collective).
@@ -27,16 +27,12 @@ RUNS = ("tp-auto.json", "tp-torch.json")
 
 
 def rank_compute_seconds(doc: dict[str, Any]) -> list[float]:
-    """Each rank's compute in a timed step: the median over the timed steps of its step seconds less its seconds
-    in tp's collectives (the step lines' per-rank figures)."""
+    """Each rank's compute in a timed step: the median over the timed steps of the step lines' per-rank
+    compute_seconds (its step less its seconds in collectives, tp's included)."""
     warmup = doc["summary"].get("warmup_steps") or 0
     timed = doc["steps"][warmup:]
     ranks = len(timed[0]["ranks"])
-    out = []
-    for r in range(ranks):
-        out.append(statistics.median(line["ranks"][r]["step_seconds"] - line["ranks"][r].get("tp_comm_seconds", 0.0)
-                                     for line in timed))
-    return out
+    return [statistics.median(line["ranks"][r]["compute_seconds"] for line in timed) for r in range(ranks)]
 
 
 def ideal_speedup(even: dict[str, Any]) -> float:

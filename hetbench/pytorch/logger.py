@@ -171,7 +171,14 @@ class StepLogger:
                 "grad_bytes": grads, "optimizer_bytes": state, "step_seconds": seconds, "loss_part": loss,
                 "collectives": ops, **device}
         if self.rank_figures is not None:
-            mine.update(self.rank_figures())
+            extra = dict(self.rank_figures())
+            # a strategy's own collectives outside the backend's figures (tensor parallelism's, on any backend):
+            # communication, not compute
+            more = extra.pop("extra_comm_seconds", 0.0)
+            if more:
+                mine["comm_seconds"] = (comm or 0.0) + more
+                mine["compute_seconds"] -= more
+            mine.update(extra)
         self.mine.append({"step": rec.step, **mine})
         every = self._gather(mine)
         if every is None:

@@ -181,7 +181,8 @@ class TensorParallel(Parallel):
 
     def _step_figures(self) -> dict[str, Any]:
         f = self.cut.take_figures()
-        return {"tp_comm_seconds": f.seconds, "tp_comm_bytes": f.bytes, "tp_comm_calls": f.calls}
+        return {"tp_comm_seconds": f.seconds, "tp_comm_bytes": f.bytes, "tp_comm_calls": f.calls,
+                "extra_comm_seconds": f.seconds}
 
     # -- state ---------------------------------------------------------------------------------------------------
 
