@@ -318,29 +318,47 @@ def _forward_backward(m: nn.Module, inp: torch.Tensor) -> None:
 
 @dataclass(frozen=True)
 class Mesh:
-    """pp x dp ranks, torchtitan's layout: rank r is stage r // dp, replica r % dp."""
+    """pp x dp (x tp) ranks, torchtitan's layout: rank r is stage r // (dp tp), replica (r // tp) % dp, tensor rank
+    r % tp (tp innermost: a stage's tensor-parallel ranks are neighbours, on one node where they can be)."""
 
     pp: int
     dp: int
+    tp: int = 1
 
     def stage_of(self, rank: int) -> int:
-        return rank // self.dp
+        return rank // (self.dp * self.tp)
 
     def replica_of(self, rank: int) -> int:
-        return rank % self.dp
+        return (rank // self.tp) % self.dp
 
-    def pp_ranks(self, replica: int) -> list[int]:
-        return [s * self.dp + replica for s in range(self.pp)]
+    def tp_of(self, rank: int) -> int:
+        return rank % self.tp
 
-    def dp_ranks(self, stage: int) -> list[int]:
-        return [stage * self.dp + j for j in range(self.dp)]
+    def rank(self, stage: int, replica: int, t: int = 0) -> int:
+        return (stage * self.dp + replica) * self.tp + t
+
+    def pp_ranks(self, replica: int, t: int = 0) -> list[int]:
+        return [self.rank(s, replica, t) for s in range(self.pp)]
+
+    def dp_ranks(self, stage: int, t: int = 0) -> list[int]:
+        return [self.rank(stage, j, t) for j in range(self.dp)]
+
+    def tp_ranks(self, stage: int, replica: int) -> list[int]:
+        return [self.rank(stage, replica, t) for t in range(self.tp)]
+
+    def stage_ranks(self, stage: int) -> list[int]:
+        return [self.rank(stage, j, t) for j in range(self.dp) for t in range(self.tp)]
 
 
-def mesh_for(world_size: int, pp: int) -> Mesh:
+def mesh_for(world_size: int, pp: int, tp: int = 1) -> Mesh:
     if pp < 1 or world_size % pp:
         divisors = ", ".join(str(d) for d in range(1, world_size + 1) if world_size % d == 0)
         raise PipelineError(f"--pp {pp} does not divide the {world_size} ranks (accepted: {divisors})")
-    return Mesh(pp, world_size // pp)
+    if tp < 1 or (world_size // pp) % tp:
+        per = world_size // pp
+        divisors = ", ".join(str(d) for d in range(1, per + 1) if per % d == 0)
+        raise PipelineError(f"--tp {tp} does not divide a stage's {per} ranks (accepted: {divisors})")
+    return Mesh(pp, world_size // (pp * tp), tp)
 
 
 def native_backend(kinds: Sequence[tuple[str, str]]) -> str | None:
@@ -382,6 +400,25 @@ class GroupInfo:
     group: Any = None
 
 
+def group_specs(mesh: Mesh) -> list[tuple[str, str, list[int]]]:
+    """(name, dimension, ranks) of every group of the mesh, in the order make_groups makes them: each replica's
+    pipeline ("pp j"; "pp j.t" per tensor rank t with tp), each stage's replicas ("dp s"; "dp s.t"), and with tp
+    each stage replica's tensor-parallel group ("tp s.j")."""
+    def tag(a: int, t: int) -> str:
+        return f"{a}.{t}" if mesh.tp > 1 else str(a)
+
+    specs = [(f"pp {tag(j, t)}", "pp", mesh.pp_ranks(j, t)) for j in range(mesh.dp) for t in range(mesh.tp)]
+    specs += [(f"dp {tag(s, t)}", "dp", mesh.dp_ranks(s, t)) for s in range(mesh.pp) for t in range(mesh.tp)]
+    if mesh.tp > 1:
+        specs += [(f"tp {s}.{j}", "tp", mesh.tp_ranks(s, j)) for s in range(mesh.pp) for j in range(mesh.dp)]
+    return specs
+
+
+def group_of(groups: Sequence["GroupInfo"], rank: int, dim: str) -> "GroupInfo":
+    """The group of dimension `dim` ("pp", "dp", "tp") that `rank` belongs to."""
+    return next(g for g in groups if g.name.split(" ")[0] == dim and rank in g.ranks)
+
+
 def make_groups(mesh: Mesh, kinds: Sequence[tuple[str, str]], choice: str = "auto",
                 hetbench_only: Sequence[str] = ()) -> list[GroupInfo]:
     """Collective over the world: every pipeline's group (a replica's stages) and every stage's data-parallel
@@ -392,9 +429,7 @@ def make_groups(mesh: Mesh, kinds: Sequence[tuple[str, str]], choice: str = "aut
     if problem:
         raise PipelineError(problem)
     out = []
-    specs = [(f"pp {j}", "pp", mesh.pp_ranks(j)) for j in range(mesh.dp)]
-    specs += [(f"dp {s}", "dp", mesh.dp_ranks(s)) for s in range(mesh.pp)]
-    for name, dim, ranks in specs:
+    for name, dim, ranks in group_specs(mesh):
         native = native_backend([tuple(kinds[r]) for r in ranks]) if choice == "auto" else None
         backend = native if native is not None and dim not in hetbench_only else "hetbench"
         if choice not in ("auto", "hetbench") and dim not in hetbench_only:
@@ -672,10 +707,10 @@ def pipeline(model: nn.Module, blocks: Sequence[nn.Module], loss_fn: Callable[[t
 
 
 def stage_costs(mesh: Mesh, every: Sequence[Sequence[float]]) -> list[list[float]]:
-    """Each stage's cost of each part from each rank's (`every[r][i]`): its replicas' rates added (a part of no
-    time counts 1e-12 s)."""
+    """Each stage's cost of each part from each rank's (`every[r][i]`): its ranks' rates added (its replicas', and
+    its tensor ranks' where tp cuts each layer by their speed; a part of no time counts 1e-12 s)."""
     parts = len(every[0])
-    return [[1.0 / sum(1.0 / max(every[r][i], 1e-12) for r in mesh.dp_ranks(s)) for i in range(parts)]
+    return [[1.0 / sum(1.0 / max(every[r][i], 1e-12) for r in mesh.stage_ranks(s)) for i in range(parts)]
             for s in range(mesh.pp)]
 
 
@@ -703,7 +738,9 @@ def pipeline_rows(mesh: Mesh, cut: Cut, every: list[list[float]], microbatches: 
         return [batch]
     speeds = []
     for j in range(mesh.dp):
-        slowest = max(sum(every[r][i] for i in stage_parts(cut, s)) for s, r in enumerate(mesh.pp_ranks(j)))
+        # a stage of a replica: its tensor ranks' rates added (one rank without tp)
+        slowest = max(1.0 / sum(1.0 / max(sum(every[r][i] for i in stage_parts(cut, s)), 1e-12)
+                                for r in mesh.tp_ranks(s, j)) for s in range(mesh.pp))
         speeds.append(1.0 / max(slowest, 1e-12))
     counts = shares(speeds, batch // microbatches - mesh.dp)
     return [(c + 1) * microbatches for c in counts]

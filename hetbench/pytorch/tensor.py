@@ -131,6 +131,7 @@ class CommFigures:
     seconds: float = 0.0
     bytes: int = 0
     calls: int = 0
+    measured: bool = True  # False: the group's backend keeps no figures (torch's own tp over Gloo)
 
     def take(self) -> "CommFigures":
         out = CommFigures(self.seconds, self.bytes, self.calls)

@@ -763,8 +763,9 @@ def _train_title(summary: dict[str, Any], config: dict[str, Any]) -> str:
     optimizer, weights."""
     piped, tensor = summary.get("pipeline"), summary.get("tensor")
     strategy = summary["strategy"] if not piped else (
-        f"pipeline of {piped['pp']} stages" + (f" x {summary['strategy']} over {piped['dp']} replicas"
-                                                if piped["dp"] > 1 else ""))
+        f"pipeline of {piped['pp']} stages"
+        + (f" x tensor parallel over {piped['tp']} ranks" if piped.get("tp", 1) > 1 else "")
+        + (f" x {summary['strategy']} over {piped['dp']} replicas" if piped["dp"] > 1 else ""))
     if tensor:
         strategy = f"tensor parallel over {tensor['tp']} ranks" + (
             f" x {summary['strategy']} over {tensor['dp']} replicas" if tensor["dp"] > 1 else "")
@@ -782,7 +783,8 @@ def _pipeline_lines(out: Any, p: dict[str, Any]) -> None:
                        f"{fmt(s['microbatch_compute_seconds'], scale=1e3)} ms a micro-batch" for s in p["stages"])
     if any(s.get("timing") == "modelled" for s in p["stages"]):
         stages += " (~ modelled: a simulated rank's GEMM and copy time)"
-    out.print(f"pipeline ({p['schedule']}, {p['micro_batches']} micro-batches): {stages}", markup=False)
+    tp = f", each stage's layers cut over {p['tp']} tensor ranks" if p.get("tp", 1) > 1 else ""
+    out.print(f"pipeline ({p['schedule']}, {p['micro_batches']} micro-batches{tp}): {stages}", markup=False)
     predicted = ("" if p.get("step_seconds_predicted") is None else
                  f", predicted by the plan {fmt(p['step_seconds_predicted'], scale=1e3)} ms")
     out.print(f"bubble: {fmt(p['bubble_measured_fraction'])} of the schedule idle at the slowest stage (the "
@@ -805,11 +807,14 @@ def _tensor_lines(out: Any, t: dict[str, Any]) -> None:
     for layer in t["layers"]:
         kinds.setdefault(f"{layer['what']} of {layer['units']}", layer["counts"])
     cut = "; ".join(f"{what}: {', '.join(map(str, counts))}" for what, counts in kinds.items())
-    out.print(f"tensor parallel ({t['tp']} ranks a group, {t['dp']} group{'s' if t['dp'] > 1 else ''}), each "
+    impl = " by torch's parallelize_module (even)" if t.get("impl") == "torch" else ""
+    out.print(f"tensor parallel{impl} ({t['tp']} ranks a group, {t['dp']} group{'s' if t['dp'] > 1 else ''}), each "
               f"tensor rank's share of a layer: {cut}", markup=False)
     ranks = ", ".join(f"rank {r['rank']} {_size(r['cut_param_bytes'])} ({fmt(r['cut_param_percent'])} %, weight "
-                      f"{fmt(r['weight_percent'])} %), {fmt(100 * r['tp_comm_step_fraction'])} % of its step in tp's "
-                      "collectives" for r in t["ranks"])
+                      f"{fmt(r['weight_percent'])} %), "
+                      + ("tp's collectives not measured (Gloo keeps no figures)" if r["tp_comm_step_fraction"] is None
+                         else f"{fmt(100 * r['tp_comm_step_fraction'])} % of its step in tp's collectives")
+                      for r in t["ranks"])
     out.print(f"cut layers' parameters held and time in tp's collectives: {ranks}", markup=False)
     for tr, empty in enumerate(t.get("empty_layers_per_rank") or []):
         if empty:

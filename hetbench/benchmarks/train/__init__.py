@@ -122,11 +122,11 @@ class Train:
             weights = plan.parse_weights(params["weights"], world.size)
         except plan.WeightsError as e:
             raise click.BadParameter(str(e), param_hint="'--weights'") from None
+        if params["frontend"] == "torch" and params["tp"] > 1:
+            _check_tensor(params, weights, world.size)
         if params["frontend"] == "torch" and params["pp"] > 1:
             _check_pipeline(params, weights, world.size)
-        elif params["frontend"] == "torch" and params["tp"] > 1:
-            _check_tensor(params, weights, world.size)
-        else:
+        elif not (params["frontend"] == "torch" and params["tp"] > 1):
             _check_work_for_every_rank(params, weights, world.size)
         if params["solo_between_steps"] and world.size < 2:
             raise click.BadParameter("sets each rank alone against the others' job; with 1 rank the run itself is "
@@ -145,6 +145,7 @@ class Train:
             backends=parse_backends(world, ctx.params["backend"]), output=output,
             frontend=params["frontend"], model=params["model"], seq_len=params["seq_len"], heads=params["heads"],
             pp=params["pp"], schedule=params["schedule"], group_backend=params["group_backend"], tp=params["tp"],
+            tp_impl=params["tp_impl"],
         )
 
     def output_paths(self, cfg: TrainConfig) -> dict[str, tuple[Any, int]]:
@@ -201,6 +202,10 @@ def _run_options() -> list[click.Parameter]:
                      help="--frontend torch: tensor-parallel degree: each layer's columns, rows and attention heads "
                           "cut over groups of N ranks by the weights (Megatron's column/row pairs; uneven); with "
                           "more ranks than N the groups are data parallel by --strategy (a tp x dp mesh)."),
+        click.Option(["--tp-impl"], type=click.Choice(["hetbench", "torch"]), default="hetbench", show_default=True,
+                     help="--tp: hetbench's cut by the weights, or torch's own even tensor parallelism "
+                          "(parallelize_module over the hetbench backend; even weights, --tp = the ranks, no "
+                          "checkpoint): the baseline the tensor bench measures against."),
         click.Option(["--schedule"], type=click.Choice(PIPELINE_SCHEDULES), default="1f1b", show_default=True,
                      help="--pp: the pipeline's schedule (torch.distributed.pipelining's GPipe or 1F1B)."),
         click.Option(["--group-backend"], type=click.Choice(GROUP_BACKENDS), default="auto", show_default=True,
@@ -304,7 +309,7 @@ def _check_pipeline(params: dict[str, Any], weights: Any, ranks: int) -> None:
     if params["schedule"] == "1f1b" and mbs < stages:
         raise click.BadParameter(f"{mbs} is below the {stages} stages: 1F1B needs at least one micro-batch per "
                                  "stage (or --schedule gpipe)", param_hint="'--micro-batches'")
-    replicas = ranks // stages
+    replicas = ranks // (stages * params["tp"])
     if batch % mbs or batch // mbs < replicas:
         raise click.BadParameter(f"{batch} rows do not split into {mbs} equal micro-batches of at least one row for "
                                  f"each of the {replicas} pipelines (accepted: a multiple of {mbs * replicas})",
@@ -317,13 +322,12 @@ def _check_pipeline(params: dict[str, Any], weights: Any, ranks: int) -> None:
 
 def _check_tensor(params: dict[str, Any], weights: Any, ranks: int) -> None:
     """--tp N: N divides the ranks, every replica a row, no pipeline beside it (yet), a head per tensor rank."""
-    tp = params["tp"]
-    if ranks % tp:
-        divisors = ", ".join(str(d) for d in range(1, ranks + 1) if ranks % d == 0)
-        raise click.BadParameter(f"{tp} does not divide the {ranks} ranks (accepted: {divisors})", param_hint="'--tp'")
-    if params["pp"] > 1:
-        raise click.BadParameter(f"{tp} with --pp {params['pp']}: tensor parallelism inside pipeline stages is not "
-                                 "built yet (accepted: --tp with --pp 1)", param_hint="'--tp'")
+    tp, stages = params["tp"], params["pp"]
+    per = ranks // stages if ranks % stages == 0 else ranks
+    if per % tp:
+        divisors = ", ".join(str(d) for d in range(1, per + 1) if per % d == 0)
+        where = f"a stage's {per} ranks (--pp {stages})" if stages > 1 else f"the {ranks} ranks"
+        raise click.BadParameter(f"{tp} does not divide {where} (accepted: {divisors})", param_hint="'--tp'")
     if params["model"] == "gpt" and params["heads"] < tp:
         raise click.BadParameter(f"{tp} is more than the gpt's {params['heads']} attention heads (--heads): each "
                                  f"tensor rank needs a whole head (accepted: --tp {params['heads']} or less)",
@@ -331,7 +335,17 @@ def _check_tensor(params: dict[str, Any], weights: Any, ranks: int) -> None:
     if params["batch"] < ranks // tp:
         raise click.BadParameter(f"{params['batch']} is smaller than the {ranks // tp} tensor-parallel groups: each "
                                  "needs at least one row", param_hint="'--batch'")
-    if weights.kind == "list":
+    if params["tp_impl"] == "torch":
+        for bad, why in ((weights.kind != "even", f"--weights {params['weights']}: torch's cut is even only"),
+                         (ranks != tp, f"--tp {tp} on {ranks} ranks: its groups beside data or pipeline "
+                                       "parallelism are hetbench's"),
+                         (params["checkpoint"] is not None or params["resume"] is not None,
+                          "--checkpoint/--resume: its DTensor state is not saved")):
+            if bad:
+                raise click.BadParameter(f"torch with {why} (accepted: --tp-impl torch with even weights, --tp equal "
+                                         "to the ranks, no checkpoint; or --tp-impl hetbench)",
+                                         param_hint="'--tp-impl'")
+    if weights.kind == "list" and stages == 1:
         for j in range(ranks // tp):
             if sum(weights.values[j * tp:(j + 1) * tp]) <= 0:
                 raise click.BadParameter(f"ranks {j * tp}-{(j + 1) * tp - 1} (tensor-parallel group {j}) all have "
@@ -363,6 +377,9 @@ def _refuse_options_that_do_not_apply(params: dict[str, Any]) -> None:
     if params["pp"] > 1 and frontend != "torch":
         raise click.UsageError(f"--pp {params['pp']} does not apply: it cuts a PyTorch model into pipeline stages "
                                "(--frontend torch); the numpy trainer's pipeline is --strategy pipeline")
+    if _given("tp_impl") and not (frontend == "torch" and params["tp"] > 1):
+        raise click.UsageError(f"--tp-impl {params['tp_impl']} does not apply: it picks how --frontend torch --tp N "
+                               "(N > 1) cuts the layers, and there is no --tp here; leave it out")
     if params["tp"] > 1 and frontend != "torch":
         raise click.UsageError(f"--tp {params['tp']} does not apply: it cuts a PyTorch model's layers across ranks "
                                "(--frontend torch)")

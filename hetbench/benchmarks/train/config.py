@@ -43,6 +43,7 @@ class TrainConfig:
     pp: int = 1  # torch: pipeline stages (the rest of the ranks data parallel by the strategy)
     schedule: str = "1f1b"  # torch with pp > 1: gpipe | 1f1b
     group_backend: str = "auto"  # torch with pp > 1 or tp > 1: each group on its native backend where one serves it
+    tp_impl: str = "hetbench"  # --tp: hetbench's uneven cut, or torch's own even parallelize_module (the baseline)
     tp: int = 1  # torch: tensor-parallel degree (each layer's columns, rows, heads cut over tp ranks by the weights)
     output: OutputConfig = field(default_factory=OutputConfig)
 

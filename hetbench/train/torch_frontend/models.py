@@ -291,8 +291,11 @@ def tensor_plan(model: nn.Module) -> dict[str, Any]:
 
     if isinstance(model, ResidualMLP):
         return {"layers.*.linear": Gathered()}
-    if isinstance(model, CharGPT):
-        h = model.blocks[0].attn.heads if len(model.blocks) else 1
+    blocks = list(model.blocks) if isinstance(model, CharGPT) or hasattr(model, "block_indices") else None
+    if blocks and isinstance(blocks[0], ResidualReLU):  # a pipeline stage of the mlp (pipeline.StageModule)
+        return {"blocks.*.linear": Gathered()}
+    if blocks is not None:  # the gpt, or a stage of it: its blocks (a stage's embedding and head stay whole)
+        h = blocks[0].attn.heads if blocks else 1
         return {"blocks.*.attn": heads("qkv", "proj", heads=h, attributes={"heads": 1}),
                 "blocks.*.mlp": pair("fc", "proj")}
     raise TypeError(f"{type(model).__name__} is not a model of hetbench.train.torch_frontend.models")

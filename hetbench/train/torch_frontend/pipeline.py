@@ -20,13 +20,20 @@ import torch.distributed as dist
 
 # the module, not hetbench.pytorch.pipeline the library call of the same name
 pp = importlib.import_module("hetbench.pytorch.pipeline")
+from hetbench.pytorch import tensor as tpl
 from hetbench.pytorch.logger import hetbench_group
 from hetbench.train.outcome import ROOT, RankOutcome
 from hetbench.train.run import resolve_weights
 from hetbench.train.strategies import get as strategy
 from hetbench.train.torch_frontend.checkpoint import writer
 from hetbench.pytorch.offload import offload_linears, step_seconds
-from hetbench.train.torch_frontend.models import build_model, make_batch, output_row_losses, pipeline_parts
+from hetbench.train.torch_frontend.models import (
+    build_model,
+    make_batch,
+    output_row_losses,
+    pipeline_parts,
+    tensor_plan,
+)
 from hetbench.train.torch_frontend.parallel import ApplyContext, Parallel, state_memory_bytes
 
 # bytes of training state per parameter, beside its 4 (fp32): its gradient, AdamW's two moments
@@ -102,12 +109,12 @@ def _costs(plan_weights: list[float], mesh: pp.Mesh, parts_cost: list[list[float
     proxy cost per part (one list), that over the stage's weights added."""
     if len(parts_cost) > 1:
         return pp.stage_costs(mesh, parts_cost)
-    return [[c / sum(plan_weights[r] for r in mesh.dp_ranks(s)) for c in parts_cost[0]] for s in range(mesh.pp)]
+    return [[c / sum(plan_weights[r] for r in mesh.stage_ranks(s)) for c in parts_cost[0]] for s in range(mesh.pp)]
 
 
 def make_plan(cfg: Any, world: Any, state: Any, share: float) -> Plan:
     """Collective (mpi4py world): the cut and the replicas' rows. Raises PipelineError where none fits."""
-    mesh = pp.mesh_for(world.size, cfg.pp)
+    mesh = pp.mesh_for(world.size, cfg.pp, cfg.tp)
     seconds, sizes, acts = _measure(cfg, state, _micro_rows(cfg, mesh.dp))
     every = world.allgather(seconds if cfg.weights.kind == "auto" else None)
     if cfg.weights.kind == "auto":
@@ -124,8 +131,9 @@ def make_plan(cfg: Any, world: Any, state: Any, share: float) -> Plan:
     block_costs, fixed = pp.split_costs(_costs(weights, mesh, parts_cost))
     blocks = len(sizes) - 2
     memory = world.allgather(state_memory_bytes(state))
-    caps = [None if any(memory[r] is None for r in mesh.dp_ranks(s)) else min(memory[r] for r in mesh.dp_ranks(s))
-            for s in range(mesh.pp)]
+    # a stage's state is cut over its tensor ranks (tp): its cap, tp times its least rank's memory
+    caps = [None if any(memory[r] is None for r in mesh.stage_ranks(s))
+            else min(memory[r] for r in mesh.stage_ranks(s)) * mesh.tp for s in range(mesh.pp)]
     per = STATE_BYTES.get(cfg.optimizer, 16) / 4.0 * share
     block_bytes = [int(b * per) for b in sizes[1:-1]]
     fixed_bytes = [int(sizes[0] * per) * (s == 0) + int(sizes[-1] * per) * (s == mesh.pp - 1)
@@ -154,6 +162,12 @@ def _replica_rows(cfg: Any, mesh: pp.Mesh, cut: pp.Cut, weights: list[float],
     return pp.pipeline_rows(mesh, cut, every, cfg.micro_batches, cfg.batch)
 
 
+def stage_tensor_weights(mesh: pp.Mesh, weights: Sequence[float], stage: int) -> list[float]:
+    """--tp: a stage's cut over its tensor ranks, alike in every replica (data parallelism needs their slices
+    alike): tensor rank t's weights over the stage's replicas summed."""
+    return [sum(weights[r] for r in mesh.dp_ranks(stage, t)) for t in range(mesh.tp)]
+
+
 class Pipelined(Parallel):
     """--pp: this rank's stage of its replica's pipeline, data parallel with the stage's other replicas by the
     strategy (ddp, fsdp2, fsdp) over the stage's group."""
@@ -165,12 +179,15 @@ class Pipelined(Parallel):
         self.dp_class = strategy("torch", cfg.strategy).applier()
         needs_hetbench = ("dp",) if _needs_hetbench(self.dp_class) else ()
         self.groups = pp.make_groups(mesh, plan.kinds, cfg.group_backend, needs_hetbench)
-        self.stage, self.replica = mesh.stage_of(rank), mesh.replica_of(rank)
-        self.pp_group = self.groups[self.replica].group
-        self.dp_group = self.groups[mesh.dp + self.stage].group
+        self.stage, self.replica, self.t = mesh.stage_of(rank), mesh.replica_of(rank), mesh.tp_of(rank)
+        self.pp_info, self.dp_info = pp.group_of(self.groups, rank, "pp"), pp.group_of(self.groups, rank, "dp")
+        self.tp_info = pp.group_of(self.groups, rank, "tp") if mesh.tp > 1 else None
+        self.pp_group, self.dp_group = self.pp_info.group, self.dp_info.group
+        self.cut_tp: Any = None  # --tp: the stage's layers cut over its tensor ranks (hetbench/pytorch/tensor.py)
         # auto: the cut made again from the stages' measured times after each of the first steps (the probe before
         # the run measured each part alone; the machine's speed moves between it and the run)
-        movable = mesh.dp == 1 or not self.dp_class.stage_state_problem()
+        # (not with tp: a rank's measured time is its slices', which the parts' costs do not model)
+        movable = (mesh.dp == 1 or not self.dp_class.stage_state_problem()) and mesh.tp == 1
         self.recuts_left = RECUT_STEPS if plan.block_seconds is not None and movable else 0
         self.recuts: list[dict[str, Any]] = []
         self.first_layers = plan.cut.counts
@@ -187,7 +204,12 @@ class Pipelined(Parallel):
         self.inner_parallel: Parallel | None = None
 
         def wrap(stage_module: torch.nn.Module) -> torch.nn.Module:
-            dp_weights = [self.plan.weights[r] for r in mesh.dp_ranks(self.stage)]
+            if mesh.tp > 1:  # the stage's layers cut over its tensor ranks, alike in every replica
+                self.cut_tp = tpl.tensor_parallel(stage_module, tensor_plan(stage_module), self.tp_info.group,
+                                                  stage_tensor_weights(mesh, self.plan.weights, self.stage))
+            if mesh.dp == 1:
+                return stage_module
+            dp_weights = [self.plan.weights[r] for r in mesh.dp_ranks(self.stage, self.t)]
             self.inner_parallel = self.dp_class.for_stage(stage_module, ApplyContext(cfg, ctx.world, ctx.state,
                                                                                      dp_weights, group=self.dp_group))
             return self.inner_parallel.module
@@ -198,9 +220,9 @@ class Pipelined(Parallel):
             return output_row_losses(out, y).float().sum() / batch
 
         self.pipe = pp.Pipeline(parts, loss_fn, self.plan.cut, self.stage, self.pp_group, ctx.state.device.device,
-                                cfg.schedule, cfg.micro_batches, wrap=wrap if mesh.dp > 1 else None,
+                                cfg.schedule, cfg.micro_batches, wrap=wrap if mesh.dp > 1 or mesh.tp > 1 else None,
                                 clock=_device_clock(ctx.state.ops), autocast=_autocast(cfg, ctx.state.device.device),
-                                group_name=self.groups[self.replica].name)
+                                group_name=self.pp_info.name)
         self.module = self.pipe.module
 
     def after_step(self, step: int, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer | None:
@@ -240,9 +262,10 @@ class Pipelined(Parallel):
     def _everything(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         """Collective: the whole model's parameters and optimizer state (every stage's, replica 0's) on every rank,
         in state.pt's form."""
-        model, state = _stage_optimizer_state(self.module, optimizer, self.pipe.inner.model_names)
+        whole = self.cut_tp.whole if self.cut_tp is not None else None
+        model, state = _stage_optimizer_state(self.module, optimizer, self.pipe.inner.model_names, whole)
         every = [None] * dist.get_world_size()
-        dist.all_gather_object(every, (model, state) if self.replica == 0 else None)
+        dist.all_gather_object(every, (model, state) if self.replica == 0 and self.t == 0 else None)
         full: dict[str, Any] = {"model": {}, "optim": {"state": {}, "param_groups": None}}
         for part in every:
             if part is not None:
@@ -279,15 +302,17 @@ class Pipelined(Parallel):
             losses = self.pipe.step(x if self.pipe.is_first else None, y if self.pipe.is_last else None)
             if self.inner_parallel is not None:
                 self.inner_parallel.finish_backward()
-            return torch.stack(losses).sum() if losses else torch.zeros(())
+            # a last stage's tensor ranks each compute the loss: the first reports it (the step line sums the parts)
+            return torch.stack(losses).sum() if losses and self.t == 0 else torch.zeros(())
 
         return one_step(self.module, x, y, backward=backward)
 
     def attach(self, logger: Any) -> None:
         self.pipe.times.take()
         logger.rank_figures = self._step_figures
-        mine = (self.groups[self.replica], self.groups[self.plan.mesh.dp + self.stage])
-        for info in mine:
+        if self.cut_tp is not None:
+            self.cut_tp.take_figures()
+        for info in (self.pp_info, self.dp_info):
             pg = hetbench_group(info.group)
             if pg is not None and len(info.ranks) > 1:
                 pg.split_idle = True  # its collectives' idle time apart from their transfers, as the world's
@@ -297,23 +322,30 @@ class Pipelined(Parallel):
     def _step_figures(self) -> dict[str, Any]:
         forward, backward, schedule = self.pipe.times.take()
         self._last = ((sum(forward) + sum(backward)) / self.pipe.microbatches,)
+        tp = {}
+        if self.cut_tp is not None:  # its collectives run inside the stage's forward and backward
+            f = self.cut_tp.take_figures()
+            tp = {"tp_comm_seconds": f.seconds, "tp_comm_bytes": f.bytes, "tp_comm_calls": f.calls,
+                  "extra_comm_seconds": f.seconds}
         return {"stage": self.stage, "stage_forward_seconds": sum(forward), "stage_backward_seconds": sum(backward),
                 "schedule_seconds": sum(schedule),
-                "microbatch_forward_seconds": forward, "microbatch_backward_seconds": backward}
+                "microbatch_forward_seconds": forward, "microbatch_backward_seconds": backward, **tp}
 
     def _stage_state(self) -> dict[str, torch.Tensor]:
-        """Collective over the stage's group: its parameters, whole, under the model's names (CPU)."""
+        """Collective over the stage's groups: its parameters, whole, under the model's names (CPU)."""
         inner = self.pipe.inner
         full = self.inner_parallel.group_state() if self.inner_parallel is not None else None
-        if full is not None:
-            return {inner.model_names[k]: v for k, v in full.items()}
-        return {inner.model_names[n]: p.detach().cpu().clone() for n, p in inner.named_parameters()}
+        if full is None:
+            full = {n: p.detach().cpu().clone() for n, p in inner.named_parameters()}
+        if self.cut_tp is not None:  # the tensor ranks' slices made whole (at the dp group's first rank: replica 0)
+            full = {k: self.cut_tp.whole(k, v).clone() for k, v in full.items()} if self.replica == 0 else {}
+        return {inner.model_names[k]: v for k, v in full.items()}
 
     def full_state(self) -> dict[str, torch.Tensor] | None:
         """Collective: every stage's parameters (replica 0's) gathered at rank 0 under the model's names."""
         mine = self._stage_state()
         every = [None] * dist.get_world_size()
-        dist.all_gather_object(every, mine if self.replica == 0 else None)
+        dist.all_gather_object(every, mine if self.replica == 0 and self.t == 0 else None)
         if dist.get_rank() != ROOT:
             return None
         out: dict[str, torch.Tensor] = {}
@@ -327,7 +359,8 @@ class Pipelined(Parallel):
         return [self.plan.replica_rows[self.plan.mesh.replica_of(r)] for r in range(len(counts))]
 
     def manifest(self) -> dict[str, Any]:
-        return {"pp": self.plan.mesh.pp, "dp": self.plan.mesh.dp, "schedule": self.pipe.schedule_name,
+        return {"pp": self.plan.mesh.pp, "dp": self.plan.mesh.dp, "tp": self.plan.mesh.tp,
+                "schedule": self.pipe.schedule_name,
                 "micro_batches": self.pipe.microbatches, "stage_bounds": list(self.plan.cut.bounds)}
 
     def save(self, saver: Any, steps_done: int, optimizer: torch.optim.Optimizer) -> None:
@@ -344,6 +377,10 @@ class Pipelined(Parallel):
         names = self.pipe.inner.model_names
         model = {k: full["model"][v] for k, v in names.items()}
         state = {k: full["optim"]["state"][v] for k, v in names.items() if v in full["optim"]["state"]}
+        if self.cut_tp is not None:  # this tensor rank's slices of the whole
+            model = self.cut_tp.local_state(model)
+            state = {k: {n: (self.cut_tp.local_state({k: t})[k] if isinstance(t, torch.Tensor) else t)
+                         for n, t in v.items()} for k, v in state.items()}
         optim = {"state": state, "param_groups": [{**{k: v for k, v in g.items() if k != "params"},
                                                    "params": list(names)} for g in optimizer.param_groups]}
         set_state_dict(self.module, optimizer, model_state_dict=model, optim_state_dict=optim,
@@ -365,7 +402,9 @@ class Pipelined(Parallel):
                 "step_seconds": [log.step_seconds for log in logs][skip:],
                 "schedule_seconds": [m["schedule_seconds"] for m in mine][skip:],
                 "recuts": self.recuts, "first_layers": self.first_layers,
-                "pipeline": {"pp": self.plan.mesh.pp, "dp": self.plan.mesh.dp, "schedule": self.pipe.schedule_name,
+                "tp_units": [x.counts[self.t] for x in self.cut_tp.layers] if self.cut_tp is not None else None,
+                "pipeline": {"pp": self.plan.mesh.pp, "dp": self.plan.mesh.dp, "tp": self.plan.mesh.tp,
+                             "schedule": self.pipe.schedule_name,
                              "micro_batches": self.pipe.microbatches, "bounds": list(cut.bounds),
                              "planned_stage_cost": list(cut.stage_seconds), "replica_rows": self.plan.replica_rows,
                              "auto_part_seconds": self.plan.block_seconds,
@@ -434,16 +473,21 @@ def _needs_hetbench(dp_class: Any) -> bool:
     return dp_class.group_backends() == ("hetbench",)
 
 
-def _stage_optimizer_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                           names: dict[str, str]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Collective over the stage's group: its parameters and optimizer state whole (CPU), under the model's
-    names."""
+def _stage_optimizer_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer, names: dict[str, str],
+                           whole: Callable[[str, torch.Tensor], torch.Tensor] | None = None
+                           ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Collective over the stage's groups: its parameters and optimizer state whole (CPU), under the model's
+    names; `whole(name, tensor)` (--tp, collective over the tensor ranks) makes a slice whole."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    def done(name: str, t: torch.Tensor) -> torch.Tensor:
+        t = t.detach().cpu()
+        return (whole(name, t) if whole is not None and t.dim() > 0 else t).clone()
 
     model_sd, optim_sd = get_state_dict(module, optimizer,
                                         options=StateDictOptions(full_state_dict=True, cpu_offload=False))
-    model = {names[k]: v.detach().cpu().clone() for k, v in model_sd.items()}
-    state = {names[k]: {n: (t.detach().cpu().clone() if isinstance(t, torch.Tensor) else t) for n, t in v.items()}
+    model = {names[k]: done(k, v) for k, v in model_sd.items()}
+    state = {names[k]: {n: (done(k, t) if isinstance(t, torch.Tensor) else t) for n, t in v.items()}
              for k, v in optim_sd.get("state", {}).items()}
     return model, state
 
@@ -490,7 +534,8 @@ def pipeline_summary(gathered: Sequence[RankOutcome]) -> dict[str, Any]:
     for x, i, c in zip(per_stage, idle, planned or [None] * stages):
         x["bubble_modelled_fraction"] = i
         x["planned_microbatch_seconds"] = c
-    return {"pp": stages, "dp": info["dp"], "schedule": info["schedule"], "micro_batches": mbs,
+    return {"pp": stages, "dp": info["dp"], "tp": info.get("tp", 1), "schedule": info["schedule"],
+            "micro_batches": mbs,
             "stages": per_stage, "replica_rows": info["replica_rows"],
             # auto: the probe's cut, and each re-cut from the stages' measured times (the step after which)
             "first_layers": d[ROOT]["first_layers"], "recuts": d[ROOT]["recuts"],

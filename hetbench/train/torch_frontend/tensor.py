@@ -117,7 +117,10 @@ class TensorParallel(Parallel):
         self.tp_info, self.dp_info = self.groups[self.replica], self.groups[mesh.dp + self.t]
         self.tp_weights = tensor_weights(mesh, ctx.weights)
         self.replica_rows = replica_rows(mesh, ctx.weights, cfg.batch)
-        self.cut = tpl.tensor_parallel(model, tensor_plan(model), self.tp_info.group, self.tp_weights)
+        if cfg.tp_impl == "torch":  # torch's own even tensor parallelism, the baseline
+            self.cut: Any = _TorchCut(model, self.tp_info)
+        else:
+            self.cut = tpl.tensor_parallel(model, tensor_plan(model), self.tp_info.group, self.tp_weights)
         self.inner: Parallel | None = None
         module = model
         if mesh.dp > 1:
@@ -181,6 +184,8 @@ class TensorParallel(Parallel):
 
     def _step_figures(self) -> dict[str, Any]:
         f = self.cut.take_figures()
+        if not f.measured:
+            return {"tp_comm_seconds": None, "tp_comm_bytes": None, "tp_comm_calls": None}
         return {"tp_comm_seconds": f.seconds, "tp_comm_bytes": f.bytes, "tp_comm_calls": f.calls,
                 "extra_comm_seconds": f.seconds}
 
@@ -247,16 +252,16 @@ class TensorParallel(Parallel):
         """The rank's slices: its units of each layer, the parameter bytes it holds of the cut layers and in all,
         its seconds in tp's collectives each timed step beside the step's."""
         skip = min(int(self.ctx.cfg.warmup_steps), max(len(mine) - 1, 0))
-        cut_bytes = sum(p.numel() * p.element_size() for n, p in self.plain.named_parameters()
-                        if n in self.cut.specs)
+        cut_bytes = sum(_local_bytes(p) for n, p in self.plain.named_parameters() if n in self.cut.specs)
         return {"tp_index": self.t, "replica": self.replica,
                 "tp_units": [x.counts[self.t] for x in self.cut.layers],
                 "tp_cut_param_bytes": cut_bytes,
-                "tp_param_bytes": sum(p.numel() * p.element_size() for p in self.plain.parameters()),
+                "tp_param_bytes": sum(_local_bytes(p) for p in self.plain.parameters()),
                 "tp_comm_seconds": [m.get("tp_comm_seconds", 0.0) for m in mine][skip:],
                 "tp_comm_bytes": [m.get("tp_comm_bytes", 0) for m in mine][skip:],
                 "step_seconds": [log.step_seconds for log in logs][skip:],
                 "tensor": {"tp": self.mesh.tp, "dp": self.mesh.dp, "replica_rows": self.replica_rows,
+                           "impl": self.ctx.cfg.tp_impl,
                            "tensor_weights": self.tp_weights,
                            "layers": self.cut.summary()["layers"] if self.replica == 0 else None,
                            "groups": [{"name": g.name, "ranks": g.ranks, "backend": g.backend}
@@ -267,10 +272,47 @@ class TensorParallel(Parallel):
         return {"tensor": tensor_summary(gathered)}
 
 
+class _TorchCut:
+    """--tp-impl torch: torch's parallelize_module (hetbench/pytorch/torch_tp.py), even, read as TensorParallel
+    reads hetbench's cut; its collectives' time is the tp group's hetbench backend figures (none on Gloo)."""
+
+    def __init__(self, model: torch.nn.Module, info: GroupInfo) -> None:
+        from hetbench.pytorch.logger import hetbench_group
+        from hetbench.pytorch.torch_tp import torch_tensor_parallel
+
+        self.tp = torch_tensor_parallel(model, info.group)
+        self.pg = hetbench_group(info.group)
+        if self.pg is not None:
+            self.pg.metrics.take()
+        self.specs = set(self.tp.styles and {n for n, _ in model.named_parameters()
+                                             if n.rsplit(".", 1)[0] in self.tp.styles})
+        self.layers = [tpl.Layer(name, "columns", sum(w), w) for name, w in self.tp.widths().items()]
+
+    def take_figures(self) -> tpl.CommFigures:
+        if self.pg is None:
+            return tpl.CommFigures(measured=False)
+        ops = self.pg.metrics.take().values()
+        return tpl.CommFigures(sum(o["seconds"] + o["idle_seconds"] for o in ops), sum(o["bytes"] for o in ops),
+                               sum(o["count"] for o in ops))
+
+    def whole(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        return self.tp.whole(name, t)
+
+    def summary(self) -> dict[str, Any]:
+        return {"layers": [{"name": x.name, "what": x.what, "units": x.units, "counts": x.counts}
+                           for x in self.layers]}
+
+
 def _autocast(cfg: Any, device: torch.device) -> Any:
     from hetbench.train.torch_frontend.run import _autocast as autocast
 
     return autocast(cfg, device)
+
+
+def _local_bytes(p: torch.Tensor) -> int:
+    """The bytes this rank holds of a parameter (a DTensor's local shard)."""
+    local = p.to_local() if hasattr(p, "to_local") else p
+    return local.numel() * local.element_size()
 
 
 def _median(values: Sequence[float]) -> float:
@@ -293,19 +335,24 @@ def tensor_summary(gathered: Sequence[RankOutcome]) -> dict[str, Any]:
         group = [q for q in range(len(d)) if q // tp == r // tp]
         total_w = sum(cut_weights)
         total_b = sum(cut[q] for q in group)
-        share = [c / s for c, s in zip(x["tp_comm_seconds"], x["step_seconds"]) if s > 0]
+        measured = all(c is not None for c in x["tp_comm_seconds"])
+        share = [c / s for c, s in zip(x["tp_comm_seconds"], x["step_seconds"]) if s > 0] if measured else []
         per_rank.append({"rank": r, "replica": x["replica"], "tp_index": x["tp_index"], "units": x["tp_units"],
                          "cut_param_bytes": cut[r],
                          "cut_param_percent": 100.0 * cut[r] / total_b if total_b else 0.0,
                          # the cut's weight for this tensor rank (its weights over the replicas summed)
                          "weight_percent": 100.0 * cut_weights[r % tp] / total_w if total_w else 0.0,
                          "param_bytes": x["tp_param_bytes"],
-                         "tp_comm_seconds_median": _median(x["tp_comm_seconds"]),
-                         "tp_comm_bytes_per_step": x["tp_comm_bytes"][-1] if x["tp_comm_bytes"] else 0,
-                         "tp_comm_step_fraction": _median(share)})
+                         # None where the group's backend keeps no figures (torch's own tp over Gloo)
+                         "tp_comm_seconds_median": _median(x["tp_comm_seconds"]) if measured else None,
+                         "tp_comm_bytes_per_step": (x["tp_comm_bytes"][-1] if x["tp_comm_bytes"] else 0) if measured
+                         else None,
+                         "tp_comm_step_fraction": _median(share) if measured else None})
     layers = info["layers"] or []
-    return {"tp": tp, "dp": info["dp"], "replica_rows": info["replica_rows"], "groups": info["groups"],
+    return {"tp": tp, "dp": info["dp"], "impl": info.get("impl", "hetbench"), "replica_rows": info["replica_rows"],
+            "groups": info["groups"],
             "tensor_weights": info.get("tensor_weights"), "layers": layers, "ranks": per_rank,
             # a rank whose weight rounds to no unit of a layer holds none of it
             "empty_layers_per_rank": [[x["name"] for x in layers if x["counts"][t] == 0] for t in range(tp)],
-            "tp_comm_step_fraction_max": max((x["tp_comm_step_fraction"] for x in per_rank), default=0.0)}
+            "tp_comm_step_fraction_max": (None if any(x["tp_comm_step_fraction"] is None for x in per_rank)
+                                          else max((x["tp_comm_step_fraction"] for x in per_rank), default=0.0))}
