@@ -428,8 +428,16 @@ def make_groups(mesh: Mesh, kinds: Sequence[tuple[str, str]], choice: str = "aut
     problem = group_backend_problem(choice, kinds)
     if problem:
         raise PipelineError(problem)
+    return groups_for(group_specs(mesh), kinds, choice, hetbench_only)
+
+
+def groups_for(specs: Sequence[tuple[str, str, list[int]]], kinds: Sequence[tuple[str, str]], choice: str = "auto",
+               hetbench_only: Sequence[str] = ()) -> list[GroupInfo]:
+    """Collective over the world: a group for each (name, dimension, ranks) of `specs`, in their order, on its
+    native backend where one serves its ranks' kinds (choice "auto"), else hetbench's (or `choice` named outright;
+    a dimension in `hetbench_only` always on hetbench's)."""
     out = []
-    for name, dim, ranks in group_specs(mesh):
+    for name, dim, ranks in specs:
         native = native_backend([tuple(kinds[r]) for r in ranks]) if choice == "auto" else None
         backend = native if native is not None and dim not in hetbench_only else "hetbench"
         if choice not in ("auto", "hetbench") and dim not in hetbench_only:

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from hetbench.harness.split_plan import shares as split_shares
-from hetbench.pytorch.pipeline import GroupInfo, group_backend_problem, native_backend
+from hetbench.pytorch.pipeline import GroupInfo, group_backend_problem, groups_for
 from hetbench.pytorch import tensor as tpl
 from hetbench.train.outcome import ROOT, RankOutcome
 from hetbench.train.strategies import get as strategy
@@ -59,16 +59,7 @@ def make_tp_groups(mesh: TPMesh, kinds: Sequence[tuple[str, str]], choice: str =
         raise tpl.TensorParallelError(problem)
     specs = [(f"tp {j}", "tp", mesh.tp_ranks(j)) for j in range(mesh.dp)]
     specs += [(f"dp {t}", "dp", mesh.dp_ranks(t)) for t in range(mesh.tp)]
-    out = []
-    for name, dim, ranks in specs:
-        native = native_backend([tuple(kinds[r]) for r in ranks]) if choice == "auto" else None
-        backend = native if native is not None and dim not in hetbench_only else "hetbench"
-        if choice not in ("auto", "hetbench") and dim not in hetbench_only:
-            backend = choice
-        info = GroupInfo(name, ranks, backend)
-        info.group = dist.new_group(ranks, backend=backend)
-        out.append(info)
-    return out
+    return groups_for(specs, kinds, choice, hetbench_only)
 
 
 def tensor_weights(mesh: TPMesh, weights: Sequence[float]) -> list[float]:
