@@ -359,12 +359,6 @@ def test_four_ranks_tp_by_dp(batches, strategy):
                         "dp 1": ([1, 3], dp_backend)})
 
 
-FSDP_CUT_BYTES = ("--tp 2 --strategy fsdp on 4 ranks reports cut_param_bytes 0 (cut_param_percent 0.0) on every rank: "
-                  "details() looks up the plain model's parameter names in the cut's specs after hetbench fsdp has "
-                  "replaced them with its flat shards (hetbench_flat_shard); ddp and fsdp2 report the cut layers' "
-                  "bytes the rank holds")
-
-
 def slice_bytes(doc: dict, task: dict) -> list[int]:
     """Each tensor rank's bytes of the cut layers (its units of each, recomputed from the model's shapes)."""
     layers = cut_layers(task)
@@ -375,8 +369,7 @@ def slice_bytes(doc: dict, task: dict) -> list[int]:
 
 @needs_mpi
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", [pytest.param(s, marks=[pytest.mark.xfail(strict=True, reason=FSDP_CUT_BYTES)]
-                                                   if s == "fsdp" else []) for s in MESH])
+@pytest.mark.parametrize("strategy", MESH)
 def test_four_ranks_cut_bytes_held_make_up_the_tensor_ranks_slices(batches, strategy):
     # the cut layers' bytes each rank holds: ddp's replicas each the tensor rank's whole slice, fsdp2's and fsdp's
     # shards of it between them (over its data-parallel group, ranks t and t + 2)

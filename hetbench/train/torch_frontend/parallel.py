@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-from hetbench.pytorch.fsdp import STATE_BYTES_PER_ELEMENT, ShardedModule
+from hetbench.pytorch.fsdp import STATE_BYTES_PER_ELEMENT, ShardedModule, numel
 from hetbench.pytorch.logger import hetbench_group
 from hetbench.pytorch.pipeline import sum_gradients_over
 from hetbench.pytorch.uneven import exact_ddp, exact_fully_shard, rank_mesh
@@ -88,6 +88,11 @@ class Parallel:
         """Collective over its group: the module's parameters whole (CPU), under the plain module's names, where
         the strategy shards them; None where every rank holds them whole."""
         return None
+
+    def param_bytes_held(self, names: set[str]) -> int:
+        """The bytes this rank holds of the module's parameters named (their shards where the strategy shards
+        them)."""
+        return sum(local_bytes(p) for n, p in self.module.named_parameters() if n in names)
 
     def shares(self, counts: list[int]) -> list[int]:
         """Each rank's rows of the batch, for its row and the summary."""
@@ -235,6 +240,18 @@ class UnevenSharded(Parallel):
     def resume(self, checkpoint: Any, optimizer: torch.optim.Optimizer) -> None:
         checkpoint.load_into(self.module, optimizer, self.engine)
 
+    def param_bytes_held(self, names: set[str]) -> int:
+        """The named parameters' elements inside this rank's slice of each unit's flat vector."""
+        total, me = 0, self.engine.rank
+        for u in self.engine.units:
+            start, stop, at = u.offset, u.offset + u.counts[me], 0
+            for name, shape in u.layout.params:
+                n = numel(shape)
+                if name in names:
+                    total += max(0, min(stop, at + n) - max(start, at)) * u.held.element_size()
+                at += n
+        return total
+
     def manifest(self) -> dict[str, Any]:
         return {"layout": [u.layout.to_dict() for u in self.engine.units],
                 "param_counts": [list(u.counts) for u in self.engine.units]}
@@ -330,6 +347,12 @@ class UnevenSharded(Parallel):
             "gathered_bytes_peak_per_rank": [max((s.get("gathered_bytes_peak", 0)
                                                   for s in x.get("step_figures", [])), default=0) for x in d],
         }}
+
+
+def local_bytes(p: torch.Tensor) -> int:
+    """The bytes this rank holds of a parameter (a DTensor's local shard)."""
+    local = p.to_local() if hasattr(p, "to_local") else p
+    return local.numel() * local.element_size()
 
 
 def state_memory_bytes(state: Any) -> int | None:

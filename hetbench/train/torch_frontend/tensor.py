@@ -113,6 +113,7 @@ class TensorParallel(Parallel):
         else:
             self.cut = tpl.tensor_parallel(model, tensor_plan(model), self.tp_info.group, self.tp_weights)
         self.inner: Parallel | None = None
+        self.names = {n for n, _ in model.named_parameters()}  # before a data-parallel strategy renames them
         module = model
         if mesh.dp > 1:
             dp_weights = [ctx.weights[r] for r in mesh.dp_ranks(self.t)]
@@ -243,11 +244,13 @@ class TensorParallel(Parallel):
         """The rank's slices: its units of each layer, the parameter bytes it holds of the cut layers and in all,
         its seconds in tp's collectives each timed step beside the step's."""
         skip = min(int(self.ctx.cfg.warmup_steps), max(len(mine) - 1, 0))
-        cut_bytes = sum(_local_bytes(p) for n, p in self.plain.named_parameters() if n in self.cut.specs)
+        # the cut layers' bytes it holds: its tensor rank's slices, or its data-parallel shards of them
+        holder = self.inner if self.inner is not None else self
+        cut_bytes = holder.param_bytes_held(set(self.cut.specs))
         return {"tp_index": self.t, "replica": self.replica,
                 "tp_units": [x.counts[self.t] for x in self.cut.layers],
                 "tp_cut_param_bytes": cut_bytes,
-                "tp_param_bytes": sum(_local_bytes(p) for p in self.plain.parameters()),
+                "tp_param_bytes": holder.param_bytes_held(self.names),
                 "tp_comm_seconds": [m.get("tp_comm_seconds", 0.0) for m in mine][skip:],
                 "tp_comm_bytes": [m.get("tp_comm_bytes", 0) for m in mine][skip:],
                 "step_seconds": [log.step_seconds for log in logs][skip:],
@@ -298,12 +301,6 @@ def _autocast(cfg: Any, device: torch.device) -> Any:
     from hetbench.train.torch_frontend.run import _autocast as autocast
 
     return autocast(cfg, device)
-
-
-def _local_bytes(p: torch.Tensor) -> int:
-    """The bytes this rank holds of a parameter (a DTensor's local shard)."""
-    local = p.to_local() if hasattr(p, "to_local") else p
-    return local.numel() * local.element_size()
 
 
 def _median(values: Sequence[float]) -> float:
