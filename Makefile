@@ -268,7 +268,8 @@ bench-pipeline-torch: env
 
 # Issue 36's tensor-parallel bench: the torch mlp's layers cut over the same pair (rank 0 the host, rank 1 PoCL, one
 # thread each), in rounds: hetbench's uneven cut by auto weights, torch's own even tensor parallelism
-# (parallelize_module) over the hetbench backend, and each rank alone on the whole model. Goal
+# (parallelize_module) over the hetbench backend, hetbench's cut with even weights, and each rank alone on the whole
+# model. Goal
 # (hetbench/bench/tensor_goals.py): uneven >= 0.90 of the ideal speedup over torch's even at the even run's rates,
 # the step's share in tp's collectives printed beside it
 BENCH_TENSOR_DIR ?= results/bench-tensor-$(STAMP)
@@ -281,8 +282,9 @@ bench-tensor-torch: env
 	for r in $$(seq 1 $(BENCH_TENSOR_ROUNDS)); do d=$(BENCH_TENSOR_DIR)/round-$$r; mkdir -p $$d; \
 		$(BENCH_SPLIT_ENV) $(MPIEXEC) $(BENCH_TRAIN_BIND) -n 2 $(HETBENCH) train $(BENCH_TENSOR_ARGS) \
 			--backend 0=host,1=opencl --weights auto --out $$d/tp-auto.json >/dev/null || exit 1; \
-		$(BENCH_SPLIT_ENV) $(MPIEXEC) $(BENCH_TRAIN_BIND) -n 2 $(HETBENCH) train $(BENCH_TENSOR_ARGS) \
-			--backend 0=host,1=opencl --tp-impl torch --out $$d/tp-torch.json >/dev/null || exit 1; \
+		for impl in torch hetbench; do $(BENCH_SPLIT_ENV) $(MPIEXEC) $(BENCH_TRAIN_BIND) -n 2 $(HETBENCH) train \
+			$(BENCH_TENSOR_ARGS) --backend 0=host,1=opencl --tp-impl $$impl --weights even \
+			--out $$d/tp-$${impl/hetbench/even}.json >/dev/null || exit 1; done; \
 		for b in host opencl; do $(BENCH_SPLIT_ENV) $(HETBENCH) train $(BENCH_TENSOR_SOLO_ARGS) --backend $$b \
 			--out $$d/solo-$$b.json >/dev/null || exit 1; done; done
 	$(PY) -m hetbench.bench tensor $(BENCH_TENSOR_DIR)

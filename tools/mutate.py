@@ -74,6 +74,9 @@ TARGETS: dict[str, list[str]] = {
     "hetbench/pytorch/pipeline.py": ["tests/unit/test_pin_pipeline.py", "tests/unit/test_pipeline_plan.py"],
     "hetbench/train/torch_frontend/pipeline.py": ["tests/unit/test_pin_pipeline.py"],
     "hetbench/bench/pipeline_goals.py": ["tests/unit/test_pin_pipeline_goals.py"],
+    # --tp: the run's tensor summary, the mesh's weights and rows; its bench
+    "hetbench/train/torch_frontend/tensor.py": ["tests/unit/test_pin_tensor_summary.py"],
+    "hetbench/bench/tensor_goals.py": ["tests/unit/test_pin_tensor_goals.py"],
 }
 
 # Where a module is mostly mechanism, only the functions that compute its figures are mutated (a class's methods
@@ -118,6 +121,16 @@ SCOPES: dict[str, list[str]] = {
                                                   "_median", "pipeline_summary", "_group_bytes"],
     "hetbench/bench/pipeline_goals.py": ["ideal_speedup", "balance", "_show", "_round", "pipeline_figures",
                                         "stage_layers"],
+    # --tp's run on a rank is mechanism (the cut, its groups, the state moved: pinned by the MPI torch runs); its
+    # figures are the mesh, the cut's weights, the replicas' rows and the summary of the ranks' details
+    "hetbench/train/torch_frontend/tensor.py": ["TPMesh.replica_of", "TPMesh.tp_index", "TPMesh.tp_ranks",
+                                                "TPMesh.dp_ranks", "tensor_weights", "replica_rows",
+                                                "TensorParallel.rows", "TensorParallel.shares",
+                                                "TensorParallel._step_figures", "TensorParallel.details",
+                                                "TensorParallel.summary", "_TorchCut.take_figures", "_median",
+                                                "tensor_summary"],
+    "hetbench/bench/tensor_goals.py": ["rank_compute_seconds", "ideal_speedup", "comm_share", "_share_text", "_show",
+                                      "_round", "tensor_figures"],
 }
 
 _BINOPS = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.FloorDiv: ast.Mult,

@@ -19,6 +19,13 @@ class Equivalent:
 
 
 EQUIVALENTS: list[Equivalent] = [
+    Equivalent('hetbench/train/torch_frontend/tensor.py', 'replica_rows', 'weights[r] / (cut[t] / total)',
+               ('Div -> Mult',),
+               "every replica's speed scaled by the same positive factor (total squared): each replica's least and "
+               "their proportions, hence the rows, unchanged"),
+    Equivalent('hetbench/train/torch_frontend/tensor.py', 'replica_rows', 'speeds = [1.0] * mesh.dp',
+               (),
+               'equal speeds split the rows alike whatever their value'),
     Equivalent('hetbench/benchmarks/calibrate/__init__.py', 'largest_part', 'return lo if lo > 0 and fits(lo) else 0',
                ('Gt -> GtE',),
                'lo == 0: 0 either way'),

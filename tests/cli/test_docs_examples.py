@@ -527,6 +527,80 @@ def _pipeline_example(r, tmp):
               "group pp 0: ranks [0, 1] on gloo", "matches one process: losses within")
 
 
+# docs/tensor.md
+needs_transformers = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                                        reason="no transformers (pip install transformers): the example's model")
+
+
+@runs("mpiexec -n 2 hetbench train --frontend torch --model gpt --tp 2 --weights 3,1 --steps 6 --out A.json",
+      marks=[needs_torch])
+def _tensor_two(r, tmp):
+    has_lines(r[0].stdout, "hetbench train: tensor parallel over 2 ranks, 2 layers x 64, batch 32, 6 steps, adamw lr "
+              "0.003, weights list (samples [32, 32])",
+              "each tensor rank's share of a layer: heads of 4: 3, 1; columns of 256: 192, 64",
+              "rank 0 291 KiB (75 %, weight 75 %)", "rank 1 96.9 KiB (25 %, weight 25 %)",
+              "groups: tp 0 ranks 0, 1 on gloo", "result: all checks passed")
+    t = json.loads((tmp / "A.json").read_text())["summary"]["tensor"]
+    assert [x["cut_param_bytes"] for x in t["ranks"]] == [297600, 99200]
+    assert [x["param_bytes"] for x in t["ranks"]] == [348012, 149612]
+    # 2 layers x 2 pairs x 2 all-reduces (g forward, f backward) of 32 rows x 64 positions x 64 wide x 4 bytes
+    assert [x["tp_comm_bytes_per_step"] for x in t["ranks"]] == [2 * 2 * 2 * 32 * 64 * 64 * 4] * 2
+    assert [(x["name"], x["counts"]) for x in t["layers"]][::2] == [("blocks.0.attn", [3, 1]),
+                                                                     ("blocks.0.mlp", [192, 64])]
+
+
+@runs("mpiexec -n 4 hetbench train --frontend torch --model gpt --tp 2 --strategy ddp --weights even --steps 3 "
+      "--backend 0=host,1=host,2=sim:mi300x,3=sim:mi300x --out F.json", marks=[needs_torch])
+def _tensor_four_kinds(r, tmp):
+    has_lines(r[0].stdout, "hetbench train: tensor parallel over 2 ranks x ddp over 2 replicas",
+              "groups: tp 0 ranks 0, 1 on gloo; tp 1 ranks 2, 3 on gloo; dp 0 ranks 0, 2 on hetbench; dp 1 ranks 1, 3 "
+              "on hetbench", "result: all checks passed")
+
+
+@runs("mpiexec -n 4 hetbench train --frontend torch --model gpt --tp 2 --pp 2 --steps 2 --out tppp.json",
+      marks=[needs_torch])
+def _tensor_in_stages(r, tmp):
+    has_lines(r[0].stdout, "hetbench train: pipeline of 2 stages x tensor parallel over 2 ranks",
+              "pipeline (1f1b, 4 micro-batches, each stage's layers cut over 2 tensor ranks): stage 0 ranks 0, 1: 1 "
+              "layers [0, 1), 226 KiB", "result: all checks passed")
+    groups = json.loads((tmp / "tppp.json").read_text())["summary"]["pipeline"]["groups"]
+    assert {g["name"]: g["bytes"] for g in groups if g["name"].startswith("pp")} == {"pp 0.0": 2 * 2**20,
+                                                                                     "pp 0.1": 2 * 2**20}
+
+
+@runs("mpiexec -n 2 hetbench train --frontend torch --model gpt --tp 2 --weights 3,1 --steps 4 --checkpoint ck",
+      "mpiexec -n 2 hetbench train --frontend torch --model gpt --strategy ddp --weights 1,1 --steps 6 --resume ck",
+      "mpiexec -n 2 hetbench train --frontend torch --model gpt --tp 2 --weights 1,3 --steps 6 --resume ck",
+      "mpiexec -n 2 hetbench train --frontend torch --model gpt --strategy fsdp --weights 3,1 --steps 6 --resume ck",
+      marks=[needs_torch])
+def _tensor_checkpoint(r, tmp):
+    assert sorted(p.name for p in (tmp / "ck" / "step-4").iterdir()) == ["manifest.json", "state.pt"]
+    for run in r[1:]:
+        has_lines(run.stdout, "resumed from ck/step-4 after 4 steps", "loss: 3.41 at step 4 -> 3.382 at step 5",
+                  "result: all checks passed")
+
+
+@runs(".venv/bin/mpiexec -n 2 .venv/bin/python examples/tensor_own_model.py --weights 3,1",
+      marks=[needs_torch, needs_transformers])
+def _tensor_example(r, tmp):
+    has_lines(r[0].stdout, "step 0  loss 4.584307", "step 3  loss 4.083669",
+              "cut attention: 2 key/value heads, [2, 0] per rank (each of the 2 layers)",
+              "cut mlp: 128 columns, [96, 32] per rank (each of the 2 layers)",
+              "parameters held: rank 0 74048 (86%), rank 1 24896 (29%) of 86336",
+              "rank 1 holds none of: model.layers.0.self_attn, model.layers.1.self_attn",
+              "matches one process: losses within")
+
+
+@runs(".venv/bin/mpiexec -n 3 .venv/bin/python examples/tensor_own_model.py --weights 0.5,0.3,0.2 --heads 8 "
+      "--kv-heads 4 --cut-head", marks=[needs_torch, needs_transformers])
+def _tensor_example_three(r, tmp):
+    has_lines(r[0].stdout, "cut attention: 4 key/value heads, [2, 1, 1] per rank (each of the 2 layers)",
+              "cut mlp: 128 columns, [64, 38, 26] per rank (each of the 2 layers)",
+              "cut lm head: 96 columns, [48, 29, 19] per rank",
+              "parameters held: rank 0 46400 (54%), rank 1 29056 (34%), rank 2 23808 (28%) of 86336",
+              "matches one process: losses within")
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # too heavy as written on this 2-core CPU: run here smaller (what changes, and why), and parsed as written
 
