@@ -527,7 +527,7 @@ def _pipeline_example(r, tmp):
               "group pp 0: ranks [0, 1] on gloo", "matches one process: losses within")
 
 
-# docs/tensor.md
+# docs/tensor.md (the 4-rank runs and the 3-rank example slow: make test's time on 2 cores)
 needs_transformers = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
                                         reason="no transformers (pip install transformers): the example's model")
 
@@ -550,7 +550,7 @@ def _tensor_two(r, tmp):
 
 
 @runs("mpiexec -n 4 hetbench train --frontend torch --model gpt --tp 2 --strategy ddp --weights even --steps 3 "
-      "--backend 0=host,1=host,2=sim:mi300x,3=sim:mi300x --out F.json", marks=[needs_torch])
+      "--backend 0=host,1=host,2=sim:mi300x,3=sim:mi300x --out F.json", marks=[needs_torch, pytest.mark.slow])
 def _tensor_four_kinds(r, tmp):
     has_lines(r[0].stdout, "hetbench train: tensor parallel over 2 ranks x ddp over 2 replicas",
               "groups: tp 0 ranks 0, 1 on gloo; tp 1 ranks 2, 3 on gloo; dp 0 ranks 0, 2 on hetbench; dp 1 ranks 1, 3 "
@@ -558,7 +558,7 @@ def _tensor_four_kinds(r, tmp):
 
 
 @runs("mpiexec -n 4 hetbench train --frontend torch --model gpt --tp 2 --pp 2 --steps 2 --out tppp.json",
-      marks=[needs_torch])
+      marks=[needs_torch, pytest.mark.slow])
 def _tensor_in_stages(r, tmp):
     has_lines(r[0].stdout, "hetbench train: pipeline of 2 stages x tensor parallel over 2 ranks",
               "pipeline (1f1b, 4 micro-batches, each stage's layers cut over 2 tensor ranks): stage 0 ranks 0, 1: 1 "
@@ -592,7 +592,7 @@ def _tensor_example(r, tmp):
 
 
 @runs(".venv/bin/mpiexec -n 3 .venv/bin/python examples/tensor_own_model.py --weights 0.5,0.3,0.2 --heads 8 "
-      "--kv-heads 4 --cut-head", marks=[needs_torch, needs_transformers])
+      "--kv-heads 4 --cut-head", marks=[needs_torch, needs_transformers, pytest.mark.slow])
 def _tensor_example_three(r, tmp):
     has_lines(r[0].stdout, "cut attention: 4 key/value heads, [2, 1, 1] per rank (each of the 2 layers)",
               "cut mlp: 128 columns, [64, 38, 26] per rank (each of the 2 layers)",
