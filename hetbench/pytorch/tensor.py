@@ -84,6 +84,9 @@ def heads(qkv: str | Sequence[str], out: str, heads: int | None = None, kv_heads
             raise TensorParallelError(f"heads({qkv!r}, ...): a fused projection needs its head count (heads=)")
         return Pair({qkv: 3}, (out,), heads, dict(attributes or {}), "heads")
     q, k, v = qkv
+    if heads is not None and kv_heads is not None and (kv_heads < 1 or heads % kv_heads):
+        raise TensorParallelError(f"heads({heads}) is not a multiple of kv_heads ({kv_heads}): each key/value head "
+                                  "needs a whole group of queries")
     return Pair({q: 1, k: 1, v: 1}, (out,), kv_heads or heads, dict(attributes or {}),
                 "key/value heads" if kv_heads else "heads")
 
@@ -419,7 +422,27 @@ def plan_problems(model: nn.Module, plan: Mapping[str, Pair | Gathered], ranks: 
             units, _ = _units_of(block, name, style)
             if isinstance(style, Pair) and style.units is not None and units < ranks:
                 out.append(f"{name}: {units} {style.what}, fewer than the {ranks} tensor-parallel ranks (each rank "
-                           f"needs a whole one: use --tp {units} or less)")
+                           f"needs a whole one: a group of {units} ranks or fewer)")
+    out += _shared_problems(model, plan)
+    return out
+
+
+def _shared_problems(model: nn.Module, plan: Mapping[str, Pair | Gathered]) -> list[str]:
+    """A parameter the plan cuts that another module holds too (a head tied to the embedding): cutting it would
+    untie them silently."""
+    owners: dict[int, list[str]] = {}
+    for n, p in model.named_parameters(remove_duplicate=False):
+        owners.setdefault(id(p), []).append(n)
+    out = []
+    for pattern, style in plan.items():
+        for name, block in _matches(model, pattern):
+            linears = [block] if isinstance(style, Gathered) else \
+                [block.get_submodule(c) for c in (*style.columns, *style.rows)]
+            for lin in linears:
+                for p in (lin.weight, lin.bias):
+                    if p is not None and len(owners.get(id(p), [])) > 1:
+                        out.append(f"{' and '.join(owners[id(p)])} are one parameter (tied): the plan cannot cut it "
+                                   f"under {name} alone; leave that Linear out of the plan")
     return out
 
 

@@ -423,3 +423,29 @@ def test_tensor_parallel_refuses_a_plan_or_weights_it_cannot_use(world_of_one):
         tensor_parallel(model, tensor_plan(model), weights=[1.0, 1.0])
     # nothing was cut
     assert model.blocks[0].attn.heads == GPT.heads and model.blocks[0].mlp.fc.out_features == 4 * GPT.hidden
+
+
+class _Tied(nn.Module):
+    """An embedding and a head that share one weight (a tied language-model head)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, 8)
+        self.head = nn.Linear(8, 10, bias=False)
+        self.head.weight = self.embed.weight
+
+
+def test_a_tied_parameter_is_refused_by_name():
+    # cutting the head's rows would leave the embedding whole: the tie broken silently, so the plan is refused
+    problems = plan_problems(_Tied(), {"head": Gathered()}, 2)
+    assert problems == ["embed.weight and head.weight are one parameter (tied): the plan cannot cut it under head "
+                        "alone; leave that Linear out of the plan"]
+    untied = _Tied()
+    untied.head.weight = nn.Parameter(untied.embed.weight.detach().clone())
+    assert plan_problems(untied, {"head": Gathered()}, 2) == []
+
+
+def test_heads_refuses_queries_that_do_not_group_under_the_kv_heads():
+    with pytest.raises(TensorParallelError, match=r"heads\(6\) is not a multiple of kv_heads \(4\)"):
+        heads(("q", "k", "v"), "o", heads=6, kv_heads=4)
+    assert heads(("q", "k", "v"), "o", heads=8, kv_heads=4).units == 4
