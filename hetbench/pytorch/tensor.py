@@ -423,8 +423,7 @@ def plan_problems(model: nn.Module, plan: Mapping[str, Pair | Gathered], ranks: 
             if isinstance(style, Pair) and style.units is not None and units < ranks:
                 out.append(f"{name}: {units} {style.what}, fewer than the {ranks} tensor-parallel ranks (each rank "
                            f"needs a whole one: a group of {units} ranks or fewer)")
-    out += _shared_problems(model, plan)
-    return out
+    return out or _shared_problems(model, plan)  # ties only where every entry names Linears
 
 
 def _shared_problems(model: nn.Module, plan: Mapping[str, Pair | Gathered]) -> list[str]:

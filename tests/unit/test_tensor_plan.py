@@ -228,8 +228,8 @@ def test_plan_problems_of_the_task_plans():
     assert plan_problems(mlp, tensor_plan(mlp), 64) == []
     # one whole head per rank: 4 heads, 5 ranks (plain columns have no such floor)
     assert _one_line(plan_problems(gpt, tensor_plan(gpt), 5)) == [
-        f"blocks.{i}.attn: 4 heads, fewer than the 5 tensor-parallel ranks (each rank needs a whole one: use --tp 4 "
-        "or less)" for i in range(2)]
+        f"blocks.{i}.attn: 4 heads, fewer than the 5 tensor-parallel ranks (each rank needs a whole one: a group of "
+        "4 ranks or fewer)" for i in range(2)]
 
 
 def test_plan_problems_name_the_module_and_why():
