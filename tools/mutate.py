@@ -125,6 +125,7 @@ SCOPES: dict[str, list[str]] = {
     # figures are the mesh, the cut's weights, the replicas' rows and the summary of the ranks' details
     "hetbench/train/torch_frontend/tensor.py": ["TPMesh.replica_of", "TPMesh.tp_index", "TPMesh.tp_ranks",
                                                 "TPMesh.dp_ranks", "tensor_weights", "replica_rows",
+                                                "balanced_shares", "_cut_shares",
                                                 "TensorParallel.rows", "TensorParallel.shares",
                                                 "TensorParallel._step_figures", "TensorParallel.details",
                                                 "TensorParallel.summary", "_TorchCut.take_figures", "_median",

@@ -13,7 +13,7 @@ import statistics
 from pathlib import Path
 
 import pytest
-from helpers import HAVE_OPENCL, Batches, assert_usage_error, needs_mpi, needs_opencl
+from helpers import REPO, HAVE_OPENCL, Batches, assert_usage_error, needs_mpi, needs_opencl, run_python
 
 torch = pytest.importorskip("torch")
 
@@ -166,6 +166,9 @@ def assert_cut(doc: dict, task: dict, tp: int, dp: int, slices: bool = True) -> 
     assert (t["tp"], t["dp"]) == (tp, dp)
     weights = s["weights"]
     tw = by_hand_tensor_weights(weights, tp)
+    assert t["first_weights"] == pytest.approx(tw, rel=1e-12)
+    if t["recuts"]:  # auto: cut again from the ranks' measured compute, the last re-cut's weights the cut's
+        tw = t["recuts"][-1]["weights"]
     assert t["tensor_weights"] == pytest.approx(tw, rel=1e-12)
     layers = cut_layers(task)
     assert [x["name"] for x in t["layers"]] == list(layers)  # the plan's order: attention, then the MLPs
@@ -206,7 +209,9 @@ def assert_whole_params(doc: dict, task: dict, tp: int) -> None:
     cut = [x["cut_param_bytes"] for x in t["ranks"]]
     for r, x in enumerate(t["ranks"]):
         assert x["param_bytes"] == total - (sum(cut[:tp]) - cut[r]), (r, x["param_bytes"], total, cut)
-        assert x["param_bytes"] == doc["rows"][r]["param_bytes"], r
+        # the row's figure; after an auto re-cut, the last step's (the steps before it held the first cut)
+        held = doc["steps"][-1]["ranks"][r]["param_bytes"] if t["recuts"] else doc["rows"][r]["param_bytes"]
+        assert x["param_bytes"] == held, r
 
 
 def assert_comm(doc: dict, task: dict, rows: list[int]) -> None:
@@ -450,3 +455,23 @@ def test_bad_input_is_one_line_and_exit_2(batches, name, nprocs, needles):
     assert_usage_error(run, folder, *needles)
     assert not (folder / "t.json").exists()
     assert not (folder.parent / "ck-fsdp-tp").exists(), "the refused run made its checkpoint folder"
+
+
+@needs_mpi
+def test_auto_cut_is_made_again_from_the_ranks_measured_compute(tmp_path):
+    # the probe told that rank 1 is 8 times slower than it is (tests/torch_workers/tp_recut.py; both ranks are this
+    # machine's CPU): its first cut leaves rank 1 about a ninth of each layer's 512 columns; the ranks' compute in the
+    # first steps moves columns to it, the run still one process's
+    out = tmp_path / "t.json"
+    run = run_python([str(REPO / "tests" / "torch_workers" / "tp_recut.py"), str(out)], nprocs=2, timeout=180)
+    assert run.returncode == 0, run.stdout + run.stderr
+    doc = json.loads(out.read_text())
+    t = doc["summary"]["tensor"]
+    assert doc["summary"]["verified"] is True
+    first = t["first_weights"]
+    assert first[1] / sum(first) < 0.2, first
+    assert t["recuts"] and all(1 <= r["after_step"] < doc["summary"]["steps"] for r in t["recuts"])
+    last = t["recuts"][-1]
+    assert last["units"] == {x["name"]: x["counts"] for x in t["layers"]}
+    assert t["layers"][0]["counts"] == tiled_units(512, last["weights"], TILE_COLUMNS)
+    assert t["layers"][0]["counts"][1] > 512 * first[1] / sum(first) * 2  # columns moved to rank 1

@@ -199,6 +199,7 @@ def _rank(t, replica, warmup, steps, figures=True, inner=None, impl="hetbench"):
     self.groups = [GroupInfo(g["name"], g["ranks"], g["backend"]) for g in _groups()]
     self.ctx = SimpleNamespace(cfg=SimpleNamespace(warmup_steps=warmup, tp_impl=impl))
     self.t, self.replica, self.mesh, self.replica_rows, self.tp_weights = t, replica, MESH, ROWS, TENSOR_WEIGHTS
+    self.first_weights, self.recuts = [7.0, 1.0], [{"after_step": 1, "weights": TENSOR_WEIGHTS}]
     mine = [{"tp_comm_seconds": 0.125 * (i + 1), "tp_comm_bytes": 100 * (i + 1)} if figures else {}
             for i in range(steps)]
     logs = [SimpleNamespace(step_seconds=0.5 * (i + 1)) for i in range(steps)]
@@ -213,7 +214,8 @@ def test_a_ranks_details():
                  "tp_param_bytes": 60 + 64,
                  "tp_comm_seconds": [0.375, 0.5, 0.625], "tp_comm_bytes": [300, 400, 500],
                  "step_seconds": [1.5, 2.0, 2.5],
-                 "tensor": {"tp": 2, "dp": 2, "replica_rows": ROWS, "impl": "hetbench",
+                 "tensor": {"tp": 2, "dp": 2, "replica_rows": ROWS, "impl": "hetbench", "first_weights": [7.0, 1.0],
+                            "recuts": [{"after_step": 1, "weights": TENSOR_WEIGHTS}],
                             "tensor_weights": TENSOR_WEIGHTS, "layers": LAYERS, "groups": _groups()}}
     # a warm-up as long as the run or longer: the last step kept
     d = _rank(0, 1, 9, 3, impl="torch")

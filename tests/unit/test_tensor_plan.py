@@ -27,7 +27,8 @@ from hetbench.pytorch.tensor import (TILE_COLUMNS, TILE_SLACK, Gathered, Pair, S
                                      tensor_parallel, tiled_units)
 from hetbench.train.torch_frontend.models import (TaskConfig, build_model, make_batch, row_losses,  # noqa: E402
                                                   tensor_plan)
-from hetbench.train.torch_frontend.tensor import TPMesh, replica_rows, tensor_summary, tensor_weights  # noqa: E402
+from hetbench.train.torch_frontend.tensor import (TPMesh, balanced_shares, replica_rows,  # noqa: E402
+                                                  tensor_summary, tensor_weights)
 
 GPT = TaskConfig("gpt", layers=2, hidden=32, batch=4, seq_len=8, heads=4)
 MLP = TaskConfig("mlp", layers=3, hidden=64, batch=4)
@@ -449,3 +450,23 @@ def test_heads_refuses_queries_that_do_not_group_under_the_kv_heads():
     with pytest.raises(TensorParallelError, match=r"heads\(6\) is not a multiple of kv_heads \(4\)"):
         heads(("q", "k", "v"), "o", heads=6, kv_heads=4)
     assert heads(("q", "k", "v"), "o", heads=8, kv_heads=4).units == 4
+
+
+def test_balanced_shares_proportional_without_an_earlier_check():
+    # rank 0 took 30 ms for 0.75 of the work, rank 1 20 ms for 0.25: rates 25 and 12.5 per second of share;
+    # shares 2/3, 1/3 give both 1 / 37.5 s
+    shares, promised = balanced_shares([0.75, 0.25], [0.030, 0.020])
+    assert shares == pytest.approx([2 / 3, 1 / 3]) and promised == pytest.approx(1 / 37.5)
+
+
+def test_balanced_shares_fit_each_ranks_fixed_work_from_two_checks():
+    # compute = a + b x share: rank 0 a 4 ms, b 20 ms; rank 1 a 2 ms, b 40 ms (observed at 0.9/0.1, then 0.6/0.4).
+    # T = (1 + 4/20 + 2/40) / (1/20 + 1/40) = 1.25 / 0.075 = 16.667 ms; shares (T - a) / b = 0.6333, 0.3667
+    before = ([0.9, 0.1], [0.004 + 0.020 * 0.9, 0.002 + 0.040 * 0.1])
+    now = ([0.6, 0.4], [0.004 + 0.020 * 0.6, 0.002 + 0.040 * 0.4])
+    shares, promised = balanced_shares(*now, before)
+    assert promised == pytest.approx(1.25 / 0.075 * 1e-3)
+    assert shares == pytest.approx([(1.25 / 0.075 - 4) / 20, (1.25 / 0.075 - 2) / 40])
+    # a slope of 0 or below (noise): the proportional model
+    flat = ([0.9, 0.1], [0.016, 0.018])
+    assert balanced_shares(*now, flat) == balanced_shares(*now)

@@ -230,7 +230,7 @@ class Pipelined(Parallel):
         messages' shapes in it): every rank's part costs scaled by its stage's measured compute over the planned,
         the best cut for them; where it beats the current one by RECUT_GAIN, the stages are made again on it, the
         state moved (every stage's gathered on every rank), and the new optimizer returned."""
-        if self.recuts_left <= 0:
+        if self.recuts_left <= 0 or step + 1 >= self.ctx.cfg.steps:  # none after the last step: no step would use it
             return None
         if self._skip_next:  # the stages' first step: torch's shape inference is in its times
             self._skip_next = False

@@ -12,6 +12,7 @@ fsdp2 save, so that any strategy and any tp weights resume it) and the resume.
 from __future__ import annotations
 
 import statistics
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -26,7 +27,8 @@ from hetbench.train.strategies import get as strategy
 from hetbench.train.torch_frontend.checkpoint import writer
 from hetbench.train.torch_frontend.models import build_model, tensor_plan
 from hetbench.train.torch_frontend.parallel import ApplyContext, Parallel
-from hetbench.train.torch_frontend.pipeline import _rank_kind
+from hetbench.pytorch.offload import offload_linears, step_seconds
+from hetbench.train.torch_frontend.pipeline import RECUT_GAIN, RECUT_STEPS, _Held, _rank_kind, _same_optimizer
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,16 @@ class TensorParallel(Parallel):
             module = self.inner.module
         super().__init__(module, ctx)
         self.plain = model  # the cut model under its own names (a dp wrapper's inner module)
+        # auto: the cut made again from the ranks' measured compute after the first steps (the probe timed the
+        # whole model on each rank alone; a slice's time in the run is what the cut must balance)
+        auto = cfg.weights.kind == "auto" and cfg.tp_impl == "hetbench" and mesh.dp == 1
+        self.recuts_left = RECUT_STEPS if auto else 0
+        self.recuts: list[dict[str, Any]] = []
+        self.first_weights = list(self.tp_weights)
+        self._skip_next = True
+        self._last_tp = 0.0
+        self._wall = 0.0
+        self._seen: list[tuple[list[float], list[float]]] = []  # (each rank's share, its compute) at each check
 
     @staticmethod
     def check(cfg: Any, world: Any, state: Any, layouts: list[Any]) -> list[str]:
@@ -167,8 +179,46 @@ class TensorParallel(Parallel):
                 self.inner.finish_backward()
             return loss
 
+        start = time.perf_counter()
         loss, scale, skipped = one_step(self.module, x, y, backward=backward)
+        self._wall = time.perf_counter() - start
         return (loss if self.t == 0 else torch.zeros_like(loss)), scale, skipped
+
+    def after_step(self, step: int, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer | None:
+        """Collective, auto weights: after each of the run's first steps but the first (its first allocations and
+        kernel builds), each rank's compute in the step (its step less its seconds in tp's collectives; modelled on
+        a simulated device) over its share of the cut gives its rate; where the cut by those rates promises the
+        slowest rank RECUT_GAIN less time, the layers are cut again (the whole state moved) and the new optimizer
+        returned."""
+        if self.recuts_left <= 0 or step + 1 >= self.ctx.cfg.steps:  # none after the last step: no step would use it
+            return None
+        if self._skip_next:
+            self._skip_next = False
+            return None
+        self.recuts_left -= 1
+        compute = max(step_seconds(self.ctx.state.ops, self._wall) - self._last_tp, 1e-9)
+        every: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(every, compute)
+        shares = _cut_shares(self.cut)
+        weights, promised = balanced_shares(shares, every, self._seen[-1] if self._seen else None)
+        self._seen.append((shares, list(every)))
+        now = max(every)
+        if promised > now * (1 - RECUT_GAIN):
+            return None
+        full = self._everything(optimizer)
+        self.tp_weights = weights
+        model = build_model(self.ctx.state.task).to(self.ctx.state.device.device)
+        if self.ctx.state.ops is not None:
+            offload_linears(model, self.ctx.state.ops)
+        self.cut = tpl.tensor_parallel(model, tensor_plan(model), self.tp_info.group, self.tp_weights)
+        self.recuts.append({"after_step": step, "weights": list(self.tp_weights),
+                            "units": {x.name: x.counts for x in self.cut.layers},
+                            "compute_seconds": list(every), "promised_seconds": promised})
+        self.module = self.plain = model
+        new = _same_optimizer(optimizer, model.parameters())
+        self.resume(_Held(full), new)
+        self._skip_next = True
+        return new
 
     def attach(self, logger: Any) -> None:
         self.cut.take_figures()
@@ -178,6 +228,7 @@ class TensorParallel(Parallel):
         f = self.cut.take_figures()
         if not f.measured:
             return {"tp_comm_seconds": None, "tp_comm_bytes": None, "tp_comm_calls": None}
+        self._last_tp = f.seconds
         return {"tp_comm_seconds": f.seconds, "tp_comm_bytes": f.bytes, "tp_comm_calls": f.calls,
                 "extra_comm_seconds": f.seconds}
 
@@ -255,6 +306,7 @@ class TensorParallel(Parallel):
                 "tp_comm_bytes": [m.get("tp_comm_bytes", 0) for m in mine][skip:],
                 "step_seconds": [log.step_seconds for log in logs][skip:],
                 "tensor": {"tp": self.mesh.tp, "dp": self.mesh.dp, "replica_rows": self.replica_rows,
+                           "first_weights": self.first_weights, "recuts": self.recuts,
                            "impl": self.ctx.cfg.tp_impl,
                            "tensor_weights": self.tp_weights,
                            "layers": self.cut.summary()["layers"] if self.replica == 0 else None,
@@ -303,6 +355,41 @@ def _autocast(cfg: Any, device: torch.device) -> Any:
     return autocast(cfg, device)
 
 
+def balanced_shares(shares: Sequence[float], compute: Sequence[float],
+                    before: tuple[Sequence[float], Sequence[float]] | None = None) -> tuple[list[float], float]:
+    """(each rank's share that gives every rank the same compute, that compute) from each rank's compute at its
+    share. A rank's compute is taken as a + b x share: with an earlier check at other shares (`before`) both are
+    fitted per rank (a, its share-independent work: the whole-width parts, the loss), else a = 0 (compute
+    proportional to the share). Then T = (1 + sum(a / b)) / sum(1 / b) and share = (T - a) / b; where a fit gives
+    b <= 0 or a share below 0, the proportional model instead."""
+    fits = None
+    if before is not None and all(abs(s - p) > 1e-9 for s, p in zip(shares, before[0])):
+        fits = []
+        for s, c, p, q in zip(shares, compute, *before):
+            b = (c - q) / (s - p)
+            fits.append((max(0.0, c - b * s), b))
+        if any(b <= 0 for _, b in fits):
+            fits = None
+    if fits is not None:
+        total = (1 + sum(a / b for a, b in fits)) / sum(1 / b for _, b in fits)
+        out = [(total - a) / b for a, b in fits]
+        if min(out) >= 0:
+            return [x / sum(out) for x in out], total
+    rates = [s / max(c, 1e-12) for s, c in zip(shares, compute)]
+    return [r / sum(rates) for r in rates], 1.0 / sum(rates)
+
+
+def _cut_shares(cut: Any) -> list[float]:
+    """Each tensor rank's share of the cut's work: its units of every cut layer over all units, weighed by the
+    layers' sizes in units (a layer's columns or heads alike)."""
+    totals = [0.0] * len(cut.layers[0].counts) if cut.layers else [1.0]
+    whole = sum(x.units for x in cut.layers) or 1
+    for x in cut.layers:
+        for t, c in enumerate(x.counts):
+            totals[t] += c
+    return [v / whole for v in totals]
+
+
 def _median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else 0.0
 
@@ -340,6 +427,8 @@ def tensor_summary(gathered: Sequence[RankOutcome]) -> dict[str, Any]:
     return {"tp": tp, "dp": info["dp"], "impl": info.get("impl", "hetbench"), "replica_rows": info["replica_rows"],
             "groups": info["groups"],
             "tensor_weights": info.get("tensor_weights"), "layers": layers, "ranks": per_rank,
+            # auto: the probe's cut weights, and each re-cut from the ranks' measured compute (the step after which)
+            "first_weights": info.get("first_weights"), "recuts": info.get("recuts") or [],
             # a rank whose weight rounds to no unit of a layer holds none of it
             "empty_layers_per_rank": [[x["name"] for x in layers if x["counts"][t] == 0] for t in range(tp)],
             "tp_comm_step_fraction_max": (None if any(x["tp_comm_step_fraction"] is None for x in per_rank)
