@@ -282,9 +282,9 @@ bench-tensor-torch: env
 	for r in $$(seq 1 $(BENCH_TENSOR_ROUNDS)); do d=$(BENCH_TENSOR_DIR)/round-$$r; mkdir -p $$d; \
 		$(BENCH_SPLIT_ENV) $(MPIEXEC) $(BENCH_TRAIN_BIND) -n 2 $(HETBENCH) train $(BENCH_TENSOR_ARGS) \
 			--backend 0=host,1=opencl --weights auto --out $$d/tp-auto.json >/dev/null || exit 1; \
-		for impl in torch hetbench; do $(BENCH_SPLIT_ENV) $(MPIEXEC) $(BENCH_TRAIN_BIND) -n 2 $(HETBENCH) train \
-			$(BENCH_TENSOR_ARGS) --backend 0=host,1=opencl --tp-impl $$impl --weights even \
-			--out $$d/tp-$${impl/hetbench/even}.json >/dev/null || exit 1; done; \
+		for run in torch:torch even:hetbench; do $(BENCH_SPLIT_ENV) $(MPIEXEC) $(BENCH_TRAIN_BIND) -n 2 \
+			$(HETBENCH) train $(BENCH_TENSOR_ARGS) --backend 0=host,1=opencl --tp-impl $${run#*:} --weights even \
+			--out $$d/tp-$${run%%:*}.json >/dev/null || exit 1; done; \
 		for b in host opencl; do $(BENCH_SPLIT_ENV) $(HETBENCH) train $(BENCH_TENSOR_SOLO_ARGS) --backend $$b \
 			--out $$d/solo-$$b.json >/dev/null || exit 1; done; done
 	$(PY) -m hetbench.bench tensor $(BENCH_TENSOR_DIR)
