@@ -63,10 +63,11 @@ def _show(doc: dict[str, Any], label: str) -> bool:
 def _round(folder: Path) -> dict[str, Any]:
     """One round's lines and figures."""
     auto, even, gloo = (load_results(folder / name) for name in RUNS)
-    failed = any(_show(d, label) for d, label in ((auto, "auto stages"), (even, "even stages"),
-                                                  (gloo, "auto's stages, on Gloo")))
+    # every run's line, a failed one's too (a generator in any() stopped at the first failed check)
+    failed = any([_show(d, label) for d, label in ((auto, "auto stages"), (even, "even stages"),
+                                                   (gloo, "auto's stages, on Gloo"))])
     solos = [load_results(p) for p in sorted(folder.glob("solo-*.json"))]
-    failed |= any(_show(d, f"{d['rows'][0]['backend']} alone") for d in solos)
+    failed |= any([_show(d, f"{d['rows'][0]['backend']} alone") for d in solos])
     speedup = even["summary"]["step_seconds_median"] / auto["summary"]["step_seconds_median"]
     ideal = ideal_speedup(even)
     p = auto["summary"]["pipeline"]

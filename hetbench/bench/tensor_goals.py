@@ -85,24 +85,23 @@ def _round(folder: Path) -> dict[str, Any]:
     """One round's lines and figures."""
     auto, torch_even = (load_results(folder / name) for name in RUNS)
     own = load_results(folder / OWN_EVEN) if (folder / OWN_EVEN).exists() else None
-    failed = any(_show(d, label) for d, label in ((auto, "uneven (auto weights)"),
-                                                  *(((own, "hetbench's even"),) if own else ()),
-                                                  (torch_even, "torch's even")))
     solos = [load_results(p) for p in sorted(folder.glob("solo-*.json"))]
-    failed |= any(_show(d, f"{d['rows'][0]['backend']} alone") for d in solos)
+    runs = [(auto, "uneven (auto weights)"), *(((own, "hetbench's even"),) if own else ()),
+            (torch_even, "torch's even"), *((d, f"{d['rows'][0]['backend']} alone") for d in solos)]
+    failed = any([_show(d, label) for d, label in runs])  # every run's line, a failed one's too
     even = own or torch_even
     name = "hetbench's even" if own else "torch's even"
     speedup = even["summary"]["step_seconds_median"] / auto["summary"]["step_seconds_median"]
     ideal = ideal_speedup(even)
-    t = rank_compute_seconds(even)
+    t, floor = rank_compute_seconds(even), collective_floor_seconds(even)
     print(f"  uneven over {name} {speedup:.3f}x, ideal {ideal:.3f}x at its rates (each rank's compute a step "
-          f"{', '.join(f'{1e3 * x:.1f}' for x in t)} ms, the collectives' own {1e3 * collective_floor_seconds(even):.1f}"
-          f" ms): {speedup / ideal:.3f} of the ideal")
+          f"{', '.join(f'{1e3 * x:.1f}' for x in t)} ms, the collectives' own {1e3 * floor:.1f} ms): "
+          f"{speedup / ideal:.3f} of the ideal")
     if own:
         versus = torch_even["summary"]["step_seconds_median"] / auto["summary"]["step_seconds_median"]
+        dispatch = torch_even["summary"]["step_seconds_median"] / own["summary"]["step_seconds_median"]
         print(f"  uneven over torch's even {versus:.3f}x ({versus / ideal:.3f} of that ideal; torch's even step over "
-              f"hetbench's even {torch_even['summary']['step_seconds_median'] / own['summary']['step_seconds_median']:.3f}"
-              "x: DTensor's dispatch)")
+              f"hetbench's even {dispatch:.3f}x: DTensor's dispatch)")
     solo_sum = sum(d["summary"]["samples_per_second"] for d in solos)
     if solo_sum:
         print(f"  uneven / sum of the ranks alone ({solo_sum:.0f} samples/s): "

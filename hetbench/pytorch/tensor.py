@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hetbench.harness.split_plan import shares as _largest_remainder
+from hetbench.pytorch.offload import device_linear
 
 TILE_COLUMNS = 32  # plain columns go to ranks in whole tiles of this many where that costs little (TILE_SLACK)
 TILE_SLACK = 0.01  # the most a tile rounding may add to the slowest rank's modelled time, as a fraction
@@ -240,8 +241,6 @@ def _product(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """x @ W^T without the bias, on the rank's hetbench device where the Linear is offloaded."""
     ops = getattr(linear, "offload_ops", None)
     if ops is not None:
-        from hetbench.pytorch.offload import device_linear
-
         return device_linear(x, linear.weight, None, ops, getattr(linear, "weight_key", None))
     return F.linear(x, linear.weight)
 

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="no make")
 # the usage line an unknown part gets, the same from either module, exit 2 (as hetbench/overhead.py's string chain
 # printed it before the registry)
 UNKNOWN = ("unknown benchmark 'nonesuch'; accepted: gemm, allreduce, opencl, torch, split, train, train-torch, "
-           "pipeline, pipeline-cut\n")
+           "pipeline, pipeline-cut, tensor\n")
 
 
 def _make_n_bench() -> str:
@@ -46,8 +46,9 @@ def test_bench_target_runs_parts_the_registry_holds():
     have_torch = importlib.util.find_spec("torch") is not None
     assert [part for _, part in calls] == ["gemm", "allreduce", "opencl"] + (["torch"] if have_torch else []) + (
         ["split", "train"] if HAVE_OPENCL else []) + (
-        # the pipeline bench: its Gloo run's weights are the auto run's cut (pipeline-cut), then its goals
-        ["train-torch", "pipeline-cut", "pipeline"] if HAVE_OPENCL and have_torch else [])
+        # the pipeline bench: its Gloo run's weights are the auto run's cut (pipeline-cut), then its goals; the
+        # tensor bench's goal
+        ["train-torch", "pipeline-cut", "pipeline", "tensor"] if HAVE_OPENCL and have_torch else [])
     # bench-torch keeps `-m hetbench.overhead torch`: docs/pytorch.md's example is that command
     assert {module for module, part in calls if part != "torch"} == {"hetbench.bench"}
 

@@ -1,4 +1,4 @@
-"""torch's own even tensor parallelism over the hetbench backend (hetbench.pytorch.torch_tp: parallelize_module with
+"""torch's own even tensor parallelism over the hetbench backend (hetbench.train.torch_frontend.torch_tp: parallelize_module with
 ColwiseParallel / RowwiseParallel on a 1-D DeviceMesh), the baseline of hetbench's uneven one: tests/torch_workers/
 torch_tp.py under `mpiexec -n 2` trains the mlp and gpt tasks 3 SGD steps on the same rows on every rank, against
 the same steps in one process, alone and with a rank whose Linears are offloaded to a simulated device (before or

@@ -1,5 +1,5 @@
 """Under `mpiexec -n N python -m mpi4py` (tests/mpi/test_torch_even_tp.py): torch's own even tensor parallelism
-(hetbench.pytorch.torch_tp) on a small task model trains the same steps as one process, every rank feeding the
+(hetbench.train.torch_frontend.torch_tp) on a small task model trains the same steps as one process, every rank feeding the
 same rows; rank 0 writes OUT.json with every rank's figures: the largest relative error of the loss over the steps,
 of the first step's gradients and of the final parameters (each tensor's error norm over its norm, the whole tensors
 from TorchTP.full_state_dict / full_grads), what was offloaded and the device's GEMM count, the summary. A refusal
@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 import hetbench.pytorch as hb
 from hetbench.pytorch.offload import offload_linears
-from hetbench.pytorch.torch_tp import TorchTPError, torch_tensor_parallel
+from hetbench.train.torch_frontend.torch_tp import TorchTPError, torch_tensor_parallel
 from hetbench.train.torch_frontend.models import TaskConfig, build_model, make_batch, row_losses
 
 warnings.filterwarnings("ignore")

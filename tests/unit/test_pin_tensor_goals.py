@@ -430,9 +430,6 @@ def test_the_goal_missed_undecided_or_a_check_failed_exits_1(tmp_path, capsys, m
     assert "FAILED" not in out
 
 
-@pytest.mark.xfail(strict=True, reason="tensor_goals._round prints the runs' lines inside any(): the first run whose "
-                   "check failed stops the rest being printed (the even runs' lines after a failed uneven run, the "
-                   "next ranks alone after a failed one)")
 def test_every_runs_line_is_printed_when_a_check_failed(tmp_path, capsys):
     _round(tmp_path, "round-1", 0.5, 0.75, even=0.625, verified={"auto": False})
     _write(tmp_path, "round-1/solo-host.json", _doc(1.0, rank_backend="host", verified=False))

@@ -209,10 +209,10 @@ def _run_options() -> list[click.Parameter]:
         click.Option(["--schedule"], type=click.Choice(PIPELINE_SCHEDULES), default="1f1b", show_default=True,
                      help="--pp: the pipeline's schedule (torch.distributed.pipelining's GPipe or 1F1B)."),
         click.Option(["--group-backend"], type=click.Choice(GROUP_BACKENDS), default="auto", show_default=True,
-                     help="--pp, --tp: auto puts each pipeline, tensor or data-parallel group whose ranks are of one kind on "
-                          "torch's native backend for it (gloo for CPU tensors, nccl for one vendor's GPUs), and "
-                          "only a group that spans kinds on hetbench's; hetbench, gloo, nccl: every group on that "
-                          "one (hetbench's fsdp's groups stay on hetbench's)."),
+                     help="--pp, --tp: auto puts each pipeline, tensor or data-parallel group whose ranks are of "
+                          "one kind on torch's native backend for it (gloo for CPU tensors, nccl for one vendor's "
+                          "GPUs), and only a group that spans kinds on hetbench's; hetbench, gloo, nccl: every group "
+                          "on that one (hetbench's fsdp's groups stay on hetbench's)."),
         click.Option(["--path"], type=click.Choice(["host", "device"]), default="host", show_default=True,
                      help="How a GPU rank's parameters, gradients and activations reach MPI: through host copies "
                           "(host), or as GPU memory (device: needs a GPU-aware MPI). Ranks whose training "

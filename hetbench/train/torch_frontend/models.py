@@ -287,6 +287,7 @@ def tensor_plan(model: nn.Module) -> dict[str, Any]:
     Linear gathered whole (the residual needs every column); the gpt's attention by whole heads (its fused
     q/k/v, the head count it reads) and its MLP's fc/proj a column/row pair. The gpt's embeddings, LayerNorms and
     head stay whole on every rank."""
+    # torch.distributed only where a plan is asked for: the tasks themselves stay free of it (module docstring)
     from hetbench.pytorch.tensor import Gathered, heads, pair
 
     if isinstance(model, ResidualMLP):

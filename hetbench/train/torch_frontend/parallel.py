@@ -7,6 +7,7 @@ and registers a Strategy naming it (hetbench/train/strategies.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -347,6 +348,14 @@ class UnevenSharded(Parallel):
             "gathered_bytes_peak_per_rank": [max((s.get("gathered_bytes_peak", 0)
                                                   for s in x.get("step_figures", [])), default=0) for x in d],
         }}
+
+
+def autocast(cfg: Any, device: torch.device) -> Any:
+    """Mixed precision (--dtype fp16/bf16): torch's autocast on the rank's device (fp32 master parameters,
+    gradients and optimizer state; matmuls in the dtype); fp32: nothing."""
+    if cfg.dtype.name == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.float16 if cfg.dtype.name == "fp16" else torch.bfloat16)
 
 
 def local_bytes(p: torch.Tensor) -> int:

@@ -25,8 +25,10 @@ from hetbench.pytorch import tensor as tpl
 from hetbench.train.outcome import ROOT, RankOutcome
 from hetbench.train.strategies import get as strategy
 from hetbench.train.torch_frontend.checkpoint import writer
-from hetbench.train.torch_frontend.models import build_model, tensor_plan
-from hetbench.train.torch_frontend.parallel import ApplyContext, Parallel
+from hetbench.pytorch.logger import hetbench_group
+from hetbench.train.torch_frontend.models import build_model, row_losses, tensor_plan
+from hetbench.train.torch_frontend.parallel import ApplyContext, Parallel, autocast
+from hetbench.train.torch_frontend.torch_tp import torch_tensor_parallel
 from hetbench.pytorch.offload import offload_linears, step_seconds
 from hetbench.train.torch_frontend.pipeline import RECUT_GAIN, RECUT_STEPS, _Held, _rank_kind, _same_optimizer
 
@@ -170,9 +172,7 @@ class TensorParallel(Parallel):
         strategy."""
 
         def backward(scale: float) -> torch.Tensor:
-            from hetbench.train.torch_frontend.models import row_losses
-
-            with _autocast(self.ctx.cfg, x.device):
+            with autocast(self.ctx.cfg, x.device):
                 loss = row_losses(self.module, x, y).float().sum() / self.ctx.cfg.batch
             (loss * scale if scale != 1.0 else loss).backward()
             if self.inner is not None:
@@ -319,13 +319,10 @@ class TensorParallel(Parallel):
 
 
 class _TorchCut:
-    """--tp-impl torch: torch's parallelize_module (hetbench/pytorch/torch_tp.py), even, read as TensorParallel
-    reads hetbench's cut; its collectives' time is the tp group's hetbench backend figures (none on Gloo)."""
+    """--tp-impl torch: torch's parallelize_module (torch_tp.py), even, read as TensorParallel reads hetbench's
+    cut; its collectives' time is the tp group's hetbench backend figures (none on Gloo)."""
 
     def __init__(self, model: torch.nn.Module, info: GroupInfo) -> None:
-        from hetbench.pytorch.logger import hetbench_group
-        from hetbench.pytorch.torch_tp import torch_tensor_parallel
-
         self.tp = torch_tensor_parallel(model, info.group)
         self.pg = hetbench_group(info.group)
         if self.pg is not None:
@@ -347,12 +344,6 @@ class _TorchCut:
     def summary(self) -> dict[str, Any]:
         return {"layers": [{"name": x.name, "what": x.what, "units": x.units, "counts": x.counts}
                            for x in self.layers]}
-
-
-def _autocast(cfg: Any, device: torch.device) -> Any:
-    from hetbench.train.torch_frontend.run import _autocast as autocast
-
-    return autocast(cfg, device)
 
 
 def balanced_shares(shares: Sequence[float], compute: Sequence[float],

@@ -33,6 +33,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from hetbench.pytorch.offload import device_linear
+from hetbench.train.torch_frontend.models import CharGPT, ResidualMLP
+
 COLWISE, ROWWISE = "colwise", "rowwise"
 
 
@@ -120,8 +123,6 @@ class TorchTP:
 def _plan(model: nn.Module, ranks: int) -> tuple[str, dict[str, str], dict[str, int], str | None]:
     """(task, each Linear's style by name, attention modules' heads, the problem that keeps torch's even cut from
     this model over `ranks` ranks or None)."""
-    from hetbench.train.torch_frontend.models import CharGPT, ResidualMLP
-
     if isinstance(model, ResidualMLP):
         # any width: torch splits as torch.chunk does (uneven, a rank even of no columns, tested so)
         return "mlp", {f"layers.{i}.linear": COLWISE for i in range(len(model.layers))}, {}, None
@@ -156,8 +157,6 @@ def _linear_forward(style: str, mesh: Any) -> Any:
     """A cut Linear's forward: torch's own (F.linear on the DTensors), or, where `offload_ops` is set, the local
     product on the hetbench device, wrapped as the DTensor torch's style would have produced."""
     from torch.distributed.tensor import DTensor, Partial, Shard
-
-    from hetbench.pytorch.offload import device_linear
 
     def forward(self: nn.Linear, x: Any) -> Any:
         ops = getattr(self, "offload_ops", None)
