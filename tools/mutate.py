@@ -75,7 +75,8 @@ TARGETS: dict[str, list[str]] = {
     "hetbench/train/torch_frontend/pipeline.py": ["tests/unit/test_pin_pipeline.py"],
     "hetbench/bench/pipeline_goals.py": ["tests/unit/test_pin_pipeline_goals.py"],
     # --tp: the run's tensor summary, the mesh's weights and rows; its bench
-    "hetbench/train/torch_frontend/tensor.py": ["tests/unit/test_pin_tensor_summary.py"],
+    "hetbench/train/torch_frontend/tensor.py": ["tests/unit/test_pin_tensor_summary.py",
+                                                "tests/unit/test_tensor_plan.py"],
     "hetbench/bench/tensor_goals.py": ["tests/unit/test_pin_tensor_goals.py"],
 }
 

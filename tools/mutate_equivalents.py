@@ -19,6 +19,13 @@ class Equivalent:
 
 
 EQUIVALENTS: list[Equivalent] = [
+    Equivalent('hetbench/train/torch_frontend/tensor.py', 'balanced_shares',
+               'all(abs(s - p) > 1e-9 for s, p in zip(shares, before[0]))', ('Gt -> GtE',),
+               'shares exactly 1e-9 apart: a fit over so small a step is noise either way, and no cut moves by it'),
+    Equivalent('hetbench/train/torch_frontend/tensor.py', 'balanced_shares', 'return [x / sum(out) for x in out], total',
+               ('Div -> Mult',),
+               "sum(out) is 1 by T's construction (sum((T - a) / b) = 1): dividing or multiplying by it differ only in "
+               "rounding"),
     Equivalent('hetbench/train/torch_frontend/tensor.py', 'replica_rows', 'weights[r] / (cut[t] / total)',
                ('Div -> Mult',),
                "every replica's speed scaled by the same positive factor (total squared): each replica's least and "

@@ -470,3 +470,53 @@ def test_balanced_shares_fit_each_ranks_fixed_work_from_two_checks():
     # a slope of 0 or below (noise): the proportional model
     flat = ([0.9, 0.1], [0.016, 0.018])
     assert balanced_shares(*now, flat) == balanced_shares(*now)
+
+
+def test_balanced_shares_fall_back_to_proportional_where_the_fit_cannot_serve():
+    now = ([0.5, 0.5], [0.005, 0.025])
+    # rank 1's fixed work (a = 20 ms, b = 10 ms) beyond what any share can balance: T = (1 + 0 + 2) / 0.2 = 15 ms,
+    # its share (15 - 20) / 10 < 0: the proportional model
+    before = ([0.9, 0.1], [0.009, 0.021])
+    assert balanced_shares(*now, before) == balanced_shares(*now)
+    # the same shares as before: nothing to fit
+    assert balanced_shares(*now, ([0.5, 0.5], [0.004, 0.02])) == balanced_shares(*now)
+    # proportional: rates 0.5 / 0.005 = 100 and 0.5 / 0.025 = 20 a second of share: 5/6, 1/6, 1 / 120 s
+    shares, promised = balanced_shares(*now)
+    assert shares == pytest.approx([100 / 120, 20 / 120]) and promised == pytest.approx(1 / 120)
+
+
+def test_balanced_shares_clamp_a_negative_fixed_work_to_0():
+    # rank 0: 16 ms at 0.9, 10 ms at 0.6: b = 20 ms, a = 10 - 12 = -2 ms, taken as 0; rank 1: a 2 ms, b 40 ms (at
+    # 0.1 and 0.4). T = (1 + 0 + 2/40) / (1/20 + 1/40) = 1.05 / 0.075 = 14 ms; shares 14 / 20, (14 - 2) / 40
+    before = ([0.9, 0.1], [0.016, 0.006])
+    now = ([0.6, 0.4], [0.010, 0.018])
+    shares, promised = balanced_shares(*now, before)
+    assert promised == pytest.approx(0.014)
+    assert shares == pytest.approx([0.7, 0.3])
+
+
+def test_cut_shares_count_every_layers_units_together():
+    from hetbench.train.torch_frontend.tensor import _cut_shares
+
+    def cut(*layers):
+        return SimpleNamespace(layers=[SimpleNamespace(units=u, counts=c) for u, c in layers])
+
+    # heads 3|1 of 4 and columns 192|64 of 256: (3 + 192) / 260 and (1 + 64) / 260
+    assert _cut_shares(cut((4, [3, 1]), (256, [192, 64]))) == pytest.approx([195 / 260, 65 / 260])
+    # a rank with no head but half the columns
+    assert _cut_shares(cut((4, [4, 0]), (256, [128, 128]))) == pytest.approx([132 / 260, 128 / 260])
+    assert _cut_shares(cut((6, [1, 2, 3]))) == pytest.approx([1 / 6, 2 / 6, 3 / 6])
+
+
+def test_balanced_shares_take_a_fit_that_leaves_a_rank_none():
+    # rank 0: a 0, b 1 s; rank 1: a 1 s, b 1 s (at 0.75/0.25, then 0.5/0.5; binary fractions, exact). T = (1 + 0 +
+    # 1) / (1 + 1) = 1 s: rank 0 all of it in 1 s, rank 1 none (its fixed work alone takes that long)
+    before = ([0.75, 0.25], [0.75, 1.25])
+    now = ([0.5, 0.5], [0.5, 1.5])
+    assert balanced_shares(*now, before) == ([1.0, 0.0], 1.0)
+
+
+def test_cut_shares_of_a_cut_without_layers_is_all_one_ranks():
+    from hetbench.train.torch_frontend.tensor import _cut_shares
+
+    assert _cut_shares(SimpleNamespace(layers=[])) == [1.0]
