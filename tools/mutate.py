@@ -78,6 +78,8 @@ TARGETS: dict[str, list[str]] = {
     "hetbench/train/torch_frontend/tensor.py": ["tests/unit/test_pin_tensor_summary.py",
                                                 "tests/unit/test_tensor_plan.py"],
     "hetbench/bench/tensor_goals.py": ["tests/unit/test_pin_tensor_goals.py"],
+    # hb.tensor_parallel: each rank's units of a layer (largest remainder, tiles within the slack), the slices
+    "hetbench/pytorch/tensor.py": ["tests/unit/test_tensor_plan.py"],
 }
 
 # Where a module is mostly mechanism, only the functions that compute its figures are mutated (a class's methods
@@ -99,6 +101,8 @@ SCOPES: dict[str, list[str]] = {
     # the torch front end's figures: hetbench fsdp's sharded state and hidden gathers, the steps' collectives, the
     # check's parameter figures (its step loop is mechanism, pinned by the MPI train runs)
     "hetbench/train/torch_frontend/parallel.py": ["UnevenSharded.summary", "UnevenSharded.details",
+                                                  "UnevenSharded.param_bytes_held", "Parallel.param_bytes_held",
+                                                  "local_bytes",
                                                   "UnevenSharded.finish_lines"],
     "hetbench/train/torch_frontend/run.py": ["check_against_one_process", "_steps_collectives"],
     # the bench's verdicts and the figures they judge (the ratio tools' timing loops are mechanism, checked by
@@ -131,6 +135,11 @@ SCOPES: dict[str, list[str]] = {
                                                 "TensorParallel._step_figures", "TensorParallel.details",
                                                 "TensorParallel.summary", "_TorchCut.take_figures", "_median",
                                                 "tensor_summary"],
+    # hb.tensor_parallel is mostly mechanism (the hooks, the autograd operators, the collectives: pinned by the MPI
+    # torch runs against one process); its figures are each rank's units and its slices' offsets
+    "hetbench/pytorch/tensor.py": ["ShardSpec.starts", "ShardSpec.local", "ShardSpec.whole", "CommFigures.take",
+                                   "split_units", "_slowest", "tiled_units", "TensorParallel.summary",
+                                   "resolve_weights"],
     "hetbench/bench/tensor_goals.py": ["rank_compute_seconds", "collective_floor_seconds", "ideal_speedup",
                                       "comm_share", "_share_text", "_show", "_round", "tensor_figures"],
 }

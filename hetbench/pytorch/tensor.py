@@ -137,6 +137,14 @@ class CommFigures:
     calls: int = 0
     measured: bool = True  # False: the group's backend keeps no figures (torch's own tp over Gloo)
 
+    def step_figures(self) -> dict[str, Any]:
+        """A step line's figures of this rank's tp collectives (None where not measured); `extra_comm_seconds`
+        makes them the step's communication (StepLogger)."""
+        if not self.measured:
+            return {"tp_comm_seconds": None, "tp_comm_bytes": None, "tp_comm_calls": None}
+        return {"tp_comm_seconds": self.seconds, "tp_comm_bytes": self.bytes, "tp_comm_calls": self.calls,
+                "extra_comm_seconds": self.seconds}
+
     def take(self) -> "CommFigures":
         out = CommFigures(self.seconds, self.bytes, self.calls)
         self.seconds, self.bytes, self.calls = 0.0, 0, 0
@@ -335,6 +343,12 @@ class TensorParallel:
         name); other entries as they are."""
         return {k: self.specs[k].local(v, self.comm.rank) if k in self.specs and v.dim() > 0 else v
                 for k, v in full.items()}
+
+    def local_optimizer_state(self, state: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+        """This rank's part of a whole optimizer state ({parameter name: {key: value}}): each tensor of a
+        parameter's shape sliced as the parameter is, scalars (a step count) as they are."""
+        return {k: {n: (self.local_state({k: t})[k] if isinstance(t, torch.Tensor) else t) for n, t in v.items()}
+                for k, v in state.items()}
 
     def whole(self, name: str, local: torch.Tensor) -> torch.Tensor:
         """Collective over the group: the whole of a tensor cut as parameter `name` is, from every rank's part."""

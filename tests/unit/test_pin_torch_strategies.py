@@ -130,3 +130,27 @@ def test_the_check_s_parameter_figures_against_one_process(monkeypatch):
     missing = trainer.check_against_one_process(cfg, task, [4.0, 3.0], {"a": ref["a"], "b": torch.zeros(2)})
     assert missing["params_missing"] == ["b"] and missing["ok"] is False
     assert trainer.check_against_one_process(cfg, task, [4.0, 3.0], dict(ref))["ok"] is True
+
+
+def test_uneven_fsdp_bytes_held_of_named_parameters_are_its_slices_overlap():
+    # one unit's flat vector: a (6 elements) then b (4) then c (2); this rank (1 of 2) holds elements [4, 9) in fp32:
+    # 2 of a, 4 of b (none of c); of a and c it holds 2 elements, 8 bytes; of everything 5, 20 bytes. A second unit,
+    # d (3), of which it holds [0, 3): 12 bytes more where d is named
+    from hetbench.train.torch_frontend.parallel import Parallel, local_bytes
+
+    held = torch.zeros(1, dtype=torch.float32)
+    units = [SimpleNamespace(offset=4, counts=[4, 5], held=held, layout=SimpleNamespace(params=[
+                 ("a", (2, 3)), ("b", (4,)), ("c", (2,))])),
+             SimpleNamespace(offset=0, counts=[3, 0], held=held, layout=SimpleNamespace(params=[("d", (3,))]))]
+    strategy = object.__new__(UnevenSharded)
+    strategy.engine = SimpleNamespace(rank=1, units=units)
+    assert strategy.param_bytes_held({"a", "c"}) == 2 * 4
+    assert strategy.param_bytes_held({"a", "b", "c"}) == 5 * 4
+    assert strategy.param_bytes_held({"d"}) == 0  # its slice of d's unit is empty (counts[1] == 0)
+    strategy.engine.rank, units[0].offset = 0, 0  # rank 0: [0, 4) of the first unit (4 of a), [0, 3) of d's
+    assert strategy.param_bytes_held({"a", "d"}) == (4 + 3) * 4
+    # the base class: every named parameter's local elements (a DTensor's shard, a plain tensor whole)
+    whole = object.__new__(Parallel)
+    whole.module = torch.nn.Linear(3, 2)
+    assert whole.param_bytes_held({"weight"}) == 6 * 4 == local_bytes(whole.module.weight)
+    assert whole.param_bytes_held({"weight", "bias"}) == 8 * 4

@@ -322,11 +322,8 @@ class Pipelined(Parallel):
     def _step_figures(self) -> dict[str, Any]:
         forward, backward, schedule = self.pipe.times.take()
         self._last = ((sum(forward) + sum(backward)) / self.pipe.microbatches,)
-        tp = {}
-        if self.cut_tp is not None:  # its collectives run inside the stage's forward and backward
-            f = self.cut_tp.take_figures()
-            tp = {"tp_comm_seconds": f.seconds, "tp_comm_bytes": f.bytes, "tp_comm_calls": f.calls,
-                  "extra_comm_seconds": f.seconds}
+        # --tp: its collectives run inside the stage's forward and backward
+        tp = self.cut_tp.take_figures().step_figures() if self.cut_tp is not None else {}
         return {"stage": self.stage, "stage_forward_seconds": sum(forward), "stage_backward_seconds": sum(backward),
                 "schedule_seconds": sum(schedule),
                 "microbatch_forward_seconds": forward, "microbatch_backward_seconds": backward, **tp}
@@ -379,8 +376,7 @@ class Pipelined(Parallel):
         state = {k: full["optim"]["state"][v] for k, v in names.items() if v in full["optim"]["state"]}
         if self.cut_tp is not None:  # this tensor rank's slices of the whole
             model = self.cut_tp.local_state(model)
-            state = {k: {n: (self.cut_tp.local_state({k: t})[k] if isinstance(t, torch.Tensor) else t)
-                         for n, t in v.items()} for k, v in state.items()}
+            state = self.cut_tp.local_optimizer_state(state)
         optim = {"state": state, "param_groups": [{**{k: v for k, v in g.items() if k != "params"},
                                                    "params": list(names)} for g in optimizer.param_groups]}
         set_state_dict(self.module, optimizer, model_state_dict=model, optim_state_dict=optim,

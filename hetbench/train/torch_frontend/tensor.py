@@ -30,7 +30,14 @@ from hetbench.train.torch_frontend.models import build_model, row_losses, tensor
 from hetbench.train.torch_frontend.parallel import ApplyContext, Parallel, autocast
 from hetbench.train.torch_frontend.torch_tp import torch_tensor_parallel
 from hetbench.pytorch.offload import offload_linears, step_seconds
-from hetbench.train.torch_frontend.pipeline import RECUT_GAIN, RECUT_STEPS, _Held, _rank_kind, _same_optimizer
+from hetbench.train.torch_frontend.pipeline import (
+    RECUT_GAIN,
+    RECUT_STEPS,
+    _Held,
+    _rank_kind,
+    _same_optimizer,
+    _stage_optimizer_state,
+)
 
 
 @dataclass(frozen=True)
@@ -226,11 +233,8 @@ class TensorParallel(Parallel):
 
     def _step_figures(self) -> dict[str, Any]:
         f = self.cut.take_figures()
-        if not f.measured:
-            return {"tp_comm_seconds": None, "tp_comm_bytes": None, "tp_comm_calls": None}
         self._last_tp = f.seconds
-        return {"tp_comm_seconds": f.seconds, "tp_comm_bytes": f.bytes, "tp_comm_calls": f.calls,
-                "extra_comm_seconds": f.seconds}
+        return f.step_figures()
 
     # -- state ---------------------------------------------------------------------------------------------------
 
@@ -250,18 +254,10 @@ class TensorParallel(Parallel):
         return whole if dist.get_rank() == ROOT else None
 
     def _everything(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        """Collective: the whole model's parameters and optimizer state at rank 0 (replica 0's), state.pt's form."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-
-        model_sd, optim_sd = get_state_dict(self.module, optimizer,
-                                            options=StateDictOptions(full_state_dict=True, cpu_offload=False))
+        """Collective: the whole model's parameters and optimizer state (replica 0's), state.pt's form."""
+        model, states = _stage_optimizer_state(self.module, optimizer, {n: n for n in self.names}, self.cut.whole)
         if self.replica != 0:
             return {}
-        model = {k: self.cut.whole(k, v.detach().cpu()).clone() for k, v in model_sd.items()}
-        states = {}
-        for name, st in optim_sd.get("state", {}).items():
-            states[name] = {k: (self.cut.whole(name, v.detach().cpu()).clone()
-                                if isinstance(v, torch.Tensor) and v.dim() > 0 else v) for k, v in st.items()}
         return {"model": model, "optim": {"state": states, "param_groups": None}}
 
     def save(self, saver: Any, steps_done: int, optimizer: torch.optim.Optimizer) -> None:
@@ -276,9 +272,8 @@ class TensorParallel(Parallel):
         full = checkpoint._full()
         names = [n for n, _ in self.plain.named_parameters()]
         model = self.cut.local_state({k: full["model"][k] for k in names})
-        state = {k: {n: (self.cut.local_state({k: v})[k] if isinstance(v, torch.Tensor) else v)
-                     for n, v in full["optim"]["state"][k].items()}
-                 for k in names if k in full["optim"]["state"]}
+        state = self.cut.local_optimizer_state({k: full["optim"]["state"][k] for k in names
+                                                if k in full["optim"]["state"]})
         optim = {"state": state, "param_groups": [{**{k: v for k, v in g.items() if k != "params"},
                                                    "params": list(names)} for g in optimizer.param_groups]}
         set_state_dict(self.module, optimizer, model_state_dict=model, optim_state_dict=optim,
