@@ -813,8 +813,11 @@ def _tensor_lines(out: Any, t: dict[str, Any]) -> None:
     ranks = ", ".join(f"rank {r['rank']} {_size(r['cut_param_bytes'])} ({fmt(r['cut_param_percent'])} %, weight "
                       f"{fmt(r['weight_percent'])} %), "
                       + ("tp's collectives not measured (Gloo keeps no figures)" if r["tp_comm_step_fraction"] is None
-                         else f"{fmt(100 * r['tp_comm_step_fraction'])} % of its step in tp's collectives")
+                         else f"{'~' if r.get('timing') == 'modelled' else ''}"
+                              f"{fmt(100 * r['tp_comm_step_fraction'])} % of its step in tp's collectives")
                       for r in t["ranks"])
+    if any(r.get("timing") == "modelled" for r in t["ranks"]):
+        ranks += " (~ modelled: a simulated rank's step is its GEMM and copy time modelled)"
     out.print(f"cut layers' parameters held and time in tp's collectives: {ranks}", markup=False)
     for tr, empty in enumerate(t.get("empty_layers_per_rank") or []):
         if empty:

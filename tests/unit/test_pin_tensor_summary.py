@@ -94,7 +94,11 @@ def _details(r, cut, held, comm, comm_bytes, steps, tensor=None):
 
 
 def _outcome(details, weights=WEIGHTS):
-    return RankOutcome(logs=[], facts={}, weights=list(weights), shares=[29, 29, 35, 35], details=details)
+    # rank 3 a simulated GPU: its step modelled (its facts' device_timing), the others' measured (rank 2's says so
+    # outright, ranks 0 and 1 say nothing)
+    facts = {3: {"device_timing": "modelled"}, 2: {"device_timing": "measured"}}.get(details["tp_index"]
+                                                                                      + 2 * details["replica"], {})
+    return RankOutcome(logs=[], facts=facts, weights=list(weights), shares=[29, 29, 35, 35], details=details)
 
 
 def _gathered(tensor_weights=TENSOR_WEIGHTS, layers=LAYERS, weights=WEIGHTS):
@@ -125,18 +129,18 @@ def test_tensor_summary_recomputed_by_hand():
     assert s["ranks"] == [
         {"rank": 0, "replica": 0, "tp_index": 0, "units": [640, 1], "cut_param_bytes": 3000,
          "cut_param_percent": 100 * 3000 / 4000, "weight_percent": 100 * 5 / 8, "param_bytes": 3400,
-         "tp_comm_seconds_median": 0.125, "tp_comm_bytes_per_step": 300, "tp_comm_step_fraction": 0.5},
+         "tp_comm_seconds_median": 0.125, "tp_comm_bytes_per_step": 300, "tp_comm_step_fraction": 0.5, "timing": "measured"},
         {"rank": 1, "replica": 0, "tp_index": 1, "units": [384, 0], "cut_param_bytes": 1000,
          "cut_param_percent": 100 * 1000 / 4000, "weight_percent": 100 * 3 / 8, "param_bytes": 1400,
          # the median of 0, 0.0625, 0.125, 0.25: the middle two's mean; the last step's bytes
-         "tp_comm_seconds_median": (0.0625 + 0.125) / 2, "tp_comm_bytes_per_step": 60, "tp_comm_step_fraction": 0.25},
+         "tp_comm_seconds_median": (0.0625 + 0.125) / 2, "tp_comm_bytes_per_step": 60, "tp_comm_step_fraction": 0.25, "timing": "measured"},
         {"rank": 2, "replica": 1, "tp_index": 0, "units": [640, 1], "cut_param_bytes": 2000,
          "cut_param_percent": 100 * 2000 / 3500, "weight_percent": 100 * 5 / 8, "param_bytes": 2400,
-         "tp_comm_seconds_median": 0.125, "tp_comm_bytes_per_step": 64, "tp_comm_step_fraction": 0.25},
+         "tp_comm_seconds_median": 0.125, "tp_comm_bytes_per_step": 64, "tp_comm_step_fraction": 0.25, "timing": "measured"},
         # no timed step: 0 everywhere
         {"rank": 3, "replica": 1, "tp_index": 1, "units": [384, 0], "cut_param_bytes": 1500,
          "cut_param_percent": 100 * 1500 / 3500, "weight_percent": 100 * 3 / 8, "param_bytes": 1900,
-         "tp_comm_seconds_median": 0.0, "tp_comm_bytes_per_step": 0, "tp_comm_step_fraction": 0.0}]
+         "tp_comm_seconds_median": 0.0, "tp_comm_bytes_per_step": 0, "tp_comm_step_fraction": 0.0, "timing": "modelled"}]
     # the largest rank's share: rank 0's
     assert s["tp_comm_step_fraction_max"] == 0.5
 

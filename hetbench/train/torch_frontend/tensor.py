@@ -408,7 +408,9 @@ def tensor_summary(gathered: Sequence[RankOutcome]) -> dict[str, Any]:
                          "tp_comm_seconds_median": _median(x["tp_comm_seconds"]) if measured else None,
                          "tp_comm_bytes_per_step": (x["tp_comm_bytes"][-1] if x["tp_comm_bytes"] else 0) if measured
                          else None,
-                         "tp_comm_step_fraction": _median(share) if measured else None})
+                         "tp_comm_step_fraction": _median(share) if measured else None,
+                         # a simulated rank's step is its modelled GEMM and copy time (its collectives' measured)
+                         "timing": gathered[r].facts.get("device_timing", "measured")})
     layers = info["layers"] or []
     return {"tp": tp, "dp": info["dp"], "impl": info.get("impl", "hetbench"), "replica_rows": info["replica_rows"],
             "groups": info["groups"],
