@@ -19,6 +19,8 @@ class Equivalent:
 
 
 EQUIVALENTS: list[Equivalent] = [
+    Equivalent('hetbench/pytorch/tensor.py', 'tiled_units', 'if tile <= 1 or units % tile:', ('LtE -> Lt',),
+               "a tile of 1 column: the tiled split is the exact one, so either branch returns it"),
     Equivalent('hetbench/train/torch_frontend/tensor.py', 'balanced_shares',
                'all(abs(s - p) > 1e-9 for s, p in zip(shares, before[0]))', ('Gt -> GtE',),
                'shares exactly 1e-9 apart: a fit over so small a step is noise either way, and no cut moves by it'),

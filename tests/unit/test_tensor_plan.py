@@ -322,7 +322,7 @@ def _outcome(r, tp, dp, units, cut_bytes, param_bytes, comm, steps, tbytes, laye
     details["tensor"] = {"tp": tp, "dp": dp, "replica_rows": [7, 9], "tensor_weights": tw,
                          "layers": layers if r // tp == 0 else None,
                          "groups": [{"name": "tp 0", "ranks": [0, 1], "backend": "gloo"}]}
-    return SimpleNamespace(details=details, weights=list(weights))
+    return SimpleNamespace(details=details, weights=list(weights), facts={})
 
 
 def test_tensor_summary_figures_from_the_ranks_raw_figures():
@@ -520,3 +520,24 @@ def test_cut_shares_of_a_cut_without_layers_is_all_one_ranks():
     from hetbench.train.torch_frontend.tensor import _cut_shares
 
     assert _cut_shares(SimpleNamespace(layers=[])) == [1.0]
+
+
+def test_a_two_segment_cut_round_trips():
+    # two segments of 3 units of 2 rows each (a fused pair of projections): rank 1 (units [2, 3)) holds rows 4-5 of
+    # each segment, 4-5 and 10-11
+    full = torch.arange(12.0).reshape(12, 1)
+    spec = ShardSpec(0, 2, 3, 2, [2, 1])
+    assert spec.local(full, 1).flatten().tolist() == [4.0, 5.0, 10.0, 11.0]
+    assert torch.equal(spec.whole([spec.local(full, r) for r in range(2)]), full)
+
+
+def test_tiles_are_taken_where_they_cost_nothing_even_of_two():
+    # 4 columns by 1, 1, 1: exact 2, 1, 1 (slowest 2); tiles of 2: 2, 2, 0 (slowest 2, no worse): tiles taken
+    assert split_units(4, [1, 1, 1]) == [2, 1, 1]
+    assert tiled_units(4, [1, 1, 1], 2) == [2, 2, 0]
+    assert tiled_units(4, [1, 1, 1], 1) == [2, 1, 1]
+
+
+def test_weights_refuse_a_negative_one_among_others():
+    with pytest.raises(TensorParallelError, match=r"weights \[3, -1\]: give one weight >= 0 per rank"):
+        resolve_weights([3, -1], 2)
