@@ -268,3 +268,20 @@ def test_a_log_rank_0_cannot_write_fails_every_rank_alike(tmp_path, monkeypatch:
     monkeypatch.setattr(lg, "dist", Troubled(0, 2, [_other(0.5, 0.5)]))
     with pytest.raises(ValueError, match="cannot write the log"):
         lg.StepLogger(tmp_path, global_batch=4)  # a folder: rank 0's own open fails
+
+
+def test_a_strategys_extra_communication_is_the_steps_not_compute(clock: Clock) -> None:
+    # tensor parallelism's collectives (on any backend, outside the backend's figures): 0.25 s of a 1 s step are
+    # communication, 0.75 s compute; the key itself is not kept in the rank's entry
+    log = lg.StepLogger(None, global_batch=10)
+    log.rank_figures = lambda: {"tp_comm_seconds": 0.25, "extra_comm_seconds": 0.25}
+    with log.step(samples=10):
+        clock.now += 1.0
+    r = log.lines[-1]["ranks"][0]
+    assert (r["comm_seconds"], r["compute_seconds"], r["tp_comm_seconds"]) == (0.25, 0.75, 0.25)
+    assert "extra_comm_seconds" not in r
+    log.rank_figures = lambda: {"extra_comm_seconds": 0.0}  # none: the step's figures as they were
+    with log.step(samples=10):
+        clock.now += 1.0
+    r = log.lines[-1]["ranks"][0]
+    assert r["comm_seconds"] is None and r["compute_seconds"] == 1.0
