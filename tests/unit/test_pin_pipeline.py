@@ -320,6 +320,10 @@ def _ranks(steps=3, auto=True):
 
 def test_pipeline_summary_from_the_ranks_details():
     s = tp.pipeline_summary(_ranks())
+    assert s["tp"] == 1  # a pipeline whose ranks' details name no tensor-parallel degree: 1 (runs before --tp)
+    ranks = _ranks()
+    ranks[0].details["pipeline"] = {**ranks[0].details["pipeline"], "tp": 2}
+    assert tp.pipeline_summary(ranks)["tp"] == 2
     # the slowest rank of each stage, each of its medians: stage 0 10 + 30 ms, stage 1 12 + 24 ms
     f, b = [0.010, 0.012], [0.030, 0.024]
     span = 0.220  # the median of each step's slowest schedule
