@@ -6,13 +6,19 @@ a zero share included, gives the gradient of the whole batch. DDP averages by de
 silently so): `exact_ddp` registers a SUM comm hook. FSDP2 divides by the world size: `exact_fully_shard` sets a
 divide factor of 1 and sum-only reductions on EVERY fully_shard'ed module (set on the root alone, the others still
 average).
+
+A rank with no rows must still run forward and backward, or the other ranks wait forever in collectives it never
+reaches (DDP's bucket all-reduces, FSDP2's and shard_module's gathers and reduce-scatters). Many models cannot take
+an empty batch (Hugging Face attention cannot): `local_batch` gives such a rank one placeholder row, whose loss
+counts exactly zero while its forward and backward run.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -112,6 +118,109 @@ def part_of_mean(losses: torch.Tensor, global_batch: int) -> torch.Tensor:
     """This rank's part of the global mean loss: the sum of its rows' losses over the global batch. Summed over
     the ranks (which exact_ddp and exact_fully_shard do with the gradients), it is the whole batch's mean."""
     return losses.sum() / global_batch
+
+
+_PASSED = (type(None), bool, int, float, str)  # batch values that are not rows: given to every rank as they are
+
+
+@dataclass(frozen=True)
+class LocalBatch:
+    """This rank's part of a global batch (made by local_batch). `data` has the global batch's structure: its rows
+    [start, stop) of every tensor, or, where the rank has none (rows 0), one placeholder row (row 0 of the global
+    batch) that keeps the model's collectives in step. Take the loss through part_of_mean or counted, never
+    hb.part_of_mean: they count the placeholder as nothing."""
+
+    data: Any
+    rows: int  # the rank's own rows; 0: data holds the placeholder row
+    start: int
+    stop: int
+
+    @property
+    def placeholder(self) -> bool:
+        """True where data holds the placeholder row, not rows of the rank's own."""
+        return self.rows == 0
+
+    def part_of_mean(self, losses: torch.Tensor, global_count: int | float | torch.Tensor) -> torch.Tensor:
+        """The sum of the rank's losses over `global_count` (the global batch's rows, or its tokens where `losses`
+        holds (rows, tokens) per-token losses, ignored ones zero): its part of the global mean. `losses`' first
+        dimension is data's rows. On a placeholder it is an exact 0 whose backward gives exact zero gradients, even
+        where the placeholder's losses are NaN (a row whose labels are all ignored under a mean)."""
+        data_rows = max(self.rows, 1)
+        if losses.dim() == 0 or losses.shape[0] != data_rows:
+            raise ValueError(f"LocalBatch.part_of_mean: losses of shape {tuple(losses.shape)} given for "
+                             f"{data_rows} row{'s' if data_rows != 1 else ''}: give one loss (or one row of token "
+                             "losses) per row of data")
+        # a slice of no rows sums to 0 and sends zeros back: 0 * loss would be NaN where the loss is
+        return losses[:self.rows].sum() / global_count
+
+    def counted(self, loss: torch.Tensor) -> torch.Tensor:
+        """`loss` as the rank's part of the step's loss: itself where the rank has rows; on a placeholder an exact 0
+        (NaN or not) whose backward gives exact zero gradients. For a loss the model already reduced as the rank's
+        part of the global mean, e.g. Hugging Face's model(**data, num_items_in_batch=GLOBAL_TOKENS).loss."""
+        if self.rows:
+            return loss
+        return loss.masked_fill(torch.ones_like(loss, dtype=torch.bool), 0.0)
+
+
+def _leaves(batch: Any, where: str) -> Iterable[tuple[str, torch.Tensor]]:
+    """(where, tensor) of every tensor in a batch of tensors, mappings, lists and tuples; refuses anything else."""
+    if isinstance(batch, torch.Tensor):
+        yield where, batch
+    elif isinstance(batch, Mapping):
+        for key, value in batch.items():
+            yield from _leaves(value, f"{where}[{key!r}]")
+    elif isinstance(batch, (list, tuple)):
+        for i, value in enumerate(batch):
+            yield from _leaves(value, f"{where}[{i}]")
+    elif not isinstance(batch, _PASSED):
+        raise ValueError(f"local_batch: {where} is a {type(batch).__module__}.{type(batch).__qualname__}; a batch "
+                         "holds tensors (split by rows along their first dimension) in dicts, lists and tuples, and "
+                         "None, numbers and text (given to every rank as they are)")
+
+
+def _take(batch: Any, start: int, stop: int) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch[start:stop]
+    if isinstance(batch, Mapping):
+        return {key: _take(value, start, stop) for key, value in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple keeps its type
+        return type(batch)(*(_take(value, start, stop) for value in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_take(value, start, stop) for value in batch)
+    return batch
+
+
+def local_batch(batch: Any, rows: Sequence[int], rank: int | None = None) -> LocalBatch:
+    """This rank's rows of the global `batch` (a tensor, or dicts, lists and tuples of tensors whose first
+    dimension is the batch's rows, as Hugging Face models take input_ids, attention_mask and labels), split into
+    `rows` (one count per rank, batch_rows makes them; `rank` default: this rank, see row_range). A rank with no
+    rows gets one placeholder row, row 0 of the batch, to run the model's forward and backward on, so that its
+    collectives meet the other ranks'; LocalBatch.part_of_mean and .counted make its loss an exact 0. Tensors are
+    sliced (views), mappings come back as dicts. Raises ValueError, one line, the same on every rank given the
+    same batch: rows that do not sum to the batch's rows, tensors that disagree on them, a batch without rows."""
+    try:
+        start, stop = row_range(rows, rank)
+    except ValueError as e:
+        raise ValueError(str(e).replace("row_range:", "local_batch:", 1)) from None
+    total = int(sum(rows))
+    leaves = list(_leaves(batch, "batch"))
+    if not leaves:
+        raise ValueError("local_batch: the batch holds no tensor: give a tensor, or dicts, lists and tuples of "
+                         "tensors whose first dimension is the batch's rows")
+    for where, t in leaves:
+        if t.dim() == 0:
+            raise ValueError(f"local_batch: {where} is a 0-dimensional tensor: every tensor's first dimension is "
+                             "the batch's rows")
+        if t.shape[0] != total:
+            raise ValueError(f"local_batch: {where} has {t.shape[0]} rows (its first dimension) but the rows "
+                             f"{list(rows)} sum to {total}: give the global batch and one count per rank summing "
+                             "to its rows")
+    if total == 0:
+        raise ValueError(f"local_batch: the batch has no rows (rows {list(rows)}): a step needs at least one row "
+                         "to run the model on")
+    if stop > start:
+        return LocalBatch(_take(batch, start, stop), stop - start, start, stop)
+    return LocalBatch(_take(batch, 0, 1), 0, start, stop)
 
 
 def _sum_hook(group, bucket):  # type: ignore[no-untyped-def]
