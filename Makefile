@@ -16,11 +16,15 @@ HETBENCH := $(VENV)/bin/hetbench
 # pyclblast has no wheel: it builds from source against libclblast (apt-get install libclblast-dev); asked when the
 # virtualenv is built (=, not :=), after tools/system-deps may have installed it
 HAVE_CLBLAST = $(shell (ldconfig -p 2>/dev/null | grep -q libclblast) && echo 1)
-EXTRAS ?= opencl,mpich,report,dev,torch$(if $(HAVE_CLBLAST),$(comma)clblast)
+EXTRAS ?= opencl,mpich,report,dev,torch,transformers$(if $(HAVE_CLBLAST),$(comma)clblast)
 # The torch extra's range admits CUDA builds of several GB: the main virtualenv takes this build first (on these
 # machines a CPU build of 2.13.0 lies on disk). `make TORCH_PIN= ...` leaves the choice to pip (a GPU node's own
 # build); the Open MPI virtualenv has no torch at all, so its suite shows hetbench working without it.
 TORCH_PIN ?= torch==2.13.0
+# The transformers extra (the tests that train Hugging Face models): the release the suite was run with, first. It
+# comes from PyPI: these machines' local indexes hold 5.17.0 and 5.18.0 only, so offline `make TRANSFORMERS_PIN= env`
+# takes the newest of the extra's range there.
+TRANSFORMERS_PIN ?= transformers==5.23.0
 comma := ,
 DEMO_SIZE ?= 2048
 # the real pair's OpenCL rank is PoCL on 2 CPU cores here (1.3 s per 2048^3 GEMM, 4 s while the host rank computes
@@ -66,7 +70,8 @@ define make_venv
 endef
 
 $(VENV)/.installed: pyproject.toml
-	$(call make_venv,$(VENV),$(EXTRAS),$(if $(findstring torch,$(EXTRAS)),$(TORCH_PIN)))
+	$(call make_venv,$(VENV),$(EXTRAS),$(strip $(if $(findstring torch,$(EXTRAS)),$(TORCH_PIN)) \
+		$(if $(findstring transformers,$(EXTRAS)),$(TRANSFORMERS_PIN))))
 
 $(VENV_OPENMPI)/.installed: pyproject.toml
 	$(call make_venv,$(VENV_OPENMPI),$(EXTRAS_OPENMPI),)
