@@ -2,9 +2,10 @@
 "cuda"; torch.version.hip tells them apart) for a GPU backend torch can drive, else the CPU. Where torch has no
 device for the rank's backend (an OpenCL device, a simulated GPU, or a CuPy GPU that this torch build cannot drive:
 a CPU build, a CUDA build beside a ROCm GPU or the reverse, no device visible) torch computes on the CPU, and the
-RankDevice says so (`torch_has_device` False): `hetbench train --frontend torch` then runs the model's matmuls on
-that device through hetbench (hetbench/pytorch/offload.py; a CuPy GPU's through the CuPy backend); hetbench's
-backend runs that rank's collectives either way."""
+RankDevice says so (`torch_has_device` False): `hetbench train --frontend torch`, and a user's script through
+rank_backend.open_device and offload.offload, then run the model's matmuls on that device through hetbench
+(hetbench/pytorch/offload.py; a CuPy GPU's through the CuPy backend); hetbench's backend runs that rank's
+collectives either way."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 
 import torch
 
-from hetbench.backends.base import BACKEND_NAMES, MPI_MEMORY_KINDS, TIMING_MODELLED, accepted_specs, capabilities
+from hetbench.backends.base import MPI_MEMORY_KINDS, TIMING_MODELLED, capabilities
 
 GPU_KINDS = tuple(k for k in MPI_MEMORY_KINDS if k in ("cuda", "hip"))
 
@@ -80,15 +81,17 @@ def for_backend(backend: Any, spec: str, local_rank: int) -> RankDevice:
 
 
 def rank_device(backend: str | None = None, local_rank: int | None = None) -> RankDevice:
-    """The rank's torch device for a user's script. `backend` is this rank's entry of a rank map (host, cupy,
-    opencl, sim:MODEL, auto; default auto): auto and cupy take the GPU torch sees (the local rank's, round robin),
-    host the CPU; opencl and sim ranks compute on the CPU in torch."""
+    """The rank's torch device for a user's script, without opening anything. `backend` is this rank's entry of a
+    rank map (host, cupy, opencl, sim:MODEL, auto; default auto), refused as --backend refuses it (ValueError, one
+    line naming it and the accepted specs): auto and cupy take the GPU torch sees (the local rank's, round robin),
+    host the CPU; opencl and sim ranks compute on the CPU in torch. To compute on the device itself, open it:
+    hetbench.pytorch.rank_backend.open_device, then offload."""
+    from hetbench.config import parse_backend_spec
+
     name = (backend or "auto").strip().lower()
     if local_rank is None:
         local_rank = _local_rank()
-    family = name.split(":")[0]
-    if family != "auto" and family not in BACKEND_NAMES:
-        raise ValueError(f"backend {backend!r} is not one of {accepted_specs()}")
+    family = parse_backend_spec(name).name
     where = "cuda" if family == "auto" else capabilities(family).torch_device
     if where == "cuda" and torch.cuda.is_available():
         return _gpu(local_rank, name)
@@ -96,7 +99,8 @@ def rank_device(backend: str | None = None, local_rank: int | None = None) -> Ra
         return _cpu(name, True)
     if where == "cuda":
         return _cpu(name, False, "torch sees no GPU here (a CPU build of torch, or no device): the CPU computes")
-    return _cpu(name, False, f"torch cannot compute on {name}: this rank's model runs on the CPU")
+    return _cpu(name, False, f"torch cannot compute on {name}: this rank's model runs on the CPU (open_device and "
+                             "offload put its products on the device)")
 
 
 def _local_rank() -> int:

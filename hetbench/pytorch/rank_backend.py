@@ -1,0 +1,209 @@
+"""A user's script gives its rank a hetbench device, by the specs `--backend` takes (`host`, `opencl[:INDEX]`,
+`cupy[:INDEX]`, `sim:MODEL`, `auto`), as `hetbench train --frontend torch` does for its ranks:
+
+    dev = open_device("sim:mi300x")            # this rank's hetbench backend, open
+    model.to(dev.device)                       # torch's device: a GPU torch drives, else the CPU
+    offload(model, dev)                        # every product of its forward and backward on the device
+    with dev.step() as figures:                # one step's device figures, read after the block
+        loss = model(x).loss; loss.backward(); opt.step()
+
+Where torch cannot drive the device (an OpenCL device, a simulated GPU, a CuPy GPU of a torch build without it)
+the model computes in torch on the CPU and its products go to the device through hetbench/pytorch/offload.py (Ops:
+operands up, results down; the GEMMs' device time measured, or modelled on a simulated device, the copies' time
+kept apart). Where torch drives it (the host, a GPU of this build) there is nothing to offload: dev.ops is None.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+from typing import Any, Iterator
+
+import torch
+
+from hetbench.backends.base import (
+    TIMING_MEASURED,
+    TIMING_MODELLED,
+    BackendUnavailable,
+    UnsupportedDtype,
+    capabilities,
+    check_dtype,
+    open_backend,
+    spec_label,
+)
+from hetbench.backends.host import share_blas_threads, threads_for_rank
+from hetbench.config import parse_backend_spec
+from hetbench.pytorch.device import RankDevice, _local_rank, for_backend
+from hetbench.pytorch.offload import OffloadMode, step_seconds
+
+_LOCAL_SIZE_VARIABLES = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE")
+_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "RANK", "SLURM_PROCID")
+
+
+class HetbenchDevice:
+    """One rank's open hetbench device (open_device). `spec` as named (`auto`: what it chose), `backend` and `info`
+    the hetbench backend and its DeviceInfo, `rank` where torch computes (a RankDevice: `device`, `vendor`,
+    `torch_has_device`, `note`), `ops` the Ops its offloaded products run through (None where torch drives the
+    device itself) and `mode` the OffloadMode on it (offload, offloading)."""
+
+    def __init__(self, spec: str, backend: Any, info: Any, rank: RankDevice, ops: Any) -> None:
+        self.spec, self.backend, self.info, self.rank, self.ops = spec, backend, info, rank, ops
+        self.mode = OffloadMode(ops) if ops is not None else None
+
+    @property
+    def device(self) -> torch.device:
+        """torch's device for the model and its batches."""
+        return self.rank.device
+
+    @property
+    def offloads(self) -> bool:
+        """Whether torch computes on the CPU and the products on this device (through hetbench)."""
+        return self.ops is not None
+
+    @property
+    def timing(self) -> str:
+        """"modelled" on a simulated device (its GEMM and copy seconds come from its model), else "measured"."""
+        return TIMING_MODELLED if self.ops is not None and self.ops.modelled else TIMING_MEASURED
+
+    @property
+    def note(self) -> str:
+        """Where this rank computes, in a line (the CLI's torch_notes say the same)."""
+        if self.ops is None:
+            return self.rank.note or f"torch computes on {self.spec} ({self.rank.name}) itself"
+        return (f"torch cannot drive {self.spec} ({self.info.name}): the model's products (nn.Linear's, transformers' "
+                "Conv1D's and attention's, scaled_dot_product_attention's included, forward and backward) run there "
+                f"through hetbench{' (GEMM and copy time modelled)' if self.ops.modelled else ''}, the rest in torch "
+                "on the CPU")
+
+    def offloading(self) -> Any:
+        """A context in which every product torch is asked for runs on the device (for code outside a module;
+        offload() does this for a model's forward); nothing where torch drives the device itself."""
+        return self.mode if self.mode is not None else contextlib.nullcontext()
+
+    def reset(self) -> None:
+        """A new step: the figures from zero and the step's staged weights released (StepLogger with `device_ops`
+        set resets the Ops at each step's start too)."""
+        if self.ops is not None:
+            self.ops.reset()
+        if self.mode is not None:
+            self.mode.reset()
+
+    def figures(self, wall_seconds: float | None = None) -> dict[str, Any]:
+        """The device's figures since reset(), named as the CLI's step lines name them: `device_gemms` (2-D GEMMs;
+        a batched product counts its batch), `device_gemm_seconds` and `device_copy_seconds` (the device's clocks),
+        `device_timing` ("modelled" or "measured"), `device_upload_bytes`, `device_download_bytes`,
+        `device_uploads`, `device_cache_hits` (a weight found staged this step), `device_flops`, `device_calls` and
+        `torch_calls` (the product calls by kind that went to the device, and those left to torch). With
+        `wall_seconds` (a span's wall time), `step_seconds` too: the wall time, on a simulated device with the
+        modelled GEMM and copy time in place of the host's emulating them. {} where nothing is offloaded."""
+        ops = self.ops
+        if ops is None:
+            return {} if wall_seconds is None else {"step_seconds": wall_seconds}
+        out: dict[str, Any] = {
+            "device_gemms": ops.gemms, "device_gemm_seconds": ops.compute_seconds,
+            "device_copy_seconds": ops.copy_seconds, "device_timing": self.timing,
+            "device_upload_bytes": ops.upload_bytes, "device_download_bytes": ops.download_bytes,
+            "device_uploads": ops.uploads, "device_cache_hits": ops.cache_hits, "device_flops": ops.flops,
+            "device_calls": dict(self.mode.device_calls) if self.mode is not None else {},
+            "torch_calls": dict(self.mode.torch_calls) if self.mode is not None else {},
+        }
+        if wall_seconds is not None:
+            out["step_seconds"] = step_seconds(ops, wall_seconds)
+        return out
+
+    @contextlib.contextmanager
+    def step(self) -> Iterator[dict[str, Any]]:
+        """reset(), then the block; the dict it yields holds figures(wall seconds of the block) once it ends."""
+        self.reset()
+        figures: dict[str, Any] = {}
+        start = time.perf_counter()
+        try:
+            yield figures
+        finally:
+            figures.update(self.figures(time.perf_counter() - start))
+
+    def close(self) -> None:
+        if self.ops is not None:
+            self.ops.reset()
+        self.backend.close()
+
+    def __repr__(self) -> str:
+        where = f"products offloaded, {self.timing}" if self.offloads else f"torch on {self.rank.torch_device}"
+        return f"HetbenchDevice({self.spec}: {self.info.name}, {where})"
+
+
+def open_device(spec: str = "auto", dtype: str = "fp32", *, local_rank: int | None = None,
+                local_size: int | None = None, share_cores: bool = True) -> HetbenchDevice:
+    """Open this rank's hetbench device `spec` (what `--backend` takes for one rank: host, opencl[:INDEX],
+    cupy[:INDEX], sim:MODEL[:INDEX], auto), its offloaded products computed in `dtype` (fp32, or fp16/bf16: the
+    operands and results rounded to it, as the CLI's --dtype). Not collective: each rank opens its own.
+
+    A spec --backend refuses raises ValueError with --backend's line (the spec and the accepted ones); a device
+    this rank cannot open (no OpenCL driver, no CuPy, an index out of range) BackendUnavailable, and a dtype it
+    cannot compute UnsupportedDtype (a ValueError), each one line naming the rank and host.
+
+    `local_rank` and `local_size` (default: the launcher's variables, MPICH's and Open MPI's, else 0 and 1) choose
+    the device of a spec without an index, as --backend does. share_cores: where several ranks share the node and no
+    thread count is set in the environment, torch and NumPy's BLAS take this rank's share of its cores, and an
+    offloaded rank's BLAS one thread, as the CLI sets them (docs/pytorch.md, Threads)."""
+    parsed = parse_backend_spec(str(spec))
+    local_rank = _local_rank() if local_rank is None else int(local_rank)
+    local_size = _local_size() if local_size is None else int(local_size)
+    try:
+        backend = open_backend(parsed, local_rank, local_size)
+    except (BackendUnavailable, ValueError) as e:
+        raise BackendUnavailable(f"{_where()}: {e}") from None
+    info = backend.info()
+    try:
+        check_dtype(info, dtype)
+    except UnsupportedDtype as e:
+        backend.close()
+        raise UnsupportedDtype(f"{_where()}: {e}") from None
+    # the CLI's GEMM engine (clocks, staging, the step's weight cache); it lives in train/, above this package
+    from hetbench.train.ops import Ops
+
+    label = spec_label(parsed, info)
+    rank = for_backend(backend, label, local_rank)
+    ops = None if rank.torch_has_device else Ops(backend, dtype)
+    if share_cores:
+        _share_cores(backend, local_size, offloaded=ops is not None)
+    return HetbenchDevice(label, backend, info, rank, ops)
+
+
+def _share_cores(backend: Any, local_size: int, offloaded: bool) -> None:
+    """As the CLI: BLAS its share of the node's cores (the host backend sets its own), torch its share, and an
+    offloaded rank's BLAS one thread (torch's threads and BLAS's, used in turn, spin against each other)."""
+    if not capabilities(backend.name).limits_own_threads:
+        share_blas_threads(local_size)
+    threads = threads_for_rank(local_size)
+    if threads is None:
+        return
+    torch.set_num_threads(threads)
+    if offloaded and threads > 1:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(limits=1, user_api="blas")
+
+
+def _local_size() -> int:
+    for var in _LOCAL_SIZE_VARIABLES:
+        if os.environ.get(var, "").isdigit():
+            return max(1, int(os.environ[var]))
+    return 1
+
+
+def _where() -> str:
+    """`rank R on HOST` for messages: torch.distributed's rank where a group is made, else the launcher's."""
+    import torch.distributed as dist
+
+    rank = None
+    if dist.is_available() and dist.is_initialized():
+        rank = dist.get_rank()
+    else:
+        for var in _RANK_VARIABLES:
+            if os.environ.get(var, "").isdigit():
+                rank = int(os.environ[var])
+                break
+    return f"rank {rank if rank is not None else 0} on {socket.gethostname()}"
