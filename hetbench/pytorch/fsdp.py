@@ -57,6 +57,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
@@ -74,6 +75,13 @@ SHARD_NAME = "hetbench_flat_shard"  # the flat-shard parameter each unit (and th
 FROZEN_NAME = "hetbench_frozen_shard"  # a unit's frozen elements of the rank's slice, where it has any
 ATTR = "_hetbench_fsdp"
 BLOCKING_PROBES = 5
+# ShardedModule.save_checkpoint's folder: its manifest (written last), rank 0's persistent buffers
+CHECKPOINT_FORMAT = "hetbench-fsdp-checkpoint/1"
+CHECKPOINT_MANIFEST = "manifest.json"
+BUFFERS_FILE = "buffers.pt"
+MAX_MANIFEST_BYTES = 64 << 20  # a manifest lists parameters and pieces: KBs to MBs for any model
+# optimizer state saved under the names `hetbench train --strategy fsdp` gives AdamW's moments (rank-<r>.m.npy)
+ARRAY_NAMES = {"exp_avg": "m", "exp_avg_sq": "v"}
 # bytes a rank holds per element of its shard between steps: parameter and gradient (float32), optimizer state
 STATE_BYTES_PER_ELEMENT = {"sgd": 8, "adamw": 16}
 
@@ -85,6 +93,14 @@ def numel(shape: Sequence[int]) -> int:
 
 class WrapError(ValueError):
     """A module that cannot be sharded: the one-line reason, naming the module."""
+
+
+class ShardedCheckpointError(ValueError):
+    """A sharded checkpoint that cannot be saved or loaded: the one-line reason, naming the folder or file."""
+
+
+class ShardedParameterError(AttributeError):
+    """A sharded parameter read outside its unit's forward (an AttributeError, so that hasattr() says False)."""
 
 
 @dataclass
@@ -203,6 +219,7 @@ class _Unit:
     root: bool = False
     frozen_shard: nn.Parameter | None = None  # the frozen elements of this rank's slice (requires_grad False)
     full: torch.Tensor | None = None  # the gathered flat vector, while held
+    pointed: bool = False  # the unit's parameters are views of `full` now (in its forward, or its backward)
     # a started gather: [request, buffer, host buffer, send buffer, exposed s, copy s, the progress engine's flight
     # (None where the caller's thread tests it)]
     pending: Any = None
@@ -213,18 +230,26 @@ class _Unit:
 
 
 class _Gather(torch.autograd.Function):
-    """full = the unit's gathered flat vector (forward); its gradient reduce-scattered to the owners (backward)."""
+    """full = the unit's gathered flat vector (forward); its gradient reduce-scattered to the owners (backward).
+
+    Each forward of a unit makes one such node, and so may its backward (ShardedModule._point_for_backward: the
+    views a recomputation reads under activation checkpointing). Only one of them is reached by a backward: the
+    forward's where the forward built the unit's graph, the backward's where a reentrant checkpoint ran the forward
+    without one; so the unit's gradient is reduce-scattered once."""
 
     @staticmethod
     def forward(  # type: ignore[override]
             ctx: Any, shard: torch.Tensor, engine: "ShardedModule", index: int) -> torch.Tensor:
         ctx.engine, ctx.index = engine, index
-        return engine._acquire(engine.units[index])
+        # a new tensor over the held storage: autograd gives this node's output its own history, never the held
+        # vector's (which an earlier node of the same unit may have made its output)
+        return engine._acquire(engine.units[index]).detach()
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, None, None]:  # type: ignore[override]
         engine, unit = ctx.engine, ctx.engine.units[ctx.index]
         out = engine._reduce_scatter(unit, grad)
+        engine._unpoint(unit)
         engine._drop(unit)
         return out, None, None
 
@@ -237,6 +262,14 @@ class _Saved:
     offset: int
     size: tuple[int, ...]
     stride: tuple[int, ...]
+
+
+@dataclass
+class _OuterSaved:
+    """A tensor the saved-tensor hooks around the model packed (what it made of it, and how to get it back)."""
+
+    packed: Any
+    unpack: Callable[[Any], torch.Tensor]
 
 
 @dataclass
@@ -265,10 +298,18 @@ class ShardedModule:
         self.element_weights = self._capped_weights(sum(lay.size for lay in layouts), memory_bytes, optimizer)
         modules = {n: m for m, n in listed}
         aliases: dict[int, list[tuple[nn.Module, str]]] = {}
-        for _, m in model.named_modules(remove_duplicate=False):
+        module_names: dict[int, str] = {}
+        for mname, m in model.named_modules(remove_duplicate=False):
+            module_names.setdefault(id(m), mname)
             for attr, p in list(m._parameters.items()):
                 if p is not None:
                     aliases.setdefault(id(p), []).append((m, attr))
+        # the model's own state dict, as it was: every key in order (a tied parameter under each of its names, the
+        # persistent buffers), each parameter's key naming the flat-vector entry that holds it (None: a buffer)
+        first_name = {id(p): n for n, p in params.items()}
+        every_name = dict(model.named_parameters(remove_duplicate=False))
+        self.state_keys: list[tuple[str, str | None]] = [
+            (key, first_name[id(every_name[key])] if key in every_name else None) for key in model.state_dict()]
         self.units: list[_Unit] = []
         for index, lay in enumerate(layouts):
             module = modules[lay.name]
@@ -295,11 +336,13 @@ class ShardedModule:
                          [aliases[id(t)] for t in tensors], root=module is model)
             unit.frozen_shard = frozen
             self.units.append(unit)
-        # the originals go; each unit (and the root) registers its flat shard instead
+        # the originals go; each unit (and the root) registers its flat shard instead. A module that held one reads
+        # its name as sharded from now on (_mark_sharded): outside the forward, one line says what to call
         for unit in self.units:
-            for names_ in unit.aliases:
+            for (pname, _), names_ in zip(unit.layout.params, unit.aliases):
                 for m, attr in names_:
                     del m._parameters[attr]
+                    _mark_sharded(m, attr, module_names.get(id(m), ""), pname)
             unit.module.register_parameter(SHARD_NAME, unit.shard)
             if unit.frozen_shard is not None:
                 unit.module.register_parameter(FROZEN_NAME, unit.frozen_shard)
@@ -319,9 +362,13 @@ class ShardedModule:
         self._seen: list[int] = []
         self._live: dict[int, _Unit] = {}  # storage data_ptr of a gathered vector -> its unit
         self._hooks_ctx: Any = None
+        self._outer_hooks: Any = None  # (pack, unpack) of saved-tensor hooks around the forward, if any
+        self._after_queued = False  # _after_backward is queued on the running backward
         self.figures = StepFigures()
         self._install()
+        self._full_params = False  # inside full_params(): every unit gathered, its parameters readable
         setattr(model, ATTR, self)
+        _adopt_transformers_methods(model, self)
 
     # -- shares -------------------------------------------------------------------------------------------------
     def _capped_weights(self, total: int, memory_bytes: Sequence[int | None] | None, optimizer: str) -> list[float]:
@@ -377,13 +424,28 @@ class ShardedModule:
         self.model.register_forward_hook(self._root_post)
 
     def _root_pre(self, module: nn.Module, args: Any) -> None:
+        if _in_backward():
+            raise WrapError(f"the sharded model ({_type_name(self.model)}) ran its forward inside a backward (an "
+                            "activation checkpoint around the whole model recomputing it): checkpoint its units, or "
+                            "modules inside them, instead")
+        if self._full_params:
+            raise WrapError(f"the sharded model ({_type_name(self.model)}) ran its forward inside full_params(): "
+                            "leave the block first")
         self._drain()
         self._seen = []
+        self._after_queued = False
+        for u in self.units:  # what a forward whose backward never came (or failed) left gathered
+            self._unpoint(u)
+            self._drop(u)
+        if self._hooks_ctx is not None:  # a forward that raised before its end left them on
+            self._hooks_ctx.__exit__(None, None, None)
+        # saved-tensor hooks the caller has on around the whole model (torch's save_on_cpu, a non-reentrant
+        # checkpoint of the whole model) would be set aside by these, the innermost: they keep what is not a unit's
+        top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+        self._outer_hooks = top(False) if top is not None else None
         self._hooks_ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._hooks_ctx.__enter__()
         if self.root is not None:
-            if self.root.full is not None:  # a forward whose backward never came
-                self._drop(self.root)
             self._unit_pre(self.root)
 
     def _root_post(self, module: nn.Module, args: Any, out: Any) -> None:
@@ -397,6 +459,9 @@ class ShardedModule:
             self._unit_post(self.root, out)
 
     def _unit_pre(self, u: _Unit) -> None:
+        if _in_backward():  # an activation checkpoint recomputing the unit, its hooks inside the checkpoint
+            self._pre_backward(u)
+            return
         self._seen.append(u.index)
         full = _Gather.apply(u.shard, self, u.index)
         self._point(u, full)
@@ -412,11 +477,20 @@ class ShardedModule:
                 v = v.detach()  # frozen: autograd computes no gradient for it, as for a parameter not requiring one
             for m, attr in names_:
                 setattr(m, attr, v)
+        u.pointed = True
+
+    def _unpoint(self, u: _Unit) -> None:
+        """The unit's parameter views gone from its modules (each name reads as sharded again)."""
+        if u.pointed:
+            for names_ in u.aliases:
+                for m, attr in names_:
+                    m.__dict__.pop(attr, None)
+            u.pointed = False
 
     def _unit_post(self, u: _Unit, out: Any) -> None:
-        for names_ in u.aliases:
-            for m, attr in names_:
-                m.__dict__.pop(attr, None)
+        if _in_backward():  # a recomputation: its views stay until the unit's gradient is reduced (_Gather.backward)
+            return
+        self._unpoint(u)
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in _tensors(out))
         # the root, and the unit the forward ends with, stay gathered for the backward, which starts with them
         keep = u.root or (bool(self.order) and u.index == self.order[-1])
@@ -427,9 +501,36 @@ class ShardedModule:
             torch.autograd.graph.register_multi_grad_hook(outs, lambda _g, u=u: self._pre_backward(u), mode="any")
 
     def _pre_backward(self, u: _Unit) -> None:
+        """The unit's backward is next (its outputs' gradient arrived, or a checkpoint recomputes it): gathered
+        again, its parameters pointed at the vector for a recomputation to read, the next unit's gather started."""
+        self._queue_after_backward()
         self._ensure(u)
+        if not u.pointed:
+            self._point_for_backward(u)
         if self.prefetch:
             self._start_next(u, self._sequence(backward=True))
+
+    def _point_for_backward(self, u: _Unit) -> None:
+        """Views of the held vector through a new _Gather node, for an activation checkpoint's recomputation of the
+        unit inside the backward: a non-reentrant checkpoint only reads them (its gradient goes to the forward's
+        node), a reentrant one differentiates through them (its forward built no graph), so this node's backward
+        then reduce-scatters the unit's gradient. Without a checkpoint nothing reads them; _Gather.backward or the
+        end of the backward removes them."""
+        with torch.enable_grad():  # the views too: one made without grad mode has no gradient edge to the node
+            self._point(u, _Gather.apply(u.shard, self, u.index))
+
+    def _queue_after_backward(self) -> None:
+        """Once per backward: at its end, every view and gathered vector a unit still holds goes (a unit whose
+        gradient never reached its _Gather node: frozen throughout, or unused)."""
+        if not self._after_queued:
+            self._after_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._after_backward)
+
+    def _after_backward(self) -> None:
+        self._after_queued = False
+        for u in self.units:
+            self._unpoint(u)
+            self._drop(u)
 
     def prefetched_units(self) -> list[int]:
         """The units whose gathers a step prefetches, in order (with prefetch): the forward's after the first
@@ -453,11 +554,16 @@ class ShardedModule:
         except RuntimeError:  # a tensor without a storage of its own
             unit = None
         if unit is None or t.dtype != torch.float32:
+            if self._outer_hooks is not None:  # the caller's own hooks around the model keep the rest
+                pack, unpack = self._outer_hooks
+                return _OuterSaved(pack(t), unpack)
             return t
         return _Saved(unit.index, t.storage_offset(), tuple(t.size()), tuple(t.stride()))
 
     def _unpack(self, saved: Any) -> torch.Tensor:
         self.poll()
+        if isinstance(saved, _OuterSaved):
+            return saved.unpack(saved.packed)
         if not isinstance(saved, _Saved):
             return saved
         u = self.units[saved.index]
@@ -669,13 +775,252 @@ class ShardedModule:
 
     # -- state --------------------------------------------------------------------------------------------------
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
-        """Collective: every parameter whole, by its name in the model, on the CPU at rank 0 (None elsewhere)."""
-        out: dict[str, torch.Tensor] = {}
+        """Collective: the state dict the model had before it was sharded, whole, on the CPU at rank 0 (None
+        elsewhere): every parameter under each of its names (a tied one, as the embedding and head of a language
+        model, one tensor under both, as torch's state_dict gives it), then the persistent buffers as they are now,
+        in the model's own order: `load_state_dict` of an unsharded copy takes it as it is."""
+        params: dict[str, torch.Tensor] = {}
         for u in self.units:
             full = gatherv(self.comm, self._host(u.held)[0], u.counts, root=0)
             if full is not None:
-                out.update(unflatten(u.layout, torch.from_numpy(full)))
-        return out if self.rank == 0 else None
+                params.update(unflatten(u.layout, torch.from_numpy(full)))
+        if self.rank != 0:
+            return None
+        buffers = self._buffers()
+        return {key: params[name] if name is not None else buffers[key] for key, name in self.state_keys}
+
+    def _buffers(self) -> dict[str, torch.Tensor]:
+        """The model's persistent buffers now (not sharded: every rank holds them), CPU copies by state-dict key."""
+        keys = {key for key, name in self.state_keys if name is None}
+        if not keys:
+            return {}
+        return {k: v.detach().to("cpu").clone() for k, v in self.model.state_dict().items() if k in keys}
+
+    def num_parameters(self, only_trainable: bool = False, exclude_embeddings: bool = False) -> int:
+        """The whole model's parameters, each once (a tied one once), as transformers' num_parameters counts an
+        unsharded model: `only_trainable` leaves out the frozen ones, `exclude_embeddings` every nn.Embedding's
+        weight."""
+        skip: set[str] = set()
+        if exclude_embeddings:
+            skip = {f"{name}.weight" for name, m in self.model.named_modules() if isinstance(m, nn.Embedding)}
+        return sum(numel(shape) for u in self.units for name, shape in u.layout.params
+                   if name not in skip and not (only_trainable and name in u.layout.frozen))
+
+    def full_params(self, writeback: bool = False) -> Any:
+        """Collective context manager: every unit gathered whole on every rank for the block, each sharded
+        parameter readable under its names as a tensor (`model.get_input_embeddings().weight`), as FSDP's
+        summon_full_params. With `writeback`, each rank's slice of what the block left there is kept (change the
+        values alike on every rank). No forward or backward inside; the whole model is held meanwhile."""
+        import contextlib
+
+        @contextlib.contextmanager
+        def held() -> Any:
+            if self._full_params or self._hooks_ctx is not None or _in_backward() or \
+                    any(u.pointed for u in self.units):
+                raise WrapError("full_params(): the sharded model is in a forward, a backward or full_params() "
+                                "already; enter it between steps")
+            self._drain()
+            with torch.no_grad():
+                for u in self.units:
+                    self._acquire(u)
+                    self._point(u, u.full)
+            self._full_params = True
+            try:
+                yield self.model
+            finally:
+                self._full_params = False
+                with torch.no_grad():
+                    for u in self.units:
+                        if writeback and u.full is not None:
+                            u.held.copy_(u.full[u.offset:u.offset + u.counts[self.rank]])
+                        self._unpoint(u)
+                        self._drop(u)
+
+        return held()
+
+    def save_pretrained(self, original: Callable[..., Any], save_directory: Any, *args: Any, **kwargs: Any) -> None:
+        """transformers' save_pretrained for the sharded model (model.save_pretrained calls this): collective, the
+        whole model (full_state_dict) written by rank 0 alone through `original` (the model's own
+        save_pretrained); a failure there is raised on every rank. A `state_dict` the caller passes is saved as
+        given, by every rank that calls (transformers' own rule)."""
+        if kwargs.get("state_dict") is not None or len(args) >= 2 and args[1] is not None:
+            original(save_directory, *args, **kwargs)
+            return
+        full = self.full_state_dict()
+        problem = None
+        if self.rank == 0:
+            try:
+                original(save_directory, *args, **{**kwargs, "state_dict": full})
+            except Exception as e:  # noqa: BLE001 - raised on every rank below, rank 0's own exception kept
+                problem = e
+        said = self.comm.bcast(None if problem is None else f"{type(problem).__name__}: {problem}", root=0)
+        if problem is not None:
+            raise problem
+        if said is not None:
+            raise RuntimeError(f"save_pretrained({str(save_directory)!r}) failed at rank 0, which writes the "
+                               f"whole model: {said}")
+
+    # -- sharded checkpoints ------------------------------------------------------------------------------------
+    def save_checkpoint(self, folder: Any, optimizer: torch.optim.Optimizer | None = None,
+                        extra: dict[str, Any] | None = None) -> Path:
+        """Collective: the model's state sharded as it is held, and `optimizer`'s state of its shards, into the new
+        folder `folder` (one every rank sees): each rank writes its slice of every unit's flat vector
+        (rank-<r>.param.npy; AdamW's exp_avg and exp_avg_sq as .m.npy and .v.npy, as `hetbench train
+        --strategy fsdp` saves them; another optimizer's state by its key), rank 0 the persistent buffers
+        (buffers.pt) and last the manifest (manifest.json: the layout, each rank's pieces, the optimizer's class,
+        step counts and hyperparameters, `extra`, which must be JSON). All of it is written into a temporary
+        folder beside `folder`, renamed into place once complete: a save that fails leaves no `folder`. Returns
+        the folder. Raises ShardedCheckpointError, the same on every rank."""
+        import os
+        import secrets
+        import shutil
+
+        from hetbench.results.io import to_json, write_json_atomic, write_npy_atomic
+
+        folder = Path(folder)
+        tmp, error = None, None
+        if self.rank == 0:
+            try:
+                if folder.exists() or folder.is_symlink():
+                    raise ShardedCheckpointError(f"checkpoint folder {str(folder)!r} exists already; save each "
+                                                 "checkpoint to a new folder")
+                to_json({"extra": extra})  # the caller's extra must be JSON before anything is written
+                folder.parent.mkdir(parents=True, exist_ok=True)
+                tmp = folder.parent / f".{folder.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+                tmp.mkdir()
+            except ShardedCheckpointError as e:
+                error = str(e)
+            except (TypeError, ValueError) as e:
+                error = f"save_checkpoint: extra is not JSON ({e})"
+            except OSError as e:
+                error = f"cannot write checkpoint folder {str(folder)!r}: {e.strerror or e}"
+        tmp, error = self.comm.bcast((tmp, error), root=0)
+        if error:
+            raise ShardedCheckpointError(error)
+        # what each rank's optimizer holds of its shards, agreed before any file is written (every rank writes the
+        # same arrays)
+        mine = _optimizer_facts(self, optimizer)
+        every = self.comm.allgather(mine)
+        opt, problem = _agree_optimizer(self, optimizer, every)
+        if problem is None:
+            try:
+                pieces = self._write_pieces(tmp, optimizer, opt, write_npy_atomic)
+            except OSError as e:
+                name = f" ({Path(e.filename).name})" if e.filename else ""
+                problem, pieces = f"cannot write checkpoint {str(folder)!r}{name}: {e.strerror or e}", []
+        else:
+            pieces = []
+        said = self.comm.allgather((pieces, problem))
+        failed = [p for _, p in said if p]
+        if failed:
+            if self.rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise ShardedCheckpointError(failed[0])
+        error = None
+        if self.rank == 0:
+            arrays = ["param", *(_array_name(k) for k in (opt or {}).get("state", []))]
+            document = {
+                "format": CHECKPOINT_FORMAT, "torch_version": torch.__version__, "ranks_saved": self.size,
+                "weights": list(self.weights), "element_weights": list(self.element_weights),
+                "layout": [u.layout.to_dict() for u in self.units], "counts": [list(u.counts) for u in self.units],
+                "state_keys": [[k, n] for k, n in self.state_keys], "arrays": arrays,
+                "ranks": [{"rank": r, "pieces": p, "files": {a: f"rank-{r}.{a}.npy" for a in arrays} if p else {}}
+                          for r, (p, _) in enumerate(said)],
+                "optimizer": opt, "buffers": None, "extra": extra}
+            try:
+                buffers = self._buffers()
+                if buffers:
+                    with open(tmp / BUFFERS_FILE, "wb") as f:
+                        torch.save(buffers, f)
+                        f.flush()
+                        os.fsync(f.fileno())
+                    document["buffers"] = BUFFERS_FILE
+                write_json_atomic(tmp / CHECKPOINT_MANIFEST, document)  # last: a folder without it is no checkpoint
+                if folder.exists():
+                    raise OSError(17, "it exists already (made while this save ran)", str(folder))
+                os.rename(tmp, folder)
+                _fsync_folder(folder.parent)  # the rename itself durable
+            except OSError as e:
+                name = f" ({Path(e.filename).name})" if e.filename else ""
+                error = f"cannot write checkpoint {str(folder)!r}{name}: {e.strerror or e}"
+                shutil.rmtree(tmp, ignore_errors=True)
+        error = self.comm.bcast(error, root=0)
+        if error:
+            raise ShardedCheckpointError(error)
+        return folder
+
+    def _write_pieces(self, tmp: Path, optimizer: torch.optim.Optimizer | None, opt: dict[str, Any] | None,
+                      write: Callable[[Any, np.ndarray], None]) -> list[list[int]]:
+        """This rank's files in `tmp`: per array, its slices of the units one after another (the optimizer's
+        arrays are its state of the trainable part, zeros over the frozen rest); its pieces [unit, start, stop,
+        offset in its files]."""
+        pieces, at = [], 0
+        slices: dict[str, list[np.ndarray]] = {"param": []}
+        keys = (opt or {}).get("state", [])
+        for k in keys:
+            slices[_array_name(k)] = []
+        for u in self.units:
+            count = u.counts[self.rank]
+            if count == 0:
+                continue
+            pieces.append([u.index, u.offset, u.offset + count, at])
+            at += count
+            slices["param"].append(u.held.detach().to("cpu").numpy().astype(np.float32))
+            state = optimizer.state.get(u.shard, {}) if optimizer is not None else {}
+            for k in keys:
+                out = np.zeros(count, dtype=np.float32)
+                value = state.get(k)
+                if isinstance(value, torch.Tensor) and value.dim() == 1:
+                    out[:value.numel()] = value.detach().to("cpu", torch.float32).numpy()
+                slices[_array_name(k)].append(out)
+        if pieces:
+            for name, parts in slices.items():
+                write(tmp / f"rank-{self.rank}.{name}.npy", np.concatenate(parts))
+        return pieces
+
+    def load_checkpoint(self, folder: Any, optimizer: torch.optim.Optimizer | None = None) -> Any:
+        """Collective: the state save_checkpoint wrote into `folder`, on any ranks and weights, re-sharded onto
+        this run's: each rank reads the elements of every unit it owns now (and, with `optimizer`, its state of
+        them: moments re-sliced, step counts and hyperparameters as saved). Everything is checked on every rank
+        before anything is changed: another model (layout), a missing, truncated or damaged file, an optimizer of
+        another class or without the sharded parameters raise the same ShardedCheckpointError on every rank and
+        leave the model and optimizer as they were. Returns the `extra` saved with it."""
+        problem, got = None, None
+        try:
+            ck = _OpenCheckpoint(Path(folder))
+            ck.check_model(self)
+            ck.check_optimizer(self, optimizer)
+            got = ck.read_shards(self, optimizer is not None)
+        except ShardedCheckpointError as e:
+            problem = str(e)
+        every = self.comm.allgather(problem)
+        bad = [(r, p) for r, p in enumerate(every) if p is not None]
+        if bad:
+            if len({p for _, p in bad}) == 1:
+                raise ShardedCheckpointError(bad[0][1])
+            raise ShardedCheckpointError("; ".join(f"rank {r}: {p}" for r, p in bad))
+        assert got is not None
+        params, states, buffers = got
+        with torch.no_grad():
+            for u, values in zip(self.units, params):
+                u.held.copy_(values.to(self.device))
+            if buffers:
+                own = dict(self.model.named_buffers())
+                for key, value in buffers.items():
+                    own[key].copy_(value.to(own[key].device, own[key].dtype))
+        if optimizer is not None:
+            opt = ck.manifest.get("optimizer") or {}
+            for u, state in zip(self.units, states):
+                if state is None:
+                    optimizer.state.pop(u.shard, None)
+                else:
+                    optimizer.state[u.shard] = {k: v.to(self.device) if isinstance(v, torch.Tensor) and v.dim()
+                                                else v for k, v in state.items()}
+            for group, saved in zip(optimizer.param_groups, opt.get("param_groups") or []):
+                for key, value in saved.items():
+                    if key in group:
+                        group[key] = tuple(value) if isinstance(group[key], tuple) else value
+        return ck.manifest.get("extra")
 
     def optimizer_pieces(self, optimizer: torch.optim.Optimizer) -> list[tuple[_Unit, dict[str, torch.Tensor]]]:
         """Per unit, this rank's optimizer state of its shard ({} before the first step; AdamW: exp_avg,
@@ -719,6 +1064,12 @@ def flatten(layout: UnitLayout, tensors: dict[str, torch.Tensor]) -> torch.Tenso
     if not layout.params:
         return torch.zeros(0)
     return torch.cat([tensors[name].detach().to("cpu", torch.float32).reshape(-1) for name, _ in layout.params])
+
+
+def _in_backward() -> bool:
+    """Whether autograd's engine is running a backward on this thread now (an activation checkpoint's
+    recomputation runs a forward there)."""
+    return torch._C._current_graph_task_id() != -1
 
 
 def _tensors(out: Any) -> list[torch.Tensor]:
@@ -839,3 +1190,404 @@ def _first_difference(layouts: list[list[Any]]) -> str:
 def sharded(model: nn.Module) -> ShardedModule | None:
     """The ShardedModule of a model shard_module wrapped, else None."""
     return getattr(model, ATTR, None)
+
+
+# -- a sharded parameter's name on its module ----------------------------------------------------------------------
+_SHARDED_CLASSES: dict[type, type] = {}
+
+
+def _mark_sharded(m: nn.Module, attr: str, module_name: str, param_name: str) -> None:
+    """`m.attr` (parameter `param_name` of the model) is sharded: outside the forward, where no view stands in for
+    it, reading it raises ShardedParameterError naming what to call instead. The module's class becomes a
+    subclass of its own of the same name whose __getattr__ (only reached where the usual lookup failed) says so."""
+    cls = type(m)
+    if not getattr(cls, "_hetbench_sharded_class", False):
+        if cls not in _SHARDED_CLASSES:
+            _SHARDED_CLASSES[cls] = type(cls.__name__, (cls,), {
+                "__getattr__": _sharded_getattr, "_hetbench_sharded_class": True, "__module__": cls.__module__,
+                "__qualname__": cls.__qualname__})
+        m.__class__ = _SHARDED_CLASSES[cls]
+    m.__dict__.setdefault("_hetbench_sharded", {})[attr] = (module_name, param_name)
+
+
+def _sharded_getattr(self: nn.Module, name: str) -> Any:
+    try:
+        return super(type(self), self).__getattr__(name)  # type: ignore[misc]
+    except AttributeError:
+        where = self.__dict__.get("_hetbench_sharded", {}).get(name)
+        if where is None:
+            raise
+        module_name, param_name = where
+        raise ShardedParameterError(
+            f"{type(self).__name__} {module_name or '(the model)'!r}: its {name!r} (parameter {param_name!r}) is "
+            "sharded by hetbench's shard_module and held whole only inside its unit's forward; read it inside "
+            "`with sharded.full_params():`, or take sharded.full_state_dict() (both collective; sharded = "
+            "hetbench.pytorch.sharded(model))") from None
+
+
+def _adopt_transformers_methods(model: nn.Module, engine: ShardedModule) -> None:
+    """A transformers PreTrainedModel's num_parameters and save_pretrained, as they would be unsharded: the whole
+    model counted (not this rank's shards), the whole model written by rank 0 (collective; not rank 0's flat
+    shards). Set on the instance: its class is left as it is."""
+    import functools
+
+    if callable(getattr(type(model), "num_parameters", None)):
+        model.num_parameters = engine.num_parameters  # type: ignore[method-assign]
+    if callable(getattr(type(model), "save_pretrained", None)):
+        model.save_pretrained = functools.partial(engine.save_pretrained, model.save_pretrained)  # type: ignore
+
+
+# -- sharded checkpoints -------------------------------------------------------------------------------------------
+def _fsync_folder(folder: Path) -> None:
+    import os
+
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _array_name(key: str) -> str:
+    """The file name part of an optimizer state key's array (AdamW's moments as the CLI's fsdp names them)."""
+    return ARRAY_NAMES.get(key, key)
+
+
+def _json_value(v: Any) -> Any:
+    """A hyperparameter as JSON holds it, or a marker that it cannot be (left out)."""
+    if isinstance(v, torch.Tensor) and v.numel() == 1:
+        return float(v)
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if isinstance(v, (list, tuple)) and all(isinstance(x, (bool, int, float)) for x in v):
+        return list(v)
+    return _SKIP
+
+
+_SKIP = object()
+
+
+def _optimizer_facts(engine: ShardedModule, optimizer: torch.optim.Optimizer | None) -> dict[str, Any] | None:
+    """What this rank's optimizer holds of its shards: its class, the units whose shard it lacks, per unit the
+    keys of its state that are slices of the shard (1-D, the shard's length), its scalars (a step count) and
+    anything else; its param_groups' hyperparameters."""
+    if optimizer is None:
+        return None
+    held = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    units: list[Any] = []
+    for u in engine.units:
+        state = optimizer.state.get(u.shard)
+        if not state:
+            units.append(None)
+            continue
+        sliced, scalars, other = [], {}, []
+        for k, v in state.items():
+            if isinstance(v, torch.Tensor) and v.dim() == 1 and v.numel() == u.train_counts[engine.rank]:
+                sliced.append(k)
+            elif isinstance(v, torch.Tensor) and v.dim() == 0:
+                scalars[k] = {"value": v.item(), "dtype": str(v.dtype).replace("torch.", "")}
+            elif isinstance(v, (bool, int, float)):
+                scalars[k] = {"value": v, "dtype": None}
+            elif v is not None:
+                other.append(k)
+        units.append({"sliced": sliced, "scalars": scalars, "other": other})
+    groups = [{k: j for k, v in g.items() if k != "params" and (j := _json_value(v)) is not _SKIP}
+              for g in optimizer.param_groups]
+    return {"class": type(optimizer).__name__, "units": units, "param_groups": groups,
+            "missing": [u.name or "root" for u in engine.units
+                        if u.layout.trainable_size > 0 and id(u.shard) not in held]}
+
+
+def _agree_optimizer(engine: ShardedModule, optimizer: torch.optim.Optimizer | None,
+                     every: list[Any]) -> tuple[dict[str, Any] | None, str | None]:
+    """The manifest's "optimizer" from every rank's _optimizer_facts, or why it cannot be saved (the same on every
+    rank: made from the same list)."""
+    if all(f is None for f in every):
+        return None, None
+    if any(f is None for f in every):
+        return None, ("save_checkpoint: an optimizer was given on ranks "
+                      f"{[r for r, f in enumerate(every) if f is not None]} only; give it on every rank, or on none")
+    classes = {f["class"] for f in every}
+    if len(classes) > 1:
+        return None, f"save_checkpoint: the ranks' optimizers differ ({', '.join(sorted(classes))})"
+    missing = next((f["missing"] for f in every if f["missing"]), None)
+    if missing:
+        return None, (f"save_checkpoint: the optimizer does not hold unit {missing[0]!r}'s flat shard: make it over "
+                      "model.parameters() after shard_module")
+    units: list[Any] = []
+    keys: list[str] = []
+    for i, u in enumerate(engine.units):
+        entries = [f["units"][i] for f in every if f["units"][i] is not None]
+        if not entries:
+            units.append(None)
+            continue
+        other = next((e["other"] for e in entries if e["other"]), None)
+        if other:
+            return None, (f"save_checkpoint: the optimizer's state {other[0]!r} of unit {u.name or 'root'!r} is "
+                          "neither a tensor of the shard's length nor a scalar: hetbench cannot re-slice it")
+        sliced = list(dict.fromkeys(k for e in entries for k in e["sliced"]))
+        scalars: dict[str, Any] = {}
+        for e in entries:
+            for k, v in e["scalars"].items():
+                if k in scalars and scalars[k] != v:
+                    return None, (f"save_checkpoint: the ranks' optimizer state {k!r} of unit {u.name or 'root'!r} "
+                                  f"differs ({scalars[k]['value']} and {v['value']}): a step every rank takes alike")
+                scalars[k] = v
+        units.append({"sliced": sliced, "scalars": scalars})
+        keys += [k for k in sliced if k not in keys]
+    return {"class": every[0]["class"], "state": keys, "units": units,
+            "param_groups": every[0]["param_groups"]}, None
+
+
+def _check(condition: bool, where: str, what: str) -> None:
+    if not condition:
+        raise ShardedCheckpointError(f"{where} is not a checkpoint save_checkpoint wrote: {what}")
+
+
+class _OpenCheckpoint:
+    """A save_checkpoint folder opened for reading: the manifest read and its form checked; the files checked
+    (read_shards) before any of their values is used."""
+
+    def __init__(self, folder: Path) -> None:
+        import json
+
+        from hetbench.results.io import regular_file_problem
+
+        self.folder = folder
+        if not folder.exists():
+            raise ShardedCheckpointError(f"checkpoint folder {str(folder)!r} does not exist")
+        if not folder.is_dir():
+            raise ShardedCheckpointError(f"checkpoint {str(folder)!r} is not a folder")
+        path = folder / CHECKPOINT_MANIFEST
+        if not path.exists():
+            raise ShardedCheckpointError(f"checkpoint {str(folder)!r} has no {CHECKPOINT_MANIFEST}: not a complete "
+                                         "checkpoint (a save that did not finish?)")
+        problem = regular_file_problem(path, MAX_MANIFEST_BYTES)
+        if problem:
+            raise ShardedCheckpointError(f"checkpoint file {str(path)!r} {problem}")
+        where = repr(str(path))
+        try:
+            m = json.loads(path.read_text(encoding="utf-8"))
+        except OSError as e:
+            raise ShardedCheckpointError(f"cannot read {where}: {e.strerror or e}") from None
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError, ValueError):
+            raise ShardedCheckpointError(f"{where} is not JSON: not a manifest save_checkpoint wrote (damaged?)") \
+                from None
+        if not isinstance(m, dict) or m.get("format") != CHECKPOINT_FORMAT:
+            said = m.get("format") if isinstance(m, dict) else None
+            raise ShardedCheckpointError(f"{where} is not a shard_module checkpoint ({CHECKPOINT_FORMAT}" +
+                                         (f"; it says {said!r}" if said else "") + ")")
+        try:
+            self.layout = [UnitLayout(str(u["name"]), [(str(n), tuple(int(d) for d in shape)) for n, shape in
+                                                       u["params"]], tuple(str(n) for n in u.get("frozen", ())))
+                           for u in m["layout"]]
+            self.arrays = [str(a) for a in m["arrays"]]
+            self.pieces = [(int(v), int(lo), int(hi), int(r["rank"]), int(off))
+                           for r in m["ranks"] for v, lo, hi, off in r["pieces"]]
+            self.state_keys = [(str(k), None if n is None else str(n)) for k, n in m["state_keys"]]
+        except (KeyError, TypeError, ValueError) as e:
+            raise ShardedCheckpointError(f"{where} lacks {e} or holds it in another form: not a manifest "
+                                         "save_checkpoint wrote") from None
+        _check("param" in self.arrays, where, "it lists no param array")
+        self.manifest = m
+        self.where = where
+        self._files: dict[tuple[int, str], np.ndarray] = {}
+
+    def check_model(self, engine: ShardedModule) -> None:
+        """The saved layout against the model's: the units, their parameters (names, shapes) and frozen ones."""
+        want = [(u.layout.name, u.layout.params, u.layout.frozen) for u in engine.units]
+        got = [(u.name, u.params, u.frozen) for u in self.layout]
+        if want == got:
+            return
+        start = f"checkpoint {str(self.folder)!r} holds another model"
+        for i, ((wn, wp, wf), (gn, gp, gf)) in enumerate(zip(want, got)):
+            for (a, sa), (b, sb) in zip(wp, gp):
+                if (a, sa) != (b, sb):
+                    raise ShardedCheckpointError(f"{start}: {b} {list(sb)} in unit {gn or 'root'!r} where this model "
+                                                 f"has {a} {list(sa)}")
+            if len(wp) != len(gp) or wn != gn:
+                raise ShardedCheckpointError(f"{start}: unit {i} is {gn or 'root'!r} of {len(gp)} parameters, this "
+                                             f"model's {wn or 'root'!r} of {len(wp)}")
+            if wf != gf:
+                raise ShardedCheckpointError(f"{start}: unit {gn or 'root'!r} froze {list(gf)}, this model freezes "
+                                             f"{list(wf)}")
+        raise ShardedCheckpointError(f"{start}: {len(got)} units, this model shards into {len(want)} "
+                                     "(shard_module's units)")
+
+    def check_optimizer(self, engine: ShardedModule, optimizer: torch.optim.Optimizer | None) -> None:
+        if optimizer is None:
+            return
+        opt = self.manifest.get("optimizer")
+        if not opt:
+            raise ShardedCheckpointError(f"checkpoint {str(self.folder)!r} holds no optimizer state: load it "
+                                         "without an optimizer")
+        if opt.get("class") != type(optimizer).__name__:
+            raise ShardedCheckpointError(f"checkpoint {str(self.folder)!r} holds {opt.get('class')}'s state, this "
+                                         f"optimizer is {type(optimizer).__name__}")
+        held = {id(p) for g in optimizer.param_groups for p in g["params"]}
+        for u in engine.units:
+            if u.layout.trainable_size > 0 and id(u.shard) not in held:
+                raise ShardedCheckpointError(f"load_checkpoint: the optimizer does not hold unit "
+                                             f"{u.name or 'root'!r}'s flat shard: make it over model.parameters() "
+                                             "after shard_module")
+        _check(isinstance(opt.get("units"), list) and len(opt["units"]) == len(self.layout), self.where,
+               "its optimizer lists no state per unit")
+        _check(len(opt.get("param_groups") or []) in (0, len(optimizer.param_groups)), self.where,
+               f"it holds {len(opt.get('param_groups') or [])} parameter groups, this optimizer "
+               f"{len(optimizer.param_groups)}")
+
+    def verify(self) -> None:
+        """Every piece within its unit, every unit covered once, every file there, a float32 .npy array long
+        enough for its pieces (said the same on every rank: nothing here depends on the rank)."""
+        sizes = [u.size for u in self.layout]
+        spans: dict[int, list[tuple[int, int]]] = {}
+        need: dict[int, int] = {}
+        for v, lo, hi, r, off in self.pieces:
+            _check(0 <= v < len(sizes) and 0 <= lo <= hi <= sizes[v] and off >= 0, self.where,
+                   f"rank {r}'s piece [{v}, {lo}, {hi}, {off}] lies outside the units' elements")
+            if hi > lo:
+                spans.setdefault(v, []).append((lo, hi))
+                need[r] = max(need.get(r, 0), off + hi - lo)
+        for v, size in enumerate(sizes):
+            reach = 0
+            for lo, hi in sorted(spans.get(v, [])):
+                _check(lo == reach, self.where, f"unit {v}'s elements {min(lo, reach)} to {max(lo, reach)} are "
+                       + ("saved twice" if lo < reach else "saved by no rank"))
+                reach = hi
+            _check(reach == size, self.where, f"unit {v}'s elements {reach} to {size} are saved by no rank")
+        for r, n in sorted(need.items()):
+            for name in self.arrays:
+                got = self._file(r, name).size
+                if got < n:
+                    raise ShardedCheckpointError(f"checkpoint file {str(self.folder / f'rank-{r}.{name}.npy')!r} "
+                                                 f"holds {got} elements, its pieces need {n}: truncated")
+
+    def _file(self, rank: int, name: str) -> np.ndarray:
+        from hetbench.results.io import regular_file_problem
+
+        key = (rank, name)
+        if key not in self._files:
+            path = self.folder / f"rank-{rank}.{name}.npy"
+            where = f"checkpoint file {str(path)!r}"
+            problem = regular_file_problem(path)
+            if problem:
+                raise ShardedCheckpointError(f"{where} {problem}")
+            try:
+                array = np.load(path, mmap_mode="r", allow_pickle=False)
+            except FileNotFoundError:
+                raise ShardedCheckpointError(f"checkpoint {str(self.folder)!r} is incomplete: {path.name}, which "
+                                             f"its {CHECKPOINT_MANIFEST} names, is missing") from None
+            except OSError as e:
+                raise ShardedCheckpointError(f"cannot read {where}: {e.strerror or e}") from None
+            except (ValueError, EOFError):
+                raise ShardedCheckpointError(f"{where} is not a .npy array (truncated or damaged)") from None
+            if array.dtype != np.float32 or array.ndim != 1:
+                raise ShardedCheckpointError(f"{where} holds {array.dtype} of shape {array.shape}, not a flat "
+                                             "float32 array")
+            self._files[key] = array
+        return self._files[key]
+
+    def read(self, name: str, unit: int, lo: int, hi: int) -> np.ndarray:
+        """Elements [lo, hi) of array `name` of a unit's flat vector, from whichever pieces hold them (finite)."""
+        out = np.empty(hi - lo, dtype=np.float32)
+        for v, p_lo, p_hi, r, off in self.pieces:
+            a, b = max(lo, p_lo), min(hi, p_hi)
+            if v == unit and a < b:
+                out[a - lo:b - lo] = self._file(r, name)[off + a - p_lo:off + b - p_lo]
+        if not np.isfinite(out).all():
+            at = int(np.argmin(np.isfinite(out)))
+            raise ShardedCheckpointError(f"checkpoint {str(self.folder)!r} holds {out[at]} in {name} of unit "
+                                         f"{self.layout[unit].name or 'root'!r}: the state of a run that diverged, "
+                                         "or a damaged file, is not loaded")
+        return out
+
+    def unit_state(self, unit: int, lo: int, hi: int) -> dict[str, torch.Tensor] | None:
+        """The optimizer's state of elements [lo, hi) of a unit's trainable part, as torch keeps it; None where none
+        was saved for the unit."""
+        entry = (self.manifest.get("optimizer") or {}).get("units", [None] * (unit + 1))[unit]
+        if entry is None:
+            return None
+        state: dict[str, torch.Tensor] = {}
+        try:
+            for key in entry["sliced"]:
+                _check(_array_name(key) in self.arrays, self.where, f"its optimizer state {key!r} has no array")
+                state[key] = torch.from_numpy(self.read(_array_name(key), unit, lo, hi))
+            for key, v in entry["scalars"].items():
+                value = v["value"]
+                state[key] = value if v["dtype"] is None else torch.tensor(value, dtype=getattr(torch, v["dtype"]))
+        except (KeyError, TypeError, AttributeError) as e:
+            raise ShardedCheckpointError(f"{self.where}: the optimizer state of unit {unit} lacks {e} or holds it "
+                                         "in another form") from None
+        return state
+
+    def buffers(self, keys: set[str] | None) -> dict[str, torch.Tensor]:
+        """The persistent buffers rank 0 saved (checked against `keys`, the model's; None: not checked)."""
+        import warnings
+
+        from hetbench.results.io import regular_file_problem
+
+        name = self.manifest.get("buffers")
+        if not name:
+            _check(not keys, self.where, "it holds no buffers, this model has " + ", ".join(sorted(keys or ())))
+            return {}
+        path = self.folder / str(name)
+        where = f"checkpoint file {str(path)!r}"
+        problem = regular_file_problem(path)
+        if problem:
+            raise ShardedCheckpointError(f"{where} {problem}")
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                got = torch.load(path, map_location="cpu", weights_only=True)
+        except FileNotFoundError:
+            raise ShardedCheckpointError(f"checkpoint {str(self.folder)!r} is incomplete: {name} is missing") from None
+        except Exception:  # noqa: BLE001 - a truncated zip, an unpickler's refusal: one line either way
+            raise ShardedCheckpointError(f"{where} is not a state torch.save wrote (truncated or damaged)") from None
+        _check(isinstance(got, dict) and all(isinstance(v, torch.Tensor) for v in got.values()), where,
+               "it holds no dict of tensors")
+        if keys is not None and set(got) != keys:
+            raise ShardedCheckpointError(f"checkpoint {str(self.folder)!r} holds another model: buffers "
+                                         f"{sorted(got)}, this model's {sorted(keys)}")
+        return got
+
+    def read_shards(self, engine: ShardedModule, with_optimizer: bool) -> tuple[list[torch.Tensor], list[Any],
+                                                                               dict[str, torch.Tensor]]:
+        """This rank's slice of every unit (and its optimizer state), re-sharded: nothing of the engine changed."""
+        self.verify()
+        params, states = [], []
+        for i, u in enumerate(engine.units):
+            lo, hi = u.offset, u.offset + u.counts[engine.rank]
+            params.append(torch.from_numpy(self.read("param", i, lo, hi)))
+            states.append(self.unit_state(i, lo, lo + u.train_counts[engine.rank]) if with_optimizer else None)
+        own = {key for key, name in engine.state_keys if name is None}
+        return params, states, self.buffers(own)
+
+
+def read_checkpoint(folder: Any) -> dict[str, Any]:
+    """One process, no ranks: a save_checkpoint folder as plain state. {"model": the model's state dict as it was
+    unsharded (every key, a tied parameter under each name, the persistent buffers), "optimizer": {parameter
+    name: its optimizer state, whole} or None, "extra": what was saved with it}. `load_state_dict` of an
+    unsharded model takes "model" as it is. Raises ShardedCheckpointError."""
+    ck = _OpenCheckpoint(Path(folder))
+    ck.verify()
+    params: dict[str, torch.Tensor] = {}
+    optim: dict[str, dict[str, Any]] | None = {} if ck.manifest.get("optimizer") else None
+    for i, lay in enumerate(ck.layout):
+        params.update(unflatten(lay, torch.from_numpy(ck.read("param", i, 0, lay.size))))
+        state = ck.unit_state(i, 0, lay.trainable_size) if optim is not None else None
+        if state is None or optim is None:
+            continue
+        at = 0
+        for name, shape in lay.params:
+            if name in lay.frozen:
+                continue
+            n = numel(shape)
+            optim[name] = {k: v[at:at + n].reshape(shape).clone() if isinstance(v, torch.Tensor) and v.dim() else v
+                           for k, v in state.items()}
+            at += n
+    buffers = ck.buffers(None)
+    try:
+        model = {key: params[name] if name is not None else buffers[key] for key, name in ck.state_keys}
+    except KeyError as e:
+        raise ShardedCheckpointError(f"{ck.where} names {e} in its state_keys, which it does not hold") from None
+    return {"model": model, "optimizer": optim, "extra": ck.manifest.get("extra")}
