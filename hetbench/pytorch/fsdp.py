@@ -775,16 +775,22 @@ class ShardedModule:
 
     # -- state --------------------------------------------------------------------------------------------------
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
-        """Collective: the state dict the model had before it was sharded, whole, on the CPU at rank 0 (None
-        elsewhere): every parameter under each of its names (a tied one, as the embedding and head of a language
-        model, one tensor under both, as torch's state_dict gives it), then the persistent buffers as they are now,
-        in the model's own order: `load_state_dict` of an unsharded copy takes it as it is."""
-        params: dict[str, torch.Tensor] = {}
+        """Collective: every parameter whole, once, by its name in the model (a tied one under its first name, as
+        named_parameters() gives it), on the CPU at rank 0 (None elsewhere)."""
+        out: dict[str, torch.Tensor] = {}
         for u in self.units:
             full = gatherv(self.comm, self._host(u.held)[0], u.counts, root=0)
             if full is not None:
-                params.update(unflatten(u.layout, torch.from_numpy(full)))
-        if self.rank != 0:
+                out.update(unflatten(u.layout, torch.from_numpy(full)))
+        return out if self.rank == 0 else None
+
+    def plain_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """Collective: the state dict the model had before it was sharded, whole, on the CPU at rank 0 (None
+        elsewhere): every key in the model's own order, a tied parameter (a language model's embedding and head)
+        one tensor under each of its names, the persistent buffers as they are now. `load_state_dict` of an
+        unsharded copy takes it as it is (strict)."""
+        params = self.full_state_dict()
+        if params is None:
             return None
         buffers = self._buffers()
         return {key: params[name] if name is not None else buffers[key] for key, name in self.state_keys}
@@ -840,13 +846,13 @@ class ShardedModule:
 
     def save_pretrained(self, original: Callable[..., Any], save_directory: Any, *args: Any, **kwargs: Any) -> None:
         """transformers' save_pretrained for the sharded model (model.save_pretrained calls this): collective, the
-        whole model (full_state_dict) written by rank 0 alone through `original` (the model's own
+        whole model (plain_state_dict) written by rank 0 alone through `original` (the model's own
         save_pretrained); a failure there is raised on every rank. A `state_dict` the caller passes is saved as
         given, by every rank that calls (transformers' own rule)."""
         if kwargs.get("state_dict") is not None or len(args) >= 2 and args[1] is not None:
             original(save_directory, *args, **kwargs)
             return
-        full = self.full_state_dict()
+        full = self.plain_state_dict()
         problem = None
         if self.rank == 0:
             try:
@@ -1221,7 +1227,7 @@ def _sharded_getattr(self: nn.Module, name: str) -> Any:
         raise ShardedParameterError(
             f"{type(self).__name__} {module_name or '(the model)'!r}: its {name!r} (parameter {param_name!r}) is "
             "sharded by hetbench's shard_module and held whole only inside its unit's forward; read it inside "
-            "`with sharded.full_params():`, or take sharded.full_state_dict() (both collective; sharded = "
+            "`with sharded.full_params():`, or take sharded.plain_state_dict() (both collective; sharded = "
             "hetbench.pytorch.sharded(model))") from None
 
 

@@ -6,7 +6,8 @@
 - a sharded checkpoint (model and AdamW state) saved on 2 ranks at 3,1 mid-run and loaded on 3 ranks at 0.5,0.3,0.2
   continues the run's losses; checkpoints of another model or truncated, and saves over one, refused in one line;
 - num_parameters, save_pretrained, a sharded parameter read outside the forward, full_params() and
-  full_state_dict() as a transformers user expects them (2 ranks)."""
+  plain_state_dict() as a transformers user expects them (2 ranks);
+- SGD's momentum, a frozen parameter and a buffer through a checkpoint loaded at other weights."""
 
 from __future__ import annotations
 
@@ -29,8 +30,8 @@ SCRIPT = REPO / "tests" / "torch_workers" / "shard_hf.py"
 MODES = ["none", "hf-nonreentrant", "hf-reentrant", "torch-nonreentrant", "torch-reentrant"]
 TRAINING = [f"{kind}-{mode}" for kind in ("gpt2", "llama") for mode in MODES]
 CASES = {
-    2: [*TRAINING, "gpt2-save", "llama-save", "refusals", "transformers-methods"],
-    3: [*TRAINING, "gpt2-resume", "llama-resume", "refusals"],
+    2: [*TRAINING, "gpt2-save", "llama-save", "refusals", "transformers-methods", "sgd-roundtrip"],
+    3: [*TRAINING, "gpt2-resume", "llama-resume", "refusals", "sgd-roundtrip"],
 }
 WEIGHTS = {2: "3,1", 3: "0.5,0.3,0.2"}
 # each launch takes about 10 s here (transformers' import is 5 s of it); a rank stuck in MPI ends the job at the

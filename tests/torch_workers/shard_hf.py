@@ -168,7 +168,7 @@ def checkpointing(kind: str, mode: str) -> None:
         total = torch.tensor([float(loss)], dtype=torch.float64)
         dist.all_reduce(total)
         losses.append(float(total))
-    compare(case, losses, sharded.full_state_dict(), kind)
+    compare(case, losses, sharded.plain_state_dict(), kind)
     sharded.close()
 
 
@@ -191,7 +191,7 @@ def save_midway(kind: str) -> None:
     folder = FOLDER / f"{kind}-ck"
     assert sharded.save_checkpoint(folder, opt, extra={"steps": SAVE_AT}) == folder
     losses += train(model, opt, range(SAVE_AT, RUN_TO), rows)
-    compare(f"{kind}-save", losses, sharded.full_state_dict(), kind, RUN_TO)
+    compare(f"{kind}-save", losses, sharded.plain_state_dict(), kind, RUN_TO)
     if ME == 0:
         # rank r's slice of every unit, AdamW's moments beside it (the CLI's fsdp names), the manifest; nothing else,
         # no temporary folder left beside it
@@ -218,7 +218,7 @@ def resume(kind: str) -> None:
     assert diff <= TOL_LOSS, (losses, first)
     if ME == 0:
         say(f"FIG {kind}-resume continued={diff:.3g}")
-    compare(f"{kind}-resume", first[:SAVE_AT] + losses, sharded.full_state_dict(), kind, RUN_TO)
+    compare(f"{kind}-resume", first[:SAVE_AT] + losses, sharded.plain_state_dict(), kind, RUN_TO)
     # one process, no ranks: the checkpoint as the plain model's state dict, which an unsharded model loads whole
     plain, _ = build(kind)
     got = fsdp.read_checkpoint(FOLDER / f"{kind}-ck")
@@ -232,7 +232,7 @@ def refusals() -> None:
     left as it was."""
     source = FOLDER / "gpt2-ck"
     model, sharded = sharded_model("gpt2")
-    before = sharded.full_state_dict()
+    before = sharded.plain_state_dict()
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
 
     def refused(needle: str, folder, optimizer=None, sharding=sharded) -> str:
@@ -264,7 +264,7 @@ def refusals() -> None:
     dist.barrier()
     lines.append(refused("has no manifest.json: not a complete checkpoint", damaged))
     lines.append(refused("does not exist", FOLDER / "nowhere"))
-    after = sharded.full_state_dict()
+    after = sharded.plain_state_dict()
     if ME == 0:
         assert all(torch.equal(before[k], after[k]) for k in before), "a refused load changed the model"
     try:
@@ -298,7 +298,7 @@ def refusals() -> None:
 
 def transformers_methods() -> None:
     """num_parameters, save_pretrained, a sharded parameter read outside the forward, full_params, and
-    full_state_dict into an unsharded model, each against the unsharded model."""
+    plain_state_dict into an unsharded model, each against the unsharded model."""
     from transformers import GPT2LMHeadModel as Loader
 
     plain, _ = build("gpt2")
@@ -322,11 +322,17 @@ def transformers_methods() -> None:
         assert whole is model and torch.equal(embeddings.weight, plain.transformer.wte.weight)
         assert model.lm_head.weight is embeddings.weight  # tied, as unsharded
     assert not hasattr(embeddings, "weight")
+    with torch.no_grad():  # a forward without grad (evaluation, generation) as the unsharded model's
+        x = batch(2)
+        assert torch.equal(model(x).logits, plain(x).logits)
     with sharded.full_params(writeback=True):
         with torch.no_grad():
             model.transformer.ln_f.weight.mul_(2.0)
-    full = sharded.full_state_dict()
+    full = sharded.plain_state_dict()
+    params = sharded.full_state_dict()
     if ME == 0:
+        # full_state_dict: each parameter once, under its first name, as named_parameters() gives them
+        assert set(params) == {n for n, _ in plain.named_parameters()} and "lm_head.weight" not in params
         assert torch.equal(full["transformer.ln_f.weight"], 2.0 * plain.transformer.ln_f.weight.detach())
         assert list(full) == list(plain.state_dict()) and full["lm_head.weight"] is full["transformer.wte.weight"]
         with torch.no_grad():
@@ -350,6 +356,74 @@ def transformers_methods() -> None:
     sharded.close()
 
 
+class Frozen(torch.nn.Module):
+    """A small model with what the transformers models lack: a frozen parameter and a persistent buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.blocks = torch.nn.ModuleList(torch.nn.Linear(16, 16) for _ in range(3))
+        self.head = torch.nn.Linear(16, 1)
+        self.blocks[1].bias.requires_grad_(False)
+        self.register_buffer("scale", torch.full((16,), 0.5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = torch.tanh(b(x * self.scale))
+        return self.head(x).squeeze(1)
+
+
+def sgd_roundtrip() -> None:
+    """SGD with momentum over a model with a frozen parameter and a buffer: saved at this run's weights, loaded at
+    others on the same ranks (even), the run continued as the uninterrupted one; read_checkpoint's plain state."""
+    def make(weights):
+        model = Frozen()
+        sharded = fsdp.shard_module(model, list(model.blocks), weights)
+        opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1, momentum=0.9)
+        return model, sharded, opt
+
+    def steps(model, sharded, opt, which):
+        lo, hi = hb.row_range(hb.batch_rows(BATCH, sharded.weights))
+        out = []
+        for step in which:
+            g = torch.Generator().manual_seed(step)
+            x, y = torch.randn(BATCH, 16, generator=g), torch.randn(BATCH, generator=g)
+            loss = ((model(x[lo:hi]) - y[lo:hi]) ** 2).sum() / BATCH
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            total = torch.tensor([float(loss)], dtype=torch.float64)
+            dist.all_reduce(total)
+            out.append(float(total))
+        return out
+
+    model, sharded, opt = make(WEIGHTS)
+    steps(model, sharded, opt, range(2))
+    with torch.no_grad():
+        model.scale.fill_(0.25)  # a buffer changed in training: saved as it is
+    folder = FOLDER / f"sgd-{N}"
+    sharded.save_checkpoint(folder, opt)
+    first = steps(model, sharded, opt, range(2, 4))
+    model2, sharded2, opt2 = make("even")
+    sharded2.load_checkpoint(folder, opt2)
+    second = steps(model2, sharded2, opt2, range(2, 4))
+    diff = max(abs(a - b) / abs(b) for a, b in zip(first, second))
+    assert diff <= TOL_LOSS, (first, second)
+    assert float(model2.scale[0]) == 0.25 and opt2.param_groups[0]["momentum"] == 0.9
+    whole, again = sharded.plain_state_dict(), sharded2.plain_state_dict()
+    if ME == 0:
+        param = max(float((whole[k] - again[k]).norm() / again[k].norm()) for k in whole)
+        assert param <= TOL_PARAM and torch.equal(whole["blocks.1.bias"], again["blocks.1.bias"]), param
+        got = fsdp.read_checkpoint(folder)
+        plain = Frozen()
+        plain.load_state_dict(got["model"])  # strict: the buffer too
+        assert float(plain.scale[0]) == 0.25 and "blocks.1.bias" not in got["optimizer"]
+        assert set(got["optimizer"]["blocks.0.weight"]) == {"momentum_buffer"}
+        say(f"FIG sgd-roundtrip continued={diff:.3g} param={param:.3g}")
+    sharded.close()
+    sharded2.close()
+
+
 def make_case(kind, mode):
     return lambda: checkpointing(kind, mode)
 
@@ -358,7 +432,7 @@ CASES = {f"{k}-{m}": make_case(k, m) for k in ("gpt2", "llama")
          for m in ("none", "hf-nonreentrant", "hf-reentrant", "torch-nonreentrant", "torch-reentrant")}
 CASES.update({f"{k}-save": functools.partial(save_midway, k) for k in ("gpt2", "llama")})
 CASES.update({f"{k}-resume": functools.partial(resume, k) for k in ("gpt2", "llama")})
-CASES.update({"refusals": refusals, "transformers-methods": transformers_methods})
+CASES.update({"refusals": refusals, "transformers-methods": transformers_methods, "sgd-roundtrip": sgd_roundtrip})
 WEIGHTS = "3,1"
 FOLDER = Path(".")
 
