@@ -23,7 +23,12 @@ How a step runs (the NumPy trainer's fsdp, hetbench/train/data_parallel.py, for 
   to the end of its backward, as FSDP's root does.
 - the views that autograd saves for the backward are not kept: a saved-tensor hook stores where in the unit they
   lay, and the backward gathers the unit again (a hook on the unit's outputs, when their gradient arrives) and
-  reads them from the new buffer.
+  reads them from the new buffer. Saved-tensor hooks the caller has around the model keep what is not a unit's.
+- activation checkpointing (transformers' gradient_checkpointing_enable, torch.utils.checkpoint around a unit or
+  inside one, reentrant or not): the backward also points the unit's parameters at the new buffer, through a second
+  _Gather node, for the recomputation to read; the unit's hooks run inside a backward only gather and point. One of
+  the two nodes is reached (the forward's, or the backward's where a reentrant checkpoint's forward built no graph):
+  one reduce-scatter a unit. A checkpoint around the whole model is refused as it recomputes.
 - the gradient of the whole flat vector, once autograd has summed it, is reduce-scattered (MPI Reduce_scatter with
   the shares as counts, SUM) straight into the owners' flat-shard gradients; the buffer is then freed.
 - prefetch: the next unit's gather (forward order, recorded each forward; reversed in the backward) is handed to
@@ -48,6 +53,11 @@ two units; parameters that are not float32 or not all on one device; a model alr
 their arguments and layouts before any shard is made (_agree): a refusal or a difference raises alike on every rank.
 Frozen parameters (requires_grad False) lie after the trainable ones in a unit's vector: gathered for the forward,
 never given a gradient nor reduced nor seen by the optimizer (hetbench_frozen_shard, requires_grad False).
+State: full_state_dict (each parameter once), plain_state_dict (the unsharded model's state_dict: tied names,
+buffers), full_params() (every parameter readable for a block), save_checkpoint / load_checkpoint (sharded, each rank
+its slices, the manifest last; loaded onto any ranks and weights) and read_checkpoint (one process). A sharded
+parameter read outside the forward raises ShardedParameterError naming them; a transformers model's num_parameters
+and save_pretrained (collective, rank 0 writes) answer for the whole model.
 Communication: the communicator of the "hetbench" torch.distributed group (dist.init_process_group("hetbench"), or
 hb.init()); its figures go into that group's metrics (allgather, reduce_scatter), so StepLogger counts them.
 """
@@ -921,6 +931,7 @@ class ShardedModule:
         if failed:
             if self.rank == 0:
                 shutil.rmtree(tmp, ignore_errors=True)
+            self.comm.Barrier()  # every rank raises once nothing of the save is left
             raise ShardedCheckpointError(failed[0])
         error = None
         if self.rank == 0:
@@ -1318,8 +1329,8 @@ def _agree_optimizer(engine: ShardedModule, optimizer: torch.optim.Optimizer | N
         return None, f"save_checkpoint: the ranks' optimizers differ ({', '.join(sorted(classes))})"
     missing = next((f["missing"] for f in every if f["missing"]), None)
     if missing:
-        return None, (f"save_checkpoint: the optimizer does not hold unit {missing[0]!r}'s flat shard: make it over "
-                      "model.parameters() after shard_module")
+        return None, (f"save_checkpoint: the optimizer does not hold the flat shard of unit {missing[0]!r}: make it "
+                      "over model.parameters() after shard_module")
     units: list[Any] = []
     keys: list[str] = []
     for i, u in enumerate(engine.units):
@@ -1433,9 +1444,9 @@ class _OpenCheckpoint:
         held = {id(p) for g in optimizer.param_groups for p in g["params"]}
         for u in engine.units:
             if u.layout.trainable_size > 0 and id(u.shard) not in held:
-                raise ShardedCheckpointError(f"load_checkpoint: the optimizer does not hold unit "
-                                             f"{u.name or 'root'!r}'s flat shard: make it over model.parameters() "
-                                             "after shard_module")
+                raise ShardedCheckpointError(f"load_checkpoint: the optimizer does not hold the flat shard of unit "
+                                             f"{u.name or 'root'!r}: make it over model.parameters() after "
+                                             "shard_module")
         _check(isinstance(opt.get("units"), list) and len(opt["units"]) == len(self.layout), self.where,
                "its optimizer lists no state per unit")
         _check(len(opt.get("param_groups") or []) in (0, len(optimizer.param_groups)), self.where,

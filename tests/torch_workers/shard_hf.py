@@ -7,7 +7,9 @@ the decoder layers the units, against the same steps in one process:
 - a sharded checkpoint (model and AdamW state) saved mid-run and loaded onto other weights or rank counts continues
   the run's losses; one of another model, or truncated, is refused in one line;
 - what a transformers user calls on the model: num_parameters, save_pretrained (a collective: the whole model from
-  rank 0), a sharded parameter read outside the forward (one line naming shard_module), full_params().
+  rank 0), a sharded parameter read outside the forward (one line naming shard_module), full_params(),
+  plain_state_dict() into an unsharded model;
+- SGD's momentum, a frozen parameter and a buffer through a checkpoint loaded at other weights (sgd-roundtrip).
 
 Each case named on the command line runs in turn on every rank (tests/mpi_fail_fast.py: rank 0 prints `ok CASE` or
 `FAILED CASE: rank R: ...`; a rank left waiting on a peer that raised ends the job within seconds). Figures are said
@@ -274,6 +276,24 @@ def refusals() -> None:
         lines.append(str(e))
     else:
         raise AssertionError("a save over an existing checkpoint was not refused")
+    def save_refused(needle: str, folder, optimizer=None, extra=None) -> None:
+        try:
+            sharded.save_checkpoint(folder, optimizer, extra)
+        except fsdp.ShardedCheckpointError as e:
+            assert needle in str(e) and len(set(hb.all_ranks(str(e)))) == 1, str(e)
+            lines.append(str(e))
+        else:
+            raise AssertionError(f"save_checkpoint({folder}) was not refused")
+        assert not folder.exists() and not [p for p in FOLDER.iterdir() if ".tmp-" in p.name]
+
+    save_refused("save_checkpoint: extra is not JSON", FOLDER / f"extra-{N}", opt, {"model": model})
+    partial = torch.optim.AdamW([model.transformer.h[0].hetbench_flat_shard], lr=LR)
+    save_refused("the optimizer does not hold the flat shard of unit 'transformer.h.1'", FOLDER / f"partial-{N}",
+                 partial)
+    bare = FOLDER / f"bare-{N}"
+    sharded.save_checkpoint(bare)  # the model alone
+    lines.append(refused("holds no optimizer state: load it without an optimizer", bare, opt))
+    sharded.load_checkpoint(bare)
     # activation checkpointing around the whole sharded model: refused as its recomputation starts
     from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
