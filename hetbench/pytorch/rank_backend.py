@@ -135,19 +135,56 @@ class HetbenchDevice:
 
 
 def open_device(spec: str = "auto", dtype: str = "fp32", *, local_rank: int | None = None,
-                local_size: int | None = None, share_cores: bool = True) -> HetbenchDevice:
+                local_size: int | None = None, share_cores: bool = True, group: Any = None) -> HetbenchDevice:
     """Open this rank's hetbench device `spec` (what `--backend` takes for one rank: host, opencl[:INDEX],
     cupy[:INDEX], sim:MODEL[:INDEX], auto), its offloaded products computed in `dtype` (fp32, or fp16/bf16: the
-    operands and results rounded to it, as the CLI's --dtype). Not collective: each rank opens its own.
+    operands and results rounded to it, as the CLI's --dtype).
 
-    A spec --backend refuses raises ValueError with --backend's line (the spec and the accepted ones); a device
-    this rank cannot open (no OpenCL driver, no CuPy, an index out of range) BackendUnavailable, and a dtype it
-    cannot compute UnsupportedDtype (a ValueError), each one line naming the rank and host.
+    Refusals are one line: a spec --backend refuses raises ValueError with --backend's line (the spec and the
+    accepted ones); a device the rank cannot open (no OpenCL driver, no CuPy, an index out of range)
+    BackendUnavailable, and a dtype it cannot compute UnsupportedDtype (a ValueError), naming the rank and host.
+    Collective where torch.distributed's default group exists (call it on every rank of `group`, default the
+    world, after hb.init()): the ranks compare outcomes and, where any failed, every rank raises the same line
+    naming each failing rank, instead of the others waiting for it in their next collective. Before a group is
+    made, each rank opens its own and only a failing rank raises.
 
     `local_rank` and `local_size` (default: the launcher's variables, MPICH's and Open MPI's, else 0 and 1) choose
     the device of a spec without an index, as --backend does. share_cores: where several ranks share the node and no
     thread count is set in the environment, torch and NumPy's BLAS take this rank's share of its cores, and an
     offloaded rank's BLAS one thread, as the CLI sets them (docs/pytorch.md, Threads)."""
+    import torch.distributed as dist
+
+    collective = dist.is_available() and dist.is_initialized()
+    try:
+        opened = _open(spec, dtype, local_rank, local_size, share_cores)
+        problem: tuple[str, str] | None = None
+    except (BackendUnavailable, ValueError) as e:
+        opened, problem = None, (type(e).__name__, str(e))
+        if not collective:
+            raise
+    if collective and dist.get_world_size(group) > 1:
+        every: list[Any] = [None] * dist.get_world_size(group)
+        dist.all_gather_object(every, problem, group=group)
+        failed = [(r, p) for r, p in enumerate(every) if p is not None]
+        if failed:
+            if opened is not None:
+                opened.close()
+            kind = _ERRORS.get(failed[0][1][0], BackendUnavailable)
+            raise kind("; ".join(message if message.startswith("rank ") else f"rank {r}: {message}"
+                                 for r, (_, message) in failed))
+    elif problem is not None:
+        raise _ERRORS.get(problem[0], BackendUnavailable)(problem[1])
+    assert opened is not None
+    return opened
+
+
+_ERRORS: dict[str, type[Exception]] = {"ValueError": ValueError, "BackendUnavailable": BackendUnavailable,
+                                       "UnsupportedDtype": UnsupportedDtype}
+
+
+def _open(spec: str, dtype: str, local_rank: int | None, local_size: int | None,
+          share_cores: bool) -> HetbenchDevice:
+    """open_device on this rank alone."""
     parsed = parse_backend_spec(str(spec))
     local_rank = _local_rank() if local_rank is None else int(local_rank)
     local_size = _local_size() if local_size is None else int(local_size)

@@ -5,7 +5,11 @@ then trains it with hb.exact_ddp under weights 3,1: every step's loss and the fi
 same steps in one process on the CPU, rank 1's device counted every product of its rows (from the config), and
 hb.StepLogger's lines carry its figures (device_* keys, the simulated one's timing modelled).
 
-Each case named on the command line (`gpt2-sim`, `llama-sim`, `gpt2-opencl`, `llama-opencl`) runs in turn on
+A device rank 1 cannot have (`bad-spec`: a spec --backend refuses; `no-device`: opencl:99) is refused on every rank
+in the same line naming rank 1.
+
+Each case named on the command line (`gpt2-sim`, `llama-sim`, `gpt2-opencl`, `llama-opencl`, `bad-spec`,
+`no-device`) runs in turn on
 every rank (tests/mpi_fail_fast.py: rank 0 prints `ok CASE` or `FAILED CASE: rank R: ...`; a rank left waiting on
 a peer that raised ends the job within seconds). The watchdog ends a rank stuck in MPI with a line naming where.
 """
@@ -38,6 +42,7 @@ WEIGHTS = "3,1"
 SPECS = {"sim": "sim:mi300x", "opencl": "opencl"}
 TOL_LOSS = 1e-5  # relative, per step: fp32, only the order of the sums differs
 TOL_PARAM = 1e-5  # relative to each parameter tensor's norm
+REFUSALS = ("bad-spec", "no-device")
 
 
 def config(kind: str):
@@ -141,10 +146,30 @@ def case(name: str) -> None:
     dev.close()
 
 
+def refused(name: str) -> None:
+    """Rank 1 names a spec --backend refuses (`bad-spec`) or one it cannot open (`no-device`): every rank raises the
+    same line naming rank 1, none is left waiting for it."""
+    from hetbench.backends.base import BackendUnavailable
+
+    rank = dist.get_rank()
+    spec, kind, start = {"bad-spec": ("sim:mi300", ValueError, "rank 1: unknown simulated GPU 'mi300' in 'sim:mi300'; "
+                                                                 "accepted: "),
+                         "no-device": ("opencl:99", BackendUnavailable, "rank 1 on ")}[name]
+    try:
+        open_device("host" if rank == 0 else spec)
+    except kind as e:
+        message = str(e)
+    else:
+        raise AssertionError(f"{spec} was not refused")
+    assert message.startswith(start) and "\n" not in message and "rank 0" not in message, message
+    lines = hb.all_ranks(message)
+    assert lines[0] == lines[1], lines
+
+
 def main() -> int:
     watchdog.arm(WATCHDOG_SECONDS)
     hb.init()
-    passed = run_checks(WORLD, sys.argv[1:], case)
+    passed = run_checks(WORLD, sys.argv[1:], lambda name: (refused if name in REFUSALS else case)(name))
     dist.destroy_process_group()
     return 0 if passed else 1
 
