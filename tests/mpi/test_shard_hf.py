@@ -2,7 +2,8 @@
 (issue 37, points 3 and 5): tests/torch_workers/shard_hf.py under `mpiexec -n 2` (weights 3,1) and `-n 3`
 (0.5,0.3,0.2), every case of a rank count in one launch, each said on its own:
 - activation checkpointing in each of its forms (transformers' gradient_checkpointing_enable, reentrant or not;
-  torch.utils.checkpoint around each decoder layer, reentrant or not) trains what one process trains;
+  torch.utils.checkpoint around each decoder layer, around two units at once or around a module inside each unit,
+  reentrant or not) trains what one process trains;
 - a sharded checkpoint (model and AdamW state) saved on 2 ranks at 3,1 mid-run and loaded on 3 ranks at 0.5,0.3,0.2
   continues the run's losses; checkpoints of another model or truncated, and saves over one, refused in one line;
 - num_parameters, save_pretrained, a sharded parameter read outside the forward, full_params() and
@@ -30,8 +31,8 @@ SCRIPT = REPO / "tests" / "torch_workers" / "shard_hf.py"
 MODES = ["none", "hf-nonreentrant", "hf-reentrant", "torch-nonreentrant", "torch-reentrant"]
 TRAINING = [f"{kind}-{mode}" for kind in ("gpt2", "llama") for mode in MODES]
 CASES = {
-    2: [*TRAINING, "gpt2-save", "llama-save", "refusals", "transformers-methods", "sgd-roundtrip"],
-    3: [*TRAINING, "gpt2-resume", "llama-resume", "refusals", "sgd-roundtrip"],
+    2: [*TRAINING, "checkpoint-forms", "gpt2-save", "llama-save", "refusals", "transformers-methods", "sgd-roundtrip"],
+    3: [*TRAINING, "checkpoint-forms", "gpt2-resume", "llama-resume", "refusals", "sgd-roundtrip"],
 }
 WEIGHTS = {2: "3,1", 3: "0.5,0.3,0.2"}
 # each launch takes about 10 s here (transformers' import is 5 s of it); a rank stuck in MPI ends the job at the

@@ -56,6 +56,7 @@ TOL_LOSS = 1e-5
 # relative to each parameter tensor's norm (AdamW turns the rounding noise of near-zero gradients into steps of
 # about lr: tests/torch_workers/fsdp.py TOL_PARAM)
 TOL_PARAM = 1e-3
+TOL_PARAM_SGD = 1e-5  # SGD moves every element by lr times its gradient: only the float32 rounding differs
 
 
 def build(kind: str, hidden: int = 64):
@@ -444,6 +445,74 @@ def sgd_roundtrip() -> None:
     sharded2.close()
 
 
+class Checkpointing(torch.nn.Module):
+    """Four blocks, the units; `mode` checkpoints two of them in one torch checkpoint (span-reentrant,
+    span-nonreentrant), a Linear inside each block (inside-reentrant, inside-nonreentrant), or nothing (plain)."""
+
+    def __init__(self, mode: str) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.mode = mode
+        self.blocks = torch.nn.ModuleList(InnerCheckpoint(torch.nn.Linear(16, 16), torch.nn.LayerNorm(16), mode=mode)
+                                          for _ in range(4))
+        self.head = torch.nn.Linear(16, 1)
+
+    def two(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks[2](torch.tanh(self.blocks[1](x)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.tanh(self.blocks[0](x))
+        x = checkpoint(self.two, x, use_reentrant=self.mode == "span-reentrant") if self.mode.startswith("span") \
+            else self.two(x)
+        return self.head(torch.tanh(self.blocks[3](x))).squeeze(1)
+
+
+class InnerCheckpoint(torch.nn.Sequential):
+    def __init__(self, *modules: torch.nn.Module, mode: str) -> None:
+        super().__init__(*modules)
+        self.checkpointed = mode.startswith("inside")
+        self.reentrant = mode == "inside-reentrant"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.checkpointed:
+            return self[1](checkpoint(self[0], x, use_reentrant=self.reentrant))
+        return super().forward(x)
+
+
+def checkpoint_forms() -> None:
+    """torch's checkpoint around two units at once, and around a module inside each unit, reentrant or not: what
+    one process trains without checkpointing, as the sharded model without checkpointing does (plain)."""
+    def run(mode: str, sharded: bool):
+        model = Checkpointing(mode)
+        engine = fsdp.shard_module(model, list(model.blocks), WEIGHTS) if sharded else None
+        lo, hi = hb.row_range(hb.batch_rows(BATCH, engine.weights)) if engine else (0, BATCH)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        losses = []
+        for step in range(STEPS):
+            g = torch.Generator().manual_seed(step)
+            x, y = torch.randn(BATCH, 16, generator=g, requires_grad=True), torch.randn(BATCH, generator=g)
+            loss = ((model(x[lo:hi]) - y[lo:hi]) ** 2).sum() / BATCH
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            total = torch.tensor([float(loss)], dtype=torch.float64)
+            if engine:
+                dist.all_reduce(total)
+                assert all(u.full is None and not u.pointed for u in engine.units)
+            losses.append(float(total))
+        return losses, engine.full_state_dict() if engine else dict(model.named_parameters())
+
+    ref_losses, ref_params = run("plain", False)
+    for mode in ("plain", "span-reentrant", "span-nonreentrant", "inside-reentrant", "inside-nonreentrant"):
+        losses, full = run(mode, True)
+        loss = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses))
+        assert loss <= TOL_LOSS, (mode, losses, ref_losses)
+        if ME == 0:
+            param = max(float((full[k] - v).norm() / v.norm()) for k, v in ref_params.items())
+            assert param <= TOL_PARAM_SGD, (mode, param)
+            say(f"FIG checkpoint-forms {mode} loss={loss:.3g} param={param:.3g}")
+
+
 def make_case(kind, mode):
     return lambda: checkpointing(kind, mode)
 
@@ -452,7 +521,8 @@ CASES = {f"{k}-{m}": make_case(k, m) for k in ("gpt2", "llama")
          for m in ("none", "hf-nonreentrant", "hf-reentrant", "torch-nonreentrant", "torch-reentrant")}
 CASES.update({f"{k}-save": functools.partial(save_midway, k) for k in ("gpt2", "llama")})
 CASES.update({f"{k}-resume": functools.partial(resume, k) for k in ("gpt2", "llama")})
-CASES.update({"refusals": refusals, "transformers-methods": transformers_methods, "sgd-roundtrip": sgd_roundtrip})
+CASES.update({"refusals": refusals, "transformers-methods": transformers_methods, "sgd-roundtrip": sgd_roundtrip,
+              "checkpoint-forms": checkpoint_forms})
 WEIGHTS = "3,1"
 FOLDER = Path(".")
 
