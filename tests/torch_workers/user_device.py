@@ -1,17 +1,16 @@
 """Under mpiexec -n 2 (tests/mpi/test_user_device.py): a user's own script in which rank 0 computes on the host and
 rank 1 opens a hetbench device by its spec (open_device: sim:mi300x, or opencl) and offloads every product of a
 transformers model there (offload: GPT-2's Conv1D, Llama's nn.Linear, attention's scaled_dot_product_attention),
-then trains it with hb.exact_ddp under weights 3,1: every step's loss and the final parameters are those of the
-same steps in one process on the CPU, rank 1's device counted every product of its rows (from the config), and
-hb.StepLogger's lines carry its figures (device_* keys, the simulated one's timing modelled).
+then trains it with hb.exact_ddp (or hb.exact_fully_shard: `-fsdp2`) under weights 3,1: every step's loss and the
+final parameters are those of the same steps in one process on the CPU, rank 1's device counted every product of
+its rows (from the config), and hb.StepLogger's lines carry its figures (device_* keys, the simulated one's timing
+modelled). A device rank 1 cannot have (`bad-spec`: a spec --backend refuses; `no-device`: opencl:99) is refused on
+every rank in the same line naming rank 1.
 
-A device rank 1 cannot have (`bad-spec`: a spec --backend refuses; `no-device`: opencl:99) is refused on every rank
-in the same line naming rank 1.
-
-Each case named on the command line (`gpt2-sim`, `llama-sim`, `gpt2-opencl`, `llama-opencl`, `bad-spec`,
-`no-device`) runs in turn on
-every rank (tests/mpi_fail_fast.py: rank 0 prints `ok CASE` or `FAILED CASE: rank R: ...`; a rank left waiting on
-a peer that raised ends the job within seconds). The watchdog ends a rank stuck in MPI with a line naming where.
+Each case named on the command line (`gpt2-sim`, `llama-sim`, `gpt2-opencl`, `llama-opencl`, `llama-sim-fsdp2`,
+`bad-spec`, `no-device`) runs in turn on every rank (tests/mpi_fail_fast.py: rank 0 prints `ok CASE` or `FAILED
+CASE: rank R: ...`; a rank left waiting on a peer that raised ends the job within seconds). The watchdog ends a rank
+stuck in MPI with a line naming where.
 """
 
 from __future__ import annotations
@@ -84,13 +83,18 @@ def expected_gemms(kind: str, rows: int) -> int:
     return cfg.num_hidden_layers * (3 * projections + 2 * 3 * rows * heads) + 3
 
 
-def train(kind: str, dev=None, rows=None):
-    """STEPS steps of SGD: in one process (rows None), or this rank's rows under exact_ddp with its products on
-    `dev`. Returns (losses, final parameters, this rank's device figures per step, rank 0's step lines)."""
+def train(kind: str, dev=None, rows=None, wrap: str = "ddp"):
+    """STEPS steps of SGD: in one process (rows None), or this rank's rows under exact_ddp (or exact_fully_shard,
+    each layer a unit) with its products on `dev`. Returns (losses, final parameters, this rank's device figures per
+    step, rank 0's step lines)."""
     model = build(kind)
     if dev is not None:
         offload(model, dev)
-    net = hb.exact_ddp(model) if rows else model
+    net = model
+    if rows and wrap == "ddp":
+        net = hb.exact_ddp(model)
+    elif rows:
+        hb.exact_fully_shard(model, units=list(model.transformer.h if kind == "gpt2" else model.model.layers))
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
     start, stop = hb.row_range(rows) if rows else (0, BATCH)
     log = hb.StepLogger(None, BATCH, model=model, optimizer=opt) if rows else None
@@ -114,17 +118,23 @@ def train(kind: str, dev=None, rows=None):
             opt.step()
             opt.zero_grad()
             losses.append(float(loss))
-    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    if rows and wrap == "fsdp2":
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    else:
+        state = model.state_dict()
+    state = {k: v.detach().clone() for k, v in state.items()}
     return losses, state, figures, (log.lines if log is not None else [])
 
 
 def case(name: str) -> None:
-    kind, _, where = name.partition("-")
+    kind, where, wrap = (name.split("-") + ["ddp"])[:3]
     rank = dist.get_rank()
     want_losses, want_state, _, _ = train(kind)
     dev = open_device("host" if rank == 0 else SPECS[where])
     rows = hb.batch_rows(BATCH, WEIGHTS)
-    losses, state, figures, lines = train(kind, dev, rows)
+    losses, state, figures, lines = train(kind, dev, rows, wrap)
     if rank == 0:
         assert not dev.offloads, dev
         diffs = [abs(a - b) / abs(b) for a, b in zip(losses, want_losses)]
