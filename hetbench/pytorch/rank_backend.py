@@ -3,7 +3,7 @@
 
     dev = open_device("sim:mi300x")            # this rank's hetbench backend, open
     model.to(dev.device)                       # torch's device: a GPU torch drives, else the CPU
-    offload(model, dev)                        # every product of its forward and backward on the device
+    dev.offload(model)                         # every product of its forward and backward on the device
     with dev.step() as figures:                # one step's device figures, read after the block
         loss = model(x).loss; loss.backward(); opt.step()
 
@@ -36,7 +36,7 @@ from hetbench.backends.base import (
 from hetbench.backends.host import share_blas_threads, threads_for_rank
 from hetbench.config import parse_backend_spec
 from hetbench.pytorch.device import RankDevice, _local_rank, for_backend
-from hetbench.pytorch.offload import OffloadMode, step_seconds
+from hetbench.pytorch.offload import OffloadMode, offload, step_seconds
 
 _LOCAL_SIZE_VARIABLES = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE")
 _RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "RANK", "SLURM_PROCID")
@@ -76,6 +76,11 @@ class HetbenchDevice:
                 "Conv1D's and attention's, scaled_dot_product_attention's included, forward and backward) run there "
                 f"through hetbench{' (GEMM and copy time modelled)' if self.ops.modelled else ''}, the rest in torch "
                 "on the CPU")
+
+    def offload(self, model: Any) -> Any:
+        """offload.offload(model, self): every product of the model's forward and backward on this device (nothing
+        where torch drives it itself); returns the Offloaded, whose remove() undoes it."""
+        return offload(model, self)
 
     def offloading(self) -> Any:
         """A context in which every product torch is asked for runs on the device (for code outside a module;

@@ -100,7 +100,7 @@ def test_a_transformers_model_trains_on_the_device_as_on_the_cpu(spec, kind, att
     cfg = config(kind, attention)
     plain, moved = pair(cfg)
     dev = device(spec)
-    offloaded = offload(moved, dev)
+    offloaded = dev.offload(moved)  # offload(moved, dev)
     assert offloaded.modules == len(list(moved.modules()))
     x = tokens()
     with dev.step() as figures:
