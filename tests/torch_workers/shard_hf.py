@@ -285,7 +285,8 @@ def refusals() -> None:
             lines.append(str(e))
         else:
             raise AssertionError(f"save_checkpoint({folder}) was not refused")
-        assert not folder.exists() and not [p for p in FOLDER.iterdir() if ".tmp-" in p.name]
+        assert not folder.exists() and not [p for p in FOLDER.iterdir() if ".tmp-" in p.name], folder
+        dist.barrier()  # before rank 0 starts the next save's temporary folder
 
     save_refused("save_checkpoint: extra is not JSON", FOLDER / f"extra-{N}", opt, {"model": model})
     partial = torch.optim.AdamW([model.transformer.h[0].hetbench_flat_shard], lr=LR)
