@@ -486,7 +486,8 @@ class OffloadMode(TorchFunctionMode):
 
     # which thread has it active (the module hooks enter it once, at the outermost offloaded module)
 
-    def _depth(self) -> list[bool]:
+    def _entered(self) -> list[bool]:
+        """This thread's offloaded module calls in progress: whether each entered the mode."""
         stack = getattr(self._local, "entered", None)
         if stack is None:
             stack = self._local.entered = []
@@ -509,10 +510,10 @@ class OffloadMode(TorchFunctionMode):
         entered = not self.active
         if entered:
             self.__enter__()
-        self._depth().append(entered)
+        self._entered().append(entered)
 
     def _post_hook(self, module: nn.Module, args: Any, output: Any) -> None:
-        if self._depth().pop():
+        if self._entered().pop():
             self.__exit__(None, None, None)
 
 
@@ -531,7 +532,7 @@ class Offloaded:
         for handle in self._handles:
             handle.remove()
         self._handles = []
-        if getattr(self.model, _MARK, None) is self:
+        if _MARK in vars(self.model):
             delattr(self.model, _MARK)
 
     def __repr__(self) -> str:
@@ -555,14 +556,22 @@ def offload(model: nn.Module, device: Any) -> Offloaded:
         return Offloaded(model, None, [])
     done = getattr(model, _MARK, None)
     if done is not None:
-        raise ValueError(f"{type(model).__name__} is offloaded already ({done!r}); call .remove() on what "
-                         "offload returned first")
+        raise ValueError(f"{type(model).__name__} is offloaded already ({done}); call .remove() on what offload "
+                         "returned first")
+    # plain functions, not the mode's bound methods: a deep copy of the model (an EMA copy, a pipeline stage) then
+    # shares the mode and its device rather than copying them
+    def pre(module: nn.Module, args: Any) -> None:
+        mode._pre_hook(module, args)
+
+    def post(module: nn.Module, args: Any, output: Any) -> None:
+        mode._post_hook(module, args, output)
+
     handles = []
     for module in model.modules():
-        handles.append(module.register_forward_pre_hook(mode._pre_hook))
-        handles.append(module.register_forward_hook(mode._post_hook, always_call=True))
+        handles.append(module.register_forward_pre_hook(pre))
+        handles.append(module.register_forward_hook(post, always_call=True))
     offloaded = Offloaded(model, mode, handles)
-    setattr(model, _MARK, offloaded)
+    setattr(model, _MARK, f"its products on {getattr(device, 'spec', None) or 'a hetbench device'}")
     return offloaded
 
 
