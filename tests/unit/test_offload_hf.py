@@ -350,3 +350,14 @@ def test_offload_is_refused_twice_and_removed_cleanly():
     model(torch.randn(4, 3))
     assert dev.mode.device_calls == {"linear": 3}
     offload(model, dev).remove()  # allowed again
+
+
+def test_a_deep_copy_of_an_offloaded_model_shares_its_device():
+    import copy
+
+    dev = device("sim:mi300x")
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.ReLU(), torch.nn.Linear(2, 1))
+    offload(model, dev)
+    twin = copy.deepcopy(model)  # an EMA copy, say: its products go to the same device, which is not copied
+    twin(torch.randn(4, 3))
+    assert dev.mode.device_calls == {"linear": 2}
