@@ -43,6 +43,7 @@ from torch.distributed import ReduceOp
 
 from hetbench.comm.vcollectives import displacements as _displs
 from hetbench.comm.progress import Progress
+from hetbench.pytorch import join
 from hetbench.pytorch.metrics import CollectiveMetrics
 from hetbench.comm import watchdog
 from hetbench.comm import gpu
@@ -1164,10 +1165,12 @@ def groups() -> list[HetbenchProcessGroup]:
 
 def create(dist_opts: Any, backend_options: Any = None) -> HetbenchProcessGroup:
     """torch's creator (extended API): a communicator for the group's global ranks, in their order."""
-    # watched where a command armed the watchdog (--timeout): its groups' operations end a job whose peer is silent
-    world = watchdog.world_comm()
     ranks = [int(r) for r in getattr(dist_opts, "global_ranks_in_group", []) or []]
     size = int(dist_opts.group_size)
+    if join.needed(size):  # torchrun's or mp.spawn's ranks: MPI's world made from torch's rendezvous
+        join.join(dist_opts.store, int(dist_opts.group_rank), size)
+    # watched where a command armed the watchdog (--timeout): its groups' operations end a job whose peer is silent
+    world = watchdog.world_comm()
     if not ranks:
         ranks = list(range(size))
     if size != len(ranks):
