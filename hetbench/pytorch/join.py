@@ -98,9 +98,10 @@ def _arrive(store: Any, rank: int, size: int, deadline: float) -> list[str]:
         if not missing:
             return [store.get(key).decode() for key in keys]
         if time.monotonic() > deadline:
-            names = ",".join(map(str, missing))
-            raise JoinError(f"hetbench join: rank(s) {names} of {size} did not reach init_process_group within "
-                            f"{join_timeout():g} s ({TIMEOUT_ENV}); rank {rank} did")
+            arrived = ",".join(str(r) for r in range(size) if r not in missing)
+            raise JoinError(f"hetbench join: rank(s) {','.join(map(str, missing))} of {size} did not join within "
+                            f"{join_timeout():g} s ({TIMEOUT_ENV}); rank(s) {arrived} did (a rank that never calls "
+                            "init_process_group also holds rank 0 in torch's own store)")
         time.sleep(0.05)
 
 

@@ -1,0 +1,19 @@
+"""Under torchrun or spawn.py: each rank prints torch's rank and size beside MPI's, its host, and an all-reduce of
+rank + 1 over the hetbench backend: `torch R/N mpi R/N host H sum S`."""
+
+import socket
+
+import torch
+import torch.distributed as dist
+
+import hetbench.pytorch  # noqa: F401 - registers the backend
+
+dist.init_process_group("hetbench")
+from mpi4py import MPI  # noqa: E402 - MPI started by the join
+
+t = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(t)
+world = MPI.COMM_WORLD
+print(f"torch {dist.get_rank()}/{dist.get_world_size()} mpi {world.Get_rank()}/{world.Get_size()} "
+      f"host {socket.gethostname()} sum {t.item()}", flush=True)
+dist.destroy_process_group()
