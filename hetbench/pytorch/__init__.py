@@ -1,9 +1,10 @@
 """hetbench's PyTorch front end: `import hetbench.pytorch` registers the torch.distributed backend "hetbench" (MPI
 underneath, so one job can span NVIDIA, AMD, OpenCL, simulated and CPU ranks), and gives a user's own script what
 it needs to train across unequal devices: the rank's device, batch rows by weights, DDP and FSDP2 made exact under
-uneven batch shares, hetbench's own FSDP with shards sized by the weights (shard_module), pipeline stages and
-tensor-parallel slices cut by the weights (pipeline, tensor_parallel), and a per-step metrics logger. Needs torch
-(the `torch` extra); hetbench without it works.
+uneven batch shares, a placeholder row for a rank with none (local_batch), hetbench's own FSDP with shards sized by
+the weights (shard_module, its sharded checkpoints and read_checkpoint), pipeline stages and tensor-parallel slices
+cut by the weights (pipeline, tensor_parallel), a hetbench device for the rank that torch cannot drive (open_device,
+its offload), and a per-step metrics logger. Needs torch (the `torch` extra); hetbench without it works.
 """
 
 from __future__ import annotations
@@ -18,9 +19,19 @@ from hetbench.pytorch import backend as _backend  # noqa: E402
 from hetbench.pytorch import rendezvous as _rendezvous  # noqa: E402
 from hetbench.pytorch.backend import BACKEND_NAME, BackendError, HetbenchProcessGroup, set_path  # noqa: E402
 from hetbench.pytorch.device import RankDevice, rank_device  # noqa: E402
-from hetbench.pytorch.fsdp import ShardedModule, WrapError, shard_module, sharded  # noqa: E402
+from hetbench.pytorch.fsdp import (  # noqa: E402
+    ShardedCheckpointError,
+    ShardedModule,
+    ShardedParameterError,
+    WrapError,
+    read_checkpoint,
+    shard_module,
+    sharded,
+)
 from hetbench.pytorch.logger import StepLogger, hetbench_group  # noqa: E402
+from hetbench.pytorch.offload import Offloaded, OffloadMode  # noqa: E402
 from hetbench.pytorch.pipeline import PipelineError, PipelinedModel, pipeline  # noqa: E402
+from hetbench.pytorch.rank_backend import HetbenchDevice, open_device  # noqa: E402
 from hetbench.pytorch.tensor import (  # noqa: E402
     Gathered,
     Pair,
@@ -31,9 +42,11 @@ from hetbench.pytorch.tensor import (  # noqa: E402
     tensor_parallel,
 )
 from hetbench.pytorch.uneven import (  # noqa: E402
+    LocalBatch,
     batch_rows,
     exact_ddp,
     exact_fully_shard,
+    local_batch,
     matmul_rate,
     part_of_mean,
     resolve_weights,
@@ -75,9 +88,11 @@ def collective_metrics(group: object = None) -> dict:
 
 
 __all__ = [
-    "BACKEND_NAME", "BackendError", "Gathered", "HetbenchProcessGroup", "Pair", "PipelineError", "PipelinedModel",
-    "RankDevice", "ShardedModule", "StepLogger", "TensorParallel", "TensorParallelError", "WrapError", "all_ranks",
+    "BACKEND_NAME", "BackendError", "Gathered", "HetbenchDevice", "HetbenchProcessGroup", "LocalBatch", "OffloadMode",
+    "Offloaded", "Pair", "PipelineError", "PipelinedModel", "RankDevice", "ShardedCheckpointError", "ShardedModule",
+    "ShardedParameterError", "StepLogger", "TensorParallel", "TensorParallelError", "WrapError", "all_ranks",
     "batch_rows", "collective_metrics", "exact_ddp", "exact_fully_shard", "heads", "hetbench_group", "init",
-    "matmul_rate", "pair", "part_of_mean", "pipeline", "rank_device", "resolve_weights", "row_range", "set_path",
-    "shard_module", "sharded", "sum_gradients", "tensor_parallel",
+    "local_batch", "matmul_rate", "open_device", "pair", "part_of_mean", "pipeline", "rank_device",
+    "read_checkpoint", "resolve_weights", "row_range", "set_path", "shard_module", "sharded", "sum_gradients",
+    "tensor_parallel",
 ]
