@@ -197,10 +197,10 @@ def run_example(example: str, cwd: Path, replace: dict[str, str] | None = None) 
     return Run(proc.returncode, stdout, proc.stderr, time.monotonic() - start)
 
 
-def ok(run: Run, example: str, codes: tuple[int, ...] = (0,)) -> None:
+def ok(run: Run, example: str, codes: tuple[int, ...] = (0,), traceback: bool = False) -> None:
     assert run.returncode in codes, (f"{example}: exit {run.returncode}\nstdout: {run.stdout[-3000:]}\n"
                                      f"stderr: {run.stderr[-3000:]}")
-    assert "Traceback" not in run.stderr, run.stderr
+    assert traceback or "Traceback" not in run.stderr, run.stderr
 
 
 def has_lines(text: str, *needles: str) -> None:
@@ -256,15 +256,16 @@ class Case:
     prepare: Callable[[Path, pytest.FixtureRequest], None] | None = None  # makes what the examples read
     marks: list = field(default_factory=list)
     codes: tuple[int, ...] = (0,)  # the exit codes the doc allows
+    traceback: bool = False  # the doc shows the last line of Python's traceback (a user's script that raises)
 
 
 RUN: dict[tuple[str, ...], Case] = {}
 
 
 def runs(*examples: str, prepare: Callable[[Path, pytest.FixtureRequest], None] | None = None, marks: list | None = None,
-         codes: tuple[int, ...] = (0,)):
+         codes: tuple[int, ...] = (0,), traceback: bool = False):
     def register(check):
-        RUN[examples] = Case(examples, check, prepare, list(marks or []), codes)
+        RUN[examples] = Case(examples, check, prepare, list(marks or []), codes, traceback)
         return check
     return register
 
@@ -423,6 +424,9 @@ def _compare_gate(r, tmp):
 # docs/pytorch.md: the PyTorch front end; the step lines printed are the doc's (the MLP and its batch are seeded)
 
 needs_torch = pytest.mark.skipif(not HAVE_TORCH, reason="no torch (pip install 'hetbench[torch]')")
+needs_transformers = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                                        reason="no transformers (pip install 'hetbench[transformers]'): the example's "
+                                               "model")
 
 
 def _no_torch(tmp: Path, request) -> None:
@@ -496,6 +500,155 @@ def _uneven_fsdp(r, tmp):
     has_lines(r[0].stdout, "step   0  loss 0.513506", "rows [48, 16]")
 
 
+# docs/pytorch.md, A rank with no rows: the doc's zero_share.py and the test worker (transformers' GPT-2 and Llama)
+
+def _zero_share_py(tmp: Path, request) -> None:
+    (tmp / "zero_share.py").write_text(_doc_block("docs/pytorch.md", "# zero_share.py"))
+
+
+ZERO_SHARE_LOSSES = ("step 0 loss 4.837230", "step 1 loss 4.880049", "step 2 loss 4.863996")
+
+
+@runs(".venv/bin/mpiexec -n 3 .venv/bin/python zero_share.py 2,1,0", prepare=_zero_share_py,
+      marks=[needs_torch, needs_transformers])
+def _zero_share_three(r, tmp):
+    assert r[0].stdout.splitlines() == [f"{line} rows [4, 2, 0]" for line in ZERO_SHARE_LOSSES], r[0].stdout
+
+
+@runs(".venv/bin/python zero_share.py", prepare=_zero_share_py, marks=[needs_torch, needs_transformers])
+def _zero_share_one(r, tmp):
+    assert r[0].stdout.splitlines() == [f"{line} rows [6]" for line in ZERO_SHARE_LOSSES], r[0].stdout
+
+
+@runs(".venv/bin/mpiexec -n 3 .venv/bin/python tests/torch_workers/zero_rows.py 2,1,0",
+      marks=[needs_torch, needs_transformers])
+def _zero_rows_worker(r, tmp):
+    cases = [f"{model}-{strategy}-{loss}" for model in ("gpt2", "llama") for strategy in ("ddp", "fsdp2", "fsdp")
+             for loss in ("hf", "tokens")]
+    assert re.findall(r"^ok (\S+)$", r[0].stdout, re.M) == [*cases, "gpt2-ddp-control"], r[0].stdout
+    has_lines(r[0].stdout, "CASE gpt2 ddp hf rows=4,2,0 loss=9.5e-08 update=1.9e-07 param=1.9e-07",
+              "CASE gpt2 ddp control rows=4,2,0 loss=0.18 update=0.43 param=0.81")
+
+
+# docs/pytorch.md, A hetbench device for your rank: examples/user_device.py (transformers' GPT-2)
+
+USER_DEVICE_LOSSES = ("step 0 loss 4.877473", "step 1 loss 4.862101", "step 2 loss 4.887029", "step 3 loss 4.885949")
+ANY_DEVICE_FIGURES = "2097152 bytes up in 39 uploads, 0 cache hits"
+
+
+@runs(".venv/bin/mpiexec -n 2 .venv/bin/python examples/user_device.py host,sim:mi300x 3,1",
+      marks=[needs_torch, needs_transformers])
+def _user_device_sim(r, tmp):
+    has_lines(r[0].stdout, *(f"{line} rows [12, 4]" for line in USER_DEVICE_LOSSES),
+              f"rank 1: 219 GEMMs 2.191 ms (modelled), copies 0.847 ms, {ANY_DEVICE_FIGURES}",
+              "calls {'addmm': 8, 'scaled_dot_product_attention': 2, 'linear': 1}",
+              "rank 0: HetbenchDevice(host: ", "rank 1: torch cannot drive sim:mi300x (AMD Instinct MI300X (simulated))")
+    last = jsonl(tmp / "train.jsonl")[-1]
+    assert last["timing"] == "modelled" and last["step"] == 3, last
+    assert {k: last["ranks"][1][k] for k in ("samples", "device_gemms", "device_timing")} == {
+        "samples": 4, "device_gemms": 219, "device_timing": "modelled"}, last
+
+
+@runs(".venv/bin/mpiexec -n 2 .venv/bin/python examples/user_device.py host,opencl 3,1",
+      marks=[needs_torch, needs_transformers])
+def _user_device_opencl(r, tmp):
+    has_lines(r[0].stdout, *(f"{line} rows [12, 4]" for line in USER_DEVICE_LOSSES),
+              "rank 1: torch cannot drive opencl (")
+    assert len(re.findall(rf"^  rank 1: 219 GEMMs \S+ ms \(measured\), copies \S+ ms, {ANY_DEVICE_FIGURES}, ",
+                          r[0].stdout, re.M)) == 4, r[0].stdout
+
+
+@runs(".venv/bin/python examples/user_device.py host", marks=[needs_torch, needs_transformers])
+def _user_device_one(r, tmp):
+    lines = r[0].stdout.splitlines()
+    assert lines[:4] == [f"{line} rows [16]" for line in USER_DEVICE_LOSSES], r[0].stdout
+    assert lines[4].startswith("rank 0: HetbenchDevice(host: ") and len(lines) == 5, r[0].stdout
+
+
+def _last_lines(run: Run) -> list[str]:
+    """The ranks' last lines of Python's traceback, as the doc shows them."""
+    return sorted(line for line in run.stderr.splitlines() if re.match(r"^\[rank\d\]: [\w.]+(Error|Unavailable): ", line))
+
+
+@runs(".venv/bin/python examples/user_device.py bogus", marks=[needs_torch, needs_transformers], codes=(1,),
+      traceback=True)
+def _user_device_bogus(r, tmp):
+    assert _last_lines(r[0]) == ["[rank0]: ValueError: unknown backend 'bogus'; accepted: auto, host, opencl[:INDEX], "
+                                 "cupy[:INDEX], sim:MODEL[:INDEX]"], r[0].stderr
+
+
+@runs(".venv/bin/mpiexec -n 2 .venv/bin/python examples/user_device.py host,sim:mi300",
+      marks=[needs_torch, needs_transformers], codes=(1,), traceback=True)
+def _user_device_bad_spec(r, tmp):
+    line = ("ValueError: rank 1: unknown simulated GPU 'mi300' in 'sim:mi300'; accepted: h100, a100, v100, a10g, "
+            "mi300x, mi250x, v520, rx7900xtx, arc-a770")
+    assert _last_lines(r[0]) == [f"[rank0]: {line}", f"[rank1]: {line}"], r[0].stderr
+
+
+@runs("OCL_ICD_VENDORS=/nonexistent .venv/bin/mpiexec -n 2 .venv/bin/python examples/user_device.py host,opencl",
+      marks=[needs_torch, needs_transformers], codes=(1,), traceback=True)
+def _user_device_no_opencl(r, tmp):
+    lines = _last_lines(r[0])
+    assert len(lines) == 2 and all(re.match(r"^\[rank[01]\]: hetbench.backends.base.BackendUnavailable: rank 1 on "
+                                            r"\S+: backend opencl is unavailable: no OpenCL device found: ", line)
+                                   for line in lines), r[0].stderr
+
+
+# docs/pytorch.md, Uneven FSDP: examples/hf_llama_uneven.py (transformers' Llama under shard_module) and hf_methods.py
+
+LLAMA_LOSSES = ("step 0  loss 5.578133  tokens 365", "step 1  loss 5.367810  tokens 391",
+                "step 2  loss 5.205281  tokens 320", "step 3  loss 4.991796  tokens 375",
+                "step 4  loss 4.863618  tokens 374", "step 5  loss 4.783433  tokens 354")
+LLAMA_HELD = {"75": "80112 of 106816 parameters (75.0 %), 320448 + 320448 + 640908 bytes",
+              "25": "26704 of 106816 parameters (25.0 %), 106816 + 106816 + 213644 bytes"}
+
+
+@runs(".venv/bin/mpiexec -n 2 .venv/bin/python examples/hf_llama_uneven.py --backends host,opencl --weights 3,1 "
+      "--checkpointing", marks=[needs_torch, needs_transformers])
+def _llama_two(r, tmp):
+    out = r[0].stdout
+    has_lines(out, "weights [3.0, 1.0], rows [12, 4] of 16", *LLAMA_LOSSES, f"rank 0: {LLAMA_HELD['75']}",
+              f"rank 1: {LLAMA_HELD['25']}", "matches one process: losses within")
+    assert len(re.findall(r"^  rank 1 opencl: 315 GEMMs \S+ ms \(measured\)", out, re.M)) == 6, out
+
+
+@runs(".venv/bin/mpiexec -n 3 .venv/bin/python examples/hf_llama_uneven.py --backends host,opencl,sim:mi300x "
+      "--weights 2,1,0 --steps 3 --save ck", "ls ck",
+      ".venv/bin/mpiexec -n 2 .venv/bin/python examples/hf_llama_uneven.py --weights 1,3 --steps 6 --resume ck",
+      marks=[needs_torch, needs_transformers])
+def _llama_zero_share_saved_resumed(r, tmp):
+    has_lines(r[0].stdout, "weights [2.0, 1.0, 0.0], rows [11, 5, 0] of 16", *LLAMA_LOSSES[:3],
+              "rank 2 sim:mi300x: 93 GEMMs 0.930 ms (modelled), copies 1.165 ms",
+              "rank 2 sim:mi300x: 69 GEMMs 0.690 ms (modelled), copies 1.165 ms",
+              "rank 2: 0 of 106816 parameters (0.0 %), 0 + 0 + 12 bytes",
+              "saved ck: read_checkpoint gives 21 tensors, the trained parameters", "matches one process: losses within")
+    assert r[1].stdout.split() == ["manifest.json", *(f"rank-{rank}.{k}.npy" for rank in (0, 1)
+                                                      for k in ("m", "param", "v"))], r[1].stdout  # rank 2 held none
+    pieces = json.loads((tmp / "ck" / "manifest.json").read_text())["ranks"][1]["pieces"]
+    assert pieces == [[0, 24661, 36992, 0], [1, 24661, 36992, 12331], [2, 21888, 32832, 24662]], pieces
+    has_lines(r[2].stdout, "weights [1.0, 3.0], rows [4, 12] of 16, resumed from ck after 3 steps", *LLAMA_LOSSES[3:5],
+              "step 5  loss 4.78343", f"rank 0: {LLAMA_HELD['25']}", f"rank 1: {LLAMA_HELD['75']}",
+              "matches one process: losses within")
+    assert "step 2 " not in r[2].stdout
+
+
+def _hf_methods_py(tmp: Path, request) -> None:
+    (tmp / "hf_methods.py").write_text(_doc_block("docs/pytorch.md", "# hf_methods.py: what a transformers user "
+                                                  "calls on a model after shard_module"))
+
+
+@runs(".venv/bin/mpiexec -n 2 .venv/bin/python hf_methods.py", "ls gpt2-saved", prepare=_hf_methods_py,
+      marks=[needs_torch, needs_transformers])
+def _hf_methods(r, tmp):
+    has_lines(r[0].stdout, "rank 0: num_parameters() 109312, this rank's shards 81984",
+              "rank 1: num_parameters() 109312, this rank's shards 27328",
+              "ShardedParameterError: Embedding 'transformer.wte': its 'weight' (parameter 'transformer.wte.weight') is "
+              "sharded by hetbench's shard_module", "inside full_params: (128, 64) tied head: True",
+              "plain_state_dict: 29 keys, the same as the unsharded model's: True",
+              "from_pretrained gives the same logits: True")
+    assert r[1].stdout.split() == ["config.json", "generation_config.json", "model.safetensors"], r[1].stdout
+
+
 @runs("mpiexec -n 2 hetbench train --frontend torch --model gpt --layers 4 --pp 2 --weights auto --steps 20 "
       "--backend 0=host,1=sim:mi300x --out pp.json", marks=[needs_torch])
 def _pipeline_two(r, tmp):
@@ -528,8 +681,6 @@ def _pipeline_example(r, tmp):
 
 
 # docs/tensor.md (the 4-rank runs and the 3-rank example slow: make test's time on 2 cores)
-needs_transformers = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
-                                        reason="no transformers (pip install transformers): the example's model")
 
 
 @runs("mpiexec -n 2 hetbench train --frontend torch --model gpt --tp 2 --weights 3,1 --steps 6 --out A.json",
@@ -749,7 +900,7 @@ def test_example_runs_as_written(case: Case, tmp_path, request):
     done = []
     for example in case.examples:
         run = run_example(example, tmp_path)
-        ok(run, example, case.codes)
+        ok(run, example, case.codes, case.traceback)
         done.append(run)
     case.check(done, tmp_path)
 
