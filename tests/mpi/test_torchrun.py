@@ -1,7 +1,8 @@
 """The hetbench backend under PyTorch's own launchers, with no MPI launcher: `torchrun --standalone` and
 torch.multiprocessing.spawn (tests/torch_workers/spawn.py). init_process_group("hetbench") makes MPI's world from
 torch's rendezvous (hetbench/pytorch/join.py); DDP, FSDP2 and shard_module then train what one process trains, a
-join that cannot complete ends every rank within its timeout with one line, and nothing is left running."""
+join that cannot complete ends every rank within its timeout with one line, and nothing is left running. Open MPI
+(mpi4py's openmpi ABI, Debian's openmpi-bin) refuses the join in one line."""
 
 from __future__ import annotations
 
@@ -22,16 +23,40 @@ WORKERS = TESTS / "torch_workers"
 JOIN_TIMEOUT_S = 4
 
 
-def _library() -> str:
-    """The MPI library mpi4py loads here, asked without starting MPI."""
+def _library(env: dict[str, str]) -> str:
+    """The MPI library mpi4py loads with ENV, asked without starting MPI ("" where it cannot load one)."""
     code = ("import mpi4py; mpi4py.rc.initialize = False; from mpi4py import MPI; "
             "print(MPI.Get_library_version().splitlines()[0])")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                             env={**os.environ, **env})
+    except subprocess.TimeoutExpired:
+        return ""
     return out.stdout
 
 
+# mpi4py loads the MPICH wheel's library here, and Open MPI's (Debian's openmpi-bin) where MPI4PY_MPIABI says so
+OPENMPI_ENV = {"MPI4PY_MPIABI": "openmpi", "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+LIBRARIES = {"mpich": {}, "openmpi": OPENMPI_ENV}
+
+
+def _usable(name: str) -> bool:
+    wanted = {"mpich": "MPICH", "openmpi": "Open MPI"}[name]
+    return wanted in _library(LIBRARIES[name])
+
+
+USABLE = {name: _usable(name) for name in LIBRARIES}
+
+
+def case(mpi: str, *values):
+    """A test case under the MPI library MPI, skipped where mpi4py cannot load it."""
+    ids = "-".join([mpi, *(",".join(v) if isinstance(v, list) else str(v) for v in values)])
+    return pytest.param(mpi, *values, id=ids,
+                        marks=pytest.mark.skipif(not USABLE[mpi], reason=f"mpi4py cannot load {mpi} here"))
+
+
 def _launch(launcher: str, nprocs: int, script: Path, args: list[str], env: dict[str, str] | None = None,
-            timeout: float = 180) -> tuple[subprocess.CompletedProcess, float, str]:
+            timeout: float = 180, mpi: str = "mpich") -> tuple[subprocess.CompletedProcess, float, str]:
     """Run SCRIPT under LAUNCHER with a tag in the environment: (the run, its seconds, the tag)."""
     tag = uuid.uuid4().hex
     if launcher == "torchrun":
@@ -41,7 +66,7 @@ def _launch(launcher: str, nprocs: int, script: Path, args: list[str], env: dict
         cmd = [sys.executable, str(WORKERS / "spawn.py"), str(nprocs), str(script), *args]
     full = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_", "HYDRA_", "MPI_"))}
     full.update(PYTHONPATH=f"{REPO}{os.pathsep}{full.get('PYTHONPATH', '')}", OMP_NUM_THREADS="1",
-                HETBENCH_TEST_TAG=tag, **(env or {}))
+                HETBENCH_TEST_TAG=tag, **LIBRARIES[mpi], **(env or {}))
     start = time.monotonic()
     run = run_in_group(cmd, timeout, capture_output=True, text=True, env=full, stdin=subprocess.DEVNULL)
     return run, time.monotonic() - start, tag
@@ -61,23 +86,19 @@ def _tagged(tag: str) -> list[str]:
     return left
 
 
-def _settled(tag: str, seconds: float = 5.0) -> list[str]:
+def _settled(tag: str, seconds: float = 8.0) -> list[str]:
     deadline = time.monotonic() + seconds
     while (left := _tagged(tag)) and time.monotonic() < deadline:
         time.sleep(0.1)
     return left
 
 
-needs_joinable_mpi = pytest.mark.skipif("MPICH" not in _library(),
-                                        reason="joining torch's ranks is done for MPICH (the mpich extra) here")
-
-
 @needs_mpi
-@needs_joinable_mpi
-@pytest.mark.parametrize("launcher", ["torchrun", "spawn"])
-@pytest.mark.parametrize("nprocs,weights", [(2, ["3,1"]), (3, ["0.5,0.3,0.2", "2,1,0"])])
-def test_ddp_and_fsdp2_match_one_process(launcher, nprocs, weights):
-    run, _, tag = _launch(launcher, nprocs, WORKERS / "exact.py", weights)
+@pytest.mark.parametrize("mpi,launcher,nprocs,weights", [
+    case("mpich", "torchrun", 2, ["3,1"]), case("mpich", "torchrun", 3, ["0.5,0.3,0.2", "2,1,0"]),
+    case("mpich", "spawn", 2, ["3,1"]), case("mpich", "spawn", 3, ["0.5,0.3,0.2", "2,1,0"])])
+def test_ddp_and_fsdp2_match_one_process(mpi, launcher, nprocs, weights):
+    run, _, tag = _launch(launcher, nprocs, WORKERS / "exact.py", weights, mpi=mpi)
     assert run.returncode == 0, run.stdout + run.stderr
     cases = re.findall(r"CASE (ddp|fsdp2) (\S+) rows=\S+ loss=(\S+) param=(\S+) ok", run.stdout)
     assert sorted((c[0], c[1]) for c in cases) == sorted((s, w) for s in ("ddp", "fsdp2") for w in weights)
@@ -86,10 +107,10 @@ def test_ddp_and_fsdp2_match_one_process(launcher, nprocs, weights):
 
 
 @needs_mpi
-@needs_joinable_mpi
-@pytest.mark.parametrize("launcher,nprocs,weights", [("torchrun", 2, "3,1"), ("spawn", 3, "0.5,0.3,0.2")])
-def test_shard_module_matches_one_process(launcher, nprocs, weights):
-    run, _, tag = _launch(launcher, nprocs, WORKERS / "fsdp.py", [weights])
+@pytest.mark.parametrize("mpi,launcher,nprocs,weights", [
+    case("mpich", "torchrun", 2, "3,1"), case("mpich", "spawn", 3, "0.5,0.3,0.2")])
+def test_shard_module_matches_one_process(mpi, launcher, nprocs, weights):
+    run, _, tag = _launch(launcher, nprocs, WORKERS / "fsdp.py", [weights], mpi=mpi)
     assert run.returncode == 0, run.stdout + run.stderr
     cases = re.findall(r"CASE (\S+) (\S+) loss=(\S+) param=(\S+) elements=(\S+) ok", run.stdout)
     assert sorted((c[0], c[1]) for c in cases) == sorted([("mlp", weights), ("gpt", weights), ("mlp", "even")])
@@ -98,9 +119,9 @@ def test_shard_module_matches_one_process(launcher, nprocs, weights):
 
 
 @needs_mpi
-@needs_joinable_mpi
-def test_the_world_is_torchs_ranks_in_rank_order():
-    run, _, tag = _launch("torchrun", 3, WORKERS / "join_world.py", [])
+@pytest.mark.parametrize("mpi", [case("mpich")])
+def test_the_world_is_torchs_ranks_in_rank_order(mpi):
+    run, _, tag = _launch("torchrun", 3, WORKERS / "join_world.py", [], mpi=mpi)
     assert run.returncode == 0, run.stdout + run.stderr
     lines = sorted(re.findall(r"torch (\d)/(\d) mpi (\d)/(\d) host \S+ sum (\S+)", run.stdout))
     assert lines == [(str(r), "3", str(r), "3", "6.0") for r in range(3)], run.stdout
@@ -108,12 +129,12 @@ def test_the_world_is_torchs_ranks_in_rank_order():
 
 
 @needs_mpi
-@needs_joinable_mpi
-@pytest.mark.parametrize("launcher", ["torchrun", "spawn"])
-@pytest.mark.parametrize("case", ["late", "killed"])
-def test_a_join_that_cannot_complete_ends_the_job_within_the_timeout(launcher, case):
+@pytest.mark.parametrize("mpi,launcher,case", [
+    case("mpich", "torchrun", "late"), case("mpich", "torchrun", "killed"), case("mpich", "spawn", "late"),
+    case("mpich", "spawn", "killed")])
+def test_a_join_that_cannot_complete_ends_the_job_within_the_timeout(mpi, launcher, case):
     env = {"HETBENCH_JOIN_TIMEOUT": str(JOIN_TIMEOUT_S), "JOIN_CASE": case, "LATE_RANK": "1"}
-    run, seconds, tag = _launch(launcher, 3, WORKERS / "join_late.py", [], env=env, timeout=60)
+    run, seconds, tag = _launch(launcher, 3, WORKERS / "join_late.py", [], env=env, timeout=60, mpi=mpi)
     out = run.stdout + run.stderr
     assert run.returncode != 0, out
     assert seconds <= JOIN_TIMEOUT_S + 10, (seconds, out)
@@ -124,16 +145,26 @@ def test_a_join_that_cannot_complete_ends_the_job_within_the_timeout(launcher, c
         missing = re.match(rf"hetbench join: rank\(s\) ([\d,]+) of 3 did not join within {JOIN_TIMEOUT_S} s "
                            r"\(HETBENCH_JOIN_TIMEOUT\); rank\(s\) ([\d,]+) did", said[0])
         assert missing, said
-        # under spawn, torch's env:// store holds rank 0 until every rank has called init_process_group
+        # under spawn torch's env:// store holds rank 0 until every rank has called init_process_group
         assert "1" in missing[1].split(",") and "2" in missing[2].split(","), said
     assert not _settled(tag), out
 
 
 @needs_mpi
-@needs_joinable_mpi
 def test_a_bad_join_timeout_is_refused_in_one_line():
     run, _, tag = _launch("torchrun", 2, WORKERS / "join_world.py", [], env={"HETBENCH_JOIN_TIMEOUT": "soon"},
                           timeout=60)
     assert run.returncode != 0
     assert "JoinError: HETBENCH_JOIN_TIMEOUT='soon' is not a number of seconds" in run.stderr, run.stderr
+    assert not _settled(tag)
+
+
+@needs_mpi
+@pytest.mark.parametrize("mpi,launcher", [case("openmpi", "torchrun"), case("openmpi", "spawn")])
+def test_open_mpi_refuses_the_join_in_one_line(mpi, launcher):
+    run, seconds, tag = _launch(launcher, 2, WORKERS / "join_world.py", [], mpi=mpi, timeout=60)
+    assert run.returncode != 0
+    said = re.findall(r"JoinError: (hetbench join: .*)", run.stdout + run.stderr)
+    assert said and said[0].startswith("hetbench join: Open MPI cannot join ranks that its mpirun did not start"), (
+        run.stdout + run.stderr)
     assert not _settled(tag)

@@ -9,7 +9,7 @@ import torch.distributed as dist
 import hetbench.pytorch  # noqa: F401 - registers the backend
 
 dist.init_process_group("hetbench")
-from mpi4py import MPI  # noqa: E402 - MPI started by the join
+from mpi4py import MPI  # noqa: E402 - started by the join
 
 t = torch.tensor([float(dist.get_rank() + 1)])
 dist.all_reduce(t)
