@@ -163,6 +163,8 @@ def _argv(example: str) -> tuple[dict[str, str], list[str], bool]:
             argv += [sys.executable, "-m", "hetbench"]
         elif name in ("python", "python3"):
             argv.append(sys.executable)
+        elif name == "torchrun":  # PyTorch's launcher, from this interpreter's torch
+            argv += [sys.executable, "-m", "torch.distributed.run"]
         elif word.split("/")[0] in ("examples", "tests", "hostfiles"):
             argv.append(str(REPO / word))
         else:
@@ -498,6 +500,20 @@ def _uneven_mpmd(r, tmp):
       marks=[needs_torch])
 def _uneven_fsdp(r, tmp):
     has_lines(r[0].stdout, "step   0  loss 0.513506", "rows [48, 16]")
+
+
+@runs(".venv/bin/torchrun --standalone --nproc-per-node 2 examples/torch_uneven.py --strategy fsdp --weights 3,1",
+      marks=[needs_torch])
+def _uneven_fsdp_torchrun(r, tmp):  # the same losses as under mpiexec: MPI's world made from torch's rendezvous
+    has_lines(r[0].stdout, "step   0  loss 0.513506", "step  19  loss 0.086483", "rows [48, 16]",
+              "full state at rank 0: 8 tensors, 3201 parameters")
+
+
+@runs("HETBENCH_JOIN_TIMEOUT=5 .venv/bin/torchrun --standalone --nproc-per-node 2 tests/torch_workers/join_late.py",
+      marks=[needs_torch], codes=(1,), traceback=True)
+def _join_late(r, tmp):
+    has_lines(r[0].stderr, "JoinError: hetbench join: rank(s) 1 of 2 did not join within 5 s (HETBENCH_JOIN_TIMEOUT); "
+                           "rank(s) 0 did")
 
 
 # docs/pytorch.md, A rank with no rows: the doc's zero_share.py and the test worker (transformers' GPT-2 and Llama)
