@@ -891,7 +891,7 @@ class ShardedModule:
         import secrets
         import shutil
 
-        from hetbench.results.io import to_json, write_json_atomic, write_npy_atomic
+        from hetbench.results.io import fsync_folder, to_json, write_json_atomic, write_npy_atomic
 
         folder = Path(folder)
         tmp, error = None, None
@@ -956,7 +956,7 @@ class ShardedModule:
                 if folder.exists():
                     raise OSError(17, "it exists already (made while this save ran)", str(folder))
                 os.rename(tmp, folder)
-                _fsync_folder(folder.parent)  # the rename itself durable
+                fsync_folder(folder.parent)  # the rename itself durable
             except OSError as e:
                 name = f" ({Path(e.filename).name})" if e.filename else ""
                 error = f"cannot write checkpoint {str(folder)!r}{name}: {e.strerror or e}"
@@ -1255,16 +1255,6 @@ def _adopt_transformers_methods(model: nn.Module, engine: ShardedModule) -> None
 
 
 # -- sharded checkpoints -------------------------------------------------------------------------------------------
-def _fsync_folder(folder: Path) -> None:
-    import os
-
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _array_name(key: str) -> str:
     """The file name part of an optimizer state key's array (AdamW's moments as the CLI's fsdp names them)."""
     return ARRAY_NAMES.get(key, key)
@@ -1480,27 +1470,12 @@ class _OpenCheckpoint:
                                                  f"holds {got} elements, its pieces need {n}: truncated")
 
     def _file(self, rank: int, name: str) -> np.ndarray:
-        from hetbench.results.io import regular_file_problem
+        from hetbench.results.io import load_flat_piece
 
         key = (rank, name)
         if key not in self._files:
-            path = self.folder / f"rank-{rank}.{name}.npy"
-            where = f"checkpoint file {str(path)!r}"
-            problem = regular_file_problem(path)
-            if problem:
-                raise ShardedCheckpointError(f"{where} {problem}")
-            try:
-                array = np.load(path, mmap_mode="r", allow_pickle=False)
-            except FileNotFoundError:
-                raise ShardedCheckpointError(f"checkpoint {str(self.folder)!r} is incomplete: {path.name}, which "
-                                             f"its {CHECKPOINT_MANIFEST} names, is missing") from None
-            except OSError as e:
-                raise ShardedCheckpointError(f"cannot read {where}: {e.strerror or e}") from None
-            except (ValueError, EOFError):
-                raise ShardedCheckpointError(f"{where} is not a .npy array (truncated or damaged)") from None
-            if array.dtype != np.float32 or array.ndim != 1:
-                raise ShardedCheckpointError(f"{where} holds {array.dtype} of shape {array.shape}, not a flat "
-                                             "float32 array")
+            array = load_flat_piece(self.folder / f"rank-{rank}.{name}.npy", ShardedCheckpointError,
+                                    CHECKPOINT_MANIFEST)
             self._files[key] = array
         return self._files[key]
 

@@ -211,7 +211,8 @@ def discard(staged: Iterable[StagedFile]) -> None:
             os.unlink(s.temp)
 
 
-def _fsync_folder(folder: Path) -> None:
+def fsync_folder(folder: Path) -> None:
+    """Make a folder's entries (a rename into it) durable, where the file system allows."""
     with contextlib.suppress(OSError):
         fd = os.open(folder, os.O_RDONLY)
         try:
@@ -297,7 +298,7 @@ def commit(staged: list[StagedFile]) -> None:
             with contextlib.suppress(OSError):
                 os.unlink(backup)
     for folder in {s.target.parent for s in staged}:
-        _fsync_folder(folder if str(folder) else Path("."))
+        fsync_folder(folder if str(folder) else Path("."))
 
 
 def _write_atomic(path: Path | str, write: Any, binary: bool = False) -> None:
@@ -568,3 +569,28 @@ def _raw_problem(raw: Any, depth: int = 0) -> str | None:
     if not math.isfinite(raw) or abs(raw) > MAX_RAW_VALUE:
         return f"hold {raw!r}, not a measured value (finite, at most {MAX_RAW_VALUE:g} in size)"
     return None
+
+
+def load_flat_piece(path: Path, error: type[Exception], manifest: str) -> Any:
+    """One rank's flat float32 piece of a sharded checkpoint (rank-<r>.<name>.npy), memory-mapped; anything else
+    (missing, empty, damaged, of another dtype or shape) raises ERROR with one line naming the file."""
+    import numpy as np
+
+    where = f"checkpoint file {str(path)!r}"
+    problem = regular_file_problem(path)
+    if problem:
+        raise error(f"{where} {problem}")
+    try:
+        array = np.load(path, mmap_mode="r", allow_pickle=False)
+    except FileNotFoundError:
+        raise error(f"checkpoint {str(path.parent)!r} is incomplete: {path.name}, which its {manifest} names, is "
+                    "missing") from None
+    except EOFError:  # an empty file (click would take EOFError for an interrupted prompt: exit 130)
+        raise error(f"{where} is empty, not a .npy array") from None
+    except OSError as e:
+        raise error(f"cannot read {where}: {e.strerror or e}") from None
+    except ValueError:
+        raise error(f"{where} is not a .npy array (truncated or damaged)") from None
+    if array.dtype != np.float32 or array.ndim != 1:
+        raise error(f"{where} holds {array.dtype} of shape {array.shape}, not a flat float32 array")
+    return array

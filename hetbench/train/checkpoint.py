@@ -39,7 +39,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from hetbench.results.io import regular_file_problem, write_json_atomic, write_npy_atomic, write_text_atomic
+from hetbench.results.io import (load_flat_piece, regular_file_problem, write_json_atomic, write_npy_atomic,
+                                 write_text_atomic)
 from hetbench.train import Piece, strategies
 from hetbench.train.precision import TRAIN_DTYPES
 
@@ -277,26 +278,7 @@ class PieceFiles:
     def _file(self, rank: int, name: str) -> np.ndarray:
         key = (rank, name)
         if key not in self._arrays:
-            path = self.folder / f"rank-{rank}.{name}.npy"
-            where = repr(str(path))
-            problem = regular_file_problem(path)
-            if problem:
-                raise CheckpointError(f"checkpoint file {where} {problem}")
-            try:
-                array = np.load(path, mmap_mode="r", allow_pickle=False)
-            except FileNotFoundError:
-                raise CheckpointError(f"checkpoint {str(self.folder)!r} is incomplete: {path.name}, which its "
-                                      f"{MANIFEST} names, is missing") from None
-            except EOFError:  # an empty file (click would take EOFError for an interrupted prompt: exit 130)
-                raise CheckpointError(f"checkpoint file {where} is empty, not a .npy array") from None
-            except OSError as e:
-                raise CheckpointError(f"cannot read checkpoint file {where}: {e.strerror or e}") from None
-            except ValueError:
-                raise CheckpointError(f"checkpoint file {where} is not a .npy array (truncated, or of another "
-                                      "format)") from None
-            if array.dtype != np.float32 or array.ndim != 1:
-                raise CheckpointError(f"checkpoint file {where} holds {array.dtype} of shape {array.shape}, not "
-                                      "a flat float32 array")
+            array = load_flat_piece(self.folder / f"rank-{rank}.{name}.npy", CheckpointError, MANIFEST)
             self._arrays[key] = array
         return self._arrays[key]
 
