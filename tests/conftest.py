@@ -26,6 +26,7 @@ def pytest_configure(config):
     unignore_sigint()
     if not hasattr(config, "workerinput"):  # the session's first process (pytest-xdist's workers inherit the mark)
         os.environ[SESSION_MARK] = f"{os.getpid()}-{time.time_ns()}"
+        _SHM_BEFORE.update(_shm_segments())
         if os.environ.get("HETBENCH_TEST_SPIN") != "1":
             _preload_yield_backoff(config)
     else:
@@ -76,6 +77,43 @@ def pytest_report_header(config):
     return [said] if said else []
 
 
+# Shared-memory segments that MPI jobs leave in /dev/shm (RAM) when a rank is killed or aborts, as many tests make
+# them do: MPICH's mpich_shm_*, Open MPI's vader_segment.*, UCX's ucx_shm_*. A session found 10 GB of them left by
+# earlier ones. Those the session made and no live process maps are removed at its end.
+SHM = Path("/dev/shm")
+SHM_PREFIXES = ("mpich_shm_", "vader_segment.", "ucx_shm_")
+_SHM_BEFORE: set[str] = set()
+
+
+def _shm_segments() -> set[str]:
+    try:
+        return {name for name in os.listdir(SHM) if name.startswith(SHM_PREFIXES)}
+    except OSError:
+        return set()
+
+
+def _mapped_segments() -> set[str]:
+    mapped: set[str] = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                text = (entry / "maps").read_text(errors="replace")
+            except OSError:
+                continue
+            mapped.update(line.rsplit("/", 1)[-1].split(" ")[0] for line in text.splitlines() if "/dev/shm/" in line)
+    return mapped
+
+
+def _remove_left_segments() -> None:
+    left = _shm_segments() - _SHM_BEFORE
+    if left:
+        for name in left - _mapped_segments():
+            try:
+                (SHM / name).unlink()
+            except OSError:
+                pass
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session, exitstatus):
     """No orphan: once the session is over (xdist's workers ended), no process it started may still be alive. Those
@@ -87,6 +125,7 @@ def pytest_sessionfinish(session, exitstatus):
     if hasattr(session.config, "workerinput") or SESSION_MARK not in os.environ:
         return
     left = wait_gone(f"{SESSION_MARK}={os.environ[SESSION_MARK]}", ORPHAN_GRACE_SECONDS, exclude=(os.getpid(),))
+    _remove_left_segments()
     if not left:
         return
     for pid, _ in left:
