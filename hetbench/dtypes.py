@@ -97,3 +97,20 @@ def to_host_dtype(x: np.ndarray, dtype: DType) -> np.ndarray:
     if dtype.name == "bf16":
         out = round_to_bf16(out)
     return out
+
+
+# the dtypes training computes in, and those of them that keep float32 masters beside (hetbench/train/precision.py)
+TRAIN_DTYPES = ("fp32", "fp16", "bf16")
+MIXED_DTYPES = ("fp16", "bf16")
+
+
+def train_dtype(dtype: DType | str) -> DType:
+    """The DType of a training run; ValueError for one training does not compute in (fp64)."""
+    dtype = get_dtype(dtype) if isinstance(dtype, str) else dtype
+    if dtype.name not in TRAIN_DTYPES:
+        raise ValueError(f"training computes in {', '.join(TRAIN_DTYPES)}, not {dtype.name}")
+    return dtype
+
+
+def is_mixed(dtype: DType | str) -> bool:
+    return (dtype if isinstance(dtype, str) else dtype.name) in MIXED_DTYPES

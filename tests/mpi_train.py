@@ -19,7 +19,7 @@ from hetbench.comm.world import World
 from hetbench.train import data_parallel
 from hetbench.train.data_parallel import train_ddp, train_fsdp
 from hetbench.train.model import ModelConfig
-from hetbench.train.ops import HostOps, Ops
+from hetbench.harness.ops import HostOps, Ops
 
 STRATEGIES = {"ddp": train_ddp, "fsdp": train_fsdp}
 

@@ -26,7 +26,7 @@ from hetbench.harness.split_plan import shares
 from hetbench.comm.world import World
 from hetbench.train import StepLog
 from hetbench.train.model import ModelConfig
-from hetbench.train.ops import HostOps, Ops
+from hetbench.harness.ops import HostOps, Ops
 from hetbench.train.optim import make_optimizer
 from hetbench.train.pipeline import train_pipeline
 from hetbench.train.reference import reference

@@ -217,7 +217,7 @@ class CupyBackend:
     @property
     def array_module(self) -> Any:
         """The cupy module: this device's arrays support NumPy's API, so `hetbench train` keeps a rank's training
-        state on the GPU and computes its elementwise work there too (hetbench/train/ops.py)."""
+        state on the GPU and computes its elementwise work there too (hetbench/harness/ops.py)."""
         return self._cupy
 
     @property

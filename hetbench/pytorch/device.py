@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from hetbench.backends.base import MPI_MEMORY_KINDS, TIMING_MODELLED, capabilities
+from hetbench.config import parse_backend_spec
 
 GPU_KINDS = tuple(k for k in MPI_MEMORY_KINDS if k in ("cuda", "hip"))
 
@@ -86,8 +87,6 @@ def rank_device(backend: str | None = None, local_rank: int | None = None) -> Ra
     line naming it and the accepted specs): auto and cupy take the GPU torch sees (the local rank's, round robin),
     host the CPU; opencl and sim ranks compute on the CPU in torch. To compute on the device itself, open it:
     hetbench.pytorch.rank_backend.open_device, then offload."""
-    from hetbench.config import parse_backend_spec
-
     name = (backend or "auto").strip().lower()
     if local_rank is None:
         local_rank = _local_rank()

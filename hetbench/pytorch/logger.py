@@ -82,7 +82,7 @@ class StepLogger:
             self.pg.split_idle = True
             self.pg.metrics.take()  # the steps' figures start here
         self.next_step = first_step
-        # hetbench.train.ops.Ops of a rank whose matmuls run on a hetbench device (hetbench.pytorch.offload): its
+        # hetbench.harness.ops.Ops of a rank whose matmuls run on a hetbench device (hetbench.pytorch.offload): its
         # GEMM and copy clocks go into the step's figures, and on a simulated device the modelled GEMM and copy
         # time replaces the host's wall time emulating them
         self.device_ops: Any = None

@@ -1,6 +1,6 @@
 """Torch matmuls on a hetbench device that torch itself cannot drive (an OpenCL device, a simulated GPU, a CuPy GPU
 of a torch build without it): a custom autograd function whose forward and both backward products run on the
-rank's hetbench backend through hetbench.train.ops.Ops (operands uploaded, results downloaded; the GEMMs' device
+rank's hetbench backend through hetbench.harness.ops.Ops (operands uploaded, results downloaded; the GEMMs' device
 time measured, or modelled on a simulated device, and the copies' time kept apart), while the rest of the model runs
 in torch on the CPU.
 

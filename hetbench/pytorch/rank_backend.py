@@ -35,6 +35,7 @@ from hetbench.backends.base import (
 )
 from hetbench.backends.host import share_blas_threads, threads_for_rank
 from hetbench.config import parse_backend_spec
+from hetbench.harness.ops import Ops
 from hetbench.pytorch.device import RankDevice, _local_rank, for_backend
 from hetbench.pytorch.offload import OffloadMode, offload, step_seconds
 
@@ -203,9 +204,6 @@ def _open(spec: str, dtype: str, local_rank: int | None, local_size: int | None,
     except UnsupportedDtype as e:
         backend.close()
         raise UnsupportedDtype(f"{_where()}: {e}") from None
-    # the CLI's GEMM engine (clocks, staging, the step's weight cache); it lives in train/, above this package
-    from hetbench.train.ops import Ops
-
     label = spec_label(parsed, info)
     rank = for_backend(backend, label, local_rank)
     ops = None if rank.torch_has_device else Ops(backend, dtype)

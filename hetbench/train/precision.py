@@ -35,28 +35,14 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from hetbench.dtypes import DType, array_module, get_dtype
+from hetbench.dtypes import MIXED_DTYPES, TRAIN_DTYPES, DType, array_module, get_dtype, is_mixed, train_dtype
 
-TRAIN_DTYPES = ("fp32", "fp16", "bf16")
-MIXED_DTYPES = ("fp16", "bf16")
 MASTER_DTYPE = "fp32"
 INITIAL_SCALE = 2.0**16
 GROWTH_INTERVAL = 100
 BACKOFF_FACTOR = 0.5
 GROWTH_FACTOR = 2.0
 SCALE_ENV = "HETBENCH_TRAIN_INITIAL_SCALE"
-
-
-def train_dtype(dtype: DType | str) -> DType:
-    """The DType of a training run; ValueError for one training does not compute in (fp64)."""
-    dtype = get_dtype(dtype) if isinstance(dtype, str) else dtype
-    if dtype.name not in TRAIN_DTYPES:
-        raise ValueError(f"training computes in {', '.join(TRAIN_DTYPES)}, not {dtype.name}")
-    return dtype
-
-
-def is_mixed(dtype: DType | str) -> bool:
-    return (dtype if isinstance(dtype, str) else dtype.name) in MIXED_DTYPES
 
 
 def initial_scale(dtype: DType | str) -> float:

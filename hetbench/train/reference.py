@@ -18,7 +18,7 @@ from hetbench.train.model import (
     teacher_params,
     unflatten,
 )
-from hetbench.train.ops import HostOps
+from hetbench.harness.ops import HostOps
 from hetbench.train.optim import make_optimizer
 from hetbench.train.precision import LossScaler
 

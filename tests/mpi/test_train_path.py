@@ -16,7 +16,7 @@ from hetbench.backends.base import BackendSpec
 from hetbench.backends.host import HostBackend
 from hetbench.train.numpy_frontend.run import RESIDENT_ENV
 from hetbench.train.model import ModelConfig
-from hetbench.train.ops import Ops
+from hetbench.harness.ops import Ops
 from hetbench.train.reference import reference
 from hetbench.train.transport import Transport
 

@@ -16,7 +16,7 @@ from hetbench.backends.base import BackendSpec
 from hetbench.harness.split_plan import shares
 from hetbench.dtypes import get_dtype, round_to_bf16, round_to_dtype
 from hetbench.train.model import ModelConfig, layer_forward
-from hetbench.train.ops import HostOps, Ops
+from hetbench.harness.ops import HostOps, Ops
 from hetbench.train.precision import GROWTH_INTERVAL, INITIAL_SCALE, SCALE_ENV, LossScaler
 from hetbench.train.reference import reference
 

@@ -42,7 +42,7 @@ def optimizer(name: str, params) -> torch.optim.Optimizer:
 
 def sim_ops():
     from hetbench.backends.base import BackendSpec, open_backend
-    from hetbench.train.ops import Ops
+    from hetbench.harness.ops import Ops
 
     return Ops(open_backend(BackendSpec("sim", model="mi300x"), 0, 1), "fp32")
 

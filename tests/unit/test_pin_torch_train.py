@@ -145,7 +145,7 @@ def test_a_step_of_no_time_has_no_rate(clock: Clock) -> None:
 
 
 class Device:
-    """hetbench.train.ops.Ops of a rank computing on a simulated device."""
+    """hetbench.harness.ops.Ops of a rank computing on a simulated device."""
 
     def __init__(self, modelled: bool) -> None:
         self.modelled = modelled

@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 import numpy as np  # noqa: E402
 
 from hetbench.train import model as np_model  # noqa: E402
-from hetbench.train.ops import HostOps  # noqa: E402
+from hetbench.harness.ops import HostOps  # noqa: E402
 from hetbench.train.torch_frontend import models  # noqa: E402
 from hetbench.train.torch_frontend.models import (  # noqa: E402
     GPT_DEFAULTS,

@@ -12,7 +12,7 @@ from helpers import HAVE_OPENCL
 torch = pytest.importorskip("torch")
 
 from hetbench.backends.base import BackendSpec, open_backend  # noqa: E402
-from hetbench.train.ops import Ops  # noqa: E402
+from hetbench.harness.ops import Ops  # noqa: E402
 
 SPECS = ["host", "sim:mi300x"] + (["opencl:0"] if HAVE_OPENCL else [])
 # the backends that copy (the host backend computes on host arrays as they are)

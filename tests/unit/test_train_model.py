@@ -21,7 +21,7 @@ from hetbench.train.model import (
     teacher_params,
     unflatten,
 )
-from hetbench.train.ops import HostOps, Ops
+from hetbench.harness.ops import HostOps, Ops
 from hetbench.train.optim import AdamW, make_optimizer
 from hetbench.train.reference import reference
 

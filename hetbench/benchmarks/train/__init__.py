@@ -153,7 +153,7 @@ class Train:
 
     def dtype(self, cfg: TrainConfig) -> Any:
         """What every rank's device must compute in: fp32. Mixed precision computes fp16/bf16 natively where the
-        device offers it and emulates it with fp32 GEMMs elsewhere (hetbench/train/ops.py), so no device is
+        device offers it and emulates it with fp32 GEMMs elsewhere (hetbench/harness/ops.py), so no device is
         refused for lacking the reduced dtype."""
         return parse_dtype("fp32")
 

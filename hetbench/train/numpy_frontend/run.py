@@ -20,7 +20,7 @@ from hetbench.results.profile import ProfileError, load_profile
 from hetbench.train import strategies
 from hetbench.train.checkpoint import Checkpoint, CheckpointError
 from hetbench.train.model import ModelConfig
-from hetbench.train.ops import Ops
+from hetbench.harness.ops import Ops
 from hetbench.train.outcome import (
     AUTO_REBALANCE_STEPS,
     ROOT,
@@ -42,7 +42,7 @@ from hetbench.train.summary import gathers_hidden, reduction, warmup
 @dataclass
 class TrainState:
     opened: OpenDevice
-    ops: Any  # hetbench.train.ops.Ops over the rank's device
+    ops: Any  # hetbench.harness.ops.Ops over the rank's device
     devices: list[tuple[str, str]] = field(default_factory=list)
     profile: Any = None
     resume: Any = None  # hetbench.train.checkpoint.Checkpoint with --resume
@@ -163,7 +163,7 @@ def run_rank(cfg: Any, world: World, state: TrainState,
 def _facts(cfg: Any, world: World, state: TrainState) -> dict[str, Any]:
     """The rank's facts for its row: its device, how its time is taken, its GEMMs' dtype and path (mixed precision:
     in the dtype on the device itself, or emulated: fp32 GEMMs on rounded operands, timed at fp32's rate; see
-    hetbench/train/ops.py) and where its training state lives ("device": a GPU's array library, "host": NumPy)."""
+    hetbench/harness/ops.py) and where its training state lives ("device": a GPU's array library, "host": NumPy)."""
     return {"host": world.host, "backend": state.opened.spec, "vendor": state.opened.info.vendor,
             "device": state.opened.info.name, "device_timing": state.opened.backend.timing,
             "compute_dtype": cfg.dtype.name, "compute_path": state.ops.compute_path,

@@ -34,7 +34,7 @@ from hetbench.pytorch.offload import offload_linears, step_seconds
 from hetbench.results.profile import ProfileError, load_profile
 from hetbench.train import BatchShares, StepLog, strategies
 from hetbench.train.checkpoint import TORCH_FORMAT, CheckpointError
-from hetbench.train.ops import Ops
+from hetbench.harness.ops import Ops
 from hetbench.train.optim import ADAMW_WEIGHT_DECAY
 from hetbench.train.outcome import (
     AUTO_REBALANCE_STEPS,
@@ -65,7 +65,7 @@ class TorchTrainState:
     task: TaskConfig
     profile: Any = None
     resume: Any = None  # hetbench.train.torch_frontend.checkpoint.TorchCheckpoint with --resume
-    ops: Any = None  # hetbench.train.ops.Ops where the model's products run on the rank's hetbench device
+    ops: Any = None  # hetbench.harness.ops.Ops where the model's products run on the rank's hetbench device
     world_size: int = 1
     owns_group: bool = False
     memory_bytes: Any = None  # fsdp: every rank's free memory where its state lives (None: unknown), capping shares

@@ -17,9 +17,9 @@ Ops keeps three clocks, reset at every step:
 - wall_seconds: the host's wall time inside matmul() altogether, so a step can tell its own elementwise time apart
   (and, on a simulated device, replace the emulation's wall time with the modelled times).
 
-Mixed precision (dtype fp16 or bf16; see precision.py): matmul's operands are rounded to the dtype and its
-result is rounded to it (the device accumulates in fp32, as tensor cores and matrix cores do), returned as float32
-holding the dtype's values. How the GEMM runs (`native`):
+Mixed precision (dtype fp16 or bf16; see hetbench/train/precision.py): matmul's operands are rounded to the dtype
+and its result is rounded to it (the device accumulates in fp32, as tensor cores and matrix cores do), returned as
+float32 holding the dtype's values. How the GEMM runs (`native`):
 - native: the device offers the dtype (info().dtypes) and computes it in hardware: the operands go up in the
   dtype, the backend's own GEMM in the dtype (a simulated device models its time at the dtype's rate).
 - emulated: otherwise (bf16 on most devices, fp16 on PoCL without cl_khr_fp16), and always on the host backend:
@@ -55,8 +55,7 @@ import numpy as np
 
 from hetbench.backends.base import BACKEND_NAMES, TIMING_MODELLED, capabilities
 from hetbench.backends.host import HostBackend
-from hetbench.dtypes import DType, get_dtype, round_to_dtype, to_host_dtype
-from hetbench.train.precision import is_mixed, train_dtype
+from hetbench.dtypes import DType, get_dtype, is_mixed, round_to_dtype, to_host_dtype, train_dtype
 
 
 class Ops:
