@@ -123,7 +123,7 @@ def test_shard_module_matches_one_process(mpi, launcher, nprocs, weights):
 def test_the_world_is_torchs_ranks_in_rank_order(mpi):
     run, _, tag = _launch("torchrun", 3, WORKERS / "join_world.py", [], mpi=mpi)
     assert run.returncode == 0, run.stdout + run.stderr
-    lines = sorted(re.findall(r"torch (\d)/(\d) mpi (\d)/(\d) host \S+ sum (\S+)", run.stdout))
+    lines = sorted(re.findall(r"torch (\d)/(\d) mpi (\d)/(\d) host \S+ sum (\d+\.\d)", run.stdout))
     assert lines == [(str(r), "3", str(r), "3", "6.0") for r in range(3)], run.stdout
     assert not _settled(tag)
 

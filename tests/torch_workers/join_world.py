@@ -2,6 +2,7 @@
 rank + 1 over the hetbench backend: `torch R/N mpi R/N host H sum S`."""
 
 import socket
+import sys
 
 import torch
 import torch.distributed as dist
@@ -14,6 +15,7 @@ from mpi4py import MPI  # noqa: E402 - started by the join
 t = torch.tensor([float(dist.get_rank() + 1)])
 dist.all_reduce(t)
 world = MPI.COMM_WORLD
-print(f"torch {dist.get_rank()}/{dist.get_world_size()} mpi {world.Get_rank()}/{world.Get_size()} "
-      f"host {socket.gethostname()} sum {t.item()}", flush=True)
+sys.stdout.write(f"torch {dist.get_rank()}/{dist.get_world_size()} mpi {world.Get_rank()}/{world.Get_size()} "
+                 f"host {socket.gethostname()} sum {t.item()}\n")  # one write: torchrun interleaves the ranks' writes
+sys.stdout.flush()
 dist.destroy_process_group()
