@@ -64,6 +64,9 @@ hb.init()); its figures go into that group's metrics (allgather, reduce_scatter)
 
 from __future__ import annotations
 
+import os
+import secrets
+import shutil
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -80,6 +83,8 @@ from hetbench.comm.vcollectives import gatherv
 from hetbench.comm.progress import Progress, threads_allowed
 from hetbench.pytorch.logger import held_bytes, hetbench_group
 from hetbench.pytorch.uneven import resolve_weights
+from hetbench.results.io import (fsync_folder, load_flat_piece, regular_file_problem, to_json, write_json_atomic,
+                                 write_npy_atomic)
 
 SHARD_NAME = "hetbench_flat_shard"  # the flat-shard parameter each unit (and the root) registers
 FROZEN_NAME = "hetbench_frozen_shard"  # a unit's frozen elements of the rank's slice, where it has any
@@ -214,6 +219,20 @@ def flat_layout(model: nn.Module, units: Sequence[nn.Module] = ()) -> list[UnitL
             for (m, n), params, still in zip(listed, per, frozen) if params or still or m is not model]
 
 
+
+def _parameter_aliases(model: nn.Module) -> tuple[dict[int, list[tuple[nn.Module, str]]], dict[int, str]]:
+    """Every name each parameter of `model` has ({id(parameter): [(module, attribute)]}, tied ones under each of
+    their modules) and each module's first name ({id(module): name})."""
+    aliases: dict[int, list[tuple[nn.Module, str]]] = {}
+    module_names: dict[int, str] = {}
+    for mname, m in model.named_modules(remove_duplicate=False):
+        module_names.setdefault(id(m), mname)
+        for attr, p in list(m._parameters.items()):
+            if p is not None:
+                aliases.setdefault(id(p), []).append((m, attr))
+    return aliases, module_names
+
+
 @dataclass
 class _Unit:
     index: int
@@ -307,55 +326,17 @@ class ShardedModule:
         self.device = next(iter(params.values())).device if params else torch.device("cpu")
         self.element_weights = self._capped_weights(sum(lay.size for lay in layouts), memory_bytes, optimizer)
         modules = {n: m for m, n in listed}
-        aliases: dict[int, list[tuple[nn.Module, str]]] = {}
-        module_names: dict[int, str] = {}
-        for mname, m in model.named_modules(remove_duplicate=False):
-            module_names.setdefault(id(m), mname)
-            for attr, p in list(m._parameters.items()):
-                if p is not None:
-                    aliases.setdefault(id(p), []).append((m, attr))
+        aliases, module_names = _parameter_aliases(model)
         # the model's own state dict, as it was: every key in order (a tied parameter under each of its names, the
         # persistent buffers), each parameter's key naming the flat-vector entry that holds it (None: a buffer)
         first_name = {id(p): n for n, p in params.items()}
         every_name = dict(model.named_parameters(remove_duplicate=False))
         self.state_keys: list[tuple[str, str | None]] = [
             (key, first_name[id(every_name[key])] if key in every_name else None) for key in model.state_dict()]
-        self.units: list[_Unit] = []
-        for index, lay in enumerate(layouts):
-            module = modules[lay.name]
-            tensors = [params[n] for n, _ in lay.params]
-            with torch.no_grad():
-                flat = torch.cat([t.detach().reshape(-1) for t in tensors]) if tensors else torch.zeros(0)
-            counts = plan.shares(self.element_weights, lay.size)
-            offset = sum(counts[:self.rank])
-            # every rank's slice of rank 0's values (MPI Scatterv): the ranks start alike even where the model was
-            # made without a common seed
-            mine = np.empty(counts[self.rank], dtype=np.float32)
-            self.comm.Scatterv([flat.detach().to("cpu").numpy(), (counts, _displs(counts))] if self.rank == 0 else
-                               None, mine, root=0)
-            held = torch.from_numpy(mine).to(self.device)
-            trainable = lay.trainable_size
-            train_counts = [max(0, min(start + c, trainable) - start) for start, c in zip(_displs(counts), counts)]
-            if lay.frozen:  # the trainable part a parameter, the frozen rest one that takes no gradient
-                shard = nn.Parameter(held[:train_counts[self.rank]])
-                frozen = nn.Parameter(held[train_counts[self.rank]:], requires_grad=False)
-            else:
-                shard, frozen = nn.Parameter(held), None
-                held = shard
-            unit = _Unit(index, lay.name, module, lay, counts, offset, shard, held, train_counts,
-                         [aliases[id(t)] for t in tensors], root=module is model)
-            unit.frozen_shard = frozen
-            self.units.append(unit)
-        # the originals go; each unit (and the root) registers its flat shard instead. A module that held one reads
-        # its name as sharded from now on (_mark_sharded): outside the forward, one line says what to call
-        for unit in self.units:
-            for (pname, _), names_ in zip(unit.layout.params, unit.aliases):
-                for m, attr in names_:
-                    del m._parameters[attr]
-                    _mark_sharded(m, attr, module_names.get(id(m), ""), pname)
-            unit.module.register_parameter(SHARD_NAME, unit.shard)
-            if unit.frozen_shard is not None:
-                unit.module.register_parameter(FROZEN_NAME, unit.frozen_shard)
+        self.units: list[_Unit] = [
+            self._make_unit(index, lay, modules[lay.name], [params[n] for n, _ in lay.params], aliases)
+            for index, lay in enumerate(layouts)]
+        self._replace_originals(module_names)
         self.root = next((u for u in self.units if u.root), None)
         self.prefetch = bool(prefetch) and self.size > 1 and len(self.units) > 1
         self.progress: Any = None  # the progress engine, made on the first prefetched gather
@@ -379,6 +360,45 @@ class ShardedModule:
         self._full_params = False  # inside full_params(): every unit gathered, its parameters readable
         setattr(model, ATTR, self)
         _adopt_transformers_methods(model, self)
+
+    def _make_unit(self, index: int, lay: UnitLayout, module: nn.Module, tensors: list[torch.Tensor],
+                   aliases: dict[int, list[tuple[nn.Module, str]]]) -> _Unit:
+        """Collective: the unit of layout `lay` (its parameters `tensors`, in order), holding this rank's slice of
+        rank 0's values of them (the originals are still in place)."""
+        with torch.no_grad():
+            flat = torch.cat([t.detach().reshape(-1) for t in tensors]) if tensors else torch.zeros(0)
+        counts = plan.shares(self.element_weights, lay.size)
+        offset = sum(counts[:self.rank])
+        # every rank's slice of rank 0's values (MPI Scatterv): the ranks start alike even where the model was
+        # made without a common seed
+        mine = np.empty(counts[self.rank], dtype=np.float32)
+        self.comm.Scatterv([flat.detach().to("cpu").numpy(), (counts, _displs(counts))] if self.rank == 0 else
+                           None, mine, root=0)
+        held = torch.from_numpy(mine).to(self.device)
+        trainable = lay.trainable_size
+        train_counts = [max(0, min(start + c, trainable) - start) for start, c in zip(_displs(counts), counts)]
+        if lay.frozen:  # the trainable part a parameter, the frozen rest one that takes no gradient
+            shard = nn.Parameter(held[:train_counts[self.rank]])
+            frozen = nn.Parameter(held[train_counts[self.rank]:], requires_grad=False)
+        else:
+            shard, frozen = nn.Parameter(held), None
+            held = shard
+        unit = _Unit(index, lay.name, module, lay, counts, offset, shard, held, train_counts,
+                     [aliases[id(t)] for t in tensors], root=module is self.model)
+        unit.frozen_shard = frozen
+        return unit
+
+    def _replace_originals(self, module_names: dict[int, str]) -> None:
+        """The original parameters go; each unit (and the root) registers its flat shard instead. A module that held
+        one reads its name as sharded from now on (_mark_sharded): outside the forward, one line says what to call."""
+        for unit in self.units:
+            for (pname, _), names_ in zip(unit.layout.params, unit.aliases):
+                for m, attr in names_:
+                    del m._parameters[attr]
+                    _mark_sharded(m, attr, module_names.get(id(m), ""), pname)
+            unit.module.register_parameter(SHARD_NAME, unit.shard)
+            if unit.frozen_shard is not None:
+                unit.module.register_parameter(FROZEN_NAME, unit.frozen_shard)
 
     # -- shares -------------------------------------------------------------------------------------------------
     def _capped_weights(self, total: int, memory_bytes: Sequence[int | None] | None, optimizer: str) -> list[float]:
@@ -887,32 +907,8 @@ class ShardedModule:
         step counts and hyperparameters, `extra`, which must be JSON). All of it is written into a temporary
         folder beside `folder`, renamed into place once complete: a save that fails leaves no `folder`. Returns
         the folder. Raises ShardedCheckpointError, the same on every rank."""
-        import os
-        import secrets
-        import shutil
-
-        from hetbench.results.io import fsync_folder, to_json, write_json_atomic, write_npy_atomic
-
         folder = Path(folder)
-        tmp, error = None, None
-        if self.rank == 0:
-            try:
-                if folder.exists() or folder.is_symlink():
-                    raise ShardedCheckpointError(f"checkpoint folder {str(folder)!r} exists already; save each "
-                                                 "checkpoint to a new folder")
-                to_json({"extra": extra})  # the caller's extra must be JSON before anything is written
-                folder.parent.mkdir(parents=True, exist_ok=True)
-                tmp = folder.parent / f".{folder.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-                tmp.mkdir()
-            except ShardedCheckpointError as e:
-                error = str(e)
-            except (TypeError, ValueError) as e:
-                error = f"save_checkpoint: extra is not JSON ({e})"
-            except OSError as e:
-                error = f"cannot write checkpoint folder {str(folder)!r}: {e.strerror or e}"
-        tmp, error = self.comm.bcast((tmp, error), root=0)
-        if error:
-            raise ShardedCheckpointError(error)
+        tmp = self._checkpoint_tmp(folder, extra)
         # what each rank's optimizer holds of its shards, agreed before any file is written (every rank writes the
         # same arrays)
         mine = _optimizer_facts(self, optimizer)
@@ -933,38 +929,67 @@ class ShardedModule:
                 shutil.rmtree(tmp, ignore_errors=True)
             self.comm.Barrier()  # every rank raises once nothing of the save is left
             raise ShardedCheckpointError(failed[0])
-        error = None
-        if self.rank == 0:
-            arrays = ["param", *(_array_name(k) for k in (opt or {}).get("state", []))]
-            document = {
-                "format": CHECKPOINT_FORMAT, "torch_version": torch.__version__, "ranks_saved": self.size,
-                "weights": list(self.weights), "element_weights": list(self.element_weights),
-                "layout": [u.layout.to_dict() for u in self.units], "counts": [list(u.counts) for u in self.units],
-                "state_keys": [[k, n] for k, n in self.state_keys], "arrays": arrays,
-                "ranks": [{"rank": r, "pieces": p, "files": {a: f"rank-{r}.{a}.npy" for a in arrays} if p else {}}
-                          for r, (p, _) in enumerate(said)],
-                "optimizer": opt, "buffers": None, "extra": extra}
-            try:
-                buffers = self._buffers()
-                if buffers:
-                    with open(tmp / BUFFERS_FILE, "wb") as f:
-                        torch.save(buffers, f)
-                        f.flush()
-                        os.fsync(f.fileno())
-                    document["buffers"] = BUFFERS_FILE
-                write_json_atomic(tmp / CHECKPOINT_MANIFEST, document)  # last: a folder without it is no checkpoint
-                if folder.exists():
-                    raise OSError(17, "it exists already (made while this save ran)", str(folder))
-                os.rename(tmp, folder)
-                fsync_folder(folder.parent)  # the rename itself durable
-            except OSError as e:
-                name = f" ({Path(e.filename).name})" if e.filename else ""
-                error = f"cannot write checkpoint {str(folder)!r}{name}: {e.strerror or e}"
-                shutil.rmtree(tmp, ignore_errors=True)
+        error = self._finish_checkpoint(folder, tmp, opt, said, extra) if self.rank == 0 else None
         error = self.comm.bcast(error, root=0)
         if error:
             raise ShardedCheckpointError(error)
         return folder
+
+    def _checkpoint_tmp(self, folder: Path, extra: dict[str, Any] | None) -> Path:
+        """Collective: the temporary folder beside `folder` that save_checkpoint writes into, made by rank 0 once
+        `folder` is found absent and `extra` JSON. Raises ShardedCheckpointError, the same on every rank."""
+        tmp, error = None, None
+        if self.rank == 0:
+            try:
+                if folder.exists() or folder.is_symlink():
+                    raise ShardedCheckpointError(f"checkpoint folder {str(folder)!r} exists already; save each "
+                                                 "checkpoint to a new folder")
+                to_json({"extra": extra})  # the caller's extra must be JSON before anything is written
+                folder.parent.mkdir(parents=True, exist_ok=True)
+                tmp = folder.parent / f".{folder.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+                tmp.mkdir()
+            except ShardedCheckpointError as e:
+                error = str(e)
+            except (TypeError, ValueError) as e:
+                error = f"save_checkpoint: extra is not JSON ({e})"
+            except OSError as e:
+                error = f"cannot write checkpoint folder {str(folder)!r}: {e.strerror or e}"
+        tmp, error = self.comm.bcast((tmp, error), root=0)
+        if error:
+            raise ShardedCheckpointError(error)
+        return tmp
+
+    def _finish_checkpoint(self, folder: Path, tmp: Path, opt: dict[str, Any] | None,
+                           said: list[tuple[list[list[int]], str | None]], extra: dict[str, Any] | None) -> str | None:
+        """Rank 0's end of save_checkpoint, once every rank's files are in `tmp` (`said`: each rank's pieces): the
+        buffers, then the manifest, then `tmp` renamed to `folder`. Returns None, or the error (`tmp` removed)."""
+        arrays = ["param", *(_array_name(k) for k in (opt or {}).get("state", []))]
+        document = {
+            "format": CHECKPOINT_FORMAT, "torch_version": torch.__version__, "ranks_saved": self.size,
+            "weights": list(self.weights), "element_weights": list(self.element_weights),
+            "layout": [u.layout.to_dict() for u in self.units], "counts": [list(u.counts) for u in self.units],
+            "state_keys": [[k, n] for k, n in self.state_keys], "arrays": arrays,
+            "ranks": [{"rank": r, "pieces": p, "files": {a: f"rank-{r}.{a}.npy" for a in arrays} if p else {}}
+                      for r, (p, _) in enumerate(said)],
+            "optimizer": opt, "buffers": None, "extra": extra}
+        try:
+            buffers = self._buffers()
+            if buffers:
+                with open(tmp / BUFFERS_FILE, "wb") as f:
+                    torch.save(buffers, f)
+                    f.flush()
+                    os.fsync(f.fileno())
+                document["buffers"] = BUFFERS_FILE
+            write_json_atomic(tmp / CHECKPOINT_MANIFEST, document)  # last: a folder without it is no checkpoint
+            if folder.exists():
+                raise OSError(17, "it exists already (made while this save ran)", str(folder))
+            os.rename(tmp, folder)
+            fsync_folder(folder.parent)  # the rename itself durable
+        except OSError as e:
+            name = f" ({Path(e.filename).name})" if e.filename else ""
+            shutil.rmtree(tmp, ignore_errors=True)
+            return f"cannot write checkpoint {str(folder)!r}{name}: {e.strerror or e}"
+        return None
 
     def _write_pieces(self, tmp: Path, optimizer: torch.optim.Optimizer | None, opt: dict[str, Any] | None,
                       write: Callable[[Any, np.ndarray], None]) -> list[list[int]]:
@@ -1358,8 +1383,6 @@ class _OpenCheckpoint:
     def __init__(self, folder: Path) -> None:
         import json
 
-        from hetbench.results.io import regular_file_problem
-
         self.folder = folder
         if not folder.exists():
             raise ShardedCheckpointError(f"checkpoint folder {str(folder)!r} does not exist")
@@ -1470,8 +1493,6 @@ class _OpenCheckpoint:
                                                  f"holds {got} elements, its pieces need {n}: truncated")
 
     def _file(self, rank: int, name: str) -> np.ndarray:
-        from hetbench.results.io import load_flat_piece
-
         key = (rank, name)
         if key not in self._files:
             array = load_flat_piece(self.folder / f"rank-{rank}.{name}.npy", ShardedCheckpointError,
@@ -1515,8 +1536,6 @@ class _OpenCheckpoint:
     def buffers(self, keys: set[str] | None) -> dict[str, torch.Tensor]:
         """The persistent buffers rank 0 saved (checked against `keys`, the model's; None: not checked)."""
         import warnings
-
-        from hetbench.results.io import regular_file_problem
 
         name = self.manifest.get("buffers")
         if not name:
