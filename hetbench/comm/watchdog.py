@@ -240,11 +240,27 @@ def init_mpi() -> Any:
     return MPI
 
 
-def world_comm() -> Any:
-    """MPI's COMM_WORLD, watched where the watchdog is armed (for code that makes its own communicators from it)."""
+class _Joined:
+    world: Any = None  # the job's world where it is not COMM_WORLD: Open MPI singletons merged (pytorch/join.py)
+
+
+def set_world(comm: Any) -> None:
+    """Make COMM (every rank of the job) the world that world_comm() gives, in place of MPI's COMM_WORLD."""
+    _Joined.world = comm
+
+
+def raw_world() -> Any:
+    """The job's world, unwatched: MPI's COMM_WORLD, or the one set_world() gave."""
     from mpi4py import MPI
 
-    return watched(MPI.COMM_WORLD) if armed() else MPI.COMM_WORLD
+    return _Joined.world if _Joined.world is not None else MPI.COMM_WORLD
+
+
+def world_comm() -> Any:
+    """The job's world (raw_world()), watched where the watchdog is armed (for code that makes its own communicators
+    from it)."""
+    world = raw_world()
+    return watched(world) if armed() else world
 
 
 def wait_all(requests: list[Any]) -> Any:

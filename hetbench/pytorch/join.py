@@ -1,13 +1,15 @@
 """MPI started from torch's rendezvous, for ranks that no MPI launcher started: under torchrun (single or multi node),
 torch.multiprocessing.spawn, or any script that calls init_process_group("hetbench", rank=, world_size=) with a
-store of its own. MPI's COMM_WORLD then holds torch's ranks in torch's RANK order.
+store of its own. MPI's world then holds torch's ranks in torch's RANK order.
 
 How, by the MPI library mpi4py loaded (asked before MPI starts):
   MPICH     rank 0 starts a PMI-1 server (hetbench/comm/pmi_server.py) and puts its address in torch's store; every
             rank connects to it and MPI_Init takes that socket as its launcher's (PMI_FD). Needs rank 0's host to
             accept TCP on one port (HETBENCH_PMI_PORT, default any free one) from every rank's host.
-  Open MPI  refused, in one line on every rank: joined singletons (ompi-server, connect/accept) hung in
-            MPI_Finalize at exit; Open MPI's mpirun starts such a job instead.
+  Open MPI  each rank starts as a singleton reaching an ompi-server that rank 0 starts; the ranks join one at a
+            time, in RANK order, by MPI_Comm_connect/accept, each join merged into one intracommunicator, which
+            hetbench takes as its world (hetbench.comm.watchdog.raw_world; MPI's COMM_WORLD stays each rank's own).
+            They are not finalized: joined singletons' MPI_Finalize hung at exit one run in a few (4.1.4).
 Before MPI starts every rank says in the store that it has arrived and waits for all: a rank that has not arrived
 within HETBENCH_JOIN_TIMEOUT seconds (default 120) ends the join on every rank that did, with one line naming it.
 """
@@ -22,6 +24,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from hetbench.comm import watchdog
 from hetbench.signals import started_by_launcher
 
 TIMEOUT_ENV = "HETBENCH_JOIN_TIMEOUT"
@@ -64,7 +67,7 @@ def check_world(size: int) -> None:
     init_process_group under torchrun started a job of one)."""
     from mpi4py import MPI
 
-    world = MPI.COMM_WORLD
+    world = watchdog.raw_world()
     if world.Get_size() < size:
         raise JoinError(f"hetbench join: MPI's world has {world.Get_size()} rank(s) and torch's {size}: MPI was "
                         "started before init_process_group (mpi4py.MPI imported first?); under torchrun or "
@@ -76,7 +79,9 @@ def _mpi_library() -> tuple[Any, str]:
 
     if "mpi4py.MPI" not in sys.modules:
         mpi4py.rc.initialize = False  # MPI starts once the job is made, not on import
-        mpi4py.rc.finalize = True
+        # joined Open MPI singletons are not finalized: their MPI_Finalize hung at exit in libevent's cleanup
+        # (Open MPI 4.1.4) one run in a few; mpi4py reads this on import, before MPI names itself
+        mpi4py.rc.finalize = _abi() != "openmpi"
     from mpi4py import MPI
 
     text = MPI.Get_library_version()
@@ -176,13 +181,86 @@ def join(store: Any, rank: int, size: int) -> None:
         check_world(size)
         return
     if library == "openmpi":
-        # Open MPI 4.1's singletons were joined (ompi-server, connect/accept, merged in RANK order) and trained DDP
-        # and FSDP2 exactly, but their MPI_Finalize hung at exit in one run of a few: refused until that is solved
-        raise JoinError("hetbench join: Open MPI cannot join ranks that its mpirun did not start (their MPI_Finalize "
-                        "hangs at exit): launch with Open MPI's mpirun, or run torchrun over the MPICH wheel "
-                        "(pip install 'hetbench[mpich]')")
+        _join_openmpi(MPI, store, rank, size, deadline)
+        check_world(size)
+        return
     if library != "mpich":
         raise JoinError(f"hetbench join: mpi4py's MPI is {library!r}; ranks that no MPI launcher started are joined "
-                        "under MPICH only: launch with that MPI's mpiexec instead")
+                        "under MPICH and Open MPI only: launch with that MPI's mpiexec instead")
     _join_mpich(MPI, store, rank, _arrive(store, rank, size, deadline), deadline)
     check_world(size)
+
+
+def _abi() -> str:
+    """The MPI ABI mpi4py is about to load ("mpich", "openmpi"), asked of mpi4py's loader before mpi4py.MPI is
+    imported ("" where this mpi4py cannot say)."""
+    try:
+        from mpi4py import _mpiabi
+
+        return str(_mpiabi._get_mpiabi())
+    except Exception:  # noqa: BLE001 - an mpi4py without the loader: finalized as usual
+        return ""
+
+
+def _start_ompi_server(deadline: float) -> str:
+    """Rank 0: ompi-server's URI, or "error:<why>". It runs under a shell that kills it once rank 0's end of its
+    stdin closes (rank 0 gone, however it ended)."""
+    import shutil
+    import tempfile
+
+    exe = shutil.which("ompi-server")
+    if exe is None:
+        return "error:Open MPI's ompi-server, which joins Open MPI's ranks, is not on PATH (Debian: openmpi-bin)"
+    folder = tempfile.mkdtemp(prefix="hetbench-join-")
+    uri_file = os.path.join(folder, "uri")  # `-r -` does not reach a pipe: ompi-server does not flush it
+    script = '"$0" --no-daemonize -r "$1" </dev/null >/dev/null 2>&1 & pid=$!; read _; kill $pid; rm -rf "$2"'
+    server = subprocess.Popen(["sh", "-c", script, exe, uri_file, folder], stdin=subprocess.PIPE)
+    _State.server, _State.pipe = server, os.dup(server.stdin.fileno())  # type: ignore[union-attr]
+    while time.monotonic() < deadline:
+        try:
+            with open(uri_file) as f:
+                uri = f.read().strip()
+        except OSError:
+            uri = ""
+        if uri:
+            return uri
+        if server.poll() is not None:
+            return "error:ompi-server ended before it gave its address"
+        time.sleep(0.05)
+    return f"error:ompi-server gave no address within {join_timeout():g} s"
+
+
+def _join_openmpi(MPI: Any, store: Any, rank: int, size: int, deadline: float) -> None:
+    _arrive(store, rank, size, deadline)
+    key = "hetbench/join/ompi-server"
+    if rank == 0:
+        store.set(key, _start_ompi_server(deadline))
+    uri = _get(store, key, deadline, "rank 0's ompi-server address")
+    if uri.startswith("error:"):
+        raise JoinError(f"hetbench join: {uri[6:]}")
+    os.environ["OMPI_MCA_pmix_server_uri"] = uri  # connect/accept between singletons goes through it
+    MPI.Init_thread(MPI.THREAD_MULTIPLE)
+    # one rank at a time, in RANK order: the ranks joined so far accept, the next connects, and the two sides merge
+    # into one intracommunicator with the newcomer last (concurrent connects hang Open MPI 4.1)
+    comm = MPI.COMM_SELF
+    if rank == 0:
+        port = MPI.Open_port()
+        store.set("hetbench/join/ompi-port", port)
+    else:
+        port = _get(store, "hetbench/join/ompi-port", deadline, "rank 0's MPI port")
+        _get(store, f"hetbench/join/ompi-turn/{rank}", deadline, f"rank {rank}'s turn to connect")
+        inter = MPI.COMM_SELF.Connect(port, root=0)
+        comm = inter.Merge(high=True)
+        inter.Free()  # not Disconnect, which waits for ever on Open MPI 4.1
+    for newcomer in range(rank + 1, size):
+        if rank == 0:
+            store.set(f"hetbench/join/ompi-turn/{newcomer}", "go")
+        inter = comm.Accept(port if rank == 0 else None, root=0)
+        merged = inter.Merge(high=False)
+        inter.Free()
+        if comm != MPI.COMM_SELF:
+            comm.Free()
+        comm = merged
+    if rank == 0:
+        MPI.Close_port(port)
+    watchdog.set_world(comm)

@@ -1,8 +1,8 @@
 """The hetbench backend under PyTorch's own launchers, with no MPI launcher: `torchrun --standalone` and
 torch.multiprocessing.spawn (tests/torch_workers/spawn.py). init_process_group("hetbench") makes MPI's world from
 torch's rendezvous (hetbench/pytorch/join.py); DDP, FSDP2 and shard_module then train what one process trains, a
-join that cannot complete ends every rank within its timeout with one line, and nothing is left running. Open MPI
-(mpi4py's openmpi ABI, Debian's openmpi-bin) refuses the join in one line."""
+join that cannot complete ends every rank within its timeout with one line, and nothing is left running: under MPICH
+(the mpich extra) and Open MPI (mpi4py's openmpi ABI over Debian's openmpi-bin)."""
 
 from __future__ import annotations
 
@@ -96,7 +96,9 @@ def _settled(tag: str, seconds: float = 8.0) -> list[str]:
 @needs_mpi
 @pytest.mark.parametrize("mpi,launcher,nprocs,weights", [
     case("mpich", "torchrun", 2, ["3,1"]), case("mpich", "torchrun", 3, ["0.5,0.3,0.2", "2,1,0"]),
-    case("mpich", "spawn", 2, ["3,1"]), case("mpich", "spawn", 3, ["0.5,0.3,0.2", "2,1,0"])])
+    case("mpich", "spawn", 2, ["3,1"]), case("mpich", "spawn", 3, ["0.5,0.3,0.2", "2,1,0"]),
+    case("openmpi", "torchrun", 2, ["3,1"]), case("openmpi", "torchrun", 3, ["0.5,0.3,0.2", "2,1,0"]),
+    case("openmpi", "spawn", 3, ["0.5,0.3,0.2"])])
 def test_ddp_and_fsdp2_match_one_process(mpi, launcher, nprocs, weights):
     run, _, tag = _launch(launcher, nprocs, WORKERS / "exact.py", weights, mpi=mpi)
     assert run.returncode == 0, run.stdout + run.stderr
@@ -108,7 +110,8 @@ def test_ddp_and_fsdp2_match_one_process(mpi, launcher, nprocs, weights):
 
 @needs_mpi
 @pytest.mark.parametrize("mpi,launcher,nprocs,weights", [
-    case("mpich", "torchrun", 2, "3,1"), case("mpich", "spawn", 3, "0.5,0.3,0.2")])
+    case("mpich", "torchrun", 2, "3,1"), case("mpich", "spawn", 3, "0.5,0.3,0.2"), case("openmpi", "torchrun", 2, "3,1"),
+    case("openmpi", "spawn", 3, "0.5,0.3,0.2")])
 def test_shard_module_matches_one_process(mpi, launcher, nprocs, weights):
     run, _, tag = _launch(launcher, nprocs, WORKERS / "fsdp.py", [weights], mpi=mpi)
     assert run.returncode == 0, run.stdout + run.stderr
@@ -119,7 +122,7 @@ def test_shard_module_matches_one_process(mpi, launcher, nprocs, weights):
 
 
 @needs_mpi
-@pytest.mark.parametrize("mpi", [case("mpich")])
+@pytest.mark.parametrize("mpi", [case("mpich"), case("openmpi")])
 def test_the_world_is_torchs_ranks_in_rank_order(mpi):
     run, _, tag = _launch("torchrun", 3, WORKERS / "join_world.py", [], mpi=mpi)
     assert run.returncode == 0, run.stdout + run.stderr
@@ -131,7 +134,7 @@ def test_the_world_is_torchs_ranks_in_rank_order(mpi):
 @needs_mpi
 @pytest.mark.parametrize("mpi,launcher,case", [
     case("mpich", "torchrun", "late"), case("mpich", "torchrun", "killed"), case("mpich", "spawn", "late"),
-    case("mpich", "spawn", "killed")])
+    case("mpich", "spawn", "killed"), case("openmpi", "torchrun", "late"), case("openmpi", "spawn", "killed")])
 def test_a_join_that_cannot_complete_ends_the_job_within_the_timeout(mpi, launcher, case):
     env = {"HETBENCH_JOIN_TIMEOUT": str(JOIN_TIMEOUT_S), "JOIN_CASE": case, "LATE_RANK": "1"}
     run, seconds, tag = _launch(launcher, 3, WORKERS / "join_late.py", [], env=env, timeout=60, mpi=mpi)
@@ -156,15 +159,4 @@ def test_a_bad_join_timeout_is_refused_in_one_line():
                           timeout=60)
     assert run.returncode != 0
     assert "JoinError: HETBENCH_JOIN_TIMEOUT='soon' is not a number of seconds" in run.stderr, run.stderr
-    assert not _settled(tag)
-
-
-@needs_mpi
-@pytest.mark.parametrize("mpi,launcher", [case("openmpi", "torchrun"), case("openmpi", "spawn")])
-def test_open_mpi_refuses_the_join_in_one_line(mpi, launcher):
-    run, seconds, tag = _launch(launcher, 2, WORKERS / "join_world.py", [], mpi=mpi, timeout=60)
-    assert run.returncode != 0
-    said = re.findall(r"JoinError: (hetbench join: .*)", run.stdout + run.stderr)
-    assert said and said[0].startswith("hetbench join: Open MPI cannot join ranks that its mpirun did not start"), (
-        run.stdout + run.stderr)
     assert not _settled(tag)
