@@ -48,11 +48,12 @@ def _usable(name: str) -> bool:
 USABLE = {name: _usable(name) for name in LIBRARIES}
 
 
-def case(mpi: str, *values):
-    """A test case under the MPI library MPI, skipped where mpi4py cannot load it."""
+def case(mpi: str, *values, slow: bool = False):
+    """A test case under the MPI library MPI, skipped where mpi4py cannot load it; SLOW: run by `make test-slow` and
+    CI only (a second launcher or library for what a faster case already covers)."""
     ids = "-".join([mpi, *(",".join(v) if isinstance(v, list) else str(v) for v in values)])
-    return pytest.param(mpi, *values, id=ids,
-                        marks=pytest.mark.skipif(not USABLE[mpi], reason=f"mpi4py cannot load {mpi} here"))
+    marks = [pytest.mark.skipif(not USABLE[mpi], reason=f"mpi4py cannot load {mpi} here")]
+    return pytest.param(mpi, *values, id=ids, marks=marks + ([pytest.mark.slow] if slow else []))
 
 
 def _launch(launcher: str, nprocs: int, script: Path, args: list[str], env: dict[str, str] | None = None,
@@ -96,9 +97,9 @@ def _settled(tag: str, seconds: float = 8.0) -> list[str]:
 @needs_mpi
 @pytest.mark.parametrize("mpi,launcher,nprocs,weights", [
     case("mpich", "torchrun", 2, ["3,1"]), case("mpich", "torchrun", 3, ["0.5,0.3,0.2", "2,1,0"]),
-    case("mpich", "spawn", 2, ["3,1"]), case("mpich", "spawn", 3, ["0.5,0.3,0.2", "2,1,0"]),
-    case("openmpi", "torchrun", 2, ["3,1"]), case("openmpi", "torchrun", 3, ["0.5,0.3,0.2", "2,1,0"]),
-    case("openmpi", "spawn", 3, ["0.5,0.3,0.2"])])
+    case("mpich", "spawn", 2, ["3,1"], slow=True), case("mpich", "spawn", 3, ["0.5,0.3,0.2", "2,1,0"]),
+    case("openmpi", "torchrun", 2, ["3,1"]), case("openmpi", "torchrun", 3, ["0.5,0.3,0.2", "2,1,0"], slow=True),
+    case("openmpi", "spawn", 3, ["0.5,0.3,0.2"], slow=True)])
 def test_ddp_and_fsdp2_match_one_process(mpi, launcher, nprocs, weights):
     run, _, tag = _launch(launcher, nprocs, WORKERS / "exact.py", weights, mpi=mpi)
     assert run.returncode == 0, run.stdout + run.stderr
@@ -110,8 +111,8 @@ def test_ddp_and_fsdp2_match_one_process(mpi, launcher, nprocs, weights):
 
 @needs_mpi
 @pytest.mark.parametrize("mpi,launcher,nprocs,weights", [
-    case("mpich", "torchrun", 2, "3,1"), case("mpich", "spawn", 3, "0.5,0.3,0.2"), case("openmpi", "torchrun", 2, "3,1"),
-    case("openmpi", "spawn", 3, "0.5,0.3,0.2")])
+    case("mpich", "torchrun", 2, "3,1"), case("mpich", "spawn", 3, "0.5,0.3,0.2", slow=True),
+    case("openmpi", "torchrun", 2, "3,1", slow=True), case("openmpi", "spawn", 3, "0.5,0.3,0.2")])
 def test_shard_module_matches_one_process(mpi, launcher, nprocs, weights):
     run, _, tag = _launch(launcher, nprocs, WORKERS / "fsdp.py", [weights], mpi=mpi)
     assert run.returncode == 0, run.stdout + run.stderr
