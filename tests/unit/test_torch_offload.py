@@ -427,3 +427,17 @@ def test_thread_counts_share_the_cores_and_keep_one_pool_spinning(monkeypatch, c
     assert trainer.thread_counts(local_size, offloaded) == want
     monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's count wins: nothing is set
     assert trainer.thread_counts(local_size, offloaded) == (None, None)
+
+
+def test_step_seconds_replaces_the_emulation_with_the_modelled_time_on_a_simulated_device():
+    from types import SimpleNamespace
+
+    from hetbench.pytorch.offload import step_seconds
+
+    # 5 s of wall time, 1 s of it the host emulating the device's products, modelled as 0.25 s of GEMMs and 0.5 s
+    # of copies: the span took 5 - 1 + 0.25 + 0.5
+    modelled = SimpleNamespace(modelled=True, wall_seconds=1.0, compute_seconds=0.25, copy_seconds=0.5)
+    assert step_seconds(modelled, 5.0) == 4.75
+    measured = SimpleNamespace(modelled=False, wall_seconds=1.0, compute_seconds=0.25, copy_seconds=0.5)
+    assert step_seconds(measured, 5.0) == 5.0  # a real device's wall time is the step's
+    assert step_seconds(None, 5.0) == 5.0
