@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from helpers import (_CURRENT, _FORKSERVER, _RANK_SERVERS, NO_MPIEXEC, SESSION_MARK, _checkout_entries, check_run_group,
-                     unignore_sigint, wait_gone)
+                     remove_left_segments, shm_segments, unignore_sigint, wait_gone)
 
 # how long the processes of a finished test session may take to end before they count as orphans
 ORPHAN_GRACE_SECONDS = 15.0
@@ -26,7 +26,7 @@ def pytest_configure(config):
     unignore_sigint()
     if not hasattr(config, "workerinput"):  # the session's first process (pytest-xdist's workers inherit the mark)
         os.environ[SESSION_MARK] = f"{os.getpid()}-{time.time_ns()}"
-        _SHM_BEFORE.update(_shm_segments())
+        _SHM_BEFORE.update(shm_segments())
         if os.environ.get("HETBENCH_TEST_SPIN") != "1":
             _preload_yield_backoff(config)
     else:
@@ -77,41 +77,7 @@ def pytest_report_header(config):
     return [said] if said else []
 
 
-# Shared-memory segments that MPI jobs leave in /dev/shm (RAM) when a rank is killed or aborts, as many tests make
-# them do: MPICH's mpich_shm_*, Open MPI's vader_segment.*, UCX's ucx_shm_*. A session found 10 GB of them left by
-# earlier ones. Those the session made and no live process maps are removed at its end.
-SHM = Path("/dev/shm")
-SHM_PREFIXES = ("mpich_shm_", "vader_segment.", "ucx_shm_")
-_SHM_BEFORE: set[str] = set()
-
-
-def _shm_segments() -> set[str]:
-    try:
-        return {name for name in os.listdir(SHM) if name.startswith(SHM_PREFIXES)}
-    except OSError:
-        return set()
-
-
-def _mapped_segments() -> set[str]:
-    mapped: set[str] = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                text = (entry / "maps").read_text(errors="replace")
-            except OSError:
-                continue
-            mapped.update(line.rsplit("/", 1)[-1].split(" ")[0] for line in text.splitlines() if "/dev/shm/" in line)
-    return mapped
-
-
-def _remove_left_segments() -> None:
-    left = _shm_segments() - _SHM_BEFORE
-    if left:
-        for name in left - _mapped_segments():
-            try:
-                (SHM / name).unlink()
-            except OSError:
-                pass
+_SHM_BEFORE: set[str] = set()  # the shared-memory segments there before the session (helpers.shm_segments)
 
 
 @pytest.hookimpl(trylast=True)
@@ -125,7 +91,7 @@ def pytest_sessionfinish(session, exitstatus):
     if hasattr(session.config, "workerinput") or SESSION_MARK not in os.environ:
         return
     left = wait_gone(f"{SESSION_MARK}={os.environ[SESSION_MARK]}", ORPHAN_GRACE_SECONDS, exclude=(os.getpid(),))
-    _remove_left_segments()
+    remove_left_segments(_SHM_BEFORE)
     if not left:
         return
     for pid, _ in left:

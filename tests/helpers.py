@@ -770,3 +770,43 @@ def script_checks(script: Path, args: list[str], nprocs: int | None, timeout: fl
                 said[rest.split(":")[0]] = line
         _CHECK_JOBS[key] = (run.returncode, said, run.stderr)
     return _CHECK_JOBS[key]
+
+
+# Shared-memory segments that MPI jobs leave in /dev/shm (RAM) when a rank is killed or aborts, as many tests and the
+# hostile battery make them do: MPICH's mpich_shm_*, Open MPI's vader_segment.*, UCX's ucx_shm_*. A session found
+# 10 GB of them left by earlier ones. The test session and the battery remove those they made that no live process
+# maps when they end.
+SHM = Path("/dev/shm")
+SHM_PREFIXES = ("mpich_shm_", "vader_segment.", "ucx_shm_")
+
+
+def shm_segments() -> set[str]:
+    try:
+        return {name for name in os.listdir(SHM) if name.startswith(SHM_PREFIXES)}
+    except OSError:
+        return set()
+
+
+def _mapped_segments() -> set[str]:
+    mapped: set[str] = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                text = (entry / "maps").read_text(errors="replace")
+            except OSError:
+                continue
+            mapped.update(line.rsplit("/", 1)[-1].split(" ")[0] for line in text.splitlines() if "/dev/shm/" in line)
+    return mapped
+
+
+def remove_left_segments(before: set[str]) -> int:
+    """Remove the segments made since BEFORE (shm_segments() then) that no live process maps; how many."""
+    left = shm_segments() - before
+    removed = 0
+    for name in left - _mapped_segments() if left else ():
+        try:
+            (SHM / name).unlink()
+            removed += 1
+        except OSError:
+            pass
+    return removed

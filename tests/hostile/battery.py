@@ -49,7 +49,7 @@ sys.path.insert(1, str(HERE.parent))  # tests/: the suite's helpers
 
 from cases import Case, build_cases  # noqa: E402
 from forkserver import ForkServer, ServerGone, Unavailable  # noqa: E402
-from helpers import handles_sigterm, unignore_sigint  # noqa: E402
+from helpers import handles_sigterm, remove_left_segments, shm_segments, unignore_sigint  # noqa: E402
 from helpers import rank_of as environment_rank  # noqa: E402
 
 TRACEBACK = "Traceback (most recent call last)"
@@ -832,6 +832,7 @@ def main() -> int:
             print(f"{c.id:60} {c.command:12} {c.kind:10} {c.expect}")
         print(f"{len(cases)} cases")
         return 0
+    segments_before = shm_segments()  # those its killed jobs leave are removed at the end
     work = Path(tempfile.mkdtemp(prefix="hetbench-hostile-"))
     (work / "_forkservers").mkdir()
     SERVER_DIR.append(work / "_forkservers")
@@ -878,6 +879,7 @@ def main() -> int:
             target = line.split()[1] if len(line.split()) > 1 else ""
             if target.startswith(str(work) + "/"):
                 subprocess.run(["umount", "-l", target], capture_output=True)
+        remove_left_segments(segments_before)
     wall = time.monotonic() - started
     outcomes.sort(key=lambda o: ids.index(o.id))
     failed = [o for o in outcomes if not o.passed]
