@@ -21,7 +21,6 @@ import socket
 import subprocess
 import sys
 import time
-from datetime import timedelta
 from typing import Any
 
 from hetbench.comm import watchdog
@@ -65,8 +64,6 @@ def needed(size: int) -> bool:
 def check_world(size: int) -> None:
     """MPI already running: its world must be torch's (a script that imported mpi4py.MPI before
     init_process_group under torchrun started a job of one)."""
-    from mpi4py import MPI
-
     world = watchdog.raw_world()
     if world.Get_size() < size:
         raise JoinError(f"hetbench join: MPI's world has {world.Get_size()} rank(s) and torch's {size}: MPI was "
@@ -180,14 +177,14 @@ def join(store: Any, rank: int, size: int) -> None:
     if MPI.Is_initialized():
         check_world(size)
         return
-    if library == "openmpi":
-        _join_openmpi(MPI, store, rank, size, deadline)
-        check_world(size)
-        return
-    if library != "mpich":
+    if library not in ("mpich", "openmpi"):
         raise JoinError(f"hetbench join: mpi4py's MPI is {library!r}; ranks that no MPI launcher started are joined "
                         "under MPICH and Open MPI only: launch with that MPI's mpiexec instead")
-    _join_mpich(MPI, store, rank, _arrive(store, rank, size, deadline), deadline)
+    hosts = _arrive(store, rank, size, deadline)
+    if library == "mpich":
+        _join_mpich(MPI, store, rank, hosts, deadline)
+    else:
+        _join_openmpi(MPI, store, rank, size, deadline)
     check_world(size)
 
 
@@ -231,7 +228,6 @@ def _start_ompi_server(deadline: float) -> str:
 
 
 def _join_openmpi(MPI: Any, store: Any, rank: int, size: int, deadline: float) -> None:
-    _arrive(store, rank, size, deadline)
     key = "hetbench/join/ompi-server"
     if rank == 0:
         store.set(key, _start_ompi_server(deadline))
