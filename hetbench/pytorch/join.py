@@ -140,10 +140,15 @@ def _start_pmi_server(hosts: list[str], timeout: float) -> str:
         server.wait()
         why = (server.stderr.read() if server.stderr else "").strip().splitlines()
         return f"error:rank 0 could not start its PMI server on port {port}: {why[-1] if why else 'no reason given'}"
-    # Not waited for at exit: it serves MPI_Finalize, which runs after Python has closed its files. Its stdin, the
-    # pipe whose end tells it that rank 0 is gone, is held by a copy Python never closes (the process's end does).
-    _State.server, _State.pipe = server, os.dup(server.stdin.fileno())  # type: ignore[union-attr]
+    _keep(server)
     return f"{_own_address(hosts)}:{line}"
+
+
+def _keep(server: subprocess.Popen) -> None:
+    """Hold rank 0's server for the life of the job, unwaited: MPICH's serves MPI_Finalize, which runs after Python
+    has closed its files. Its stdin, the pipe whose end tells it rank 0 is gone, is held by a copy that Python never
+    closes (the process's end does)."""
+    _State.server, _State.pipe = server, os.dup(server.stdin.fileno())  # type: ignore[union-attr]
 
 
 def _join_mpich(MPI: Any, store: Any, rank: int, hosts: list[str], deadline: float) -> None:
@@ -212,7 +217,7 @@ def _start_ompi_server(deadline: float) -> str:
     uri_file = os.path.join(folder, "uri")  # `-r -` does not reach a pipe: ompi-server does not flush it
     script = '"$0" --no-daemonize -r "$1" </dev/null >/dev/null 2>&1 & pid=$!; read _; kill $pid; rm -rf "$2"'
     server = subprocess.Popen(["sh", "-c", script, exe, uri_file, folder], stdin=subprocess.PIPE)
-    _State.server, _State.pipe = server, os.dup(server.stdin.fileno())  # type: ignore[union-attr]
+    _keep(server)
     while time.monotonic() < deadline:
         try:
             with open(uri_file) as f:
