@@ -160,10 +160,6 @@ def compare(losses: list[float], ref_losses: list[float], state: dict[str, torch
     return problems
 
 
-def parse_weights(text: str) -> str | list[float]:
-    return text if text in ("even", "auto") else [float(w) for w in text.split(",")]
-
-
 def device_line(rank: int, spec: str, f: dict) -> str:
     """One offloaded rank's figures for a step (dev.step()'s)."""
     return (f"  rank {rank} {spec}: {f['device_gemms']} GEMMs {f['device_gemm_seconds'] * 1e3:.3f} ms "
@@ -220,14 +216,22 @@ def main() -> int:
     except (ValueError, BackendUnavailable) as e:  # a spec --backend refuses, a device this rank cannot open
         return refuse(rank, f"--backends: {e}")
 
+    sizes = ("layers", "hidden", "heads", "kv_heads", "intermediate", "vocab", "batch", "seq_len", "steps")
+    small = next((name for name in sizes if getattr(args, name) < 1), None)
+    if small is not None:  # every rank reads the same arguments: each refuses alike
+        return refuse(rank, f"--{small.replace('_', '-')} {getattr(args, small)}: a whole number of 1 or more")
+
     torch.manual_seed(args.seed)  # the same initial weights on every rank
     model = llama(args)
     reference = copy.deepcopy(model) if rank == 0 else None  # one process's copy, on the CPU, before anything
     model.to(dev.device)
     dev.offload(model)  # every product of its forward and backward on the device (nothing where torch drives it)
-    weights = parse_weights(args.weights)
-    sharded = hb.shard_module(model, units=list(model.model.layers), weights=weights,  # collective
-                              rate=measured_rate(model, dev, args) if weights == "auto" else None)
+    weights = args.weights  # even, auto or w0,w1,...: shard_module reads it as --weights is read
+    try:  # collective: weights it refuses raise the same line on every rank, before any shard is made
+        sharded = hb.shard_module(model, units=list(model.model.layers), weights=weights,
+                                  rate=measured_rate(model, dev, args) if weights == "auto" else None)
+    except ValueError as e:
+        return refuse(rank, str(e))  # its line names --weights
     if args.checkpointing:
         enable_checkpointing(model)
     model.train()
