@@ -64,14 +64,18 @@ hb.init()); its figures go into that group's metrics (allgather, reduce_scatter)
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import json
 import os
 import secrets
 import shutil
 import statistics
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -83,8 +87,8 @@ from hetbench.comm.vcollectives import gatherv
 from hetbench.comm.progress import Progress, threads_allowed
 from hetbench.pytorch.logger import held_bytes, hetbench_group
 from hetbench.pytorch.uneven import resolve_weights
-from hetbench.results.io import (fsync_folder, load_flat_piece, regular_file_problem, to_json, write_json_atomic,
-                                 write_npy_atomic)
+from hetbench.results.io import (commit, fsync_folder, load_flat_piece, regular_file_problem, stage, to_json,
+                                 write_json_atomic, write_npy_atomic)
 
 SHARD_NAME = "hetbench_flat_shard"  # the flat-shard parameter each unit (and the root) registers
 FROZEN_NAME = "hetbench_frozen_shard"  # a unit's frozen elements of the rank's slice, where it has any
@@ -217,7 +221,6 @@ def flat_layout(model: nn.Module, units: Sequence[nn.Module] = ()) -> list[UnitL
     # gradient one reduce-scatter (hetbench/pytorch/fsdp.py _Unit.train_counts)
     return [UnitLayout(n, params + still, tuple(name for name, _ in still))
             for (m, n), params, still in zip(listed, per, frozen) if params or still or m is not model]
-
 
 
 def _parameter_aliases(model: nn.Module) -> tuple[dict[int, list[tuple[nn.Module, str]]], dict[int, str]]:
@@ -354,7 +357,7 @@ class ShardedModule:
         self._live: dict[int, _Unit] = {}  # storage data_ptr of a gathered vector -> its unit
         self._hooks_ctx: Any = None
         self._outer_hooks: Any = None  # (pack, unpack) of saved-tensor hooks around the forward, if any
-        self._after_queued = False  # _after_backward is queued on the running backward
+        self._after_queued = False  # _release_units is queued on the running backward
         self.figures = StepFigures()
         self._install()
         self._full_params = False  # inside full_params(): every unit gathered, its parameters readable
@@ -463,10 +466,7 @@ class ShardedModule:
                             "leave the block first")
         self._drain()
         self._seen = []
-        self._after_queued = False
-        for u in self.units:  # what a forward whose backward never came (or failed) left gathered
-            self._unpoint(u)
-            self._drop(u)
+        self._release_units()  # what a forward whose backward never came (or failed) left gathered
         if self._hooks_ctx is not None:  # a forward that raised before its end left them on
             self._hooks_ctx.__exit__(None, None, None)
         # saved-tensor hooks the caller has on around the whole model (torch's save_on_cpu, a non-reentrant
@@ -554,9 +554,10 @@ class ShardedModule:
         gradient never reached its _Gather node: frozen throughout, or unused)."""
         if not self._after_queued:
             self._after_queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._after_backward)
+            torch.autograd.Variable._execution_engine.queue_callback(self._release_units)
 
-    def _after_backward(self) -> None:
+    def _release_units(self) -> None:
+        """Every unit's parameter views and gathered vector gone (the end of a backward, the start of a forward)."""
         self._after_queued = False
         for u in self.units:
             self._unpoint(u)
@@ -842,37 +843,31 @@ class ShardedModule:
         return sum(numel(shape) for u in self.units for name, shape in u.layout.params
                    if name not in skip and not (only_trainable and name in u.layout.frozen))
 
-    def full_params(self, writeback: bool = False) -> Any:
+    @contextlib.contextmanager
+    def full_params(self, writeback: bool = False) -> Iterator[nn.Module]:
         """Collective context manager: every unit gathered whole on every rank for the block, each sharded
         parameter readable under its names as a tensor (`model.get_input_embeddings().weight`), as FSDP's
         summon_full_params. With `writeback`, each rank's slice of what the block left there is kept (change the
         values alike on every rank). No forward or backward inside; the whole model is held meanwhile."""
-        import contextlib
-
-        @contextlib.contextmanager
-        def held() -> Any:
-            if self._full_params or self._hooks_ctx is not None or _in_backward() or \
-                    any(u.pointed for u in self.units):
-                raise WrapError("full_params(): the sharded model is in a forward, a backward or full_params() "
-                                "already; enter it between steps")
-            self._drain()
+        if self._full_params or self._hooks_ctx is not None or _in_backward() or any(u.pointed for u in self.units):
+            raise WrapError("full_params(): the sharded model is in a forward, a backward or full_params() "
+                            "already; enter it between steps")
+        self._drain()
+        with torch.no_grad():
+            for u in self.units:
+                self._acquire(u)
+                self._point(u, u.full)
+        self._full_params = True
+        try:
+            yield self.model
+        finally:
+            self._full_params = False
             with torch.no_grad():
                 for u in self.units:
-                    self._acquire(u)
-                    self._point(u, u.full)
-            self._full_params = True
-            try:
-                yield self.model
-            finally:
-                self._full_params = False
-                with torch.no_grad():
-                    for u in self.units:
-                        if writeback and u.full is not None:
-                            u.held.copy_(u.full[u.offset:u.offset + u.counts[self.rank]])
-                        self._unpoint(u)
-                        self._drop(u)
-
-        return held()
+                    if writeback and u.full is not None:
+                        u.held.copy_(u.full[u.offset:u.offset + u.counts[self.rank]])
+                    self._unpoint(u)
+                    self._drop(u)
 
     def save_pretrained(self, original: Callable[..., Any], save_directory: Any, *args: Any, **kwargs: Any) -> None:
         """transformers' save_pretrained for the sharded model (model.save_pretrained calls this): collective, the
@@ -913,15 +908,13 @@ class ShardedModule:
         # same arrays)
         mine = _optimizer_facts(self, optimizer)
         every = self.comm.allgather(mine)
-        opt, problem = _agree_optimizer(self, optimizer, every)
+        opt, problem = _agree_optimizer(self, every)
+        pieces: list[list[int]] = []
         if problem is None:
             try:
-                pieces = self._write_pieces(tmp, optimizer, opt, write_npy_atomic)
+                pieces = self._write_pieces(tmp, optimizer, opt)
             except OSError as e:
-                name = f" ({Path(e.filename).name})" if e.filename else ""
-                problem, pieces = f"cannot write checkpoint {str(folder)!r}{name}: {e.strerror or e}", []
-        else:
-            pieces = []
+                problem = _write_problem(folder, e)
         said = self.comm.allgather((pieces, problem))
         failed = [p for _, p in said if p]
         if failed:
@@ -975,10 +968,7 @@ class ShardedModule:
         try:
             buffers = self._buffers()
             if buffers:
-                with open(tmp / BUFFERS_FILE, "wb") as f:
-                    torch.save(buffers, f)
-                    f.flush()
-                    os.fsync(f.fileno())
+                commit([stage(tmp / BUFFERS_FILE, lambda f: torch.save(buffers, f), binary=True)])
                 document["buffers"] = BUFFERS_FILE
             write_json_atomic(tmp / CHECKPOINT_MANIFEST, document)  # last: a folder without it is no checkpoint
             if folder.exists():
@@ -986,13 +976,12 @@ class ShardedModule:
             os.rename(tmp, folder)
             fsync_folder(folder.parent)  # the rename itself durable
         except OSError as e:
-            name = f" ({Path(e.filename).name})" if e.filename else ""
             shutil.rmtree(tmp, ignore_errors=True)
-            return f"cannot write checkpoint {str(folder)!r}{name}: {e.strerror or e}"
+            return _write_problem(folder, e)
         return None
 
-    def _write_pieces(self, tmp: Path, optimizer: torch.optim.Optimizer | None, opt: dict[str, Any] | None,
-                      write: Callable[[Any, np.ndarray], None]) -> list[list[int]]:
+    def _write_pieces(self, tmp: Path, optimizer: torch.optim.Optimizer | None,
+                      opt: dict[str, Any] | None) -> list[list[int]]:
         """This rank's files in `tmp`: per array, its slices of the units one after another (the optimizer's
         arrays are its state of the trainable part, zeros over the frozen rest); its pieces [unit, start, stop,
         offset in its files]."""
@@ -1017,7 +1006,7 @@ class ShardedModule:
                 slices[_array_name(k)].append(out)
         if pieces:
             for name, parts in slices.items():
-                write(tmp / f"rank-{self.rank}.{name}.npy", np.concatenate(parts))
+                write_npy_atomic(tmp / f"rank-{self.rank}.{name}.npy", np.concatenate(parts))
         return pieces
 
     def load_checkpoint(self, folder: Any, optimizer: torch.optim.Optimizer | None = None) -> Any:
@@ -1271,8 +1260,6 @@ def _adopt_transformers_methods(model: nn.Module, engine: ShardedModule) -> None
     """A transformers PreTrainedModel's num_parameters and save_pretrained, as they would be unsharded: the whole
     model counted (not this rank's shards), the whole model written by rank 0 (collective; not rank 0's flat
     shards). Set on the instance: its class is left as it is."""
-    import functools
-
     if callable(getattr(type(model), "num_parameters", None)):
         model.num_parameters = engine.num_parameters  # type: ignore[method-assign]
     if callable(getattr(type(model), "save_pretrained", None)):
@@ -1280,6 +1267,12 @@ def _adopt_transformers_methods(model: nn.Module, engine: ShardedModule) -> None
 
 
 # -- sharded checkpoints -------------------------------------------------------------------------------------------
+def _write_problem(folder: Path, e: OSError) -> str:
+    """The one line a save of `folder` that failed with `e` says, naming the file it failed on."""
+    name = f" ({Path(e.filename).name})" if e.filename else ""
+    return f"cannot write checkpoint {str(folder)!r}{name}: {e.strerror or e}"
+
+
 def _array_name(key: str) -> str:
     """The file name part of an optimizer state key's array (AdamW's moments as the CLI's fsdp names them)."""
     return ARRAY_NAMES.get(key, key)
@@ -1305,7 +1298,6 @@ def _optimizer_facts(engine: ShardedModule, optimizer: torch.optim.Optimizer | N
     anything else; its param_groups' hyperparameters."""
     if optimizer is None:
         return None
-    held = {id(p) for g in optimizer.param_groups for p in g["params"]}
     units: list[Any] = []
     for u in engine.units:
         state = optimizer.state.get(u.shard)
@@ -1326,12 +1318,21 @@ def _optimizer_facts(engine: ShardedModule, optimizer: torch.optim.Optimizer | N
     groups = [{k: j for k, v in g.items() if k != "params" and (j := _json_value(v)) is not _SKIP}
               for g in optimizer.param_groups]
     return {"class": type(optimizer).__name__, "units": units, "param_groups": groups,
-            "missing": [u.name or "root" for u in engine.units
-                        if u.layout.trainable_size > 0 and id(u.shard) not in held]}
+            "missing": _unheld_units(engine, optimizer)}
 
 
-def _agree_optimizer(engine: ShardedModule, optimizer: torch.optim.Optimizer | None,
-                     every: list[Any]) -> tuple[dict[str, Any] | None, str | None]:
+def _unheld_units(engine: ShardedModule, optimizer: torch.optim.Optimizer) -> list[str]:
+    """The units (by name, the root's "root") whose trainable flat shard `optimizer` does not hold."""
+    held = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    return [u.name or "root" for u in engine.units if u.layout.trainable_size > 0 and id(u.shard) not in held]
+
+
+def _unheld_problem(call: str, unit: str) -> str:
+    return (f"{call}: the optimizer does not hold the flat shard of unit {unit!r}: make it over model.parameters() "
+            "after shard_module")
+
+
+def _agree_optimizer(engine: ShardedModule, every: list[Any]) -> tuple[dict[str, Any] | None, str | None]:
     """The manifest's "optimizer" from every rank's _optimizer_facts, or why it cannot be saved (the same on every
     rank: made from the same list)."""
     if all(f is None for f in every):
@@ -1344,8 +1345,7 @@ def _agree_optimizer(engine: ShardedModule, optimizer: torch.optim.Optimizer | N
         return None, f"save_checkpoint: the ranks' optimizers differ ({', '.join(sorted(classes))})"
     missing = next((f["missing"] for f in every if f["missing"]), None)
     if missing:
-        return None, (f"save_checkpoint: the optimizer does not hold the flat shard of unit {missing[0]!r}: make it "
-                      "over model.parameters() after shard_module")
+        return None, _unheld_problem("save_checkpoint", missing[0])
     units: list[Any] = []
     keys: list[str] = []
     for i, u in enumerate(engine.units):
@@ -1381,8 +1381,6 @@ class _OpenCheckpoint:
     (read_shards) before any of their values is used."""
 
     def __init__(self, folder: Path) -> None:
-        import json
-
         self.folder = folder
         if not folder.exists():
             raise ShardedCheckpointError(f"checkpoint folder {str(folder)!r} does not exist")
@@ -1454,12 +1452,9 @@ class _OpenCheckpoint:
         if opt.get("class") != type(optimizer).__name__:
             raise ShardedCheckpointError(f"checkpoint {str(self.folder)!r} holds {opt.get('class')}'s state, this "
                                          f"optimizer is {type(optimizer).__name__}")
-        held = {id(p) for g in optimizer.param_groups for p in g["params"]}
-        for u in engine.units:
-            if u.layout.trainable_size > 0 and id(u.shard) not in held:
-                raise ShardedCheckpointError(f"load_checkpoint: the optimizer does not hold the flat shard of unit "
-                                             f"{u.name or 'root'!r}: make it over model.parameters() after "
-                                             "shard_module")
+        missing = _unheld_units(engine, optimizer)
+        if missing:
+            raise ShardedCheckpointError(_unheld_problem("load_checkpoint", missing[0]))
         _check(isinstance(opt.get("units"), list) and len(opt["units"]) == len(self.layout), self.where,
                "its optimizer lists no state per unit")
         _check(len(opt.get("param_groups") or []) in (0, len(optimizer.param_groups)), self.where,
@@ -1535,8 +1530,6 @@ class _OpenCheckpoint:
 
     def buffers(self, keys: set[str] | None) -> dict[str, torch.Tensor]:
         """The persistent buffers rank 0 saved (checked against `keys`, the model's; None: not checked)."""
-        import warnings
-
         name = self.manifest.get("buffers")
         if not name:
             _check(not keys, self.where, "it holds no buffers, this model has " + ", ".join(sorted(keys or ())))
