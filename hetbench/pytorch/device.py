@@ -9,6 +9,7 @@ collectives either way."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -103,9 +104,15 @@ def rank_device(backend: str | None = None, local_rank: int | None = None) -> Ra
 
 
 def _local_rank() -> int:
-    import os
+    """The rank on its node that the launcher exports (MPICH, Open MPI, torchrun, Slurm), else 0."""
+    return _launcher_count(("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "LOCAL_RANK", "SLURM_LOCALID"), 0)
 
-    for var in ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "LOCAL_RANK", "SLURM_LOCALID"):
-        if os.environ.get(var, "").isdigit():
-            return int(os.environ[var])
-    return 0
+
+def _local_size() -> int:
+    """The ranks on this node that the launcher exports (MPICH, Open MPI, torchrun, Slurm), else 1."""
+    return max(1, _launcher_count(("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "LOCAL_WORLD_SIZE",
+                                   "SLURM_NTASKS_PER_NODE"), 1))
+
+
+def _launcher_count(variables: tuple[str, ...], default: int) -> int:
+    return next((int(os.environ[v]) for v in variables if os.environ.get(v, "").isdigit()), default)

@@ -23,14 +23,13 @@ What goes up, and when (Ops.stage; counted in ops.upload_bytes, ops.uploads, ops
   once, the B x H GEMMs run one after another on the device, the result comes down once.
 - A weight goes up once per step (between two Ops.reset(), which StepLogger calls at every step's start): an
   nn.Linear's (W^T), and under offload() any 2-D nn.Parameter a product reads as it is (Conv1D's W in addmm, a
-  parameter in matmul or mm). The first product of the step that reads it stages it into the Ops' cache, and a
-  later forward of the same step that reads it (gradient accumulation's micro-batches, a recomputation) finds it
-  there. A weight is
-  found again by its identity: the same tensor object (held weakly, so a dead tensor's address reused by another
-  one is no hit) with the same storage data_ptr, storage offset, shape, stride, dtype and `_version` (an in-place
-  change, an optimizer step's included, bumps it and misses). A write torch does not count (through `.data`, or
-  copied in under torch.autograd._unsafe_preserve_version_counter, as FSDP2's all-gather does) is invisible to that
-  test: call ops.reset() between steps (the trainer does) and the cache never outlives the step.
+  parameter in matmul or mm). The first product of the step that reads it stages it into the Ops' cache, and a later
+  forward of the same step that reads it (gradient accumulation's micro-batches, a recomputation) finds it there. A
+  weight is found again by its identity: the same tensor object (held weakly, so a dead tensor's address reused by
+  another one is no hit) with the same storage data_ptr, storage offset, shape, stride, dtype and `_version` (an
+  in-place change, an optimizer step's included, bumps it and misses). A write torch does not count (through
+  `.data`, or copied in under torch.autograd._unsafe_preserve_version_counter, as FSDP2's all-gather does) is
+  invisible to that test: call ops.reset() between steps (the trainer does) and the cache never outlives the step.
 - `weight_key`: code that gives the same weight to a later product of the step as a FRESH tensor (sharded FSDP
   regathering a parameter) misses the identity test, and may name the weight instead: set `module.weight_key`
   on an offloaded nn.Linear (or pass device_linear(..., weight_key=...)), any hashable, the same for the same weight
@@ -105,7 +104,8 @@ class _Facts(NamedTuple):
 
 
 def _stage_weight(ops: Any, weight: _Weight) -> Any:
-    """weight^T on the device: this step's staged copy where it still holds, else uploaded now and cached."""
+    """The weight on the device (W^T where `transposed`): this step's staged copy where it still holds, else
+    uploaded now and cached."""
     w, transposed = weight.tensor, weight.transposed
     facts = _Facts.of(w)
     kind = "weight^T" if transposed else "weight"
@@ -274,7 +274,7 @@ def device_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     length, source, width = query.size(-2), key.size(-2), query.size(-1)
     negative = scale is not None and scale < 0
     factor = math.sqrt(abs(scale) if scale is not None else 1.0 / math.sqrt(width))
-    q = query * (0.0 - factor if negative else factor)
+    q = query * (-factor if negative else factor)
     mask = attn_mask
     if is_causal:
         mask = torch.ones(length, source, dtype=torch.bool).tril()

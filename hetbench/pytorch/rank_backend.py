@@ -16,12 +16,13 @@ kept apart). Where torch drives it (the host, a GPU of this build) there is noth
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 import time
 from typing import Any, Iterator
 
 import torch
+import torch.distributed as dist
+from threadpoolctl import threadpool_limits
 
 from hetbench.backends.base import (
     TIMING_MEASURED,
@@ -36,11 +37,9 @@ from hetbench.backends.base import (
 from hetbench.backends.host import share_blas_threads, threads_for_rank
 from hetbench.config import parse_backend_spec
 from hetbench.harness.ops import Ops
-from hetbench.pytorch.device import RankDevice, _local_rank, for_backend
+from hetbench.pytorch.device import RankDevice, _launcher_count, _local_rank, _local_size, for_backend
 from hetbench.pytorch.offload import OffloadMode, offload, step_seconds
-
-_LOCAL_SIZE_VARIABLES = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE")
-_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "RANK", "SLURM_PROCID")
+from hetbench.signals import RANK_ENV
 
 
 class HetbenchDevice:
@@ -91,9 +90,8 @@ class HetbenchDevice:
     def reset(self) -> None:
         """A new step: the figures from zero and the step's staged weights released (StepLogger with `device_ops`
         set resets the Ops at each step's start too)."""
-        if self.ops is not None:
-            self.ops.reset()
         if self.mode is not None:
+            self.ops.reset()
             self.mode.reset()
 
     def figures(self, wall_seconds: float | None = None) -> dict[str, Any]:
@@ -104,16 +102,15 @@ class HetbenchDevice:
         `torch_calls` (the product calls by kind that went to the device, and those left to torch). With
         `wall_seconds` (a span's wall time), `step_seconds` too: the wall time, on a simulated device with the
         modelled GEMM and copy time in place of the host's emulating them. {} where nothing is offloaded."""
-        ops = self.ops
-        if ops is None:
+        ops, mode = self.ops, self.mode
+        if mode is None:
             return {} if wall_seconds is None else {"step_seconds": wall_seconds}
         out: dict[str, Any] = {
             "device_gemms": ops.gemms, "device_gemm_seconds": ops.compute_seconds,
             "device_copy_seconds": ops.copy_seconds, "device_timing": self.timing,
             "device_upload_bytes": ops.upload_bytes, "device_download_bytes": ops.download_bytes,
             "device_uploads": ops.uploads, "device_cache_hits": ops.cache_hits, "device_flops": ops.flops,
-            "device_calls": dict(self.mode.device_calls) if self.mode is not None else {},
-            "torch_calls": dict(self.mode.torch_calls) if self.mode is not None else {},
+            "device_calls": dict(mode.device_calls), "torch_calls": dict(mode.torch_calls),
         }
         if wall_seconds is not None:
             out["step_seconds"] = step_seconds(ops, wall_seconds)
@@ -158,34 +155,25 @@ def open_device(spec: str = "auto", dtype: str = "fp32", *, local_rank: int | No
     the device of a spec without an index, as --backend does. share_cores: where several ranks share the node and no
     thread count is set in the environment, torch and NumPy's BLAS take this rank's share of its cores, and an
     offloaded rank's BLAS one thread, as the CLI sets them (docs/pytorch.md, Threads)."""
-    import torch.distributed as dist
-
-    collective = dist.is_available() and dist.is_initialized()
+    collective = dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
     try:
         opened = _open(spec, dtype, local_rank, local_size, share_cores)
-        problem: tuple[str, str] | None = None
+        problem: tuple[type[Exception], str] | None = None
     except (BackendUnavailable, ValueError) as e:
-        opened, problem = None, (type(e).__name__, str(e))
         if not collective:
             raise
-    if collective and dist.get_world_size(group) > 1:
+        opened, problem = None, (type(e), str(e))
+    if collective:
         every: list[Any] = [None] * dist.get_world_size(group)
         dist.all_gather_object(every, problem, group=group)
         failed = [(r, p) for r, p in enumerate(every) if p is not None]
         if failed:
             if opened is not None:
                 opened.close()
-            kind = _ERRORS.get(failed[0][1][0], BackendUnavailable)
-            raise kind("; ".join(message if message.startswith("rank ") else f"rank {r}: {message}"
-                                 for r, (_, message) in failed))
-    elif problem is not None:
-        raise _ERRORS.get(problem[0], BackendUnavailable)(problem[1])
+            raise failed[0][1][0]("; ".join(message if message.startswith("rank ") else f"rank {r}: {message}"
+                                            for r, (_, message) in failed))
     assert opened is not None
     return opened
-
-
-_ERRORS: dict[str, type[Exception]] = {"ValueError": ValueError, "BackendUnavailable": BackendUnavailable,
-                                       "UnsupportedDtype": UnsupportedDtype}
 
 
 def _open(spec: str, dtype: str, local_rank: int | None, local_size: int | None,
@@ -208,42 +196,43 @@ def _open(spec: str, dtype: str, local_rank: int | None, local_size: int | None,
     rank = for_backend(backend, label, local_rank)
     ops = None if rank.torch_has_device else Ops(backend, dtype)
     if share_cores:
-        _share_cores(backend, local_size, offloaded=ops is not None)
+        if not capabilities(backend.name).limits_own_threads:  # as harness.devices.open_rank_device
+            share_blas_threads(local_size)
+        share_torch_threads(local_size, offloaded=ops is not None)
     return HetbenchDevice(label, backend, info, rank, ops)
 
 
-def _share_cores(backend: Any, local_size: int, offloaded: bool) -> None:
-    """As the CLI: BLAS its share of the node's cores (the host backend sets its own), torch its share, and an
-    offloaded rank's BLAS one thread (torch's threads and BLAS's, used in turn, spin against each other)."""
-    if not capabilities(backend.name).limits_own_threads:
-        share_blas_threads(local_size)
+def thread_counts(local_size: int, offloaded: bool) -> tuple[int | None, int | None]:
+    """(torch's intra-op threads, NumPy's BLAS threads) for a torch rank, one of `local_size` on its node; None:
+    left as they are (the user set a count in the environment, or the rank is alone on its node).
+
+    torch's threads take the rank's share of the node's cores (as BLAS's do: harness.devices): two ranks on two
+    cores with two torch threads each spun against each other and against the BLAS and PoCL threads doing an
+    offloaded rank's products. Where torch cannot drive the rank's device (an OpenCL or simulated rank: its products
+    go to hetbench, a simulated one's computed by NumPy's BLAS), NumPy's BLAS gets one thread: torch's OpenMP
+    threads and BLAS's, both a share of the cores and used in turn, each spin on the cores the other needs
+    (docs/gpu.md has the step times that showed it)."""
     threads = threads_for_rank(local_size)
     if threads is None:
-        return
-    torch.set_num_threads(threads)
-    if offloaded and threads > 1:
-        from threadpoolctl import threadpool_limits
-
-        threadpool_limits(limits=1, user_api="blas")
+        return None, None
+    return threads, (1 if offloaded and threads > 1 else None)
 
 
-def _local_size() -> int:
-    for var in _LOCAL_SIZE_VARIABLES:
-        if os.environ.get(var, "").isdigit():
-            return max(1, int(os.environ[var]))
-    return 1
+def share_torch_threads(local_size: int, offloaded: bool) -> None:
+    """Set torch's threads and NumPy's BLAS's to thread_counts (for `hetbench train --frontend torch` and
+    open_device alike)."""
+    torch_threads, blas_threads = thread_counts(local_size, offloaded)
+    if torch_threads is not None:
+        torch.set_num_threads(torch_threads)
+    if blas_threads is not None:
+        threadpool_limits(limits=blas_threads, user_api="blas")
 
 
 def _where() -> str:
-    """`rank R on HOST` for messages: torch.distributed's rank where a group is made, else the launcher's."""
-    import torch.distributed as dist
-
-    rank = None
+    """`rank R on HOST` for messages: torch.distributed's rank where a group is made, else the launcher's
+    (torchrun's RANK first: the rank the group will give it)."""
     if dist.is_available() and dist.is_initialized():
         rank = dist.get_rank()
     else:
-        for var in _RANK_VARIABLES:
-            if os.environ.get(var, "").isdigit():
-                rank = int(os.environ[var])
-                break
-    return f"rank {rank if rank is not None else 0} on {socket.gethostname()}"
+        rank = _launcher_count(("RANK", *RANK_ENV), 0)
+    return f"rank {rank} on {socket.gethostname()}"

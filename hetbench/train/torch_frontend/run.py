@@ -18,11 +18,10 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
-from threadpoolctl import threadpool_info, threadpool_limits
+from threadpoolctl import threadpool_info
 
 import hetbench.pytorch  # noqa: F401  registers the backend
 from hetbench.backends.base import MPI_MEMORY_HOST, MPI_MEMORY_NONE, capabilities
-from hetbench.backends.host import threads_for_rank
 from hetbench.comm.world import World
 from hetbench.harness.devices import OpenDevice, device_path_error
 from hetbench.pytorch import backend as hb_backend
@@ -31,6 +30,7 @@ from hetbench.pytorch.fsdp import WrapError, flat_layout
 from hetbench.pytorch.logger import StepLogger
 from hetbench.pytorch.metrics import OpTotals, figures
 from hetbench.pytorch.offload import offload_linears, step_seconds
+from hetbench.pytorch.rank_backend import share_torch_threads, thread_counts  # noqa: F401 - tests read it here
 from hetbench.results.profile import ProfileError, load_profile
 from hetbench.train import BatchShares, StepLog, strategies
 from hetbench.train.checkpoint import TORCH_FORMAT, CheckpointError
@@ -77,22 +77,6 @@ def task_config(cfg: Any) -> TaskConfig:
                       seq_len=cfg.seq_len, heads=cfg.heads)
 
 
-def thread_counts(local_size: int, offloaded: bool) -> tuple[int | None, int | None]:
-    """(torch's intra-op threads, NumPy's BLAS threads) for a torch rank, one of `local_size` on its node; None:
-    left as they are (the user set a count in the environment, or the rank is alone on its node).
-
-    torch's threads take the rank's share of the node's cores (as BLAS's do: harness.devices): two ranks on two
-    cores with two torch threads each spun against each other and against the BLAS and PoCL threads doing an
-    offloaded rank's products. Where torch cannot drive the rank's device (an OpenCL or simulated rank: its products
-    go to hetbench, a simulated one's computed by NumPy's BLAS), NumPy's BLAS gets one thread: torch's OpenMP
-    threads and BLAS's, both a share of the cores and used in turn, each spin on the cores the other needs
-    (docs/gpu.md has the step times that showed it)."""
-    threads = threads_for_rank(local_size)
-    if threads is None:
-        return None, None
-    return threads, (1 if offloaded and threads > 1 else None)
-
-
 def _blas_threads() -> int | None:
     """NumPy's BLAS threads now (threadpoolctl), None where none is found."""
     counts = [i["num_threads"] for i in threadpool_info() if i.get("user_api") == "blas"]
@@ -104,11 +88,7 @@ def prepare(cfg: Any, world: World, opened: OpenDevice) -> tuple[TorchTrainState
     it for the model's products (hetbench/pytorch/offload.py), in the run's dtype (mixed precision: the operands
     and results rounded to it, as the numpy trainer's GEMMs)."""
     device = for_backend(opened.backend, opened.spec, world.local_rank)
-    torch_threads, blas_threads = thread_counts(world.local_size, offloaded=not device.torch_has_device)
-    if torch_threads is not None:
-        torch.set_num_threads(torch_threads)
-    if blas_threads is not None:
-        threadpool_limits(limits=blas_threads, user_api="blas")
+    share_torch_threads(world.local_size, offloaded=not device.torch_has_device)
     ops = None if device.torch_has_device else Ops(opened.backend, cfg.dtype.name)
     try:
         task = task_config(cfg)
