@@ -19,7 +19,13 @@ import hetbench.pytorch as hb
 BATCH, SEQ, VOCAB = 16, 32, 128
 hb.init()
 rank = dist.get_rank()
-dev = hb.open_device(sys.argv[1].split(",")[rank])   # this rank's hetbench device, by --backend's specs
+specs = sys.argv[1].split(",") if len(sys.argv) > 1 else ["host"]
+specs *= dist.get_world_size() if len(specs) == 1 else 1   # one spec: every rank's
+if len(specs) != dist.get_world_size():              # every rank reads the same argv: each leaves alike
+    if rank == 0:
+        print(f"{len(specs)} device specs for {dist.get_world_size()} ranks: one each, or one for all", file=sys.stderr)
+    sys.exit(2)
+dev = hb.open_device(specs[rank])                    # this rank's hetbench device, by --backend's specs
 torch.manual_seed(0)                                 # the same initial weights on every rank
 cfg = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=VOCAB, n_positions=SEQ, bos_token_id=0,
                  eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
