@@ -196,4 +196,11 @@ EQUIVALENTS: list[Equivalent] = [
                "world_size + 2 adds d = world_size + 1, which never divides world_size (>= 1): the same list. (The "
                "line's other 1, the range's start, made 2 drops the divisor 1 from the message: killed by "
                "test_mesh_for_refuses_a_pp_that_does_not_divide, in the runs before this entry.)"),
+    Equivalent('hetbench/pytorch/tensor.py', 'tiled_units',
+               'return tiled if _slowest(tiled, weights) <= _slowest(exact, weights) * (1 + TILE_SLACK) else exact',
+               ('LtE -> Lt',),
+               "< and <= differ only where the tiled cut's slowest time is exactly 1.01 times the exact cut's, a float "
+               "product of whole-column counts over weights: none in 1..399 units, tiles 2-32, 2 ranks with weights "
+               "1-7 (searched when this entry was made); tiles taken and refused are pinned by test_tensor_plan.py's "
+               "tile cases"),
 ]
