@@ -80,6 +80,8 @@ TARGETS: dict[str, list[str]] = {
     "hetbench/bench/tensor_goals.py": ["tests/unit/test_pin_tensor_goals.py"],
     # hb.tensor_parallel: each rank's units of a layer (largest remainder, tiles within the slack), the slices
     "hetbench/pytorch/tensor.py": ["tests/unit/test_tensor_plan.py"],
+    # the PMI server's node map (which ranks share a host: MPICH's shared memory follows it)
+    "hetbench/comm/pmi_server.py": ["tests/unit/test_pmi_server.py"],
 }
 
 # Where a module is mostly mechanism, only the functions that compute its figures are mutated (a class's methods
@@ -87,6 +89,7 @@ TARGETS: dict[str, list[str]] = {
 # process, in the MPI tests, minutes a run), its figures (the shares under memory caps, the exposed and blocking
 # gather seconds, the bytes held) by fast tests
 SCOPES: dict[str, list[str]] = {
+    "hetbench/comm/pmi_server.py": ["process_mapping"],
     "hetbench/pytorch/fsdp.py": ["numel", "UnitLayout.size", "ShardedModule._capped_weights",
                                  "ShardedModule.elements", "ShardedModule._record", "ShardedModule._wait",
                                  "ShardedModule.take_figures", "ShardedModule.blocking_gather_seconds",
